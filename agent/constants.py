@@ -1,0 +1,50 @@
+"""Facts other modules share: ports, exit codes, label names, defaults.
+
+One definition each, so the deploy manifests, the daemon and the tests cannot
+drift apart. Ports avoid the ones Pathways and TPU hosts use on hostNetwork
+(8080, 8471, 29000-29006, 50051; ../shared/FACTS.md section 5).
+"""
+
+from __future__ import annotations
+
+# --- ports ---------------------------------------------------------------
+COORDINATOR_PORT = 29310
+"""Peer + trainer-link gRPC port of the coordinator sidecar."""
+ADMIN_PORT = 29311
+"""Admin gRPC port (loopback unless configured otherwise)."""
+HTTP_PORT = 29312
+"""/healthz, /readyz, /metrics, /status."""
+PATHWAYS_RESERVED_PORTS = frozenset({8080, 8471, 29000, 29001, 29002, 29003, 29004, 29005, 29006, 50051})
+
+# --- exit codes ------------------------------------------------------------
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_RESTART = 42
+"""xpk restarts a workload that exits 42 (and 127-255); other codes fail the JobSet."""
+
+# --- JobSet / GKE labels (read through the downward API) -------------------
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+LABEL_NODE_POOL = "cloud.google.com/gke-nodepool"
+
+# --- liveness defaults -------------------------------------------------------
+HEARTBEAT_INTERVAL_SECONDS = 0.25
+HEARTBEAT_TIMEOUT_SECONDS = 1.2
+"""A worker silent for this long is lost (a hung host: SIGSTOP)."""
+KEEPALIVE_TIME_MS = 500
+KEEPALIVE_TIMEOUT_MS = 1000
+"""Transport keepalive; set together with http2 ping timeout (FACTS section 6)."""
+
+GRPC_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+GRPC_SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    *GRPC_KEEPALIVE_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.min_time_between_pings_ms", KEEPALIVE_TIME_MS // 2),
+)

@@ -1,0 +1,373 @@
+"""The pure decision core: ``decide(state, event, now) -> Decision``.
+
+No I/O, no clock, no randomness: the same inputs always give the same
+decision, so every edge case is a unit test of a few lines and the ``reason``
+goes straight into logs and dashboards (after torchft's ``quorum_compute``).
+
+States and transitions::
+
+                 all slices up + trainer attached
+    STARTING ──────────────────────────────────────────► RUNNING ◄─────────┐
+       │ deadline passed, too few slices                 │  │              │
+       ▼                                                 │  │ a slice of   │ enough slices
+     FAILED ◄── retries exhausted ───────────────────────┘  │ `active` goes│ up (resume on
+       ▲                                                    │ down, or a   │ exactly them)
+       │ ack deadline passed           ┌────────────────────┘ slice comes  │
+       │                               ▼                      back (grow)  │
+       ├─────────────────────────── HOLDING ── HeldAck ──► WAITING ────────┘
+       │                                                     │
+       └──────────────── deadline passed, too few slices ────┘
+
+    RUNNING ── TrainerFinished ──► COMPLETED
+
+* ``generation`` counts configurations. Every hold starts a new one; the
+  resume that ends a hold carries the same generation, and the trainer ignores
+  any command older than the newest it has acted on. It never decreases.
+* A slice is *up* when every one of its hosts is registered and healthy and the
+  trainer has not reported it lost since (a replacement host clears that).
+* A hold flushes (Orbax save + wait) unless training can continue at once on
+  the survivors from memory; resuming uses surviving replicas' memory when the
+  trainer still holds its state, else the newest committed checkpoint.
+* ``elastic_max_retries`` counts attempts including the first, as in MaxText:
+  a failure when ``elastic_max_retries - 1`` recoveries are used up is terminal.
+  Growing back onto a returned slice is not a failure and uses no retry.
+* Terminal failure: the trainer is told to abort with exit code 42 (xpk
+  restarts on it) after flushing, and the coordinator exits 42 too. The Orbax
+  directory keeps the last committed checkpoint for the restart to restore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent.constants import EXIT_RESTART
+from agent.core.model import (
+    AbortTrainer,
+    Action,
+    Decision,
+    Event,
+    ExitCoordinator,
+    HoldTrainer,
+    HostRecord,
+    Phase,
+    ResumeSource,
+    ResumeTrainer,
+    State,
+    TellWorkers,
+    Tick,
+    TrainerAttached,
+    TrainerDetached,
+    TrainerFinished,
+    TrainerFlushed,
+    TrainerHeld,
+    TrainerResumed,
+    TrainerSliceError,
+    TrainerStepped,
+    WorkerHealth,
+    WorkerJoined,
+    WorkerLost,
+    _frozen,
+)
+
+def _fmt(slices: frozenset[int] | set[int]) -> str:
+    return "[" + ",".join(str(s) for s in sorted(slices)) + "]"
+
+
+def decide(state: State, event: Event, now: float) -> Decision:
+    """Turn one event into the next state, the actions to take and why."""
+    if state.phase.terminal and not isinstance(event, (WorkerJoined, WorkerLost, WorkerHealth)):
+        return Decision(state, (), f"job is {state.phase}; {type(event).__name__} ignored")
+
+    match event:
+        case WorkerJoined():
+            return _worker_joined(state, event, now)
+        case WorkerLost():
+            return _worker_lost(state, event, now)
+        case WorkerHealth():
+            return _worker_health(state, event, now)
+        case TrainerAttached():
+            return _trainer_attached(state, event, now)
+        case TrainerDetached():
+            t = replace(state.trainer, attached=False)
+            return Decision(replace(state, trainer=t), (), "trainer link closed; waiting for it to re-attach")
+        case TrainerStepped():
+            t = replace(state.trainer, last_step=max(state.trainer.last_step, event.step))
+            return Decision(replace(state, trainer=t), (), f"trainer completed step {event.step}")
+        case TrainerSliceError():
+            return _trainer_slice_error(state, event, now)
+        case TrainerHeld():
+            return _trainer_held(state, event, now)
+        case TrainerResumed():
+            return _trainer_resumed(state, event)
+        case TrainerFlushed():
+            t = replace(state.trainer, committed_step=max(state.trainer.committed_step, event.committed_step))
+            return Decision(replace(state, trainer=t), (), f"trainer committed step {event.committed_step}")
+        case TrainerFinished():
+            done = replace(state, phase=Phase.COMPLETED, deadline=None, exit_code=0)
+            return Decision(
+                done,
+                (TellWorkers(state.generation, "completed", "training finished"), ExitCoordinator(0, "training finished")),
+                f"training finished at step {event.step}",
+            )
+        case Tick():
+            return _evaluate(state, now, "")
+    raise TypeError(f"decide() got an unknown event {event!r}")
+
+
+# --------------------------------------------------------------------------
+# membership
+# --------------------------------------------------------------------------
+
+
+def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
+    p = state.policy
+    if not (0 <= ev.slice < p.num_slices and 0 <= ev.host < p.hosts_per_slice):
+        return Decision(
+            state,
+            (),
+            f"refused host {ev.slice}.{ev.host}: the job has slices 0..{p.num_slices - 1} "
+            f"and hosts 0..{p.hosts_per_slice - 1}",
+        )
+    key = (ev.slice, ev.host)
+    old = state.hosts.get(key)
+    if old is not None and old.incarnation == ev.incarnation:
+        # A reconnect of the same process (e.g. after a coordinator restart).
+        registered_at = old.registered_at
+        what = "re-registered"
+    else:
+        registered_at = now
+        what = "registered" if old is None else f"replaced incarnation {old.incarnation}"
+    hosts = dict(state.hosts)
+    hosts[key] = HostRecord(ev.incarnation, ev.node, ev.node_pool, registered_at, True)
+    new = replace(state, hosts=_frozen(hosts), expected_rejoin=state.expected_rejoin - {key})
+    return _evaluate(new, now, f"host {ev.slice}.{ev.host} ({ev.node or '?'}) {what}")
+
+
+def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
+    key = (ev.slice, ev.host)
+    old = state.hosts.get(key)
+    if old is None or old.incarnation != ev.incarnation:
+        return Decision(state, (), f"stale loss of host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
+    hosts = dict(state.hosts)
+    del hosts[key]
+    new = replace(state, hosts=_frozen(hosts))
+    return _evaluate(new, now, f"host {ev.slice}.{ev.host} lost ({ev.cause})")
+
+
+def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
+    key = (ev.slice, ev.host)
+    old = state.hosts.get(key)
+    if old is None or old.incarnation != ev.incarnation:
+        return Decision(state, (), f"health report from unknown host {ev.slice}.{ev.host} ignored")
+    if old.healthy == ev.healthy:
+        return Decision(state, (), f"host {ev.slice}.{ev.host} health unchanged")
+    hosts = dict(state.hosts)
+    hosts[key] = replace(old, healthy=ev.healthy)
+    word = "healthy" if ev.healthy else "unhealthy"
+    detail = f": {ev.detail}" if ev.detail else ""
+    return _evaluate(replace(state, hosts=_frozen(hosts)), now, f"host {ev.slice}.{ev.host} {word}{detail}")
+
+
+# --------------------------------------------------------------------------
+# trainer
+# --------------------------------------------------------------------------
+
+
+def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision:
+    policy = state.policy
+    note = ""
+    if ev.settings is not None:
+        s = ev.settings
+        try:
+            policy = policy.with_trainer_settings(
+                s.elastic_min_slice_count, s.elastic_timeout_seconds, s.elastic_max_retries
+            )
+            note = (
+                f"; adopted trainer settings elastic_min_slice_count={s.elastic_min_slice_count} "
+                f"elastic_timeout_seconds={s.elastic_timeout_seconds:g} elastic_max_retries={s.elastic_max_retries}"
+            )
+        except ValueError as e:
+            note = f"; kept sidecar settings, trainer's are invalid: {e}"
+    t = replace(
+        state.trainer,
+        attached=True,
+        generation=ev.generation,
+        step_in_memory=ev.step_in_memory,
+        last_step=max(state.trainer.last_step, ev.step_in_memory),
+        active=ev.active,
+        surviving=ev.active if ev.step_in_memory >= 0 else frozenset(),
+    )
+    new = replace(state, policy=policy, trainer=t)
+    reason = f"trainer attached (generation {ev.generation}, step {ev.step_in_memory}){note}"
+    if state.phase == Phase.HOLDING:
+        # It may not have seen the hold: send it again.
+        hold = HoldTrainer(state.generation, state.hold_flush, state.hold_down, state.hold_reason)
+        return Decision(new, (hold,), reason + "; repeating the pending hold")
+    if state.phase == Phase.RUNNING and (ev.generation != state.generation or ev.active != state.active):
+        # A restarted trainer (or coordinator): bring both onto a fresh generation.
+        return _start_hold(new, now, reason + "; trainer and coordinator disagree, re-synchronising", failure=False)
+    return _evaluate(new, now, reason)
+
+
+def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Decision:
+    errors = dict(state.slice_errors)
+    named = ev.slices & state.policy.all_slices
+    for s in named:
+        errors[s] = now
+    new = replace(state, slice_errors=_frozen(errors))
+    reason = f"trainer reported slice loss {_fmt(named) if named else '(slices unknown)'} at step {ev.step}: {ev.message[:120]}"
+    if state.phase == Phase.RUNNING and ev.generation >= state.generation:
+        if not named & state.active:
+            # The trainer is stuck in its error handler and waits for a new
+            # generation even if we cannot tell which slice failed.
+            return _start_hold(new, now, reason, failure=True)
+    return _evaluate(new, now, reason)
+
+
+def _trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
+    if state.phase != Phase.HOLDING or ev.generation != state.generation:
+        return Decision(
+            state, (), f"stale hold acknowledgement for generation {ev.generation} (now {state.generation}) ignored"
+        )
+    t = replace(
+        state.trainer,
+        step_in_memory=ev.step,
+        last_step=max(state.trainer.last_step, ev.step),
+        committed_step=max(state.trainer.committed_step, ev.committed_step),
+    )
+    waiting = replace(
+        state, phase=Phase.WAITING, trainer=t, deadline=now + state.policy.elastic_timeout_seconds
+    )
+    committed = f", committed step {ev.committed_step}" if ev.committed_step >= 0 else ""
+    return _evaluate(waiting, now, f"trainer held at step {ev.step}{committed}")
+
+
+def _trainer_resumed(state: State, ev: TrainerResumed) -> Decision:
+    if ev.generation != state.generation:
+        return Decision(state, (), f"stale resume acknowledgement for generation {ev.generation} ignored")
+    t = replace(state.trainer, generation=ev.generation, active=ev.active, surviving=ev.active, step_in_memory=ev.step)
+    return Decision(
+        replace(state, trainer=t),
+        (),
+        f"trainer resumed at step {ev.step} on slices {_fmt(ev.active)} from {ev.restored_from}",
+    )
+
+
+# --------------------------------------------------------------------------
+# the policy: what the current membership means
+# --------------------------------------------------------------------------
+
+
+def _evaluate(state: State, now: float, why: str) -> Decision:
+    """Given membership as it stands, what must happen now."""
+    p = state.policy
+    up = state.up_slices()
+    prefix = f"{why}; " if why else ""
+    if state.trainer.surviving - up:
+        # A slice that went down, even briefly, no longer holds a replica.
+        state = replace(state, trainer=replace(state.trainer, surviving=state.trainer.surviving & up))
+
+    # Rejoin grace after a coordinator restart: hosts it knew may still come back.
+    if state.expected_rejoin:
+        if state.deadline is not None and now < state.deadline and state.phase == Phase.RUNNING:
+            return Decision(state, (), f"{prefix}waiting for {len(state.expected_rejoin)} host(s) to rejoin")
+        state = replace(state, expected_rejoin=frozenset(), deadline=None if state.phase == Phase.RUNNING else state.deadline)
+
+    if state.phase == Phase.STARTING:
+        if state.trainer.attached and up == p.all_slices:
+            return _resume(state, up, f"{prefix}all {p.num_slices} slices up; starting")
+        if state.deadline is not None and now >= state.deadline:
+            if state.trainer.attached and len(up) >= p.min_slices:
+                return _resume(state, up, f"{prefix}start deadline passed; starting on {_fmt(up)}")
+            return _fail(state, f"{prefix}only {len(up)} of {p.num_slices} slices up after {p.elastic_timeout_seconds:g} s at start")
+        return Decision(state, (), f"{prefix}starting: {len(up)} of {p.num_slices} slices up")
+
+    if state.phase == Phase.RUNNING:
+        lost = state.active - up
+        if lost:
+            return _start_hold(state, now, f"{prefix}active slice(s) {_fmt(lost)} down", failure=True)
+        if up - state.active and state.trainer.attached:
+            return _start_hold(state, now, f"{prefix}slice(s) {_fmt(up - state.active)} back; growing", failure=False)
+        return Decision(state, (), why or "running")
+
+    if state.phase == Phase.HOLDING:
+        if state.deadline is not None and now >= state.deadline:
+            return _fail(state, f"{prefix}trainer did not acknowledge the hold within {p.elastic_timeout_seconds:g} s")
+        newly_down = (p.all_slices - up) - state.hold_down
+        if newly_down:
+            # Tell the trainer not to read its state from these slices either.
+            return _start_hold(state, now, f"{prefix}slice(s) {_fmt(newly_down)} also down", failure=False)
+        return Decision(state, (), f"{prefix}waiting for the trainer to hold")
+
+    if state.phase == Phase.WAITING:
+        if len(up) >= p.min_slices and up:
+            return _resume(state, up, f"{prefix}{len(up)} of {p.num_slices} slices up (minimum {p.min_slices})")
+        if state.deadline is not None and now >= state.deadline:
+            return _fail(
+                state,
+                f"{prefix}only {len(up)} of {p.num_slices} slices up after {p.elastic_timeout_seconds:g} s "
+                f"(minimum {p.min_slices})",
+            )
+        return Decision(state, (), f"{prefix}holding until {p.min_slices} slices are up ({len(up)} now)")
+
+    return Decision(state, (), why)
+
+
+def _start_hold(state: State, now: float, why: str, *, failure: bool) -> Decision:
+    p = state.policy
+    retries = state.retries_used
+    if failure:
+        if retries + 1 >= p.elastic_max_retries:
+            return _fail(state, f"{why}; elastic_max_retries={p.elastic_max_retries} attempts used up")
+        retries += 1
+    up = state.up_slices()
+    # Flush unless training can continue at once on the survivors from memory.
+    can_continue = len(up) >= p.min_slices and bool(up)
+    flush = (failure or state.phase == Phase.HOLDING and state.hold_flush) and not can_continue
+    gen = state.generation + 1
+    down = p.all_slices - up
+    new = replace(
+        state,
+        phase=Phase.HOLDING,
+        generation=gen,
+        retries_used=retries,
+        deadline=now + p.elastic_timeout_seconds,
+        hold_flush=flush,
+        hold_reason=why,
+        hold_down=down,
+    )
+    note = f" (recovery {retries} of {p.elastic_max_retries - 1})" if failure else ""
+    return Decision(
+        new,
+        (HoldTrainer(gen, flush, down, why), TellWorkers(gen, "hold", why)),
+        f"{why}; hold generation {gen}{' with flush' if flush else ''}{note}",
+    )
+
+
+def _resume(state: State, up: frozenset[int], why: str) -> Decision:
+    # The trainer keeps its state in memory if it still has replicas on a
+    # slice we resume on and its process did not restart.
+    t = state.trainer
+    from_memory = t.step_in_memory >= 0 and bool(t.surviving & up)
+    source = ResumeSource.MEMORY if from_memory else ResumeSource.CHECKPOINT
+    gen = state.generation if state.phase != Phase.STARTING else state.generation + 1
+    trainer = replace(t, active=up, surviving=up)
+    new = replace(state, phase=Phase.RUNNING, generation=gen, active=up, deadline=None, trainer=trainer)
+    return Decision(
+        new,
+        (ResumeTrainer(gen, up, source, why), TellWorkers(gen, "resume", why)),
+        f"{why}; resume generation {gen} on {_fmt(up)} from {source}",
+    )
+
+
+def _fail(state: State, why: str) -> Decision:
+    new = replace(state, phase=Phase.FAILED, deadline=None, exit_code=EXIT_RESTART)
+    return Decision(
+        new,
+        (
+            AbortTrainer(state.generation, why, EXIT_RESTART),
+            TellWorkers(state.generation, "abort", why),
+            ExitCoordinator(EXIT_RESTART, why),
+        ),
+        f"{why}; aborting with exit code {EXIT_RESTART} (restart from the last committed checkpoint)",
+    )

@@ -1,0 +1,354 @@
+"""The decision core's vocabulary: policy, state, events and actions.
+
+Everything here is an immutable value. Sources turn the outside world into
+events, :func:`agent.core.decide.decide` turns (state, event, now) into a new
+state plus actions, and executors carry the actions out. Nothing in this module
+does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from agent.constants import EXIT_RESTART
+
+HostKey = tuple[int, int]
+"""(slice, host) of a worker sidecar."""
+
+
+def _frozen(d: Mapping | None = None) -> Mapping:
+    return MappingProxyType(dict(d or {}))
+
+
+# --------------------------------------------------------------------------
+# policy
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the job looks like and how elastic it may be.
+
+    The three ``elastic_*`` settings keep MaxText's names and meanings
+    (``src/maxtext/configs/base.yml``): ``elastic_min_slice_count`` of -1 waits
+    for every slice, k continues on at least k; ``elastic_timeout_seconds``
+    bounds one wait for enough slices; ``elastic_max_retries`` counts attempts
+    including the first, so ``elastic_max_retries - 1`` recoveries are allowed.
+    """
+
+    num_slices: int
+    hosts_per_slice: int = 1
+    elastic_min_slice_count: int = -1
+    elastic_timeout_seconds: float = 300.0
+    elastic_max_retries: int = 10
+    rejoin_grace_seconds: float = 10.0
+    """After a coordinator restart, how long known hosts get to re-register."""
+
+    def __post_init__(self) -> None:
+        if self.num_slices < 1:
+            raise ValueError(f"num_slices must be >= 1, got {self.num_slices}")
+        if self.hosts_per_slice < 1:
+            raise ValueError(f"hosts_per_slice must be >= 1, got {self.hosts_per_slice}")
+        k = self.elastic_min_slice_count
+        if k != -1 and not 1 <= k <= self.num_slices:
+            raise ValueError(
+                f"elastic_min_slice_count must be -1 (all slices) or between 1 and "
+                f"num_slices={self.num_slices}, got {k}"
+            )
+        if self.elastic_timeout_seconds <= 0:
+            raise ValueError(f"elastic_timeout_seconds must be > 0, got {self.elastic_timeout_seconds}")
+        if self.elastic_max_retries < 1:
+            raise ValueError(f"elastic_max_retries must be >= 1, got {self.elastic_max_retries}")
+
+    @property
+    def min_slices(self) -> int:
+        """Fewest slices training may run on."""
+        k = self.elastic_min_slice_count
+        return self.num_slices if k == -1 else k
+
+    @property
+    def all_slices(self) -> frozenset[int]:
+        return frozenset(range(self.num_slices))
+
+    def with_trainer_settings(
+        self, min_slice_count: int, timeout_seconds: float, max_retries: int
+    ) -> Policy:
+        """The policy after adopting the trainer's own elastic flags."""
+        from dataclasses import replace
+
+        return replace(
+            self,
+            elastic_min_slice_count=min_slice_count,
+            elastic_timeout_seconds=timeout_seconds,
+            elastic_max_retries=max_retries,
+        )
+
+
+# --------------------------------------------------------------------------
+# state
+# --------------------------------------------------------------------------
+
+
+class Phase(enum.StrEnum):
+    """Where the job is in its recovery loop; see :mod:`agent.core.decide`."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    HOLDING = "holding"
+    WAITING = "waiting"
+    FAILED = "failed"
+    COMPLETED = "completed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.FAILED, Phase.COMPLETED)
+
+
+class ResumeSource(enum.StrEnum):
+    MEMORY = "memory"
+    CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """A registered, live worker sidecar."""
+
+    incarnation: str
+    node: str = ""
+    node_pool: str = ""
+    registered_at: float = 0.0
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class TrainerView:
+    """What the coordinator knows of the trainer process."""
+
+    attached: bool = False
+    generation: int = 0
+    step_in_memory: int = -1
+    last_step: int = 0
+    committed_step: int = -1
+    active: frozenset[int] = frozenset()
+    """Slices the trainer's mesh spans."""
+    surviving: frozenset[int] = frozenset()
+    """Slices of that mesh that stayed up throughout: its replicas in memory."""
+
+
+@dataclass(frozen=True)
+class State:
+    policy: Policy
+    phase: Phase
+    generation: int = 0
+    active: frozenset[int] = frozenset()
+    """Slices the trainer runs on (RUNNING) or last ran on."""
+    hosts: Mapping[HostKey, HostRecord] = field(default_factory=_frozen)
+    slice_errors: Mapping[int, float] = field(default_factory=_frozen)
+    """Slice -> when the trainer reported it lost; cleared by a replacement host."""
+    expected_rejoin: frozenset[HostKey] = frozenset()
+    """Hosts known before a coordinator restart that have not re-registered yet."""
+    retries_used: int = 0
+    deadline: float | None = None
+    """Phase deadline: start, hold acknowledgement, wait for slices, rejoin grace."""
+    hold_flush: bool = False
+    hold_reason: str = ""
+    hold_down: frozenset[int] = frozenset()
+    trainer: TrainerView = TrainerView()
+    exit_code: int | None = None
+
+    def slice_up(self, s: int) -> bool:
+        """Every host of the slice registered and healthy, and no unrepaired error."""
+        records = [self.hosts.get((s, h)) for h in range(self.policy.hosts_per_slice)]
+        if any(r is None or not r.healthy for r in records):
+            return False
+        err = self.slice_errors.get(s)
+        if err is None:
+            return True
+        return any(r is not None and r.registered_at > err for r in records)
+
+    def up_slices(self) -> frozenset[int]:
+        return frozenset(s for s in range(self.policy.num_slices) if self.slice_up(s))
+
+    def down_slices(self) -> frozenset[int]:
+        return self.policy.all_slices - self.up_slices()
+
+
+def initial_state(policy: Policy, now: float) -> State:
+    """A fresh coordinator: wait for slices and the trainer before the first start."""
+    return State(policy=policy, phase=Phase.STARTING, deadline=now + policy.elastic_timeout_seconds)
+
+
+# --------------------------------------------------------------------------
+# events (inputs)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerJoined:
+    slice: int
+    host: int
+    incarnation: str
+    node: str = ""
+    node_pool: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    slice: int
+    host: int
+    incarnation: str
+    cause: str
+    """"stream_closed" (killed), "heartbeat_timeout" (hung), "shutdown"."""
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """A worker's local health checker (its Pathways worker) changed verdict."""
+
+    slice: int
+    host: int
+    incarnation: str
+    healthy: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The trainer's own elastic flags (MaxText names), when it reports them."""
+
+    elastic_min_slice_count: int
+    elastic_timeout_seconds: float
+    elastic_max_retries: int
+
+
+@dataclass(frozen=True)
+class TrainerAttached:
+    generation: int
+    step_in_memory: int
+    active: frozenset[int] = frozenset()
+    settings: TrainerSettings | None = None
+
+
+@dataclass(frozen=True)
+class TrainerDetached:
+    pass
+
+
+@dataclass(frozen=True)
+class TrainerStepped:
+    step: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class TrainerSliceError:
+    slices: frozenset[int]
+    message: str
+    step: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class TrainerHeld:
+    generation: int
+    step: int
+    committed_step: int
+
+
+@dataclass(frozen=True)
+class TrainerResumed:
+    generation: int
+    step: int
+    active: frozenset[int]
+    restored_from: str
+
+
+@dataclass(frozen=True)
+class TrainerFlushed:
+    generation: int
+    committed_step: int
+
+
+@dataclass(frozen=True)
+class TrainerFinished:
+    step: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; lets deadlines fire."""
+
+
+Event = (
+    WorkerJoined
+    | WorkerLost
+    | WorkerHealth
+    | TrainerAttached
+    | TrainerDetached
+    | TrainerStepped
+    | TrainerSliceError
+    | TrainerHeld
+    | TrainerResumed
+    | TrainerFlushed
+    | TrainerFinished
+    | Tick
+)
+
+
+# --------------------------------------------------------------------------
+# actions (outputs)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HoldTrainer:
+    """Stop at the next step boundary; flush first when ``flush``."""
+
+    generation: int
+    flush: bool
+    down_slices: frozenset[int]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResumeTrainer:
+    generation: int
+    active: frozenset[int]
+    source: ResumeSource
+    reason: str
+
+
+@dataclass(frozen=True)
+class AbortTrainer:
+    generation: int
+    reason: str
+    exit_code: int = EXIT_RESTART
+
+
+@dataclass(frozen=True)
+class TellWorkers:
+    """Fan a command out to every worker sidecar."""
+
+    generation: int
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExitCoordinator:
+    exit_code: int
+    reason: str
+
+
+Action = HoldTrainer | ResumeTrainer | AbortTrainer | TellWorkers | ExitCoordinator
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: State
+    actions: tuple[Action, ...]
+    reason: str
+    """One human-readable sentence: goes to logs, the journal and dashboards."""

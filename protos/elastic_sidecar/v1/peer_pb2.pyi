@@ -1,0 +1,82 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HostIdentity(_message.Message):
+    __slots__ = ("slice", "host", "node", "node_pool", "pod", "incarnation")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NODE_POOL_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    host: int
+    node: str
+    node_pool: str
+    pod: str
+    incarnation: str
+    def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., pod: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("identity", "job")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    identity: HostIdentity
+    job: str
+    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("seq", "local_healthy")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    local_healthy: bool
+    def __init__(self, seq: _Optional[int] = ..., local_healthy: _Optional[bool] = ...) -> None: ...
+
+class LocalReport(_message.Message):
+    __slots__ = ("kind", "detail")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "report")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    heartbeat: Heartbeat
+    report: LocalReport
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., report: _Optional[_Union[LocalReport, _Mapping]] = ...) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("generation", "heartbeat_interval_seconds")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    heartbeat_interval_seconds: float
+    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
+
+class PeerCommand(_message.Message):
+    __slots__ = ("generation", "kind", "reason")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    kind: str
+    reason: str
+    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("registered", "command")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    registered: Registered
+    command: PeerCommand
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., command: _Optional[_Union[PeerCommand, _Mapping]] = ...) -> None: ...
