@@ -63,6 +63,7 @@ from agent.core.model import (
     TrainerResumed,
     TrainerSliceError,
     TrainerStepped,
+    TrainerView,
     WorkerHealth,
     WorkerJoined,
     WorkerLost,
@@ -206,7 +207,14 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
     if state.phase == Phase.RUNNING and (ev.generation != state.generation or ev.active != state.active):
         # A restarted trainer (or coordinator): bring both onto a fresh generation.
         return _start_hold(new, now, reason + "; trainer and coordinator disagree, re-synchronising", failure=False)
-    return _evaluate(new, now, reason)
+    d = _evaluate(new, now, reason)
+    s = d.state
+    if s.phase == Phase.RUNNING and s.trainer.resume_pending and not d.actions and s.active <= s.up_slices():
+        # It may not have got the resume (sent while it was away, or lost with
+        # the old link) and would stay held: send it again.
+        why = f"{d.reason}; repeating the unacknowledged resume generation {s.generation} on {_fmt(s.active)}"
+        return Decision(s, (ResumeTrainer(s.generation, s.active, _source(s.trainer, s.active), why),), why)
+    return d
 
 
 def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Decision:
@@ -245,7 +253,14 @@ def _trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
 def _trainer_resumed(state: State, ev: TrainerResumed) -> Decision:
     if ev.generation != state.generation:
         return Decision(state, (), f"stale resume acknowledgement for generation {ev.generation} ignored")
-    t = replace(state.trainer, generation=ev.generation, active=ev.active, surviving=ev.active, step_in_memory=ev.step)
+    t = replace(
+        state.trainer,
+        generation=ev.generation,
+        active=ev.active,
+        surviving=ev.active,
+        step_in_memory=ev.step,
+        resume_pending=False,
+    )
     return Decision(
         replace(state, trainer=t),
         (),
@@ -348,16 +363,20 @@ def _resume(state: State, up: frozenset[int], why: str) -> Decision:
     # The trainer keeps its state in memory if it still has replicas on a
     # slice we resume on and its process did not restart.
     t = state.trainer
-    from_memory = t.step_in_memory >= 0 and bool(t.surviving & up)
-    source = ResumeSource.MEMORY if from_memory else ResumeSource.CHECKPOINT
+    source = _source(t, up)
     gen = state.generation if state.phase != Phase.STARTING else state.generation + 1
-    trainer = replace(t, active=up, surviving=up)
+    trainer = replace(t, active=up, surviving=up, resume_pending=True)
     new = replace(state, phase=Phase.RUNNING, generation=gen, active=up, deadline=None, trainer=trainer)
     return Decision(
         new,
         (ResumeTrainer(gen, up, source, why), TellWorkers(gen, "resume", why)),
         f"{why}; resume generation {gen} on {_fmt(up)} from {source}",
     )
+
+
+def _source(t: TrainerView, up: frozenset[int]) -> ResumeSource:
+    from_memory = t.step_in_memory >= 0 and bool(t.surviving & up)
+    return ResumeSource.MEMORY if from_memory else ResumeSource.CHECKPOINT
 
 
 def _fail(state: State, why: str) -> Decision:

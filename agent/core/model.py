@@ -136,6 +136,8 @@ class TrainerView:
     """Slices the trainer's mesh spans."""
     surviving: frozenset[int] = frozenset()
     """Slices of that mesh that stayed up throughout: its replicas in memory."""
+    resume_pending: bool = False
+    """A ResumeTrainer went out that the trainer has not acknowledged; repeated when it re-attaches."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""``elastic-sidecar``: the daemon's roles and the simulated job.
+
+    elastic-sidecar coordinator --num-slices 4 ...   # beside the trainer
+    elastic-sidecar worker --slice 2 --host 0 ...    # beside each TPU host
+    elastic-sidecar demo                             # a simulated 4-slice job on this machine
+
+Exit codes: 0 done, 2 bad usage or configuration, 42 the job must be
+restarted (xpk restarts workloads that exit 42), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from agent import constants as C
+from agent.config import ConfigError, CoordinatorConfig, WorkerConfig, add_coordinator_args, add_worker_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="elastic-sidecar",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,demo}")
+    sub.required = True
+    add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
+    add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
+    demo = sub.add_parser(
+        "demo",
+        help="run a simulated multi-slice job on this machine with real processes",
+        description="Run the simulated multi-slice job: coordinator, worker sidecars, stand-in Pathways "
+        "workers, a real JAX trainer with Orbax checkpoints, and injected faults.",
+    )
+    from simjob.options import add_demo_args
+
+    add_demo_args(demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    try:
+        if ns.role == "coordinator":
+            from agent import coordinator
+
+            return asyncio.run(coordinator.serve(CoordinatorConfig.from_args(ns)))
+        if ns.role == "worker":
+            from agent import worker
+
+            return asyncio.run(worker.serve(WorkerConfig.from_args(ns)))
+        from simjob.harness import run_demo
+
+        return run_demo(ns)
+    except ConfigError as e:
+        print(f"elastic-sidecar {ns.role}: {e}", file=sys.stderr)
+        return C.EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Command-line and environment configuration of the two daemon roles.
+
+Every flag can also come from an environment variable ``ES_<FLAG>`` (dashes as
+underscores, e.g. ``ES_NUM_SLICES``), which is how the JobSet manifests pass
+the pod's identity from the downward API. A flag on the command line wins.
+Bad values are refused at start-up with the flag, the value and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import constants as C
+from agent.core.model import Policy
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _env(flag: str, default: str | None) -> str | None:
+    return os.environ.get("ES_" + flag.lstrip("-").replace("-", "_").upper(), default)
+
+
+def address(value: str) -> str:
+    """HOST:PORT with a port in range; '[::1]:PORT' for IPv6."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    try:
+        p = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port in {value!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise argparse.ArgumentTypeError(f"port {p} in {value!r} is out of range 0-65535")
+    return value
+
+
+def _positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if f <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return f
+
+
+def _nonneg_int(value: str) -> int:
+    try:
+        i = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if i < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+    return i
+
+
+def _add(p: argparse.ArgumentParser, flag: str, *, default: object = None, **kw: object) -> None:
+    env = _env(flag, None)
+    d = env if env is not None else default
+    p.add_argument(flag, default=d, **kw)  # type: ignore[arg-type]
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    _add(p, "--job", default="elastic-job", help="JobSet name; peers of another job are refused (env ES_JOB)")
+    _add(p, "--log-format", default="json", choices=["json", "console"], help="json: Cloud Logging lines (default)")
+    _add(p, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def add_coordinator_args(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    _add(p, "--listen", default=f"127.0.0.1:{C.COORDINATOR_PORT}", type=address,
+         help=f"peer + trainer-link gRPC address (default 127.0.0.1:{C.COORDINATOR_PORT})")
+    _add(p, "--num-slices", type=int, required=_env("--num-slices", None) is None, help="slices in the job")
+    _add(p, "--hosts-per-slice", default=1, type=int, help="TPU hosts (worker sidecars) per slice")
+    _add(p, "--elastic-min-slice-count", default=-1, type=int,
+         help="MaxText's flag: -1 waits for all slices, k continues on >= k (default -1)")
+    _add(p, "--elastic-timeout-seconds", default=300.0, type=_positive_float,
+         help="MaxText's flag: longest wait for enough slices (default 300)")
+    _add(p, "--elastic-max-retries", default=10, type=int,
+         help="MaxText's flag: attempts including the first (default 10)")
+    _add(p, "--heartbeat-interval", default=C.HEARTBEAT_INTERVAL_SECONDS, type=_positive_float,
+         help=f"seconds between worker heartbeats (default {C.HEARTBEAT_INTERVAL_SECONDS})")
+    _add(p, "--heartbeat-timeout", default=C.HEARTBEAT_TIMEOUT_SECONDS, type=_positive_float,
+         help=f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})")
+    _add(p, "--rejoin-grace", default=10.0, type=_positive_float,
+         help="after a coordinator restart, seconds known hosts get to re-register (default 10)")
+    _add(p, "--state-file", type=Path, default=None, help="where the coordinator keeps its state across restarts")
+    _add(p, "--journal", type=Path, default=None, help="append every decision as a JSON line here")
+
+
+def add_worker_args(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    _add(p, "--coordinator", default=f"127.0.0.1:{C.COORDINATOR_PORT}", type=address, help="coordinator HOST:PORT")
+    _add(p, "--slice", type=_nonneg_int, required=_env("--slice", None) is None,
+         help="this host's slice (JobSet job-index; env ES_SLICE)")
+    _add(p, "--host", type=_nonneg_int, default=0, help="host index within the slice (JOB_COMPLETION_INDEX)")
+    _add(p, "--node", default=os.environ.get("NODE_NAME", ""), help="Kubernetes node name (env ES_NODE or NODE_NAME)")
+    _add(p, "--node-pool", default="", help="the node's GKE node pool")
+    _add(p, "--pod", default=os.environ.get("POD_NAME", ""), help="pod name, for operators")
+    _add(p, "--health-target", default=None, type=address,
+         help="local Pathways worker to watch with grpc.health.v1 (HOST:PORT); none = always healthy")
+    _add(p, "--health-check", default="grpc", choices=["grpc", "tcp"],
+         help="grpc: grpc.health.v1 Watch; tcp: a TCP connect (no health service served)")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    job: str
+    listen: str
+    policy: Policy
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    state_file: Path | None
+    journal: Path | None
+    log_format: str
+    log_level: str
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
+        try:
+            policy = Policy(
+                num_slices=int(ns.num_slices),
+                hosts_per_slice=int(ns.hosts_per_slice),
+                elastic_min_slice_count=int(ns.elastic_min_slice_count),
+                elastic_timeout_seconds=float(ns.elastic_timeout_seconds),
+                elastic_max_retries=int(ns.elastic_max_retries),
+                rejoin_grace_seconds=float(ns.rejoin_grace),
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
+        if hbt <= hb:
+            raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
+        return cls(
+            job=ns.job,
+            listen=ns.listen,
+            policy=policy,
+            heartbeat_interval=hb,
+            heartbeat_timeout=hbt,
+            state_file=Path(ns.state_file) if ns.state_file else None,
+            journal=Path(ns.journal) if ns.journal else None,
+            log_format=ns.log_format,
+            log_level=ns.log_level,
+        )
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    job: str
+    coordinator: str
+    slice: int
+    host: int
+    node: str
+    node_pool: str
+    pod: str
+    health_target: str | None
+    health_check: str
+    log_format: str
+    log_level: str
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> WorkerConfig:
+        return cls(
+            job=ns.job,
+            coordinator=ns.coordinator,
+            slice=int(ns.slice),
+            host=int(ns.host),
+            node=ns.node or f"host-{ns.slice}-{ns.host}",
+            node_pool=ns.node_pool,
+            pod=ns.pod,
+            health_target=ns.health_target,
+            health_check=ns.health_check,
+            log_format=ns.log_format,
+            log_level=ns.log_level,
+        )

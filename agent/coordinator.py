@@ -1,0 +1,440 @@
+"""The coordinator sidecar: one per job, beside the trainer (the Pathways head).
+
+Sources -> decision core -> executors:
+
+* sources: the Peer service (worker sidecars register and heartbeat over one
+  stream each; a closed stream or a missed heartbeat deadline is a lost host),
+  the TrainerLink service (steps, slice errors and acknowledgements from the
+  trainer hooks) and a ticker that lets deadlines fire;
+* one decision loop feeds each event to :func:`agent.core.decide` and keeps the
+  state; nothing else changes it;
+* executors send hold/resume/abort to the trainer, fan commands out to the
+  workers, append to the journal, write the state file and log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from agent import constants as C
+from agent import log as logmod
+from agent import statefile
+from agent.config import CoordinatorConfig
+from agent.core import decide, initial_state
+from agent.core.model import (
+    AbortTrainer,
+    Action,
+    Decision,
+    Event,
+    ExitCoordinator,
+    HoldTrainer,
+    ResumeSource,
+    ResumeTrainer,
+    State,
+    TellWorkers,
+    Tick,
+    TrainerAttached,
+    TrainerDetached,
+    TrainerFinished,
+    TrainerFlushed,
+    TrainerHeld,
+    TrainerResumed,
+    TrainerSettings,
+    TrainerSliceError,
+    TrainerStepped,
+    WorkerHealth,
+    WorkerJoined,
+    WorkerLost,
+)
+from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+
+log = logmod.get("coordinator")
+TICK_SECONDS = 0.05
+
+
+@dataclass
+class _Conn:
+    """One open stream to a worker or the trainer: its outgoing queue."""
+
+    outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
+    match a:
+        case HoldTrainer():
+            return trainer_pb2.SidecarCommand(
+                hold=trainer_pb2.Hold(generation=a.generation, flush=a.flush, down_slices=sorted(a.down_slices), reason=a.reason)
+            )
+        case ResumeTrainer():
+            src = trainer_pb2.Resume.MEMORY if a.source == ResumeSource.MEMORY else trainer_pb2.Resume.CHECKPOINT
+            return trainer_pb2.SidecarCommand(
+                resume=trainer_pb2.Resume(generation=a.generation, active_slices=sorted(a.active), source=src, reason=a.reason)
+            )
+        case AbortTrainer():
+            return trainer_pb2.SidecarCommand(
+                abort=trainer_pb2.Abort(generation=a.generation, exit_code=a.exit_code, reason=a.reason)
+            )
+    return None
+
+
+def _action_record(a: Action) -> dict[str, Any]:
+    d: dict[str, Any] = {"type": type(a).__name__}
+    for k, v in vars(a).items():
+        d[k] = sorted(v) if isinstance(v, frozenset) else (str(v) if isinstance(v, ResumeSource) else v)
+    return d
+
+
+class Coordinator:
+    """Owns the state; everything else talks to it through :meth:`submit`."""
+
+    def __init__(self, cfg: CoordinatorConfig) -> None:
+        self.cfg = cfg
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.workers: dict[tuple[int, int], _Conn] = {}
+        self.trainer: _Conn | None = None
+        self.exit_code: asyncio.Future[int] | None = None
+        self.state: State = initial_state(cfg.policy, time.monotonic())
+        self._persisted: dict[str, Any] | None = None
+        self._journal = None
+        self.port: int = 0
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+
+    # -- sources -------------------------------------------------------------
+
+    def submit(self, ev: Event) -> None:
+        self.events.put_nowait(ev)
+
+    # -- the loop ------------------------------------------------------------
+
+    def _load_state(self) -> None:
+        path = self.cfg.state_file
+        if path is None or not path.exists():
+            return
+        self.state = statefile.restore(path, self.state, time.monotonic())
+        log.info(
+            "restored coordinator state",
+            state_file=str(path),
+            phase=str(self.state.phase),
+            generation=self.state.generation,
+            active=sorted(self.state.active),
+        )
+        self._persisted = statefile.snapshot(self.state)
+
+    async def _decision_loop(self) -> None:
+        while True:
+            ev = await self.events.get()
+            try:
+                self.apply(ev, time.monotonic())
+            except Exception:  # a bug must not take the daemon down with it
+                log.exception("failed to handle event", trigger=type(ev).__name__)
+
+    def apply(self, ev: Event, now: float) -> Decision:
+        before = self.state
+        d = decide(before, ev, now)
+        self.state = d.state
+        self._record(ev, d, before)
+        self._persist()
+        for a in d.actions:
+            self._execute(a)
+        return d
+
+    def _record(self, ev: Event, d: Decision, before: State) -> None:
+        quiet = isinstance(ev, (Tick, TrainerStepped)) and not d.actions and d.state.phase == before.phase
+        if quiet:
+            return
+        s = d.state
+        fields: dict[str, Any] = {
+            "trigger": type(ev).__name__,
+            "phase": str(s.phase),
+            "generation": s.generation,
+            "active_slices": sorted(s.active),
+            "up_slices": sorted(s.up_slices()),
+            "actions": [_action_record(a) for a in d.actions],
+        }
+        if s.generation > 1 and s.phase != before.phase or d.actions:
+            fields["operation"] = f"recovery-{s.generation}"
+        log.info(d.reason, **fields)
+        if self._journal is not None:
+            rec = {"time": time.time(), "reason": d.reason, **fields, "event_detail": _event_detail(ev)}
+            self._journal.write(json.dumps(rec, default=str) + "\n")
+            self._journal.flush()
+
+    def _persist(self) -> None:
+        if self.cfg.state_file is None:
+            return
+        snap = statefile.snapshot(self.state)
+        if snap != self._persisted:
+            statefile.write(self.cfg.state_file, self.state)
+            self._persisted = snap
+
+    # -- executors -----------------------------------------------------------
+
+    def _execute(self, a: Action) -> None:
+        match a:
+            case HoldTrainer() | ResumeTrainer() | AbortTrainer():
+                cmd = _to_trainer_command(a)
+                if self.trainer is None:
+                    log.warning("no trainer attached; command will be repeated when it attaches", command=type(a).__name__)
+                else:
+                    self.trainer.outbox.put_nowait(cmd)
+            case TellWorkers():
+                msg = peer_pb2.CoordinatorMessage(
+                    command=peer_pb2.PeerCommand(generation=a.generation, kind=a.kind, reason=a.reason)
+                )
+                for conn in self.workers.values():
+                    conn.outbox.put_nowait(msg)
+            case ExitCoordinator():
+                if self.exit_code is not None and not self.exit_code.done():
+                    # Give the streams a moment to deliver the last commands.
+                    asyncio.get_running_loop().call_later(0.5, _set_result, self.exit_code, a.exit_code)
+
+    # -- lifetime ------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.exit_code = asyncio.get_running_loop().create_future()
+        self._load_state()
+        if self.cfg.journal is not None:
+            self.cfg.journal.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = open(self.cfg.journal, "a", encoding="utf-8")  # noqa: SIM115
+        self.server = grpc.aio.server(options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS))
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerService(self), self.server)
+        trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(self.cfg.listen)
+        if self.port == 0:
+            raise OSError(f"could not listen on {self.cfg.listen}")
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._tasks = [
+            asyncio.create_task(self._decision_loop(), name="decisions"),
+            asyncio.create_task(self._ticker(), name="ticker"),
+        ]
+        log.info("coordinator listening", address=self.cfg.listen, port=self.port, policy=vars(self.cfg.policy))
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            self.submit(Tick())
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        for t in self._tasks:
+            t.cancel()
+        if self.server is not None:
+            await self.server.stop(grace)
+        if self._journal is not None:
+            self._journal.close()
+
+    async def run(self) -> int:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        assert self.exit_code is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _set_result, self.exit_code, C.EXIT_OK)
+        code = await self.exit_code
+        log.info("coordinator stopping", exit_code=code, phase=str(self.state.phase))
+        await self.stop()
+        return code
+
+
+def _set_result(fut: asyncio.Future[int], value: int) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _event_detail(ev: Event) -> dict[str, Any]:
+    return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(ev).items()}
+
+
+# ---------------------------------------------------------------------------
+# the Peer service: worker sidecars
+# ---------------------------------------------------------------------------
+
+
+class PeerService(peer_pb2_grpc.PeerServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    async def Join(self, request_iterator: AsyncIterator[peer_pb2.WorkerMessage], context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        cfg = self.c.cfg
+        try:
+            first = await asyncio.wait_for(context.read(), timeout=cfg.heartbeat_timeout * 4)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Register message within the heartbeat timeout")
+            return
+        if first is grpc.aio.EOF or not first.HasField("register"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on Join must be a Register")
+            return
+        reg = first.register
+        ident = reg.identity
+        p = cfg.policy
+        if reg.job != cfg.job:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {reg.job!r} is not this coordinator's job {cfg.job!r}")
+            return
+        if not (0 <= ident.slice < p.num_slices and 0 <= ident.host < p.hosts_per_slice):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"identity.slice={ident.slice} identity.host={ident.host} outside the job's "
+                f"{p.num_slices} slices x {p.hosts_per_slice} hosts",
+            )
+            return
+        if not ident.incarnation:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "identity.incarnation must not be empty")
+            return
+        key = (ident.slice, ident.host)
+        conn = _Conn()
+        old = self.c.workers.get(key)
+        self.c.workers[key] = conn
+        if old is not None:
+            old.closed.set()
+        self.c.submit(WorkerJoined(ident.slice, ident.host, ident.incarnation, ident.node, ident.node_pool))
+        await context.write(
+            peer_pb2.CoordinatorMessage(
+                registered=peer_pb2.Registered(
+                    generation=self.c.state.generation, heartbeat_interval_seconds=cfg.heartbeat_interval
+                )
+            )
+        )
+        cause = "stream_closed"
+        reader = asyncio.create_task(self._read(context, ident, conn))
+        writer = asyncio.create_task(self._write(context, conn))
+        try:
+            done, _ = await asyncio.wait({reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done and not reader.cancelled() and reader.exception() is None:
+                cause = reader.result()
+            elif conn.closed.is_set():
+                cause = "replaced"
+        finally:
+            reader.cancel()
+            writer.cancel()
+            if self.c.workers.get(key) is conn:
+                del self.c.workers[key]
+            if cause != "replaced":
+                self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause))
+
+    async def _read(self, context: grpc.aio.ServicerContext, ident: peer_pb2.HostIdentity, conn: _Conn) -> str:
+        timeout = self.c.cfg.heartbeat_timeout
+        while True:
+            try:
+                msg = await asyncio.wait_for(context.read(), timeout=timeout)
+            except TimeoutError:
+                return "heartbeat_timeout"
+            except (grpc.aio.AioRpcError, asyncio.CancelledError):
+                return "stream_closed"
+            if msg is grpc.aio.EOF:
+                return "shutdown"
+            if msg.HasField("heartbeat"):
+                continue
+            if msg.HasField("report"):
+                kind = msg.report.kind
+                if kind in ("pathways_unhealthy", "pathways_healthy"):
+                    self.c.submit(
+                        WorkerHealth(ident.slice, ident.host, ident.incarnation, kind == "pathways_healthy", msg.report.detail)
+                    )
+                else:
+                    log.warning("unknown worker report kind ignored", kind=kind, slice=ident.slice, host=ident.host)
+
+    async def _write(self, context: grpc.aio.ServicerContext, conn: _Conn) -> None:
+        while True:
+            msg = await conn.outbox.get()
+            await context.write(msg)
+
+
+# ---------------------------------------------------------------------------
+# the TrainerLink service: the trainer hooks
+# ---------------------------------------------------------------------------
+
+
+class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    async def Attach(self, request_iterator: AsyncIterator[trainer_pb2.TrainerMessage], context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on Attach must be a TrainerHello")
+            return
+        hello = first.hello
+        if hello.job and hello.job != self.c.cfg.job:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {hello.job!r} is not this coordinator's job {self.c.cfg.job!r}")
+            return
+        conn = _Conn()
+        old = self.c.trainer
+        self.c.trainer = conn
+        if old is not None:
+            old.closed.set()
+        settings = None
+        if hello.has_elastic_settings:
+            settings = TrainerSettings(hello.elastic_min_slice_count, hello.elastic_timeout_seconds, hello.elastic_max_retries)
+        self.c.submit(
+            TrainerAttached(hello.generation, hello.step_in_memory, frozenset(hello.active_slices), settings)
+        )
+        reader = asyncio.create_task(self._read(context))
+        writer = asyncio.create_task(self._write(context, conn))
+        try:
+            await asyncio.wait({reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            reader.cancel()
+            writer.cancel()
+            if self.c.trainer is conn:
+                self.c.trainer = None
+                self.c.submit(TrainerDetached())
+
+    async def _read(self, context: grpc.aio.ServicerContext) -> None:
+        while True:
+            try:
+                msg = await context.read()
+            except grpc.aio.AioRpcError:
+                return
+            if msg is grpc.aio.EOF:
+                return
+            ev = _trainer_event(msg)
+            if ev is not None:
+                self.c.submit(ev)
+
+    async def _write(self, context: grpc.aio.ServicerContext, conn: _Conn) -> None:
+        while True:
+            cmd = await conn.outbox.get()
+            await context.write(cmd)
+
+
+def _trainer_event(msg: trainer_pb2.TrainerMessage) -> Event | None:
+    match msg.WhichOneof("msg"):
+        case "step":
+            return TrainerStepped(msg.step.step, msg.step.generation)
+        case "slice_error":
+            e = msg.slice_error
+            return TrainerSliceError(frozenset(e.slices), e.message, e.step, e.generation)
+        case "held":
+            h = msg.held
+            return TrainerHeld(h.generation, h.step, h.committed_step)
+        case "resumed":
+            r = msg.resumed
+            return TrainerResumed(r.generation, r.step, frozenset(r.active_slices), r.restored_from)
+        case "flushed":
+            return TrainerFlushed(msg.flushed.generation, msg.flushed.committed_step)
+        case "finished":
+            return TrainerFinished(msg.finished.step)
+    log.warning("unexpected trainer message ignored", kind=msg.WhichOneof("msg"))
+    return None
+
+
+async def serve(cfg: CoordinatorConfig) -> int:
+    logmod.configure(cfg.log_format, cfg.log_level, jobset=cfg.job, role="coordinator")
+    return await Coordinator(cfg).run()
+
+
+def journal_path_default(workdir: Path) -> Path:
+    return workdir / "journal.jsonl"

@@ -1,0 +1,255 @@
+"""``elastic-sidecar demo``: a simulated multi-slice job with real processes.
+
+Starts the coordinator sidecar, one stand-in Pathways worker plus one worker
+sidecar per host (each host is its own process group, so a fault hits both),
+and the example trainer on CPU devices grouped into slices. Faults are
+injected when the trainer reaches the given step: ``kill`` SIGKILLs the host,
+``hang`` SIGSTOPs it. The stand-in provisioner recreates the lost slice after
+``--replacement-delay``. At the end it prints a timeline and a summary table,
+and writes ``--summary-json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from simjob.options import DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
+from simjob.summary import FaultRecord, render, summarize
+from standins.provisioner import Provisioner
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Host:
+    slice: int
+    host: int
+    generation: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def pgid(self) -> int:
+        return self.procs[0].pid
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+
+class Job:
+    def __init__(self, ns: argparse.Namespace, workdir: Path) -> None:
+        self.ns = ns
+        self.workdir = workdir
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.coord_port = free_port()
+        self.coord_addr = f"127.0.0.1:{self.coord_port}"
+        self.pw_ports = {(s, h): free_port() for s in range(ns.slices) for h in range(ns.hosts_per_slice)}
+        self.hosts: dict[tuple[int, int], Host] = {}
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.trainer: subprocess.Popen[bytes] | None = None
+        self._files: list[IO[bytes]] = []
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def _log(self, name: str) -> IO[bytes]:
+        f = open(self.logs / name, "ab")  # noqa: SIM115
+        self._files.append(f)
+        return f
+
+    def start_coordinator(self) -> None:
+        ns = self.ns
+        cmd = [
+            PY, "-m", "agent", "coordinator", "--job", "elastic-demo", "--listen", self.coord_addr,
+            "--num-slices", str(ns.slices), "--hosts-per-slice", str(ns.hosts_per_slice),
+            "--elastic-min-slice-count", str(ns.min_slices), "--elastic-timeout-seconds", str(ns.timeout),
+            "--elastic-max-retries", str(ns.max_retries), "--journal", str(self.workdir / "journal.jsonl"),
+            "--state-file", str(self.workdir / "coordinator-state.json"), "--log-format", ns.log_format,
+        ]
+        self.coordinator = subprocess.Popen(cmd, stdout=self._log("coordinator.log"), stderr=subprocess.STDOUT, env=self.env)
+
+    def start_host(self, s: int, h: int) -> None:
+        old = self.hosts.get((s, h))
+        gen = old.generation + 1 if old else 0
+        log = self._log(f"host-{s}.{h}.log")
+        port = self.pw_ports[(s, h)]
+        pw = subprocess.Popen(
+            [PY, "-m", "standins.pathways_worker", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env,
+        )
+        node = f"gke-demo-slice{s}-host{h}-r{gen}"
+        wk = subprocess.Popen(
+            [PY, "-m", "agent", "worker", "--job", "elastic-demo", "--coordinator", self.coord_addr,
+             "--slice", str(s), "--host", str(h), "--node", node, "--node-pool", f"demo-pool-{s}",
+             "--pod", f"elastic-demo-worker-{s}-{h}", "--health-target", f"127.0.0.1:{port}",
+             "--log-format", self.ns.log_format],
+            stdout=log, stderr=subprocess.STDOUT, process_group=pw.pid, env=self.env,
+        )
+        self.hosts[(s, h)] = Host(s, h, gen, [pw, wk])
+
+    def recreate_slice(self, s: int) -> None:
+        """GKE recreates every VM of a TPU slice: replace all its hosts."""
+        for h in range(self.ns.hosts_per_slice):
+            old = self.hosts.get((s, h))
+            if old is not None:
+                old.signal(signal.SIGKILL)
+                old.signal(signal.SIGCONT)
+                for p in old.procs:
+                    p.wait()
+            self.start_host(s, h)
+
+    def start_trainer(self) -> None:
+        ns = self.ns
+        n_dev = ns.slices * ns.devices_per_slice
+        env = {
+            **self.env,
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
+        }
+        cmd = [
+            PY, "-m", "simjob.trainer", "--sidecar", self.coord_addr, "--job", "elastic-demo",
+            "--workdir", str(self.workdir), "--slices", str(ns.slices), "--devices-per-slice", str(ns.devices_per_slice),
+            "--steps", str(ns.steps), "--checkpoint-period", str(ns.checkpoint_period),
+            "--step-seconds", str(ns.step_seconds), "--events", str(self.workdir / "trainer-events.jsonl"),
+        ]
+        for (s, h), port in sorted(self.pw_ports.items()):
+            cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
+        self.trainer = subprocess.Popen(cmd, stdout=self._log("trainer.log"), stderr=subprocess.STDOUT, env=env)
+
+    def stop_all(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        if self.trainer is not None:
+            procs.append(("trainer", self.trainer))
+        for key, host in self.hosts.items():
+            host.signal(signal.SIGCONT)
+            procs += [(f"host {key[0]}.{key[1]}", p) for p in host.procs]
+        if self.coordinator is not None:
+            procs.append(("coordinator", self.coordinator))
+        for _, p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for name, p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if name in ("trainer", "coordinator"):
+                codes[name] = p.returncode
+        for f in self._files:
+            f.close()
+        return codes
+
+
+class _Tail:
+    """Reads the JSON lines a file gains."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        self.buf = ""
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.pos)
+            data = f.read()
+            self.pos = f.tell()
+        self.buf += data
+        *lines, self.buf = self.buf.split("\n")
+        return [json.loads(x) for x in lines if x.strip()]
+
+
+def run_demo(ns: argparse.Namespace) -> int:
+    faults: list[FaultSpec] = [] if ns.no_faults else (ns.fault or [parse_fault(f) for f in DEFAULT_FAULTS])
+    try:
+        check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps)
+        if ns.min_slices != -1 and not 1 <= ns.min_slices <= ns.slices:
+            raise ValueError(f"--min-slices must be -1 or between 1 and --slices={ns.slices}, got {ns.min_slices}")
+    except ValueError as e:
+        print(f"elastic-sidecar demo: {e}", file=sys.stderr)
+        return 2
+    workdir = ns.workdir or Path(tempfile.mkdtemp(prefix="elastic-demo-"))
+    workdir = workdir.resolve()
+    if (workdir / "checkpoints").exists() and any((workdir / "checkpoints").iterdir()):
+        print(f"elastic-sidecar demo: {workdir} already holds checkpoints; pass an empty --workdir", file=sys.stderr)
+        return 2
+    workdir.mkdir(parents=True, exist_ok=True)
+    say = (lambda *_: None) if ns.quiet else (lambda msg: print(msg, flush=True))
+    job = Job(ns, workdir)
+    say(f"elastic-sidecar demo: {ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, "
+        f"min slices {ns.min_slices}, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}")
+    t_start = time.time()
+    provisioner = Provisioner(ns.replacement_delay, job.recreate_slice, enabled=not ns.no_replacement)
+    records: list[FaultRecord] = []
+    pending = sorted(faults, key=lambda f: f.at_step)
+    tail = _Tail(workdir / "trainer-events.jsonl")
+    last_step = 0
+    codes: dict[str, int | None] = {}
+    try:
+        job.start_coordinator()
+        for s in range(ns.slices):
+            for h in range(ns.hosts_per_slice):
+                job.start_host(s, h)
+        job.start_trainer()
+        assert job.trainer is not None
+        deadline = time.monotonic() + ns.run_timeout
+        while job.trainer.poll() is None:
+            for ev in tail.read():
+                if ev.get("kind") == "step":
+                    last_step = max(last_step, int(ev["step"]))
+            while pending and last_step >= pending[0].at_step:
+                f = pending.pop(0)
+                host = job.hosts[(f.slice, f.host)]
+                host.signal(signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
+                now = time.time()
+                records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, last_step))
+                say(f"  +{now - t_start:7.3f}s  [harness] {f.kind} host {f.slice}.{f.host} at step {last_step}")
+                provisioner.slice_lost(f.slice, time.monotonic())
+            for s in provisioner.poll(time.monotonic()):
+                say(f"  +{time.time() - t_start:7.3f}s  [provisioner] slice {s} recreated")
+            if time.monotonic() > deadline:
+                say(f"elastic-sidecar demo: giving up after --run-timeout {ns.run_timeout:g} s")
+                break
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        say("interrupted")
+    finally:
+        # Let the coordinator see the trainer's last messages and exit on its own.
+        if job.coordinator is not None:
+            try:
+                job.coordinator.wait(3)
+            except subprocess.TimeoutExpired:
+                pass
+        codes = job.stop_all()
+    wall = time.time() - t_start
+    summary = summarize(workdir, records, t_start, wall, codes)
+    print(render(summary, t_start, workdir, timeline=not ns.quiet))
+    if ns.summary_json:
+        ns.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        ns.summary_json.write_text(json.dumps(summary, indent=2))
+    return 0 if codes.get("trainer") == 0 else int(codes.get("trainer") or 1)

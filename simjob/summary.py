@@ -1,0 +1,175 @@
+"""Turns the coordinator's journal and the trainer's event log into figures.
+
+Per fault:
+* ``detection_seconds``: fault until the coordinator first records the slice as
+  down (``detection_source`` says which signal got there first);
+* ``hold_seconds``: the coordinator's hold command until its resume command;
+* ``recovery_seconds``: fault until the trainer completes a step numbered above
+  the last step it completed before the fault (progress regained);
+* ``stall_seconds``: fault until the first step completed after the trainer
+  resumed on the new slice set (a hung host lets the step in flight finish,
+  so progress can be "regained" before the stall shows);
+* ``lost_steps``: completed steps that had to be recomputed (the rewind);
+  ``interrupted_step`` says whether the step in flight failed with DATA_LOSS
+  and was redone (the work of at most that one step).
+For the run: ``final_step``, ``wall_seconds``, ``goodput`` (time of the steps
+that count over wall time) and ``slices_timeline``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    kind: str
+    slice: int
+    host: int
+    at_step: int
+    time: float
+    step_seen: int
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+    return out
+
+
+def summarize(
+    workdir: Path, faults: list[FaultRecord], t_start: float, wall: float, codes: dict[str, int | None]
+) -> dict[str, Any]:
+    journal = _read(workdir / "journal.jsonl")
+    tev = _read(workdir / "trainer-events.jsonl")
+    steps = [e for e in tev if e["kind"] == "step"]
+    resumes = [e for e in tev if e["kind"] == "resumed"]
+    failures = [e for e in tev if e["kind"] == "step_failed"]
+
+    out_faults = []
+    for i, f in enumerate(faults):
+        t_next = faults[i + 1].time if i + 1 < len(faults) else float("inf")
+        before = [e for e in steps if e["t"] <= f.time]
+        last_before = max((e["step"] for e in before), default=0)
+        slices_before = len(before[-1]["slices"]) if before else None
+        detect = next((j for j in journal if j["time"] >= f.time and f.slice not in j.get("up_slices", [])), None)
+        hold = None
+        if detect is not None:
+            hold = next(
+                (j for j in journal if j["time"] >= detect["time"] and any(a["type"] == "HoldTrainer" for a in j["actions"])),
+                None,
+            )
+        resume = None
+        if hold is not None:
+            resume = next(
+                (j for j in journal if j["time"] >= hold["time"] and any(a["type"] == "ResumeTrainer" for a in j["actions"])),
+                None,
+            )
+        regained = next((e for e in steps if e["t"] > f.time and e["step"] > last_before), None)
+        first_resume = next((r for r in resumes if r["t"] > f.time), None)
+        flowing = None
+        if first_resume is not None:
+            flowing = next((e for e in steps if e["t"] > first_resume["t"]), None)
+        in_flight = sum(1 for e in failures if f.time <= e["t"] < min(t_next, first_resume["t"] if first_resume else t_next))
+        lost = None
+        if first_resume is not None:
+            lost = max(0, last_before - int(first_resume["from_step"]))
+        source = None
+        if detect is not None:
+            d = detect.get("event_detail", {})
+            source = detect["trigger"] + (f"({d['cause']})" if "cause" in d else "")
+        out_faults.append(
+            {
+                "kind": f.kind,
+                "slice": f.slice,
+                "host": f.host,
+                "at_step": f.at_step,
+                "step_at_fault": last_before,
+                "detection_seconds": round(detect["time"] - f.time, 4) if detect else None,
+                "detection_source": source,
+                "hold_seconds": round(resume["time"] - hold["time"], 4) if hold and resume else None,
+                "recovery_seconds": round(regained["t"] - f.time, 4) if regained else None,
+                "stall_seconds": round(flowing["t"] - f.time, 4) if flowing else None,
+                "lost_steps": lost,
+                "interrupted_step": in_flight > 0,
+                "restored_from": first_resume["restored_from"] if first_resume else None,
+                "slices_before": slices_before,
+                "slices_after": len(first_resume["slices"]) if first_resume else None,
+            }
+        )
+
+    # Goodput: the last completion of each step number counts, redone ones don't.
+    last_by_step: dict[int, float] = {}
+    for e in steps:
+        last_by_step[e["step"]] = e["seconds"]
+    productive = sum(last_by_step.values())
+    final_step = max(last_by_step, default=0)
+    timeline = [{"t": round(r["t"] - t_start, 3), "slices": r["slices"], "restored_from": r["restored_from"]} for r in resumes]
+    return {
+        "faults": out_faults,
+        "final_step": final_step,
+        "wall_seconds": round(wall, 3),
+        "goodput": round(productive / wall, 4) if wall > 0 else 0.0,
+        "productive_seconds": round(productive, 3),
+        "slices_timeline": timeline,
+        "exit_codes": codes,
+        "decisions": len(journal),
+        "workdir": str(workdir),
+    }
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}{unit}"
+    return f"{v}{unit}"
+
+
+def render(summary: dict[str, Any], t_start: float, workdir: Path, *, timeline: bool = True) -> str:
+    lines: list[str] = []
+    if timeline:
+        lines.append("\nTimeline (coordinator decisions and trainer resumes):")
+        journal = _read(workdir / "journal.jsonl")
+        tev = _read(workdir / "trainer-events.jsonl")
+        rows: list[tuple[float, str]] = []
+        for j in journal:
+            if j["actions"] or j["trigger"] in ("WorkerLost", "TrainerSliceError", "WorkerHealth"):
+                rows.append((j["time"], f"[coordinator g{j['generation']} {j['phase']}] {j['reason']}"))
+        for e in tev:
+            if e["kind"] in ("resumed", "step_failed", "held", "abort", "finished"):
+                detail = {k: v for k, v in e.items() if k not in ("t", "kind")}
+                rows.append((e["t"], f"[trainer] {e['kind']} {json.dumps(detail, default=str)[:160]}"))
+        for t, text in sorted(rows):
+            lines.append(f"  +{t - t_start:7.3f}s  {text}")
+    lines.append("\nFaults:")
+    hdr = (f"  {'fault':<16}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
+           f"{'slices':>9}  restored")
+    lines.append(hdr)
+    for f in summary["faults"]:
+        name = f"{f['kind']}:{f['slice']}.{f['host']}@{f['step_at_fault']}"
+        sl = f"{_fmt(f['slices_before'])}->{_fmt(f['slices_after'])}"
+        lines.append(
+            f"  {name:<16}{_fmt(f['detection_seconds'], 's'):>9}  {_fmt(f['detection_source']):<30}"
+            f"{_fmt(f['hold_seconds'], 's'):>9}{_fmt(f['recovery_seconds'], 's'):>10}{_fmt(f['stall_seconds'], 's'):>9}"
+            f"{_fmt(f['lost_steps']):>6}{sl:>9}"
+            f"  {_fmt(f['restored_from'])}"
+        )
+    if not summary["faults"]:
+        lines.append("  (none)")
+    lines.append(
+        f"\nRun: final step {summary['final_step']}, wall {summary['wall_seconds']:.1f} s, goodput "
+        f"{summary['goodput']:.1%}, exit codes {summary['exit_codes']}; logs in {workdir}/logs"
+    )
+    return "\n".join(lines)

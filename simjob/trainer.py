@@ -1,0 +1,309 @@
+"""The example trainer of the simulated job: real JAX, real Orbax, real hooks.
+
+A small MLP trained on CPU devices grouped into slices the way MaxText lays a
+multi-slice job out: parameters sharded within a slice (mesh axis ``model``)
+and replicated across slices (axis ``replica``, MaxText's DCN data axis). The
+global batch is ``per_slice_batch`` rows per active slice. Periodic Orbax
+checkpoints are saved asynchronously; the elastic session drives holds,
+flushes and resumes. Slice loss reaches this process only as Pathways would
+deliver it: pathwaysutils' fault injection raises ``DATA_LOSS`` when a step
+touches a lost device (:mod:`standins.pathways_runtime`).
+
+Writes one JSON line per event to ``--events`` (steps, holds, resumes), which
+the demo harness reads for its timeline and summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
+from trainer_hooks.orbax_flush import OrbaxFlusher
+
+
+def _slices_named(err: BaseException) -> set[int]:
+    import re
+
+    return {int(m) for m in re.findall(r"slice (\d+)", str(err))}
+
+
+class EventLog:
+    def __init__(self, path: Path) -> None:
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
+        self._f.write(json.dumps({"t": time.time(), "kind": kind, **fields}, default=str) + "\n")
+        self._f.flush()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sidecar", required=True, help="coordinator sidecar HOST:PORT")
+    ap.add_argument("--job", default="elastic-demo")
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--slices", type=int, default=4)
+    ap.add_argument("--devices-per-slice", type=int, default=2)
+    ap.add_argument("--pathways", action="append", default=[], metavar="SLICE.HOST=HOST:PORT",
+                    help="stand-in Pathways worker of each host")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--checkpoint-period", type=int, default=50)
+    ap.add_argument("--step-seconds", type=float, default=0.05, help="pad each step to at least this long")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--per-slice-batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--events", type=Path, default=None)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
+    try:
+        return Trainer(ns, events).run()
+    except AbortTraining as e:
+        events("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})
+        print(f"trainer: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+class Trainer:
+    def __init__(self, ns: argparse.Namespace, events: EventLog) -> None:
+        import jax
+        import numpy as np
+        import orbax.checkpoint as ocp
+        from pathwaysutils.test.mock_fault_injection import DeviceLossSimulator
+
+        from standins.pathways_runtime import PathwaysRuntime
+
+        self.ns, self.events, self.jax, self.np, self.ocp = ns, events, jax, np, ocp
+        self._Simulator = DeviceLossSimulator
+        devices = jax.devices()
+        need = ns.slices * ns.devices_per_slice
+        if len(devices) < need:
+            raise SystemExit(
+                f"trainer: {ns.slices} slices x {ns.devices_per_slice} devices need {need} devices, JAX sees "
+                f"{len(devices)}; set XLA_FLAGS=--xla_force_host_platform_device_count={need}"
+            )
+        dps = ns.devices_per_slice
+        self.slice_devices = {s: list(devices[s * dps : (s + 1) * dps]) for s in range(ns.slices)}
+        self.device_slice = {d.id: s for s, ds in self.slice_devices.items() for d in ds}
+        targets: dict[int, list[str]] = {s: [] for s in range(ns.slices)}
+        for spec in sorted(ns.pathways):
+            key, _, addr = spec.partition("=")
+            s, _, _h = key.partition(".")
+            targets[int(s)].append(addr)
+        self.runtime = PathwaysRuntime({s: t for s, t in targets.items() if t}).start()
+        self.sim = None
+        self._new_simulator()
+        ckdir = (ns.workdir / "checkpoints").resolve()
+        self.manager = ocp.CheckpointManager(
+            ckdir,
+            options=ocp.CheckpointManagerOptions(
+                save_interval_steps=ns.checkpoint_period, max_to_keep=3, enable_async_checkpointing=True
+            ),
+        )
+        self.state: dict[str, Any] | None = None
+        self.mesh = None
+        self.active: tuple[int, ...] = ()
+        self.session = ElasticSession.connect(
+            ns.sidecar, job=ns.job, total_steps=ns.steps, flush=OrbaxFlusher(self.manager, self._save_args), on_event=events
+        )
+
+    # -- model -----------------------------------------------------------------
+
+    def _new_simulator(self) -> None:
+        """A fresh simulator per mesh: its bookkeeping is keyed by id() of arrays."""
+        if self.sim is not None:
+            self.sim.stop()
+        self.sim = self._Simulator()
+        self.sim.start()
+        self.runtime.reset_applied()
+
+    def _init_params(self) -> dict[str, Any]:
+        np, ns = self.np, self.ns
+        rng = np.random.default_rng(ns.seed)
+        f, h = ns.features, ns.hidden
+        p = {
+            "w1": (rng.standard_normal((f, h)) / np.sqrt(f)).astype(np.float32),
+            "b1": np.zeros((h,), np.float32),
+            "w2": (rng.standard_normal((h, 1)) / np.sqrt(h)).astype(np.float32),
+        }
+        return {"params": p, "momentum": {k: np.zeros_like(v) for k, v in p.items()}}
+
+    def _specs(self) -> dict[str, Any]:
+        from jax.sharding import PartitionSpec as P
+
+        p = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None)}
+        return {"params": p, "momentum": dict(p)}
+
+    def _shardings(self, mesh: Any) -> Any:
+        from jax.sharding import NamedSharding
+
+        return self.jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), self._specs())
+
+    def _batch(self, step: int, n_active: int) -> tuple[Any, Any]:
+        np, ns = self.np, self.ns
+        rng = np.random.default_rng(ns.seed * 100_003 + step)
+        teacher = np.random.default_rng(ns.seed + 7).standard_normal((ns.features, 1)).astype(np.float32)
+        x = rng.standard_normal((ns.per_slice_batch * n_active, ns.features)).astype(np.float32)
+        y = np.tanh(x @ teacher)
+        return x, y
+
+    def _build_step_fn(self, mesh: Any) -> Any:
+        jax = self.jax
+        jnp = jax.numpy
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        state_sh = self._shardings(mesh)
+        batch_sh = NamedSharding(mesh, P("replica", None))
+
+        def loss_fn(params: Any, x: Any, y: Any) -> Any:
+            hdn = jax.nn.relu(x @ params["w1"] + params["b1"])
+            return jnp.mean((hdn @ params["w2"] - y) ** 2)
+
+        def step(state: Any, x: Any, y: Any) -> Any:
+            loss, g = jax.value_and_grad(loss_fn)(state["params"], x, y)
+            mom = jax.tree_util.tree_map(lambda m, gi: 0.9 * m + gi, state["momentum"], g)
+            params = jax.tree_util.tree_map(lambda p, m: p - 0.05 * m, state["params"], mom)
+            return {"params": params, "momentum": mom}, loss
+
+        fn = jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, NamedSharding(mesh, P())))
+        return fn, batch_sh
+
+    # -- state movement ----------------------------------------------------------
+
+    def _host_copy(self, exclude: frozenset[int]) -> Any | None:
+        """The state assembled from replicas on slices not in ``exclude`` (None if incomplete)."""
+        np = self.np
+
+        def gather(arr: Any) -> Any:
+            out = np.empty(arr.shape, arr.dtype)
+            need = {str(sh.index) for sh in arr.addressable_shards}
+            got: set[str] = set()
+            for sh in arr.addressable_shards:
+                if self.device_slice[sh.device.id] in exclude or str(sh.index) in got:
+                    continue
+                out[sh.index] = np.asarray(sh.data)
+                got.add(str(sh.index))
+            if got != need:
+                raise LookupError("no surviving replica holds every shard")
+            return out
+
+        try:
+            return self.jax.tree_util.tree_map(gather, self.state)
+        except LookupError:
+            return None
+
+    def _save_args(self, step: int, down: frozenset[int]) -> tuple[Any, int]:
+        host = self._host_copy(down | self.runtime.lost_slices())
+        if host is None:
+            raise RuntimeError(f"cannot flush step {step}: no surviving replica of the state")
+        nbytes = sum(int(x.nbytes) for x in self.jax.tree_util.tree_leaves(host))
+        return self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), nbytes
+
+    def _restore(self, mesh: Any) -> tuple[Any, int, str]:
+        step = self.manager.latest_step()
+        if step is None:
+            return self.jax.device_put(self._init_params(), self._shardings(mesh)), 0, "fresh"
+        abstract = self.jax.tree_util.tree_map(
+            lambda x, sh: self.jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), self._init_params(), self._shardings(mesh)
+        )
+        out = self.manager.restore(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardRestore(abstract)))
+        return out["state"], int(step), "checkpoint"
+
+    def _apply(self, d: Directive, step: int) -> int:
+        """Rebuild the mesh over ``d.active_slices``; returns the step to continue from."""
+        from jax.sharding import Mesh
+
+        t0 = time.monotonic()
+        # Pathways only hands out devices whose workers are up.
+        if not self.runtime.wait_available(d.active_slices, timeout=10.0):
+            self.runtime.apply(self.sim, self.slice_devices)
+            missing = sorted(set(d.active_slices) - self.runtime.available_slices())
+            err = self.jax.errors.JaxRuntimeError(f"DATA_LOSS: slices {missing} have no Pathways worker")
+            return self._apply(self.session.slice_error(step, err, missing), step)
+        host = None
+        if d.source == "memory" and self.state is not None:
+            host = self._host_copy(d.down_slices | self.runtime.lost_slices())
+        self._new_simulator()
+        self.runtime.apply(self.sim, self.slice_devices)
+        self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in d.active_slices]), ("replica", "model"))
+        self.step_fn, self.batch_sh = self._build_step_fn(self.mesh)
+        if host is not None:
+            self.state, restored_from = self.jax.device_put(host, self._shardings(self.mesh)), "memory"
+        else:
+            self.manager.wait_until_finished()
+            self.state, step, restored_from = self._restore(self.mesh)
+        self.active = d.active_slices
+        dt = time.monotonic() - t0
+        self.session.resumed(d, step, restored_from, dt)
+        self.events(
+            "resumed",
+            {"generation": d.generation, "from_step": step, "slices": list(d.active_slices), "restored_from": restored_from,
+             "rebuild_seconds": dt, "reason": d.reason},
+        )
+        return step
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> int:
+        ns = self.ns
+        self.events("start", {"slices": ns.slices, "steps": ns.steps, "pid": os.getpid()})
+        step = self._apply(self.session.start(-1), 0)
+        while step < ns.steps:
+            d = self.session.step_boundary(step)
+            if d is not None:
+                step = self._apply(d, step)
+                continue
+            self.runtime.apply(self.sim, self.slice_devices)
+            t0 = time.monotonic()
+            x, y = self._batch(step, len(self.active))
+            try:
+                xs = self.jax.device_put(x, self.batch_sh)
+                ys = self.jax.device_put(y, self.batch_sh)
+                new_state, loss = self.step_fn(self.state, xs, ys)
+                self.runtime.collective(self.active)
+                loss_v = float(self.jax.block_until_ready(loss))
+            except self.jax.errors.JaxRuntimeError as e:
+                if not is_slice_down(e):
+                    raise
+                lost = sorted((self.runtime.lost_slices() & set(self.active)) | _slices_named(e))
+                self.events("step_failed", {"step": step + 1, "slices": lost, "error": str(e)[:200]})
+                step = self._apply(self.session.slice_error(step, e, lost), step)
+                continue
+            self.state = new_state
+            pad = ns.step_seconds - (time.monotonic() - t0)
+            if pad > 0:
+                time.sleep(pad)
+            step += 1
+            dt = time.monotonic() - t0
+            self.session.report_step(step, dt)
+            self.events("step", {"step": step, "seconds": dt, "loss": loss_v, "slices": list(self.active),
+                                 "generation": self.session.generation})
+            if step % ns.checkpoint_period == 0:
+                host = self._host_copy(self.runtime.lost_slices())
+                if host is not None:
+                    self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
+                    self.events("checkpoint_started", {"step": step})
+        self.manager.wait_until_finished()
+        if step not in self.manager.all_steps(read=True):
+            host = self._host_copy(self.runtime.lost_slices())
+            if host is not None:
+                self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True)
+                self.manager.wait_until_finished()
+        self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps(read=True))})
+        self.session.finished(step)
+        self.session.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

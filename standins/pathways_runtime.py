@@ -1,0 +1,129 @@
+"""Stand-in for what Pathways tells a JAX program about its slices.
+
+The real Pathways client learns from its resource manager when a worker goes
+away, and the program finds out when a computation touches that worker's
+devices: a ``JaxRuntimeError`` with ``DATA_LOSS``. Here one thread per host
+follows that host's stand-in Pathways worker over ``grpc.health.v1`` Watch
+(with keepalive, so a hung host is noticed too), and the training thread
+applies the changes to pathwaysutils' ``DeviceLossSimulator`` before each step,
+so the error is raised by pathwaysutils' own fault injection at the next touch
+of a lost device. Nothing here talks to the sidecar.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+_KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 500),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.http2.ping_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class PathwaysRuntime:
+    def __init__(self, targets: Mapping[int, Sequence[str]], collective_timeout: float = 2.0) -> None:
+        """``targets``: slice -> the Pathways worker address of each of its hosts."""
+        self._targets = {s: list(t) for s, t in targets.items()}
+        self.collective_timeout = collective_timeout
+        self._channels: dict[str, grpc.Channel] = {}
+        self._up: dict[tuple[int, int], bool] = {(s, h): False for s, t in targets.items() for h in range(len(t))}
+        self._lock = threading.Condition()
+        self._applied: set[int] = set()  # slices marked lost in the simulator
+        self._stop = threading.Event()
+
+    def start(self) -> PathwaysRuntime:
+        for s, hosts in self._targets.items():
+            for h, target in enumerate(hosts):
+                threading.Thread(target=self._watch, args=(s, h, target), daemon=True, name=f"pw-{s}.{h}").start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _set(self, key: tuple[int, int], up: bool) -> None:
+        with self._lock:
+            if self._up[key] != up:
+                self._up[key] = up
+                self._lock.notify_all()
+
+    def _watch(self, s: int, h: int, target: str) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                with grpc.insecure_channel(target, options=_KEEPALIVE) as ch:
+                    for resp in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
+                        delay = 0.05
+                        self._set((s, h), resp.status == health_pb2.HealthCheckResponse.SERVING)
+            except grpc.RpcError:
+                pass
+            self._set((s, h), False)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def collective(self, slices: Sequence[int]) -> None:
+        """A step's collective over the hosts of ``slices``.
+
+        Every host must take part: a dead host fails it at once, a hung one
+        after ``collective_timeout``, each with the status Pathways reports.
+        Raises ``JaxRuntimeError`` like a real computation would.
+        """
+        import jax
+
+        calls = []
+        for s in slices:
+            for target in self._targets.get(s, []):
+                ch = self._channels.get(target)
+                if ch is None:
+                    ch = self._channels[target] = grpc.insecure_channel(target, options=_KEEPALIVE)
+                stub = health_pb2_grpc.HealthStub(ch)
+                calls.append((s, stub.Check.future(health_pb2.HealthCheckRequest(service=""), timeout=self.collective_timeout)))
+        for s, fut in calls:
+            try:
+                resp = fut.result()
+            except grpc.RpcError as e:
+                code = e.code()  # type: ignore[attr-defined]
+                status = "DEADLINE_EXCEEDED" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "DATA_LOSS"
+                raise jax.errors.JaxRuntimeError(f"{status}: slice {s} did not take part in the step ({code.name})") from None
+            if resp.status != health_pb2.HealthCheckResponse.SERVING:
+                raise jax.errors.JaxRuntimeError(f"DATA_LOSS: slice {s} worker is not serving")
+
+    def available_slices(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(s for s, hosts in self._targets.items() if all(self._up[(s, h)] for h in range(len(hosts))))
+
+    def lost_slices(self) -> frozenset[int]:
+        return frozenset(self._targets) - self.available_slices()
+
+    def wait_available(self, slices: Sequence[int], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                avail = {s for s, hosts in self._targets.items() if all(self._up[(s, h)] for h in range(len(hosts)))}
+                if set(slices) <= avail:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+
+    def apply(self, simulator: object, slice_devices: Mapping[int, Sequence[object]]) -> frozenset[int]:
+        """Bring the simulator in line with what the workers say; returns the lost slices."""
+        lost = self.lost_slices()
+        for s in lost - self._applied:
+            simulator.mark_slice_lost(s, slice_devices)  # type: ignore[attr-defined]
+        for s in self._applied - lost:
+            simulator.mark_slice_connected(s, slice_devices)  # type: ignore[attr-defined]
+        self._applied = set(lost)
+        return lost
+
+    def reset_applied(self) -> None:
+        """A fresh simulator knows nothing yet."""
+        self._applied = set()

@@ -1,0 +1,303 @@
+"""The calls a training loop makes: one per step, plus error and resume reports.
+
+A loop looks like this (see ``simjob/trainer.py`` and ``trainer_hooks/maxtext``)::
+
+    session = ElasticSession.connect(address, job="my-job", flush=flusher)
+    d = session.start(step_in_memory=-1)          # blocks until the first Resume
+    state = build(d)                              # mesh over d.active_slices
+    while step < total:
+        d = session.step_boundary(step)           # microseconds when nothing is pending
+        if d: state = rebuild(d)                  # hold/resume happened: new mesh
+        try:
+            state = train_step(state); step += 1
+            session.report_step(step, seconds)
+        except jax.errors.JaxRuntimeError as e:
+            if not is_slice_down(e): raise
+            d = session.slice_error(step, e, guessed_slices)   # blocks through hold -> resume
+            state = rebuild(d)
+    session.finished(step)
+
+A hold waits for any in-flight async save, flushes if asked (only a step
+Orbax committed counts), acknowledges, and blocks until resume or abort. An
+abort raises :class:`AbortTraining` carrying the exit code (42: restart).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from protos.elastic_sidecar.v1 import trainer_pb2
+from trainer_hooks.link import SidecarLink
+
+SLICE_DOWN_MARKERS = ("DATA_LOSS", "DEADLINE_EXCEEDED", "NOT_FOUND", "INTERNAL")
+"""Substrings Pathways puts in a JaxRuntimeError when a slice is gone
+(pathwaysutils.elastic.is_error_due_to_slice_down tests the same ones)."""
+
+
+def is_slice_down(err: BaseException) -> bool:
+    """Whether a runtime error means lost hardware rather than a bug."""
+    if type(err).__name__ != "JaxRuntimeError":
+        return False
+    text = str(err)
+    return any(m in text for m in SLICE_DOWN_MARKERS)
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    committed_step: int
+    nbytes: int = 0
+
+
+class Flusher(Protocol):
+    """Makes ``step`` durable and returns the newest committed step.
+
+    ``down_slices``: slices whose devices must not be read.
+    """
+
+    def __call__(self, step: int, down_slices: frozenset[int]) -> FlushResult: ...
+
+
+@dataclass(frozen=True)
+class Directive:
+    """What the trainer must run on after a hold: exactly these slices."""
+
+    generation: int
+    active_slices: tuple[int, ...]
+    source: str  # "memory" | "checkpoint"
+    reason: str
+    down_slices: frozenset[int] = frozenset()
+
+
+class AbortTraining(Exception):
+    """The sidecar decided the job must stop; exit with ``exit_code``."""
+
+    def __init__(self, exit_code: int, reason: str, committed_step: int) -> None:
+        super().__init__(f"aborted with exit code {exit_code}: {reason} (last committed step {committed_step})")
+        self.exit_code = exit_code
+        self.reason = reason
+        self.committed_step = committed_step
+
+
+@dataclass
+class ElasticSettings:
+    """The trainer's elastic flags, MaxText names, reported to the sidecar."""
+
+    elastic_min_slice_count: int = -1
+    elastic_timeout_seconds: float = 300.0
+    elastic_max_retries: int = 10
+
+
+_SOURCE_NAMES = {trainer_pb2.Resume.MEMORY: "memory", trainer_pb2.Resume.CHECKPOINT: "checkpoint"}
+
+
+class ElasticSession:
+    def __init__(
+        self,
+        link: SidecarLink,
+        *,
+        flush: Flusher | None = None,
+        on_event: Callable[[str, dict[str, object]], None] | None = None,
+    ) -> None:
+        self._link = link
+        self._flush = flush
+        self._on_event = on_event or (lambda kind, fields: None)
+        self.generation = 0
+        self.step = -1  # last completed step held in memory (-1: none)
+        self.committed_step = -1
+        self.active_slices: tuple[int, ...] = ()
+        self._flushed_at = -1
+        self._down: frozenset[int] = frozenset()
+
+    # -- construction ----------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        address: str,
+        *,
+        job: str = "",
+        total_steps: int = 0,
+        settings: ElasticSettings | None = None,
+        flush: Flusher | None = None,
+        on_event: Callable[[str, dict[str, object]], None] | None = None,
+    ) -> ElasticSession:
+        holder: list[ElasticSession] = []
+
+        def hello() -> trainer_pb2.TrainerHello:
+            s = holder[0]
+            h = trainer_pb2.TrainerHello(
+                job=job,
+                step_in_memory=s.step,
+                generation=s.generation,
+                active_slices=list(s.active_slices),
+                total_steps=total_steps,
+            )
+            if settings is not None:
+                h.has_elastic_settings = True
+                h.elastic_min_slice_count = settings.elastic_min_slice_count
+                h.elastic_timeout_seconds = settings.elastic_timeout_seconds
+                h.elastic_max_retries = settings.elastic_max_retries
+            return h
+
+        session = cls(SidecarLink(address, hello), flush=flush, on_event=on_event)
+        holder.append(session)
+        session._link.start()
+        return session
+
+    # -- the per-step path -----------------------------------------------------
+
+    def step_boundary(self, step: int) -> Directive | None:
+        """Call between steps. Returns a Directive after a hold/resume cycle."""
+        if not self._link.inbox:
+            return None
+        self.step = step
+        return self._drain(step)
+
+    def report_step(self, step: int, seconds: float = 0.0) -> None:
+        self.step = step
+        self._link.send(
+            trainer_pb2.TrainerMessage(step=trainer_pb2.StepReport(step=step, step_seconds=seconds, generation=self.generation))
+        )
+
+    # -- blocking calls ----------------------------------------------------------
+
+    def start(self, step_in_memory: int = -1, timeout: float | None = None) -> Directive:
+        """Wait for the sidecar to say on which slices to start."""
+        self.step = step_in_memory
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            cmd = self._link.next_command(left)
+            if cmd is None:
+                raise TimeoutError(f"no start command from the sidecar at {self._link.address} within {timeout} s")
+            d = self._handle(cmd, step_in_memory)
+            if d is not None:
+                return d
+
+    def slice_error(self, step: int, err: BaseException, slices: Iterable[int] = ()) -> Directive:
+        """Report a slice-loss error and block until the sidecar says how to go on."""
+        self._down = self._down | frozenset(slices)
+        self._link.send(
+            trainer_pb2.TrainerMessage(
+                slice_error=trainer_pb2.SliceError(
+                    slices=sorted(set(slices)), message=str(err)[:2000], step=step, generation=self.generation
+                )
+            )
+        )
+        self._on_event("slice_error", {"step": step, "slices": sorted(set(slices)), "error": str(err)[:200]})
+        return self._wait_for_resume(step, newer_than=self.generation)
+
+    def resumed(self, d: Directive, step: int, restored_from: str, rebuild_seconds: float) -> None:
+        """Tell the sidecar the new mesh runs (call after rebuilding for a Directive)."""
+        self.step = step
+        self.active_slices = d.active_slices
+        self._down = frozenset()
+        self._link.send(
+            trainer_pb2.TrainerMessage(
+                resumed=trainer_pb2.ResumedAck(
+                    generation=d.generation,
+                    step=step,
+                    active_slices=list(d.active_slices),
+                    restored_from=restored_from,
+                    rebuild_seconds=rebuild_seconds,
+                )
+            )
+        )
+
+    def finished(self, step: int) -> None:
+        self._link.send(trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step)))
+        self._link.flush_outbox()
+
+    def close(self) -> None:
+        self._link.flush_outbox()
+        self._link.close()
+
+    # -- command handling --------------------------------------------------------
+
+    def _drain(self, step: int) -> Directive | None:
+        directive = None
+        while self._link.inbox:
+            d = self._handle(self._link.inbox.popleft(), step)
+            if d is not None:
+                directive = d
+        return directive
+
+    def _wait_for_resume(self, step: int, newer_than: int = -1) -> Directive:
+        while True:
+            cmd = self._link.next_command()
+            assert cmd is not None
+            d = self._handle(cmd, step, newer_than=newer_than)
+            if d is not None:
+                return d
+
+    def _handle(self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1) -> Directive | None:
+        kind = cmd.WhichOneof("cmd")
+        body = getattr(cmd, kind)
+        if body.generation < self.generation or body.generation <= newer_than and kind != "abort":
+            self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
+            return None
+        if kind == "hold":
+            self.generation = body.generation
+            self._down = self._down | frozenset(body.down_slices)
+            t0 = time.monotonic()
+            nbytes = 0
+            if body.flush:
+                nbytes = self._do_flush(step)
+            flush_s = time.monotonic() - t0
+            self._link.send(
+                trainer_pb2.TrainerMessage(
+                    held=trainer_pb2.HeldAck(
+                        generation=body.generation,
+                        step=step,
+                        committed_step=self.committed_step,
+                        flush_seconds=flush_s,
+                        flush_bytes=nbytes,
+                    )
+                )
+            )
+            self._on_event("held", {"generation": body.generation, "step": step, "flush": body.flush, "reason": body.reason})
+            return self._wait_for_resume(step)
+        if kind == "resume":
+            self.generation = body.generation
+            return Directive(
+                body.generation,
+                tuple(body.active_slices),
+                _SOURCE_NAMES.get(body.source, "checkpoint"),
+                body.reason,
+                self._down,
+            )
+        if kind == "flush":
+            t0 = time.monotonic()
+            nbytes = self._do_flush(step)
+            self._link.send(
+                trainer_pb2.TrainerMessage(
+                    flushed=trainer_pb2.FlushedAck(
+                        generation=body.generation,
+                        committed_step=self.committed_step,
+                        flush_seconds=time.monotonic() - t0,
+                        flush_bytes=nbytes,
+                    )
+                )
+            )
+            return None
+        if kind == "abort":
+            self._do_flush(step)
+            self._link.flush_outbox()
+            raise AbortTraining(body.exit_code, body.reason, self.committed_step)
+        return None
+
+    def _do_flush(self, step: int) -> int:
+        if self._flush is None or step < 0 or self._flushed_at == step:
+            return 0
+        try:
+            res = self._flush(step, self._down)
+        except Exception as e:  # a flush that fails must not lose the hold: report what is committed
+            self._on_event("flush_failed", {"step": step, "error": f"{type(e).__name__}: {e}"[:300]})
+            return 0
+        self.committed_step = max(self.committed_step, res.committed_step)
+        if res.committed_step == step:
+            self._flushed_at = step
+        return res.nbytes
