@@ -1,0 +1,122 @@
+"""The simulated multi-slice job end to end: real processes, real faults.
+
+Each test runs ``elastic-sidecar demo`` (coordinator, worker sidecars,
+stand-in Pathways workers, a JAX trainer with Orbax checkpoints) and checks
+the summary it writes. A run takes 10-20 s on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def run_demo(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[int, dict[str, Any], str]:
+    summary = tmp_path / "summary.json"
+    cmd = [
+        sys.executable, "-m", "agent", "demo", "--workdir", str(tmp_path / "job"), "--summary-json", str(summary),
+        "--replacement-delay", "2", "--timeout", "30", "--run-timeout", str(timeout - 30), *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    data = json.loads(summary.read_text()) if summary.exists() else {}
+    return proc.returncode, data, out
+
+
+def only_fault(s: dict[str, Any]) -> dict[str, Any]:
+    assert len(s["faults"]) == 1, s["faults"]
+    return s["faults"][0]
+
+
+def test_kill_continues_on_survivors_then_grows_back(tmp_path: Path) -> None:
+    rc, s, out = run_demo(tmp_path, "--steps", "120", "--min-slices", "2", "--fault", "kill:1.0@30")
+    assert rc == 0, out
+    assert s["final_step"] == 120
+    f = only_fault(s)
+    assert f["slices_before"] == 4 and f["slices_after"] == 3, f
+    assert f["restored_from"] == "memory"
+    assert f["lost_steps"] is not None and f["lost_steps"] <= 1, f
+    assert f["detection_seconds"] is not None and f["detection_seconds"] < 0.5, f
+    # Grew back onto the replacement slice, with nothing lost.
+    assert s["slices_timeline"][-1]["slices"] == [0, 1, 2, 3], s["slices_timeline"]
+    assert s["slices_timeline"][-1]["restored_from"] == "memory"
+    assert s["exit_codes"] == {"trainer": 0, "coordinator": 0}
+    assert "Faults:" in out and "kill:1.0" in out
+
+
+def test_min_slices_all_holds_until_replacement_with_no_lost_steps(tmp_path: Path) -> None:
+    rc, s, out = run_demo(tmp_path, "--steps", "100", "--min-slices", "-1", "--fault", "kill:1.0@30")
+    assert rc == 0, out
+    f = only_fault(s)
+    assert f["lost_steps"] == 0, f
+    assert f["slices_after"] == 4, f
+    # It held (no progress) until the stand-in provisioner brought slice 1 back.
+    assert f["hold_seconds"] is not None and f["hold_seconds"] >= 1.5, f
+    assert s["final_step"] == 100
+    # The hold flushed: the step it held at is committed.
+    ckpts = sorted(int(p.name) for p in (tmp_path / "job" / "checkpoints").iterdir() if p.name.isdigit())
+    assert f["step_at_fault"] in ckpts or f["step_at_fault"] + 1 in ckpts, (f, ckpts)
+
+
+def test_hung_host_is_detected_and_dropped(tmp_path: Path) -> None:
+    rc, s, out = run_demo(tmp_path, "--steps", "120", "--min-slices", "2", "--fault", "hang:2.0@30")
+    assert rc == 0, out
+    f = only_fault(s)
+    assert f["detection_seconds"] is not None and f["detection_seconds"] < 2.0, f
+    assert f["lost_steps"] is not None and f["lost_steps"] <= 1, f
+    assert s["final_step"] == 120
+    assert any(2 not in t["slices"] for t in s["slices_timeline"]), s["slices_timeline"]
+
+
+def test_timeout_with_too_few_slices_aborts_42_and_keeps_checkpoint(tmp_path: Path) -> None:
+    rc, s, out = run_demo(
+        tmp_path, "--steps", "100", "--min-slices", "-1", "--no-replacement", "--fault", "kill:1.0@30",
+        "--timeout", "3",
+    )
+    assert rc == 42, out
+    assert s["exit_codes"] == {"trainer": 42, "coordinator": 42}, s
+    import orbax.checkpoint as ocp
+
+    mngr = ocp.CheckpointManager(tmp_path / "job" / "checkpoints")
+    step = mngr.latest_step()
+    assert step is not None and step >= 30, mngr.all_steps()
+    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    assert restored["state"]["params"]["w1"].shape == (64, 256)
+    state = json.loads((tmp_path / "job" / "coordinator-state.json").read_text())
+    assert state["phase"] == "failed" and state["committed_step"] == step
+
+
+def test_retries_exhausted_aborts_42(tmp_path: Path) -> None:
+    rc, s, out = run_demo(
+        tmp_path, "--steps", "150", "--min-slices", "1", "--max-retries", "2",
+        "--fault", "kill:1.0@20", "--fault", "kill:2.0@60",
+    )
+    assert rc == 42, out
+    assert s["exit_codes"]["coordinator"] == 42
+    assert "elastic_max_retries=2" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--fault", "explode:1.0@3"], "explode"),
+        (["--fault", "kill:9.0@3"], "slice 9"),
+        (["--fault", "kill:1.0@500", "--steps", "100"], "step 500"),
+        (["--min-slices", "7"], "7"),
+        (["--slices", "0"], "'0'"),
+    ],
+)
+def test_bad_demo_options_name_the_value(tmp_path: Path, args: list[str], needle: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent", "demo", "--workdir", str(tmp_path / "job"), *args],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle in proc.stderr, proc.stderr
