@@ -60,6 +60,7 @@ from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trai
 
 log = logmod.get("coordinator")
 TICK_SECONDS = 0.05
+EOF_GRACE_SECONDS = 0.05
 
 
 @dataclass
@@ -68,6 +69,8 @@ class _Conn:
 
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    last_seen: float = field(default_factory=time.monotonic)
+    """When the peer last sent a message (tells a hung peer from a killed one)."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -238,11 +241,16 @@ class Coordinator:
             self._journal.close()
 
     async def run(self) -> int:
-        await self.start()
         loop = asyncio.get_running_loop()
+        stop_requested: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.append, sig)
+        await self.start()
         assert self.exit_code is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _set_result, self.exit_code, C.EXIT_OK)
+        if stop_requested:
+            _set_result(self.exit_code, C.EXIT_OK)
         code = await self.exit_code
         log.info("coordinator stopping", exit_code=code, phase=str(self.state.phase))
         await self.stop()
@@ -321,6 +329,10 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             writer.cancel()
             if self.c.workers.get(key) is conn:
                 del self.c.workers[key]
+            silent = time.monotonic() - conn.last_seen
+            if cause in ("stream_closed", "shutdown") and silent > 2 * cfg.heartbeat_interval:
+                # Already silent when the stream broke: the transport keepalive noticed a hung host first.
+                cause = "heartbeat_timeout"
             if cause != "replaced":
                 self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause))
 
@@ -334,7 +346,11 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 return "stream_closed"
             if msg is grpc.aio.EOF:
+                # grpc.aio also reads EOF from a call the peer's death cancelled; that
+                # cancellation (which ends Join as "stream_closed") follows at once.
+                await asyncio.sleep(EOF_GRACE_SECONDS)
                 return "shutdown"
+            conn.last_seen = time.monotonic()
             if msg.HasField("heartbeat"):
                 continue
             if msg.HasField("report"):

@@ -87,7 +87,11 @@ def restore(path: Path, fresh: State, now: float) -> State:
         base = replace(fresh, generation=int(raw["generation"]), retries_used=int(raw["retries_used"]), trainer=trainer)
     except (KeyError, TypeError, ValueError) as e:
         raise StateFileError(f"state file {path} is malformed: {e!r}") from e
-    if phase.terminal or phase == Phase.STARTING:
+    if phase.terminal:
+        # A restarted job (xpk restarts on exit 42) gets its retries back; the
+        # generation still never goes backwards.
+        return replace(base, retries_used=0)
+    if phase == Phase.STARTING:
         return base
     active = frozenset(int(s) for s in raw["active"]) & policy.all_slices
     if phase == Phase.RUNNING:

@@ -61,7 +61,9 @@ class Worker:
             reader = asyncio.create_task(self._read(call))
             try:
                 seq = 0
-                reported = self.healthy
+                # The coordinator records a registered host as healthy; a change since the
+                # Register went out (the local worker died meanwhile) must still be reported.
+                reported = True
                 while not reader.done():
                     if self.healthy != reported:
                         reported = self.healthy

@@ -294,12 +294,13 @@ class Trainer:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
                     self.events("checkpoint_started", {"step": step})
         self.manager.wait_until_finished()
-        if step not in self.manager.all_steps(read=True):
+        self.manager.reload()
+        if step not in self.manager.all_steps():
             host = self._host_copy(self.runtime.lost_slices())
             if host is not None:
                 self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True)
                 self.manager.wait_until_finished()
-        self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps(read=True))})
+        self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps())})
         self.session.finished(step)
         self.session.close()
         return 0

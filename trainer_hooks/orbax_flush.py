@@ -32,6 +32,10 @@ class OrbaxFlusher:
         self.make_args = make_args
 
     def committed_steps(self) -> list[int]:
+        reload = getattr(self.manager, "reload", None)
+        if reload is not None:
+            reload()
+            return sorted(self.manager.all_steps())
         return sorted(self.manager.all_steps(read=True))
 
     def __call__(self, step: int, down_slices: frozenset[int]) -> FlushResult:

@@ -1,0 +1,179 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HostStatus(_message.Message):
+    __slots__ = ("host", "registered", "healthy", "node", "node_pool", "incarnation")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NODE_POOL_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    registered: bool
+    healthy: bool
+    node: str
+    node_pool: str
+    incarnation: str
+    def __init__(self, host: _Optional[int] = ..., registered: _Optional[bool] = ..., healthy: _Optional[bool] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class SliceStatus(_message.Message):
+    __slots__ = ("slice", "state", "hosts", "detail")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    state: str
+    hosts: _containers.RepeatedCompositeFieldContainer[HostStatus]
+    detail: str
+    def __init__(self, slice: _Optional[int] = ..., state: _Optional[str] = ..., hosts: _Optional[_Iterable[_Union[HostStatus, _Mapping]]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class PendingNotice(_message.Message):
+    __slots__ = ("slice", "node", "kind", "source", "deadline_unix", "reason")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    node: str
+    kind: str
+    source: str
+    deadline_unix: float
+    reason: str
+    def __init__(self, slice: _Optional[int] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SLICES_FIELD_NUMBER: _ClassVar[int]
+    INACTIVE_SLICES_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    PENDING_NOTICES_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_USED_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_MIN_SLICE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_HOLD_FIELD_NUMBER: _ClassVar[int]
+    LAST_REASON_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    job: str
+    generation: int
+    phase: str
+    slices: _containers.RepeatedCompositeFieldContainer[SliceStatus]
+    active_slices: _containers.RepeatedScalarFieldContainer[int]
+    inactive_slices: _containers.RepeatedScalarFieldContainer[int]
+    last_step: int
+    last_committed_step: int
+    pending_notices: _containers.RepeatedCompositeFieldContainer[PendingNotice]
+    retries_used: int
+    elastic_min_slice_count: int
+    elastic_timeout_seconds: float
+    elastic_max_retries: int
+    trainer_attached: bool
+    operator_hold: bool
+    last_reason: str
+    slice: int
+    host: int
+    coordinator_connected: bool
+    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("backlog",)
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    backlog: int
+    def __init__(self, backlog: _Optional[int] = ...) -> None: ...
+
+class DecisionEvent(_message.Message):
+    __slots__ = ("time_unix", "trigger", "reason", "phase", "generation", "active_slices", "actions")
+    TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SLICES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    time_unix: float
+    trigger: str
+    reason: str
+    phase: str
+    generation: int
+    active_slices: _containers.RepeatedScalarFieldContainer[int]
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, time_unix: _Optional[float] = ..., trigger: _Optional[str] = ..., reason: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., actions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HoldRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("reason", "timeout_seconds")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    timeout_seconds: float
+    def __init__(self, reason: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class DrainSliceRequest(_message.Message):
+    __slots__ = ("slice", "reason")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    reason: str
+    def __init__(self, slice: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("reason", "restart")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RESTART_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    restart: bool
+    def __init__(self, reason: _Optional[str] = ..., restart: _Optional[bool] = ...) -> None: ...
+
+class CommandReply(_message.Message):
+    __slots__ = ("generation", "phase", "reason")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    phase: str
+    reason: str
+    def __init__(self, generation: _Optional[int] = ..., phase: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CheckpointReply(_message.Message):
+    __slots__ = ("committed_step", "flush_seconds", "generation")
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    committed_step: int
+    flush_seconds: float
+    generation: int
+    def __init__(self, committed_step: _Optional[int] = ..., flush_seconds: _Optional[float] = ..., generation: _Optional[int] = ...) -> None: ...

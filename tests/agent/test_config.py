@@ -1,0 +1,215 @@
+"""The command line: bad values exit 2 naming the value, help texts, environment variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.cli import build_parser
+from agent.config import ConfigError, CoordinatorConfig, WorkerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_es_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ES_* variables of the calling shell must not leak into parsers built in-process."""
+    for k in list(os.environ):
+        if k.startswith("ES_"):
+            monkeypatch.delenv(k)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ES_")}
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        cwd=REPO,
+        env=env if env is not None else clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--num-slices", "0"], ["num_slices", "got 0"]),
+        (["--num-slices", "4", "--elastic-min-slice-count", "7"], ["elastic_min_slice_count", "num_slices=4", "got 7"]),
+        (
+            ["--num-slices", "2", "--heartbeat-timeout", "0.1", "--heartbeat-interval", "0.5"],
+            ["--heartbeat-timeout (0.1)", "--heartbeat-interval (0.5)"],
+        ),
+        (["--num-slices", "2", "--hosts-per-slice", "0"], ["hosts_per_slice", "got 0"]),
+        (["--num-slices", "2", "--elastic-max-retries", "0"], ["elastic_max_retries", "got 0"]),
+    ],
+    ids=["num-slices-0", "min-slices-above-num-slices", "timeout-below-interval", "hosts-0", "max-retries-0"],
+)
+def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: list[str]) -> None:
+    r = run_cli("coordinator", "--listen", "127.0.0.1:0", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("elastic-sidecar coordinator: "), r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "coordinator listening" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["coordinator", "--num-slices", "2", "--listen", "nonsense"], ["--listen", "'nonsense'", "HOST:PORT"]),
+        (["coordinator", "--num-slices", "2", "--listen", "127.0.0.1:99999"], ["--listen", "99999", "out of range"]),
+        (["coordinator", "--num-slices", "2", "--heartbeat-interval", "-1"], ["--heartbeat-interval", "'-1'"]),
+        (["coordinator", "--num-slices", "two"], ["--num-slices", "'two'"]),
+        (["coordinator"], ["--num-slices"]),
+        (["worker", "--slice", "-1"], ["--slice", "'-1'"]),
+        (["worker"], ["--slice"]),
+        (["worker", "--slice", "0", "--coordinator", "localhost"], ["--coordinator", "'localhost'"]),
+        ([], ["coordinator,worker,demo"]),
+    ],
+    ids=[
+        "listen-nonsense",
+        "listen-port-range",
+        "negative-interval",
+        "num-slices-word",
+        "num-slices-missing",
+        "negative-slice",
+        "slice-missing",
+        "coordinator-no-port",
+        "no-role",
+    ],
+)
+def test_argparse_refusals_exit_2_naming_the_value(args: list[str], words: list[str]) -> None:
+    r = run_cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "usage: elastic-sidecar" in r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def _entry_point() -> list[str]:
+    script = shutil.which("elastic-sidecar", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "agent"]
+
+
+@pytest.mark.parametrize(
+    ("role", "flags"),
+    [
+        (None, ["coordinator", "worker", "demo", "Exit codes", "42"]),
+        (
+            "coordinator",
+            [
+                "--num-slices",
+                "--hosts-per-slice",
+                "--elastic-min-slice-count",
+                "--elastic-timeout-seconds",
+                "--elastic-max-retries",
+                "--heartbeat-interval",
+                "--heartbeat-timeout",
+                "--listen",
+                "--state-file",
+                "--journal",
+                "--job",
+                "--rejoin-grace",
+            ],
+        ),
+        ("worker", ["--coordinator", "--slice", "--host", "--health-target", "--health-check", "--job", "--node"]),
+        ("demo", ["--slices", "--steps", "--fault", "--min-slices", "--workdir"]),
+    ],
+    ids=["top", "coordinator", "worker", "demo"],
+)
+def test_help_exits_0_and_names_the_main_flags(role: str | None, flags: list[str]) -> None:
+    argv = [*_entry_point(), *([role] if role else []), "--help"]
+    r = subprocess.run(argv, cwd=REPO, env=clean_env(COLUMNS="200"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: elastic-sidecar")
+    for f in flags:
+        assert f in r.stdout, f"{f} missing from {' '.join(argv[1:])}:\n{r.stdout}"
+
+
+# ---------------------------------------------------------------------------
+# environment variables
+# ---------------------------------------------------------------------------
+
+
+def parse(*argv: str) -> object:
+    # The parser reads ES_* when it is built, so build it after monkeypatching.
+    return build_parser().parse_args(list(argv))
+
+
+def test_env_num_slices_replaces_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ES_NUM_SLICES", "3")
+    monkeypatch.setenv("ES_ELASTIC_MIN_SLICE_COUNT", "2")
+    monkeypatch.setenv("ES_JOB", "from-env")
+    cfg = CoordinatorConfig.from_args(parse("coordinator"))
+    assert cfg.policy.num_slices == 3
+    assert cfg.policy.elastic_min_slice_count == 2
+    assert cfg.job == "from-env"
+
+
+def test_flag_wins_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ES_NUM_SLICES", "3")
+    cfg = CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "5"))
+    assert cfg.policy.num_slices == 5
+
+
+def test_bad_env_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ES_NUM_SLICES", "0")
+    with pytest.raises(ConfigError, match="got 0"):
+        CoordinatorConfig.from_args(parse("coordinator"))
+
+
+def test_worker_identity_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ES_SLICE", "2")
+    monkeypatch.setenv("ES_HOST", "1")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    cfg = WorkerConfig.from_args(parse("worker"))
+    assert (cfg.slice, cfg.host, cfg.node) == (2, 1, "host-2-1")
+
+
+def test_env_num_slices_starts_a_real_coordinator(tmp_path: Path) -> None:
+    """``ES_NUM_SLICES=3 elastic-sidecar coordinator`` serves, and exits 0 on SIGTERM."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agent", "coordinator", "--listen", "127.0.0.1:0", "--log-format", "json"],
+        cwd=REPO,
+        env=clean_env(ES_NUM_SLICES="3", ES_JOB="env-job", PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        deadline = time.monotonic() + 30
+        line = ""
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line or "coordinator listening" in line:
+                break
+        rec = json.loads(line)
+        assert rec["message"] == "coordinator listening"
+        assert rec["policy"]["num_slices"] == 3
+        assert rec["port"] > 0
+        assert rec["logging.googleapis.com/labels"]["jobset"] == "env-job"
+        # The line is written just before run() installs its SIGTERM handler; on a loaded
+        # machine the process can be preempted in between, so give it a moment.
+        time.sleep(0.3)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=15) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -1,0 +1,444 @@
+"""Liveness with real processes: an in-process coordinator, worker sidecar subprocesses.
+
+Every test starts its own :class:`agent.coordinator.Coordinator` on an
+ephemeral loopback port and ``python -m agent worker`` subprocesses (and, for
+the health test, a stand-in Pathways worker). The coordinator's decisions are
+observed by wrapping ``coord.apply``; the detection latencies are printed
+(``pytest -s``) and collected in ``LATENCIES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import CoordinatorConfig, WorkerConfig
+from agent.coordinator import Coordinator
+from agent.core.model import Decision, Event, Policy, WorkerHealth, WorkerJoined, WorkerLost
+from agent.worker import Worker
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = "liveness-job"
+HEARTBEAT_INTERVAL = 0.25
+HEARTBEAT_TIMEOUT = 1.2
+START_TIMEOUT = 20.0
+"""Python start-up plus grpc import of a subprocess; generous for a loaded 2-core machine."""
+
+LATENCIES: dict[str, float] = {}
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Applied:
+    at: float
+    event: Event
+    decision: Decision
+
+
+@dataclass
+class Observed:
+    """A coordinator whose every applied event is recorded with its time."""
+
+    coord: Coordinator
+    log: list[Applied] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.coord.port}"
+
+    def events(self, kind: type, pred: Callable[[Any], bool] = lambda e: True) -> list[Applied]:
+        return [a for a in self.log if isinstance(a.event, kind) and pred(a.event)]
+
+    async def wait_for(
+        self, cond: Callable[[], Any], timeout: float, what: str, procs: Sequence[subprocess.Popen[bytes]] = ()
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            v = cond()
+            if v:
+                return v
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {p.args}\n{tail(p)}" for p in procs)
+                raise AssertionError(
+                    f"timed out after {timeout} s waiting for {what}; decisions: {self.reasons()}\n{logs}"
+                )
+            await asyncio.sleep(0.005)
+
+    def reasons(self) -> list[str]:
+        return [a.decision.reason for a in self.log if type(a.event).__name__ != "Tick"][-20:]
+
+
+async def start_coordinator(num_slices: int = 2, hosts_per_slice: int = 1) -> Observed:
+    cfg = CoordinatorConfig(
+        job=JOB,
+        listen="127.0.0.1:0",
+        policy=Policy(num_slices=num_slices, hosts_per_slice=hosts_per_slice),
+        heartbeat_interval=HEARTBEAT_INTERVAL,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        state_file=None,
+        journal=None,
+        log_format="json",
+        log_level="warning",
+    )
+    coord = Coordinator(cfg)
+    obs = Observed(coord)
+    inner = coord.apply
+
+    def apply(ev: Event, now: float) -> Decision:
+        d = inner(ev, now)
+        obs.log.append(Applied(time.monotonic(), ev, d))
+        return d
+
+    coord.apply = apply  # type: ignore[method-assign]
+    await coord.start()
+    assert coord.port > 0
+    return obs
+
+
+@pytest.fixture
+async def coordinator() -> AsyncIterator[Observed]:
+    obs = await start_coordinator()
+    try:
+        yield obs
+    finally:
+        await obs.coord.stop(grace=0.1)
+
+
+class Procs:
+    """Subprocesses this test started; all killed (SIGCONT first) at teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        path = self.tmp / f"{len(self.procs)}-{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(path, "wb") as out:  # the child keeps its own copy of the descriptor
+            p = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        p.log_path = path  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def worker(
+        self, coord_port: int, slice_: int, host: int = 0, *, job: str = JOB, extra: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            f"worker-{slice_}-{host}",
+            [
+                "-m",
+                "agent",
+                "worker",
+                "--job",
+                job,
+                "--coordinator",
+                f"127.0.0.1:{coord_port}",
+                "--slice",
+                str(slice_),
+                "--host",
+                str(host),
+                "--log-format",
+                "json",
+                *extra,
+            ],
+        )
+
+    def pathways(self, port: int) -> subprocess.Popen[bytes]:
+        return self.spawn(f"pathways-{port}", ["-m", "standins.pathways_worker", "--port", str(port)])
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - kill cannot be refused
+                pass
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    ps = Procs(tmp_path)
+    try:
+        yield ps
+    finally:
+        ps.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def serving(p: subprocess.Popen[bytes], port: int, timeout: float = START_TIMEOUT) -> bool:
+    """Wait until ``p`` accepts connections on ``port``; False if it exited (port taken meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            return False
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return True
+        except OSError:
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"{p.args} did not serve on {port} within {timeout} s:\n{tail(p)}")
+
+
+async def start_pathways(procs: Procs, port: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """A stand-in Pathways worker serving grpc.health.v1 on a free (or the given) port."""
+    for _ in range(5):
+        pw_port = port or free_port()
+        pw = procs.pathways(pw_port)
+        if await serving(pw, pw_port):
+            return pw, pw_port
+    raise AssertionError(f"no stand-in Pathways worker could listen:\n{tail(pw)}")
+
+
+def log_lines(p: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+    out = []
+    for line in Path(p.log_path).read_text(errors="replace").splitlines():  # type: ignore[attr-defined]
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            out.append({"message": line})
+    return out
+
+
+def tail(p: subprocess.Popen[bytes], n: int = 15) -> str:
+    return "\n".join(Path(p.log_path).read_text(errors="replace").splitlines()[-n:])  # type: ignore[attr-defined]
+
+
+async def wait_exit(p: subprocess.Popen[bytes], timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while p.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {p.args} did not exit within {timeout} s")
+        await asyncio.sleep(0.02)
+    return p.returncode
+
+
+async def wait_registered(obs: Observed, keys: set[tuple[int, int]], procs: list[subprocess.Popen[bytes]]) -> None:
+    def ok() -> bool:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{p.args} exited with {p.returncode}:\n{tail(p)}")
+        return keys <= set(obs.coord.state.hosts) and keys <= set(obs.coord.workers)
+
+    await obs.wait_for(ok, START_TIMEOUT, f"hosts {sorted(keys)} to register")
+
+
+def record(name: str, seconds: float) -> None:
+    LATENCIES[name] = seconds
+    print(f"\n[liveness] {name}: {seconds * 1000:.1f} ms")
+
+
+# ---------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------
+
+
+async def test_all_workers_register(procs: Procs) -> None:
+    obs = await start_coordinator(num_slices=2, hosts_per_slice=2)
+    try:
+        keys = {(s, h) for s in range(2) for h in range(2)}
+        ps = [procs.worker(obs.coord.port, s, h) for s, h in sorted(keys)]
+        await wait_registered(obs, keys, ps)
+        state = obs.coord.state
+        assert set(state.hosts) == keys
+        assert all(r.healthy for r in state.hosts.values())
+        assert state.up_slices() == frozenset({0, 1})
+        # Every incarnation is distinct and each join was applied exactly once.
+        assert len({r.incarnation for r in state.hosts.values()}) == 4
+        assert len(obs.events(WorkerJoined)) == 4
+        # Heartbeats keep them registered well past the heartbeat timeout.
+        await asyncio.sleep(HEARTBEAT_TIMEOUT * 1.5)
+        assert set(obs.coord.state.hosts) == keys
+        assert not obs.events(WorkerLost)
+    finally:
+        await obs.coord.stop(grace=0.1)
+
+
+async def test_sigkill_is_noticed_as_stream_closed(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+    inc = obs.coord.state.hosts[(1, 0)].incarnation
+
+    t0 = time.monotonic()
+    ps[1].kill()
+    lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the killed worker to be lost")
+    latency = lost[0].at - t0
+    record("kill_detection", latency)
+
+    ev = lost[0].event
+    assert (ev.slice, ev.host, ev.incarnation, ev.cause) == (1, 0, inc, "stream_closed")
+    assert (1, 0) not in obs.coord.state.hosts
+    assert (0, 0) in obs.coord.state.hosts
+    assert obs.coord.state.up_slices() == frozenset({0})
+    assert latency < 0.5, f"SIGKILL noticed after {latency:.3f} s"
+
+
+async def test_sigstop_is_noticed_as_heartbeat_timeout(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+    inc = obs.coord.state.hosts[(0, 0)].incarnation
+
+    t0 = time.monotonic()
+    ps[0].send_signal(signal.SIGSTOP)
+    try:
+        lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the stopped worker to be lost")
+        latency = lost[0].at - t0
+        record("hang_detection", latency)
+        ev = lost[0].event
+        assert (ev.slice, ev.host, ev.incarnation, ev.cause) == (0, 0, inc, "heartbeat_timeout")
+        assert (0, 0) not in obs.coord.state.hosts
+        assert (1, 0) in obs.coord.state.hosts
+        assert latency < 2.0, f"SIGSTOP noticed after {latency:.3f} s"
+        assert ps[0].poll() is None  # stopped, not dead: only the heartbeat told
+    finally:
+        ps[0].send_signal(signal.SIGCONT)
+        ps[0].kill()
+
+
+@pytest.mark.parametrize(
+    ("job", "slice_", "code_word", "reason_words"),
+    [
+        ("some-other-job", 0, "job", ["some-other-job", JOB]),
+        (JOB, 7, "slice", ["identity.slice=7", "2 slices"]),
+    ],
+    ids=["wrong-job", "slice-out-of-range"],
+)
+async def test_refused_worker_exits_2_naming_the_reason(
+    coordinator: Observed, procs: Procs, job: str, slice_: int, code_word: str, reason_words: list[str]
+) -> None:
+    obs = coordinator
+    p = procs.worker(obs.coord.port, slice_, job=job)
+    rc = await wait_exit(p, START_TIMEOUT)
+    assert rc == 2, log_lines(p)
+    refused = [rec for rec in log_lines(p) if rec.get("message") == "coordinator refused this worker"]
+    assert refused, log_lines(p)
+    detail = refused[0]["detail"]
+    assert code_word in detail
+    for w in reason_words:
+        assert w in detail, detail
+    assert refused[0]["severity"] == "ERROR"
+    assert not obs.coord.state.hosts
+    assert not obs.coord.workers
+    assert not obs.events(WorkerJoined)
+
+
+async def test_dead_pathways_worker_makes_host_unhealthy(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    pw, pw_port = await start_pathways(procs)
+    ps = [
+        procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{pw_port}")),
+        procs.worker(obs.coord.port, 1),
+    ]
+    await wait_registered(obs, {(0, 0), (1, 0)}, [pw, *ps])
+    assert obs.coord.state.hosts[(0, 0)].healthy
+    assert obs.coord.state.up_slices() == frozenset({0, 1})
+
+    t0 = time.monotonic()
+    pw.kill()
+    report = await obs.wait_for(
+        lambda: obs.events(WorkerHealth, lambda e: not e.healthy),
+        10.0,
+        "the worker to report its Pathways worker down",
+        [pw, *ps],
+    )
+    record("pathways_death_detection", report[0].at - t0)
+    ev = report[0].event
+    assert (ev.slice, ev.host) == (0, 0)
+    assert str(pw_port) in ev.detail
+    rec = obs.coord.state.hosts[(0, 0)]
+    assert rec.healthy is False  # still registered: the sidecar lives, its Pathways worker does not
+    assert obs.coord.state.up_slices() == frozenset({1})
+    assert not obs.coord.state.slice_up(0)
+    assert not obs.events(WorkerLost)
+    assert ps[0].poll() is None
+
+    # It comes back: the same port serves again and the host turns healthy.
+    await start_pathways(procs, pw_port)
+    await obs.wait_for(lambda: obs.coord.state.hosts[(0, 0)].healthy, START_TIMEOUT, "the host to turn healthy again")
+    assert obs.coord.state.up_slices() == frozenset({0, 1})
+
+
+async def test_health_lost_while_registering_is_still_reported(coordinator: Observed) -> None:
+    """The local Pathways worker dies while the Register is in flight (in-process worker, deterministic)."""
+    obs = coordinator
+    cfg = WorkerConfig(
+        job=JOB,
+        coordinator=obs.address,
+        slice=0,
+        host=0,
+        node="n0",
+        node_pool="",
+        pod="",
+        health_target=None,
+        health_check="grpc",
+        log_format="json",
+        log_level="warning",
+    )
+    w = Worker(cfg)
+    identity = w._identity
+
+    def identity_then_die() -> Any:
+        ident = identity()
+        w._on_health(False, "died during registration")
+        return ident
+
+    w._identity = identity_then_die  # type: ignore[method-assign]
+    task = asyncio.create_task(w._session())
+    try:
+        await obs.wait_for(lambda: (0, 0) in obs.coord.state.hosts, START_TIMEOUT, "the in-process worker to register")
+        await obs.wait_for(
+            lambda: obs.events(WorkerHealth, lambda e: not e.healthy), 5.0, "the unhealthy report after registering"
+        )
+        assert obs.coord.state.hosts[(0, 0)].healthy is False
+        assert not obs.coord.state.slice_up(0)
+    finally:
+        w._stopping = True
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_sigterm_is_graceful(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+
+    t0 = time.monotonic()
+    ps[1].terminate()
+    rc = await wait_exit(ps[1], 10.0)
+    assert rc == 0, log_lines(ps[1])
+    lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the stopped worker to be lost")
+    record("sigterm_detection", lost[0].at - t0)
+    assert (lost[0].event.slice, lost[0].event.host) == (1, 0)
+    assert lost[0].event.cause in ("shutdown", "stream_closed")
+    print(f"[liveness] sigterm cause: {lost[0].event.cause}")
+    assert (1, 0) not in obs.coord.state.hosts
+    assert any(rec.get("message") == "worker stopping" for rec in log_lines(ps[1]))

@@ -1,0 +1,299 @@
+"""The trainer hooks: a light import, a cheap step boundary, and the hold/resume/abort
+protocol against a real in-process coordinator over a real gRPC stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import CoordinatorConfig
+from agent.coordinator import Coordinator
+from agent.core.model import (
+    Decision,
+    Event,
+    Phase,
+    Policy,
+    TrainerHeld,
+    TrainerResumed,
+    WorkerJoined,
+    WorkerLost,
+)
+from protos.elastic_sidecar.v1 import trainer_pb2
+from trainer_hooks import AbortTraining, Directive, ElasticSession, FlushResult
+from trainer_hooks.link import SidecarLink
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = "session-job"
+WAIT = 20.0
+"""Generous: everything here is in-process, but the machine may be loaded."""
+
+
+# ---------------------------------------------------------------------------
+# (a) importing the hooks stays light
+# ---------------------------------------------------------------------------
+
+HEAVY = ("agent", "aiohttp", "google.cloud.pubsub", "google.cloud.pubsub_v1", "structlog", "prometheus_client")
+
+
+@pytest.mark.parametrize("module", ["trainer_hooks", "trainer_hooks.orbax_flush"])
+def test_import_does_not_pull_in_the_daemon(module: str) -> None:
+    code = (
+        "import json, sys\n"
+        f"import {module}\n"
+        f"heavy = {HEAVY!r}\n"
+        "print(json.dumps({'heavy': sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in heavy)),"
+        " 'grpc': 'grpc' in sys.modules, 'jax': 'jax' in sys.modules}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["heavy"] == [], f"importing {module} imported {out['heavy']}"
+    assert out["grpc"]  # what it does need
+    assert not out["jax"]  # the Orbax flusher imports jax only when it runs
+
+
+# ---------------------------------------------------------------------------
+# (b) the per-step call costs microseconds when nothing is pending
+# ---------------------------------------------------------------------------
+
+
+def test_step_boundary_with_nothing_pending_is_cheap() -> None:
+    session = ElasticSession(SidecarLink("127.0.0.1:1", trainer_pb2.TrainerHello))  # never started: nothing arrives
+    n = 100_000
+    boundary = session.step_boundary
+    for i in range(1000):  # warm up
+        boundary(i)
+    t0 = time.perf_counter()
+    for i in range(n):
+        if boundary(i) is not None:
+            raise AssertionError("a directive out of nowhere")
+    mean = (time.perf_counter() - t0) / n
+    print(f"\n[session] step_boundary with nothing pending: {mean * 1e9:.0f} ns per call (mean of {n})")
+    assert mean < 20e-6
+    assert session.step == -1  # nothing pending: not even the step is recorded
+
+
+# ---------------------------------------------------------------------------
+# (c) the protocol against a real coordinator
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    coord: Coordinator
+    session: ElasticSession
+    flushes: list[tuple[int, frozenset[int]]] = field(default_factory=list)
+    hook_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    applied: list[tuple[Event, Decision]] = field(default_factory=list)
+
+    def seen(self, kind: type) -> list[Any]:
+        return [e for e, _ in self.applied if isinstance(e, kind)]
+
+    async def until(self, cond: Any, what: str, timeout: float = WAIT) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                reasons = [d.reason for e, d in self.applied if type(e).__name__ != "Tick"][-10:]
+                raise AssertionError(f"timed out waiting for {what}; decisions: {reasons}")
+            await asyncio.sleep(0.005)
+
+    def inject(self, cmd: trainer_pb2.SidecarCommand) -> None:
+        """Send a command down the real trainer stream, as the coordinator would."""
+        assert self.coord.trainer is not None
+        self.coord.trainer.outbox.put_nowait(cmd)
+
+
+def boundary_until_directive(session: ElasticSession, step: int, timeout: float = WAIT) -> Directive:
+    """The training loop: call step_boundary between steps until it returns a directive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d = session.step_boundary(step)
+        if d is not None:
+            return d
+        time.sleep(0.002)
+    raise TimeoutError(f"no directive within {timeout} s")
+
+
+def _unblock(session: ElasticSession) -> None:
+    """Teardown: wake any thread still blocked waiting for a command (only matters when a test failed)."""
+    link = session._link
+    with link._arrived:
+        link.inbox.append(
+            trainer_pb2.SidecarCommand(abort=trainer_pb2.Abort(generation=1 << 40, exit_code=1, reason="teardown"))
+        )
+        link._arrived.notify_all()
+
+
+@asynccontextmanager
+async def running(min_slices: int = -1, max_retries: int = 10, steps: int = 5) -> AsyncIterator[Rig]:
+    """A coordinator with two registered slices, and a trainer session started on both and at ``steps``."""
+    cfg = CoordinatorConfig(
+        job=JOB,
+        listen="127.0.0.1:0",
+        policy=Policy(num_slices=2, elastic_min_slice_count=min_slices, elastic_max_retries=max_retries),
+        heartbeat_interval=0.25,
+        heartbeat_timeout=1.2,
+        state_file=None,
+        journal=None,
+        log_format="json",
+        log_level="warning",
+    )
+    coord = Coordinator(cfg)
+    inner = coord.apply
+    applied: list[tuple[Event, Decision]] = []
+
+    def apply(ev: Event, now: float) -> Decision:
+        d = inner(ev, now)
+        applied.append((ev, d))
+        return d
+
+    coord.apply = apply  # type: ignore[method-assign]
+    await coord.start()
+    coord.submit(WorkerJoined(0, 0, "w0"))
+    coord.submit(WorkerJoined(1, 0, "w1"))
+
+    flushes: list[tuple[int, frozenset[int]]] = []
+
+    def flusher(step: int, down: frozenset[int]) -> FlushResult:
+        flushes.append((step, down))
+        return FlushResult(step, 1234)
+
+    hook_events: list[tuple[str, dict[str, Any]]] = []
+    session = ElasticSession.connect(
+        f"127.0.0.1:{coord.port}", job=JOB, flush=flusher, on_event=lambda k, f: hook_events.append((k, f))
+    )
+    rig = Rig(coord, session, flushes, hook_events, applied)
+    try:
+        d = await asyncio.wait_for(asyncio.to_thread(session.start, -1, WAIT), WAIT + 5)
+        assert d == Directive(1, (0, 1), "checkpoint", d.reason, frozenset())
+        assert "starting" in d.reason
+        session.resumed(d, 0, "fresh", 0.01)
+        for s in range(1, steps + 1):
+            assert session.step_boundary(s - 1) is None
+            session.report_step(s, 0.001)
+        await rig.until(
+            lambda: coord.state.trainer.last_step == steps and not coord.state.trainer.resume_pending,
+            f"the coordinator to see step {steps}",
+        )
+        assert coord.state.phase == Phase.RUNNING and coord.state.generation == 1
+        assert session.generation == 1
+        yield rig
+    finally:
+        _unblock(session)
+        session.close()
+        await coord.stop(grace=0.1)
+
+
+async def test_start_returns_a_directive_for_both_slices() -> None:
+    async with running() as rig:
+        st = rig.coord.state
+        assert st.active == frozenset({0, 1})
+        assert st.trainer.attached and st.trainer.active == frozenset({0, 1})
+        assert [(e.generation, e.active, e.restored_from) for e in rig.seen(TrainerResumed)] == [
+            (1, frozenset({0, 1}), "fresh")
+        ]
+        assert rig.flushes == []
+
+
+async def test_lost_slice_holds_without_flush_when_the_survivors_suffice() -> None:
+    async with running(min_slices=1) as rig:
+        rig.coord.submit(WorkerLost(1, 0, "w1", "stream_closed"))
+        d = await asyncio.wait_for(asyncio.to_thread(boundary_until_directive, rig.session, 5), WAIT + 5)
+        assert d.generation == 2
+        assert d.active_slices == (0,)
+        assert d.source == "memory"
+        assert d.down_slices == frozenset({1})
+        assert rig.flushes == []  # training goes on from memory at once: no flush
+        held = rig.seen(TrainerHeld)
+        assert [(h.generation, h.step, h.committed_step) for h in held] == [(2, 5, -1)]
+        assert [k for k, _ in rig.hook_events] == ["held"]
+        assert rig.hook_events[0][1]["flush"] is False
+        st = rig.coord.state
+        assert st.phase == Phase.RUNNING and st.active == frozenset({0}) and st.generation == 2
+
+        # The trainer rebuilds on slice 0 and acknowledges; steps carry on in generation 2.
+        rig.session.resumed(d, 5, "memory", 0.02)
+        rig.session.report_step(6)
+        await rig.until(
+            lambda: rig.coord.state.trainer.last_step == 6 and not rig.coord.state.trainer.resume_pending, "step 6"
+        )
+        assert rig.coord.state.trainer.active == frozenset({0})
+        assert rig.session.active_slices == (0,)
+
+
+async def test_lost_slice_flushes_when_every_slice_is_needed() -> None:
+    async with running(min_slices=-1) as rig:
+        rig.coord.submit(WorkerLost(1, 0, "w1", "heartbeat_timeout"))
+        task = asyncio.ensure_future(asyncio.to_thread(boundary_until_directive, rig.session, 5))
+        # Held, flushed, and waiting for the slice to come back.
+        await rig.until(lambda: rig.coord.state.phase == Phase.WAITING, "the trainer to hold")
+        assert not task.done()
+        assert rig.flushes == [(5, frozenset({1}))]  # made durable without reading slice 1
+        assert [(h.generation, h.step, h.committed_step) for h in rig.seen(TrainerHeld)] == [(2, 5, 5)]
+        assert rig.coord.state.trainer.committed_step == 5
+        # A replacement host brings slice 1 back: resume on both, from the survivor's memory.
+        rig.coord.submit(WorkerJoined(1, 0, "w1-replacement"))
+        d = await asyncio.wait_for(task, WAIT)
+        assert (d.generation, d.active_slices, d.source) == (2, (0, 1), "memory")
+        assert d.down_slices == frozenset({1})
+        assert rig.session.committed_step == 5
+        assert len(rig.flushes) == 1
+
+
+async def test_abort_raises_aborttraining_with_exit_code_42() -> None:
+    async with running(max_retries=1) as rig:  # no recovery allowed: the first loss is terminal
+        rig.coord.submit(WorkerLost(0, 0, "w0", "stream_closed"))
+        with pytest.raises(AbortTraining) as ei:
+            await asyncio.wait_for(asyncio.to_thread(boundary_until_directive, rig.session, 5), WAIT + 5)
+        assert ei.value.exit_code == 42
+        assert "elastic_max_retries=1" in ei.value.reason
+        assert ei.value.committed_step == 5  # it flushed before giving up
+        assert rig.flushes == [(5, frozenset())]
+        assert rig.coord.state.phase == Phase.FAILED
+        assert "exit code 42" in str(ei.value)
+
+
+async def test_stale_commands_are_ignored() -> None:
+    async with running(min_slices=1) as rig:
+        rig.coord.submit(WorkerLost(1, 0, "w1", "stream_closed"))
+        d = await asyncio.wait_for(asyncio.to_thread(boundary_until_directive, rig.session, 5), WAIT + 5)
+        assert d.generation == 2 and rig.session.generation == 2
+        rig.session.resumed(d, 5, "memory", 0.0)
+        held_before = len(rig.seen(TrainerHeld))
+
+        # Commands of generation 1 arrive late (e.g. repeated by a restarted coordinator).
+        rig.inject(
+            trainer_pb2.SidecarCommand(hold=trainer_pb2.Hold(generation=1, flush=True, down_slices=[0], reason="old"))
+        )
+        rig.inject(
+            trainer_pb2.SidecarCommand(resume=trainer_pb2.Resume(generation=1, active_slices=[0, 1], reason="old"))
+        )
+
+        def drain() -> list[Directive | None]:
+            out = []
+            deadline = time.monotonic() + WAIT
+            while sum(k == "stale_command" for k, _ in rig.hook_events) < 2 and time.monotonic() < deadline:
+                out.append(rig.session.step_boundary(6))
+                time.sleep(0.002)
+            return out
+
+        results = await asyncio.to_thread(drain)
+        assert all(r is None for r in results)
+        stale = [f for k, f in rig.hook_events if k == "stale_command"]
+        assert [(f["kind"], f["generation"], f["current"]) for f in stale] == [("hold", 1, 2), ("resume", 1, 2)]
+        assert rig.session.generation == 2
+        assert rig.session.active_slices == (0,)
+        assert rig.flushes == []
+        await asyncio.sleep(0.1)
+        assert len(rig.seen(TrainerHeld)) == held_before  # no acknowledgement went out
+        assert rig.coord.state.phase == Phase.RUNNING and rig.coord.state.generation == 2
