@@ -1,0 +1,335 @@
+"""Pub/Sub intake: node events from the job's subscription, recorded before acked.
+
+One streaming-pull subscription per job carries both GKE cluster notifications
+and the Cloud Logging sink's GCE / Kubernetes entries (FACTS section 4).
+:class:`PubSubIntake` turns each message into a
+:class:`~agent.sources.gke_events.NodeEvent` and hands it to the daemon's
+asyncio loop. Pub/Sub delivers at least once and in any order, so:
+
+* a message is ACKed only after ``handle(event)`` has completed on the loop
+  (the decision is recorded); if the handler raises or times out the message is
+  NACKed and comes back;
+* copies are dropped twice over: by Pub/Sub message id (a redelivery) and by
+  event identity (the same LogEntry or GKE operation published twice), each in
+  a bounded LRU. A copy that arrives while its original is still being handled
+  waits for it and is ACKed or NACKed with it, so the handler sees an event
+  once unless the first attempt failed;
+* anything that is not an event for us (malformed, unknown, foreign cluster or
+  project, a duplicate) is logged with its reason, counted, and ACKed once: it
+  never blocks the stream and never reaches the handler.
+
+Handlers run concurrently on the loop (up to ``max_messages`` at once), in
+arrival order but without waiting for one another; the decision core must not
+depend on the order of notices anyway. The dedupe memory lives in this process:
+after a restart, redelivered messages reach the handler again, which is why the
+core treats a repeated notice as a no-op.
+
+Counters (:attr:`PubSubIntake.stats`, also passed to :attr:`PubSubIntake.on_count`):
+``received``, ``accepted`` (handled and ACKed), ``duplicate`` (same event, other
+message), ``redelivered`` (same message again), ``foreign_cluster``,
+``rejected:<reason>`` (:data:`~agent.sources.gke_events.REJECT_REASONS`),
+``handler_error``, ``internal_error``, ``acked``, ``nacked``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agent import log as agent_log
+from agent.sources.gke_events import NodeEvent, Rejected, parse
+
+if TYPE_CHECKING:
+    from google.cloud.pubsub_v1 import SubscriberClient
+    from google.cloud.pubsub_v1.subscriber.futures import StreamingPullFuture
+    from google.cloud.pubsub_v1.subscriber.message import Message
+
+Handler = Callable[[NodeEvent], Awaitable[object] | concurrent.futures.Future[Any] | None]
+"""Records one event. Called on the intake's asyncio loop; may be ``async``, or
+return a ``concurrent.futures.Future``, or be a plain function."""
+
+log = agent_log.get("elastic-sidecar.pubsub")
+
+
+class _LRUSet:
+    """A set that forgets its oldest member beyond ``maxsize``. Not thread-safe."""
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError(f"dedupe size must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._d: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        if key in self._d:
+            self._d.move_to_end(key)
+            return True
+        return False
+
+    def add(self, key: str) -> None:
+        self._d[key] = None
+        self._d.move_to_end(key)
+        while len(self._d) > self.maxsize:
+            self._d.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+@dataclass
+class _InFlight:
+    """An event being handled, and the copies of it that arrived meanwhile."""
+
+    message_id: str
+    copies: list[Message] = field(default_factory=list)
+
+
+class PubSubIntake:
+    """Streaming pull of one subscription into ``handle(NodeEvent)`` on an asyncio loop.
+
+    ``subscription`` is the full path ``projects/P/subscriptions/S``. With
+    ``PUBSUB_EMULATOR_HOST`` set the client talks to the emulator. ``cluster`` and
+    ``project`` (a project id and/or number) filter out events that name another
+    cluster or project; an event that names none (GCE entries carry no cluster)
+    passes, and the decision core ignores nodes it does not know.
+    """
+
+    def __init__(
+        self,
+        subscription: str,
+        handle: Handler,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        cluster: str | None = None,
+        project: str | Iterable[str] | None = None,
+        max_messages: int = 1000,
+        max_bytes: int = 64 * 1024 * 1024,
+        dedupe_size: int = 100_000,
+        handler_timeout: float | None = 60.0,
+        on_count: Callable[[str], None] | None = None,
+        subscriber: SubscriberClient | None = None,
+    ) -> None:
+        if not subscription.startswith("projects/") or "/subscriptions/" not in subscription:
+            raise ValueError(f"subscription must be 'projects/P/subscriptions/S', got {subscription!r}")
+        if max_messages < 1 or max_bytes < 1:
+            raise ValueError(f"max_messages and max_bytes must be >= 1, got {max_messages}, {max_bytes}")
+        self.subscription = subscription
+        self._handle = handle
+        self._loop = loop
+        self.cluster = cluster or None
+        self.projects = frozenset([project] if isinstance(project, str) else (project or ())) - {""}
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.handler_timeout = handler_timeout
+        self.on_count = on_count
+        """Called with each counter key as it is incremented (for the metrics module); must be cheap."""
+        self.stats: Counter[str] = Counter()
+        self.error: BaseException | None = None
+        """Why the stream stopped on its own (``None`` while it runs or after :meth:`stop`)."""
+        self._subscriber = subscriber
+        self._owns_subscriber = subscriber is None
+        self._future: StreamingPullFuture | None = None
+        self._stopping = False
+        self._lock = threading.RLock()
+        self._seen_messages = _LRUSet(dedupe_size)
+        self._seen_events = _LRUSet(dedupe_size)
+        self._in_flight: dict[str, _InFlight] = {}
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the streaming pull. Call from the loop's thread unless ``loop`` was given."""
+        if self._future is not None:
+            raise RuntimeError(f"intake for {self.subscription} already started")
+        from google.cloud import pubsub_v1
+
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if self._subscriber is None:
+            self._subscriber = pubsub_v1.SubscriberClient()
+        flow = pubsub_v1.types.FlowControl(max_messages=self.max_messages, max_bytes=self.max_bytes)
+        self._stopping = False
+        self._future = self._subscriber.subscribe(self.subscription, self._callback, flow_control=flow)
+        self._future.add_done_callback(self._stream_done)
+        log.info("pubsub intake started", subscription=self.subscription, cluster=self.cluster)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel the streaming pull, wait up to ``timeout`` s for it to end, close the client.
+
+        It blocks while the pull threads wind down, so from the loop call it as
+        ``await asyncio.to_thread(intake.stop)``. Handlers still running finish,
+        but their ACKs may not reach Pub/Sub: those messages come back later.
+        """
+        self._stopping = True
+        fut, self._future = self._future, None
+        if fut is not None:
+            fut.cancel()
+            try:
+                fut.result(timeout=timeout)
+            except Exception as e:  # a stream that already failed: its error was logged
+                log.debug("pubsub stream ended with error during stop", error=repr(e))
+        if self._subscriber is not None and self._owns_subscriber:
+            self._subscriber.close()
+            self._subscriber = None
+        log.info("pubsub intake stopped", subscription=self.subscription, **self._stats_fields())
+
+    @property
+    def running(self) -> bool:
+        """True while the stream is open. A stopped or failed intake sees nothing: never report healthy on it."""
+        fut = self._future
+        return fut is not None and not fut.done()
+
+    def _stream_done(self, fut: StreamingPullFuture) -> None:
+        if self._stopping:
+            return
+        try:
+            exc = fut.exception(timeout=0)
+        except BaseException as e:  # cancelled or not done
+            exc = e
+        self.error = exc
+        log.error("pubsub stream ended", subscription=self.subscription, error=repr(exc))
+
+    # -- per message (callback threads, then the loop) -----------------------
+
+    def _callback(self, message: Message) -> None:
+        try:
+            self._receive(message)
+        except Exception:  # never let one message take the stream down
+            log.exception("pubsub message handling failed", message_id=message.message_id)
+            self._count("internal_error")
+            self._nack(message)
+
+    def _receive(self, message: Message) -> None:
+        mid = message.message_id
+        with self._lock:
+            self._count("received")
+            if mid in self._seen_messages:
+                self._count("redelivered")
+                log.debug("pubsub message redelivered", message_id=mid)
+                self._ack(message)
+                return
+        ev = parse(bytes(message.data), dict(message.attributes), mid, message.publish_time)
+        if isinstance(ev, Rejected):
+            log.warning("pubsub message rejected", reason=ev.reason, detail=ev.detail, message_id=mid)
+            self._settle_ignored(message, f"rejected:{ev.reason}")
+            return
+        why = self._foreign(ev)
+        if why:
+            log.info("pubsub event for another cluster", detail=why, message_id=mid, identity=ev.identity)
+            self._settle_ignored(message, "foreign_cluster")
+            return
+        with self._lock:
+            if ev.identity in self._seen_events:
+                log.debug("pubsub duplicate event", message_id=mid, identity=ev.identity)
+                self._settle_ignored(message, "duplicate")
+                return
+            waiting = self._in_flight.get(ev.identity)
+            if waiting is not None:
+                waiting.copies.append(message)
+                return
+            self._in_flight[ev.identity] = _InFlight(mid)
+        loop = self._loop
+        assert loop is not None
+        try:
+            cf = asyncio.run_coroutine_threadsafe(self._invoke(ev), loop)
+        except RuntimeError as e:  # the loop is closed: we are shutting down
+            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+            failed.set_exception(e)
+            self._settle_event(ev, message, failed)
+            return
+        cf.add_done_callback(lambda f: self._settle_event(ev, message, f))
+
+    async def _invoke(self, ev: NodeEvent) -> None:
+        result = self._handle(ev)
+        if isinstance(result, concurrent.futures.Future):
+            result = asyncio.wrap_future(result)
+        if inspect.isawaitable(result):
+            if self.handler_timeout is None:
+                await result
+            else:
+                await asyncio.wait_for(result, self.handler_timeout)
+
+    def _settle_event(self, ev: NodeEvent, message: Message, fut: concurrent.futures.Future[Any]) -> None:
+        """ACK (handled) or NACK (handler failed) the message and any copies that waited for it."""
+        try:
+            exc = fut.exception()
+        except concurrent.futures.CancelledError as e:
+            exc = e
+        with self._lock:
+            waiting = self._in_flight.pop(ev.identity, _InFlight(message.message_id))
+            if exc is None:
+                self._seen_events.add(ev.identity)
+                self._seen_messages.add(message.message_id)
+                for c in waiting.copies:
+                    self._seen_messages.add(c.message_id)
+        if exc is None:
+            self._count("accepted")
+            log.info(
+                "node event",
+                kind=str(ev.kind),
+                node=ev.node,
+                node_pool=ev.node_pool,
+                cluster=ev.cluster,
+                deadline=ev.deadline.isoformat() if ev.deadline else None,
+                identity=ev.identity,
+                message_id=ev.message_id,
+                summary=ev.summary,
+            )
+            self._ack(message)
+            for c in waiting.copies:
+                self._count("duplicate")
+                self._ack(c)
+        else:
+            self._count("handler_error")
+            log.error(
+                "node event handler failed; message will be redelivered",
+                error=repr(exc),
+                identity=ev.identity,
+                message_id=ev.message_id,
+            )
+            self._nack(message)
+            for c in waiting.copies:
+                self._nack(c)
+
+    def _settle_ignored(self, message: Message, key: str) -> None:
+        with self._lock:
+            self._seen_messages.add(message.message_id)
+        self._count(key)
+        self._ack(message)
+
+    def _foreign(self, ev: NodeEvent) -> str:
+        if self.cluster and ev.cluster and ev.cluster != self.cluster:
+            return f"cluster {ev.cluster!r} is not {self.cluster!r}"
+        if self.projects and ev.project and ev.project not in self.projects:
+            return f"project {ev.project!r} is not one of {sorted(self.projects)}"
+        return ""
+
+    # -- counters ------------------------------------------------------------
+
+    def _ack(self, message: Message) -> None:
+        message.ack()
+        self._count("acked")
+
+    def _nack(self, message: Message) -> None:
+        message.nack()
+        self._count("nacked")
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+        hook = self.on_count
+        if hook is not None:
+            try:
+                hook(key)
+            except Exception:
+                log.exception("pubsub on_count hook failed", key=key)
+
+    def _stats_fields(self) -> dict[str, int]:
+        with self._lock:
+            return {k.replace(":", "_"): v for k, v in self.stats.items()}
