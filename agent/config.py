@@ -74,22 +74,57 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
-    _add(p, "--listen", default=f"127.0.0.1:{C.COORDINATOR_PORT}", type=address,
-         help=f"peer + trainer-link gRPC address (default 127.0.0.1:{C.COORDINATOR_PORT})")
+    _add(
+        p,
+        "--listen",
+        default=f"127.0.0.1:{C.COORDINATOR_PORT}",
+        type=address,
+        help=f"peer + trainer-link gRPC address (default 127.0.0.1:{C.COORDINATOR_PORT})",
+    )
     _add(p, "--num-slices", type=int, required=_env("--num-slices", None) is None, help="slices in the job")
     _add(p, "--hosts-per-slice", default=1, type=int, help="TPU hosts (worker sidecars) per slice")
-    _add(p, "--elastic-min-slice-count", default=-1, type=int,
-         help="MaxText's flag: -1 waits for all slices, k continues on >= k (default -1)")
-    _add(p, "--elastic-timeout-seconds", default=300.0, type=_positive_float,
-         help="MaxText's flag: longest wait for enough slices (default 300)")
-    _add(p, "--elastic-max-retries", default=10, type=int,
-         help="MaxText's flag: attempts including the first (default 10)")
-    _add(p, "--heartbeat-interval", default=C.HEARTBEAT_INTERVAL_SECONDS, type=_positive_float,
-         help=f"seconds between worker heartbeats (default {C.HEARTBEAT_INTERVAL_SECONDS})")
-    _add(p, "--heartbeat-timeout", default=C.HEARTBEAT_TIMEOUT_SECONDS, type=_positive_float,
-         help=f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})")
-    _add(p, "--rejoin-grace", default=10.0, type=_positive_float,
-         help="after a coordinator restart, seconds known hosts get to re-register (default 10)")
+    _add(
+        p,
+        "--elastic-min-slice-count",
+        default=-1,
+        type=int,
+        help="MaxText's flag: -1 waits for all slices, k continues on >= k (default -1)",
+    )
+    _add(
+        p,
+        "--elastic-timeout-seconds",
+        default=300.0,
+        type=_positive_float,
+        help="MaxText's flag: longest wait for enough slices (default 300)",
+    )
+    _add(
+        p,
+        "--elastic-max-retries",
+        default=10,
+        type=int,
+        help="MaxText's flag: attempts including the first (default 10)",
+    )
+    _add(
+        p,
+        "--heartbeat-interval",
+        default=C.HEARTBEAT_INTERVAL_SECONDS,
+        type=_positive_float,
+        help=f"seconds between worker heartbeats (default {C.HEARTBEAT_INTERVAL_SECONDS})",
+    )
+    _add(
+        p,
+        "--heartbeat-timeout",
+        default=C.HEARTBEAT_TIMEOUT_SECONDS,
+        type=_positive_float,
+        help=f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})",
+    )
+    _add(
+        p,
+        "--rejoin-grace",
+        default=10.0,
+        type=_positive_float,
+        help="after a coordinator restart, seconds known hosts get to re-register (default 10)",
+    )
     _add(p, "--state-file", type=Path, default=None, help="where the coordinator keeps its state across restarts")
     _add(p, "--journal", type=Path, default=None, help="append every decision as a JSON line here")
 
@@ -97,16 +132,31 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
 def add_worker_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
     _add(p, "--coordinator", default=f"127.0.0.1:{C.COORDINATOR_PORT}", type=address, help="coordinator HOST:PORT")
-    _add(p, "--slice", type=_nonneg_int, required=_env("--slice", None) is None,
-         help="this host's slice (JobSet job-index; env ES_SLICE)")
+    _add(
+        p,
+        "--slice",
+        type=_nonneg_int,
+        required=_env("--slice", None) is None,
+        help="this host's slice (JobSet job-index; env ES_SLICE)",
+    )
     _add(p, "--host", type=_nonneg_int, default=0, help="host index within the slice (JOB_COMPLETION_INDEX)")
     _add(p, "--node", default=os.environ.get("NODE_NAME", ""), help="Kubernetes node name (env ES_NODE or NODE_NAME)")
     _add(p, "--node-pool", default="", help="the node's GKE node pool")
     _add(p, "--pod", default=os.environ.get("POD_NAME", ""), help="pod name, for operators")
-    _add(p, "--health-target", default=None, type=address,
-         help="local Pathways worker to watch with grpc.health.v1 (HOST:PORT); none = always healthy")
-    _add(p, "--health-check", default="grpc", choices=["grpc", "tcp"],
-         help="grpc: grpc.health.v1 Watch; tcp: a TCP connect (no health service served)")
+    _add(
+        p,
+        "--health-target",
+        default=None,
+        type=address,
+        help="local Pathways worker to watch with grpc.health.v1 (HOST:PORT); none = always healthy",
+    )
+    _add(
+        p,
+        "--health-check",
+        default="grpc",
+        choices=["grpc", "tcp"],
+        help="grpc: grpc.health.v1 Watch; tcp: a TCP connect (no health service served)",
+    )
 
 
 @dataclass(frozen=True)

@@ -77,12 +77,16 @@ def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
     match a:
         case HoldTrainer():
             return trainer_pb2.SidecarCommand(
-                hold=trainer_pb2.Hold(generation=a.generation, flush=a.flush, down_slices=sorted(a.down_slices), reason=a.reason)
+                hold=trainer_pb2.Hold(
+                    generation=a.generation, flush=a.flush, down_slices=sorted(a.down_slices), reason=a.reason
+                )
             )
         case ResumeTrainer():
             src = trainer_pb2.Resume.MEMORY if a.source == ResumeSource.MEMORY else trainer_pb2.Resume.CHECKPOINT
             return trainer_pb2.SidecarCommand(
-                resume=trainer_pb2.Resume(generation=a.generation, active_slices=sorted(a.active), source=src, reason=a.reason)
+                resume=trainer_pb2.Resume(
+                    generation=a.generation, active_slices=sorted(a.active), source=src, reason=a.reason
+                )
             )
         case AbortTrainer():
             return trainer_pb2.SidecarCommand(
@@ -189,7 +193,9 @@ class Coordinator:
             case HoldTrainer() | ResumeTrainer() | AbortTrainer():
                 cmd = _to_trainer_command(a)
                 if self.trainer is None:
-                    log.warning("no trainer attached; command will be repeated when it attaches", command=type(a).__name__)
+                    log.warning(
+                        "no trainer attached; command will be repeated when it attaches", command=type(a).__name__
+                    )
                 else:
                     self.trainer.outbox.put_nowait(cmd)
             case TellWorkers():
@@ -275,7 +281,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord
 
-    async def Join(self, request_iterator: AsyncIterator[peer_pb2.WorkerMessage], context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+    async def Join(
+        self, request_iterator: AsyncIterator[peer_pb2.WorkerMessage], context: grpc.aio.ServicerContext
+    ) -> None:  # noqa: N802
         cfg = self.c.cfg
         try:
             first = await asyncio.wait_for(context.read(), timeout=cfg.heartbeat_timeout * 4)
@@ -289,7 +297,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         ident = reg.identity
         p = cfg.policy
         if reg.job != cfg.job:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {reg.job!r} is not this coordinator's job {cfg.job!r}")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"job {reg.job!r} is not this coordinator's job {cfg.job!r}"
+            )
             return
         if not (0 <= ident.slice < p.num_slices and 0 <= ident.host < p.hosts_per_slice):
             await context.abort(
@@ -319,7 +329,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         reader = asyncio.create_task(self._read(context, ident, conn))
         writer = asyncio.create_task(self._write(context, conn))
         try:
-            done, _ = await asyncio.wait({reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED
+            )
             if reader in done and not reader.cancelled() and reader.exception() is None:
                 cause = reader.result()
             elif conn.closed.is_set():
@@ -357,7 +369,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 kind = msg.report.kind
                 if kind in ("pathways_unhealthy", "pathways_healthy"):
                     self.c.submit(
-                        WorkerHealth(ident.slice, ident.host, ident.incarnation, kind == "pathways_healthy", msg.report.detail)
+                        WorkerHealth(
+                            ident.slice, ident.host, ident.incarnation, kind == "pathways_healthy", msg.report.detail
+                        )
                     )
                 else:
                     log.warning("unknown worker report kind ignored", kind=kind, slice=ident.slice, host=ident.host)
@@ -377,14 +391,19 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord
 
-    async def Attach(self, request_iterator: AsyncIterator[trainer_pb2.TrainerMessage], context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+    async def Attach(
+        self, request_iterator: AsyncIterator[trainer_pb2.TrainerMessage], context: grpc.aio.ServicerContext
+    ) -> None:  # noqa: N802
         first = await context.read()
         if first is grpc.aio.EOF or not first.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on Attach must be a TrainerHello")
             return
         hello = first.hello
         if hello.job and hello.job != self.c.cfg.job:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {hello.job!r} is not this coordinator's job {self.c.cfg.job!r}")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {hello.job!r} is not this coordinator's job {self.c.cfg.job!r}",
+            )
             return
         conn = _Conn()
         old = self.c.trainer
@@ -393,14 +412,16 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
             old.closed.set()
         settings = None
         if hello.has_elastic_settings:
-            settings = TrainerSettings(hello.elastic_min_slice_count, hello.elastic_timeout_seconds, hello.elastic_max_retries)
-        self.c.submit(
-            TrainerAttached(hello.generation, hello.step_in_memory, frozenset(hello.active_slices), settings)
-        )
+            settings = TrainerSettings(
+                hello.elastic_min_slice_count, hello.elastic_timeout_seconds, hello.elastic_max_retries
+            )
+        self.c.submit(TrainerAttached(hello.generation, hello.step_in_memory, frozenset(hello.active_slices), settings))
         reader = asyncio.create_task(self._read(context))
         writer = asyncio.create_task(self._write(context, conn))
         try:
-            await asyncio.wait({reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             reader.cancel()
             writer.cancel()

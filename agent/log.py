@@ -47,7 +47,11 @@ def _cloud_logging(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]
         out[OPERATION_KEY] = {"id": op, "producer": "elastic-sidecar", **event.pop("operation_flags", {})}
     loc = {k: event.pop(k) for k in ("pathname", "lineno", "func_name") if k in event}
     if loc:
-        out[SOURCE_KEY] = {"file": loc.get("pathname", ""), "line": str(loc.get("lineno", "")), "function": loc.get("func_name", "")}
+        out[SOURCE_KEY] = {
+            "file": loc.get("pathname", ""),
+            "line": str(loc.get("lineno", "")),
+            "function": loc.get("func_name", ""),
+        }
     out.update(event)
     return out
 

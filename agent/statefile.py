@@ -81,7 +81,9 @@ def restore(path: Path, fresh: State, now: float) -> State:
         phase = Phase(raw["phase"])
         policy = fresh.policy
         hosts = frozenset(
-            (int(s), int(h)) for s, h in raw["hosts"] if 0 <= int(s) < policy.num_slices and 0 <= int(h) < policy.hosts_per_slice
+            (int(s), int(h))
+            for s, h in raw["hosts"]
+            if 0 <= int(s) < policy.num_slices and 0 <= int(h) < policy.hosts_per_slice
         )
         trainer = TrainerView(committed_step=int(raw["committed_step"]), last_step=int(raw["last_step"]))
         base = replace(fresh, generation=int(raw["generation"]), retries_used=int(raw["retries_used"]), trainer=trainer)

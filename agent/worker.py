@@ -50,7 +50,9 @@ class Worker:
         """One Join stream, until it breaks."""
         async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.GRPC_KEEPALIVE_OPTIONS)) as ch:
             call = peer_pb2_grpc.PeerStub(ch).Join()
-            await call.write(peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=self._identity(), job=self.cfg.job)))
+            await call.write(
+                peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=self._identity(), job=self.cfg.job))
+            )
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 raise ConnectionError("coordinator closed the stream before acknowledging the registration")
@@ -68,9 +70,15 @@ class Worker:
                     if self.healthy != reported:
                         reported = self.healthy
                         kind = "pathways_healthy" if reported else "pathways_unhealthy"
-                        await call.write(peer_pb2.WorkerMessage(report=peer_pb2.LocalReport(kind=kind, detail=self.cfg.health_target or "")))
+                        await call.write(
+                            peer_pb2.WorkerMessage(
+                                report=peer_pb2.LocalReport(kind=kind, detail=self.cfg.health_target or "")
+                            )
+                        )
                     seq += 1
-                    await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy)))
+                    await call.write(
+                        peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
+                    )
                     self._health_changed.clear()
                     try:
                         await asyncio.wait_for(self._health_changed.wait(), interval)

@@ -81,13 +81,34 @@ class Job:
     def start_coordinator(self) -> None:
         ns = self.ns
         cmd = [
-            PY, "-m", "agent", "coordinator", "--job", "elastic-demo", "--listen", self.coord_addr,
-            "--num-slices", str(ns.slices), "--hosts-per-slice", str(ns.hosts_per_slice),
-            "--elastic-min-slice-count", str(ns.min_slices), "--elastic-timeout-seconds", str(ns.timeout),
-            "--elastic-max-retries", str(ns.max_retries), "--journal", str(self.workdir / "journal.jsonl"),
-            "--state-file", str(self.workdir / "coordinator-state.json"), "--log-format", ns.log_format,
+            PY,
+            "-m",
+            "agent",
+            "coordinator",
+            "--job",
+            "elastic-demo",
+            "--listen",
+            self.coord_addr,
+            "--num-slices",
+            str(ns.slices),
+            "--hosts-per-slice",
+            str(ns.hosts_per_slice),
+            "--elastic-min-slice-count",
+            str(ns.min_slices),
+            "--elastic-timeout-seconds",
+            str(ns.timeout),
+            "--elastic-max-retries",
+            str(ns.max_retries),
+            "--journal",
+            str(self.workdir / "journal.jsonl"),
+            "--state-file",
+            str(self.workdir / "coordinator-state.json"),
+            "--log-format",
+            ns.log_format,
         ]
-        self.coordinator = subprocess.Popen(cmd, stdout=self._log("coordinator.log"), stderr=subprocess.STDOUT, env=self.env)
+        self.coordinator = subprocess.Popen(
+            cmd, stdout=self._log("coordinator.log"), stderr=subprocess.STDOUT, env=self.env
+        )
 
     def start_host(self, s: int, h: int) -> None:
         old = self.hosts.get((s, h))
@@ -96,15 +117,41 @@ class Job:
         port = self.pw_ports[(s, h)]
         pw = subprocess.Popen(
             [PY, "-m", "standins.pathways_worker", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, process_group=0, env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            env=self.env,
         )
         node = f"gke-demo-slice{s}-host{h}-r{gen}"
         wk = subprocess.Popen(
-            [PY, "-m", "agent", "worker", "--job", "elastic-demo", "--coordinator", self.coord_addr,
-             "--slice", str(s), "--host", str(h), "--node", node, "--node-pool", f"demo-pool-{s}",
-             "--pod", f"elastic-demo-worker-{s}-{h}", "--health-target", f"127.0.0.1:{port}",
-             "--log-format", self.ns.log_format],
-            stdout=log, stderr=subprocess.STDOUT, process_group=pw.pid, env=self.env,
+            [
+                PY,
+                "-m",
+                "agent",
+                "worker",
+                "--job",
+                "elastic-demo",
+                "--coordinator",
+                self.coord_addr,
+                "--slice",
+                str(s),
+                "--host",
+                str(h),
+                "--node",
+                node,
+                "--node-pool",
+                f"demo-pool-{s}",
+                "--pod",
+                f"elastic-demo-worker-{s}-{h}",
+                "--health-target",
+                f"127.0.0.1:{port}",
+                "--log-format",
+                self.ns.log_format,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=pw.pid,
+            env=self.env,
         )
         self.hosts[(s, h)] = Host(s, h, gen, [pw, wk])
 
@@ -128,10 +175,27 @@ class Job:
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
         }
         cmd = [
-            PY, "-m", "simjob.trainer", "--sidecar", self.coord_addr, "--job", "elastic-demo",
-            "--workdir", str(self.workdir), "--slices", str(ns.slices), "--devices-per-slice", str(ns.devices_per_slice),
-            "--steps", str(ns.steps), "--checkpoint-period", str(ns.checkpoint_period),
-            "--step-seconds", str(ns.step_seconds), "--events", str(self.workdir / "trainer-events.jsonl"),
+            PY,
+            "-m",
+            "simjob.trainer",
+            "--sidecar",
+            self.coord_addr,
+            "--job",
+            "elastic-demo",
+            "--workdir",
+            str(self.workdir),
+            "--slices",
+            str(ns.slices),
+            "--devices-per-slice",
+            str(ns.devices_per_slice),
+            "--steps",
+            str(ns.steps),
+            "--checkpoint-period",
+            str(ns.checkpoint_period),
+            "--step-seconds",
+            str(ns.step_seconds),
+            "--events",
+            str(self.workdir / "trainer-events.jsonl"),
         ]
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
@@ -201,8 +265,10 @@ def run_demo(ns: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     say = (lambda *_: None) if ns.quiet else (lambda msg: print(msg, flush=True))
     job = Job(ns, workdir)
-    say(f"elastic-sidecar demo: {ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, "
-        f"min slices {ns.min_slices}, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}")
+    say(
+        f"elastic-sidecar demo: {ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, "
+        f"min slices {ns.min_slices}, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}"
+    )
     t_start = time.time()
     provisioner = Provisioner(ns.replacement_delay, job.recreate_slice, enabled=not ns.no_replacement)
     records: list[FaultRecord] = []

@@ -31,7 +31,9 @@ def parse_fault(text: str) -> FaultSpec:
             "e.g. kill:1.0@40"
         )
     if m["kind"] not in FAULT_KINDS:
-        raise argparse.ArgumentTypeError(f"bad --fault {text!r}: kind {m['kind']!r} is not one of {', '.join(FAULT_KINDS)}")
+        raise argparse.ArgumentTypeError(
+            f"bad --fault {text!r}: kind {m['kind']!r} is not one of {', '.join(FAULT_KINDS)}"
+        )
     return FaultSpec(m["kind"], int(m["slice"]), int(m["host"]), int(m["step"]))
 
 
@@ -75,17 +77,33 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_int_at_least(2), default=200, help="training steps (default 200)")
     p.add_argument("--step-seconds", type=_seconds, default=0.05, help="pad each step to this long (default 0.05)")
     p.add_argument("--checkpoint-period", type=_int_at_least(1), default=50, help="periodic Orbax save every N steps")
-    p.add_argument("--min-slices", type=int, default=2,
-                   help="elastic_min_slice_count: -1 waits for all slices, k continues on >= k (default 2)")
+    p.add_argument(
+        "--min-slices",
+        type=int,
+        default=2,
+        help="elastic_min_slice_count: -1 waits for all slices, k continues on >= k (default 2)",
+    )
     p.add_argument("--timeout", type=_seconds, default=60.0, help="elastic_timeout_seconds (default 60)")
     p.add_argument("--max-retries", type=_int_at_least(1), default=10, help="elastic_max_retries (default 10)")
-    p.add_argument("--replacement-delay", type=_seconds, default=5.0,
-                   help="seconds until the stand-in provisioner recreates a lost slice (default 5)")
+    p.add_argument(
+        "--replacement-delay",
+        type=_seconds,
+        default=5.0,
+        help="seconds until the stand-in provisioner recreates a lost slice (default 5)",
+    )
     p.add_argument("--no-replacement", action="store_true", help="never recreate lost slices")
-    p.add_argument("--workdir", type=Path, default=None, help="checkpoints, logs and journals (default: a new temp dir)")
-    p.add_argument("--fault", action="append", type=parse_fault, default=None, metavar="KIND:SLICE.HOST@STEP",
-                   help=f"inject a fault (repeatable); kinds: {', '.join(FAULT_KINDS)}. "
-                        f"Default when none is given: {' '.join(DEFAULT_FAULTS)}")
+    p.add_argument(
+        "--workdir", type=Path, default=None, help="checkpoints, logs and journals (default: a new temp dir)"
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        type=parse_fault,
+        default=None,
+        metavar="KIND:SLICE.HOST@STEP",
+        help=f"inject a fault (repeatable); kinds: {', '.join(FAULT_KINDS)}. "
+        f"Default when none is given: {' '.join(DEFAULT_FAULTS)}",
+    )
     p.add_argument("--no-faults", action="store_true", help="run without any fault")
     p.add_argument("--summary-json", type=Path, default=None, help="write the summary as JSON here")
     p.add_argument("--log-format", choices=["json", "console"], default="json", help="sidecar log format")

@@ -67,13 +67,21 @@ def summarize(
         hold = None
         if detect is not None:
             hold = next(
-                (j for j in journal if j["time"] >= detect["time"] and any(a["type"] == "HoldTrainer" for a in j["actions"])),
+                (
+                    j
+                    for j in journal
+                    if j["time"] >= detect["time"] and any(a["type"] == "HoldTrainer" for a in j["actions"])
+                ),
                 None,
             )
         resume = None
         if hold is not None:
             resume = next(
-                (j for j in journal if j["time"] >= hold["time"] and any(a["type"] == "ResumeTrainer" for a in j["actions"])),
+                (
+                    j
+                    for j in journal
+                    if j["time"] >= hold["time"] and any(a["type"] == "ResumeTrainer" for a in j["actions"])
+                ),
                 None,
             )
         regained = next((e for e in steps if e["t"] > f.time and e["step"] > last_before), None)
@@ -81,7 +89,9 @@ def summarize(
         flowing = None
         if first_resume is not None:
             flowing = next((e for e in steps if e["t"] > first_resume["t"]), None)
-        in_flight = sum(1 for e in failures if f.time <= e["t"] < min(t_next, first_resume["t"] if first_resume else t_next))
+        in_flight = sum(
+            1 for e in failures if f.time <= e["t"] < min(t_next, first_resume["t"] if first_resume else t_next)
+        )
         lost = None
         if first_resume is not None:
             lost = max(0, last_before - int(first_resume["from_step"]))
@@ -115,7 +125,9 @@ def summarize(
         last_by_step[e["step"]] = e["seconds"]
     productive = sum(last_by_step.values())
     final_step = max(last_by_step, default=0)
-    timeline = [{"t": round(r["t"] - t_start, 3), "slices": r["slices"], "restored_from": r["restored_from"]} for r in resumes]
+    timeline = [
+        {"t": round(r["t"] - t_start, 3), "slices": r["slices"], "restored_from": r["restored_from"]} for r in resumes
+    ]
     return {
         "faults": out_faults,
         "final_step": final_step,
@@ -154,8 +166,10 @@ def render(summary: dict[str, Any], t_start: float, workdir: Path, *, timeline: 
         for t, text in sorted(rows):
             lines.append(f"  +{t - t_start:7.3f}s  {text}")
     lines.append("\nFaults:")
-    hdr = (f"  {'fault':<16}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
-           f"{'slices':>9}  restored")
+    hdr = (
+        f"  {'fault':<16}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
+        f"{'slices':>9}  restored"
+    )
     lines.append(hdr)
     for f in summary["faults"]:
         name = f"{f['kind']}:{f['slice']}.{f['host']}@{f['step_at_fault']}"

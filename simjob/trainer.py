@@ -49,8 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--devices-per-slice", type=int, default=2)
-    ap.add_argument("--pathways", action="append", default=[], metavar="SLICE.HOST=HOST:PORT",
-                    help="stand-in Pathways worker of each host")
+    ap.add_argument(
+        "--pathways",
+        action="append",
+        default=[],
+        metavar="SLICE.HOST=HOST:PORT",
+        help="stand-in Pathways worker of each host",
+    )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--checkpoint-period", type=int, default=50)
     ap.add_argument("--step-seconds", type=float, default=0.05, help="pad each step to at least this long")
@@ -113,7 +118,11 @@ class Trainer:
         self.mesh = None
         self.active: tuple[int, ...] = ()
         self.session = ElasticSession.connect(
-            ns.sidecar, job=ns.job, total_steps=ns.steps, flush=OrbaxFlusher(self.manager, self._save_args), on_event=events
+            ns.sidecar,
+            job=ns.job,
+            total_steps=ns.steps,
+            flush=OrbaxFlusher(self.manager, self._save_args),
+            on_event=events,
         )
 
     # -- model -----------------------------------------------------------------
@@ -175,7 +184,9 @@ class Trainer:
             params = jax.tree_util.tree_map(lambda p, m: p - 0.05 * m, state["params"], mom)
             return {"params": params, "momentum": mom}, loss
 
-        fn = jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, NamedSharding(mesh, P())))
+        fn = jax.jit(
+            step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, NamedSharding(mesh, P()))
+        )
         return fn, batch_sh
 
     # -- state movement ----------------------------------------------------------
@@ -214,7 +225,9 @@ class Trainer:
         if step is None:
             return self.jax.device_put(self._init_params(), self._shardings(mesh)), 0, "fresh"
         abstract = self.jax.tree_util.tree_map(
-            lambda x, sh: self.jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), self._init_params(), self._shardings(mesh)
+            lambda x, sh: self.jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+            self._init_params(),
+            self._shardings(mesh),
         )
         out = self.manager.restore(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardRestore(abstract)))
         return out["state"], int(step), "checkpoint"
@@ -247,8 +260,14 @@ class Trainer:
         self.session.resumed(d, step, restored_from, dt)
         self.events(
             "resumed",
-            {"generation": d.generation, "from_step": step, "slices": list(d.active_slices), "restored_from": restored_from,
-             "rebuild_seconds": dt, "reason": d.reason},
+            {
+                "generation": d.generation,
+                "from_step": step,
+                "slices": list(d.active_slices),
+                "restored_from": restored_from,
+                "rebuild_seconds": dt,
+                "reason": d.reason,
+            },
         )
         return step
 
@@ -286,8 +305,16 @@ class Trainer:
             step += 1
             dt = time.monotonic() - t0
             self.session.report_step(step, dt)
-            self.events("step", {"step": step, "seconds": dt, "loss": loss_v, "slices": list(self.active),
-                                 "generation": self.session.generation})
+            self.events(
+                "step",
+                {
+                    "step": step,
+                    "seconds": dt,
+                    "loss": loss_v,
+                    "slices": list(self.active),
+                    "generation": self.session.generation,
+                },
+            )
             if step % ns.checkpoint_period == 0:
                 host = self._host_copy(self.runtime.lost_slices())
                 if host is not None:
@@ -298,7 +325,9 @@ class Trainer:
         if step not in self.manager.all_steps():
             host = self._host_copy(self.runtime.lost_slices())
             if host is not None:
-                self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True)
+                self.manager.save(
+                    step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True
+                )
                 self.manager.wait_until_finished()
         self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps())})
         self.session.finished(step)

@@ -84,20 +84,26 @@ class PathwaysRuntime:
                 if ch is None:
                     ch = self._channels[target] = grpc.insecure_channel(target, options=_KEEPALIVE)
                 stub = health_pb2_grpc.HealthStub(ch)
-                calls.append((s, stub.Check.future(health_pb2.HealthCheckRequest(service=""), timeout=self.collective_timeout)))
+                calls.append(
+                    (s, stub.Check.future(health_pb2.HealthCheckRequest(service=""), timeout=self.collective_timeout))
+                )
         for s, fut in calls:
             try:
                 resp = fut.result()
             except grpc.RpcError as e:
                 code = e.code()  # type: ignore[attr-defined]
                 status = "DEADLINE_EXCEEDED" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "DATA_LOSS"
-                raise jax.errors.JaxRuntimeError(f"{status}: slice {s} did not take part in the step ({code.name})") from None
+                raise jax.errors.JaxRuntimeError(
+                    f"{status}: slice {s} did not take part in the step ({code.name})"
+                ) from None
             if resp.status != health_pb2.HealthCheckResponse.SERVING:
                 raise jax.errors.JaxRuntimeError(f"DATA_LOSS: slice {s} worker is not serving")
 
     def available_slices(self) -> frozenset[int]:
         with self._lock:
-            return frozenset(s for s, hosts in self._targets.items() if all(self._up[(s, h)] for h in range(len(hosts))))
+            return frozenset(
+                s for s, hosts in self._targets.items() if all(self._up[(s, h)] for h in range(len(hosts)))
+            )
 
     def lost_slices(self) -> frozenset[int]:
         return frozenset(self._targets) - self.available_slices()

@@ -159,7 +159,9 @@ class ElasticSession:
     def report_step(self, step: int, seconds: float = 0.0) -> None:
         self.step = step
         self._link.send(
-            trainer_pb2.TrainerMessage(step=trainer_pb2.StepReport(step=step, step_seconds=seconds, generation=self.generation))
+            trainer_pb2.TrainerMessage(
+                step=trainer_pb2.StepReport(step=step, step_seconds=seconds, generation=self.generation)
+            )
         )
 
     # -- blocking calls ----------------------------------------------------------
@@ -258,7 +260,9 @@ class ElasticSession:
                     )
                 )
             )
-            self._on_event("held", {"generation": body.generation, "step": step, "flush": body.flush, "reason": body.reason})
+            self._on_event(
+                "held", {"generation": body.generation, "step": step, "flush": body.flush, "reason": body.reason}
+            )
             return self._wait_for_resume(step)
         if kind == "resume":
             self.generation = body.generation

@@ -31,6 +31,12 @@ States and transitions::
 * ``elastic_max_retries`` counts attempts including the first, as in MaxText:
   a failure when ``elastic_max_retries - 1`` recoveries are used up is terminal.
   Growing back onto a returned slice is not a failure and uses no retry.
+* A command the trainer may have missed (sent while its link was down) is sent
+  again when it re-attaches: the pending hold, or a resume it has not
+  acknowledged. A trainer reporting a generation above the coordinator's (an
+  earlier coordinator process, restarted without its state file, sent it) is
+  brought onto a generation above it: a fresh start starts there, anything
+  else holds again.
 * Terminal failure: the trainer is told to abort with exit code 42 (xpk
   restarts on it) after flushing, and the coordinator exits 42 too. The Orbax
   directory keeps the last committed checkpoint for the restart to restore.
@@ -43,7 +49,6 @@ from dataclasses import replace
 from agent.constants import EXIT_RESTART
 from agent.core.model import (
     AbortTrainer,
-    Action,
     Decision,
     Event,
     ExitCoordinator,
@@ -70,6 +75,7 @@ from agent.core.model import (
     _frozen,
 )
 
+
 def _fmt(slices: frozenset[int] | set[int]) -> str:
     return "[" + ",".join(str(s) for s in sorted(slices)) + "]"
 
@@ -78,7 +84,24 @@ def decide(state: State, event: Event, now: float) -> Decision:
     """Turn one event into the next state, the actions to take and why."""
     if state.phase.terminal and not isinstance(event, (WorkerJoined, WorkerLost, WorkerHealth)):
         return Decision(state, (), f"job is {state.phase}; {type(event).__name__} ignored")
+    ahead = getattr(event, "generation", -1)
+    if ahead <= state.generation:
+        return _dispatch(state, event, now)
+    # The trainer acted on a newer generation than ours: an earlier coordinator
+    # process (restarted without its state file) sent it. It ignores commands
+    # older than that, so carry on above it: a fresh start simply starts above
+    # it; a running job re-synchronises with a hold.
+    if state.phase == Phase.STARTING:
+        return _dispatch(replace(state, generation=ahead), event, now)
+    d = _dispatch(state, event, now)
+    if d.state.phase.terminal:
+        return d
+    behind = replace(d.state, generation=max(d.state.generation, ahead))
+    why = f"{d.reason}; the trainer is at generation {ahead}, ahead of this coordinator, re-synchronising"
+    return _start_hold(behind, now, why, failure=False)
 
+
+def _dispatch(state: State, event: Event, now: float) -> Decision:
     match event:
         case WorkerJoined():
             return _worker_joined(state, event, now)
@@ -107,7 +130,10 @@ def decide(state: State, event: Event, now: float) -> Decision:
             done = replace(state, phase=Phase.COMPLETED, deadline=None, exit_code=0)
             return Decision(
                 done,
-                (TellWorkers(state.generation, "completed", "training finished"), ExitCoordinator(0, "training finished")),
+                (
+                    TellWorkers(state.generation, "completed", "training finished"),
+                    ExitCoordinator(0, "training finished"),
+                ),
                 f"training finished at step {event.step}",
             )
         case Tick():
@@ -208,12 +234,14 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
         # A restarted trainer (or coordinator): bring both onto a fresh generation.
         return _start_hold(new, now, reason + "; trainer and coordinator disagree, re-synchronising", failure=False)
     d = _evaluate(new, now, reason)
-    s = d.state
-    if s.phase == Phase.RUNNING and s.trainer.resume_pending and not d.actions and s.active <= s.up_slices():
-        # It may not have got the resume (sent while it was away, or lost with
-        # the old link) and would stay held: send it again.
-        why = f"{d.reason}; repeating the unacknowledged resume generation {s.generation} on {_fmt(s.active)}"
-        return Decision(s, (ResumeTrainer(s.generation, s.active, _source(s.trainer, s.active), why),), why)
+    after = d.state
+    if after.phase == Phase.RUNNING and after.trainer.resume_pending and not d.actions:
+        if after.active <= after.up_slices():
+            # It may not have got the resume (sent while it was away, or lost
+            # with the old link) and would stay held: send it again.
+            g, active = after.generation, after.active
+            why = f"{d.reason}; repeating the unacknowledged resume generation {g} on {_fmt(active)}"
+            return Decision(after, (ResumeTrainer(g, active, _source(after.trainer, active), why),), why)
     return d
 
 
@@ -243,9 +271,7 @@ def _trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
         last_step=max(state.trainer.last_step, ev.step),
         committed_step=max(state.trainer.committed_step, ev.committed_step),
     )
-    waiting = replace(
-        state, phase=Phase.WAITING, trainer=t, deadline=now + state.policy.elastic_timeout_seconds
-    )
+    waiting = replace(state, phase=Phase.WAITING, trainer=t, deadline=now + state.policy.elastic_timeout_seconds)
     committed = f", committed step {ev.committed_step}" if ev.committed_step >= 0 else ""
     return _evaluate(waiting, now, f"trainer held at step {ev.step}{committed}")
 
@@ -286,7 +312,9 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     if state.expected_rejoin:
         if state.deadline is not None and now < state.deadline and state.phase == Phase.RUNNING:
             return Decision(state, (), f"{prefix}waiting for {len(state.expected_rejoin)} host(s) to rejoin")
-        state = replace(state, expected_rejoin=frozenset(), deadline=None if state.phase == Phase.RUNNING else state.deadline)
+        state = replace(
+            state, expected_rejoin=frozenset(), deadline=None if state.phase == Phase.RUNNING else state.deadline
+        )
 
     if state.phase == Phase.STARTING:
         if state.trainer.attached and up == p.all_slices:
@@ -294,7 +322,10 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         if state.deadline is not None and now >= state.deadline:
             if state.trainer.attached and len(up) >= p.min_slices:
                 return _resume(state, up, f"{prefix}start deadline passed; starting on {_fmt(up)}")
-            return _fail(state, f"{prefix}only {len(up)} of {p.num_slices} slices up after {p.elastic_timeout_seconds:g} s at start")
+            return _fail(
+                state,
+                f"{prefix}only {len(up)} of {p.num_slices} slices up after {p.elastic_timeout_seconds:g} s at start",
+            )
         return Decision(state, (), f"{prefix}starting: {len(up)} of {p.num_slices} slices up")
 
     if state.phase == Phase.RUNNING:

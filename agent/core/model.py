@@ -73,9 +73,7 @@ class Policy:
     def all_slices(self) -> frozenset[int]:
         return frozenset(range(self.num_slices))
 
-    def with_trainer_settings(
-        self, min_slice_count: int, timeout_seconds: float, max_retries: int
-    ) -> Policy:
+    def with_trainer_settings(self, min_slice_count: int, timeout_seconds: float, max_retries: int) -> Policy:
         """The policy after adopting the trainer's own elastic flags."""
         from dataclasses import replace
 

@@ -21,8 +21,21 @@ pytestmark = pytest.mark.e2e
 def run_demo(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[int, dict[str, Any], str]:
     summary = tmp_path / "summary.json"
     cmd = [
-        sys.executable, "-m", "agent", "demo", "--workdir", str(tmp_path / "job"), "--summary-json", str(summary),
-        "--replacement-delay", "2", "--timeout", "30", "--run-timeout", str(timeout - 30), *args,
+        sys.executable,
+        "-m",
+        "agent",
+        "demo",
+        "--workdir",
+        str(tmp_path / "job"),
+        "--summary-json",
+        str(summary),
+        "--replacement-delay",
+        "2",
+        "--timeout",
+        "30",
+        "--run-timeout",
+        str(timeout - 30),
+        *args,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
@@ -77,8 +90,16 @@ def test_hung_host_is_detected_and_dropped(tmp_path: Path) -> None:
 
 def test_timeout_with_too_few_slices_aborts_42_and_keeps_checkpoint(tmp_path: Path) -> None:
     rc, s, out = run_demo(
-        tmp_path, "--steps", "100", "--min-slices", "-1", "--no-replacement", "--fault", "kill:1.0@30",
-        "--timeout", "3",
+        tmp_path,
+        "--steps",
+        "100",
+        "--min-slices",
+        "-1",
+        "--no-replacement",
+        "--fault",
+        "kill:1.0@30",
+        "--timeout",
+        "3",
     )
     assert rc == 42, out
     assert s["exit_codes"] == {"trainer": 42, "coordinator": 42}, s
@@ -95,8 +116,17 @@ def test_timeout_with_too_few_slices_aborts_42_and_keeps_checkpoint(tmp_path: Pa
 
 def test_retries_exhausted_aborts_42(tmp_path: Path) -> None:
     rc, s, out = run_demo(
-        tmp_path, "--steps", "150", "--min-slices", "1", "--max-retries", "2",
-        "--fault", "kill:1.0@20", "--fault", "kill:2.0@60",
+        tmp_path,
+        "--steps",
+        "150",
+        "--min-slices",
+        "1",
+        "--max-retries",
+        "2",
+        "--fault",
+        "kill:1.0@20",
+        "--fault",
+        "kill:2.0@60",
     )
     assert rc == 42, out
     assert s["exit_codes"]["coordinator"] == 42
@@ -116,7 +146,9 @@ def test_retries_exhausted_aborts_42(tmp_path: Path) -> None:
 def test_bad_demo_options_name_the_value(tmp_path: Path, args: list[str], needle: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "agent", "demo", "--workdir", str(tmp_path / "job"), *args],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert needle in proc.stderr, proc.stderr

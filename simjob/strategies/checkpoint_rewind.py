@@ -1,0 +1,136 @@
+"""Baseline (b): checkpoint rewind, the way MaxText recovers with ``elastic_enabled``.
+
+The whole training function runs under pathwaysutils'
+``Manager.elastic_retry`` (``pathwaysutils.elastic.manager``, imported
+explicitly; default ``poll_interval`` 10 s, ``minimum_slice_count`` set from
+``--min-slices``, ``timeout`` from ``--timeout``, retries from
+``--max-retries``). The trainer learns of a lost slice only from the
+``DATA_LOSS`` that pathwaysutils' ``DeviceLossSimulator`` raises when a step
+touches it (:mod:`standins.pathways_runtime`, as in the demo). The manager
+then waits for ``minimum_slice_count`` slices and re-runs the function, which
+rebuilds the mesh on the slices it is given and restores the newest committed
+checkpoint: work since that checkpoint is lost. Growing back works as in
+MaxText's ``maybe_elastic_scale_up``: the manager's monitor thread finds the
+returned slice (every ``poll_interval``), the loop raises
+``ScaleUpSignalError`` at the next step boundary, and the function re-runs
+from the last checkpoint again.
+
+On CPU the manager needs slice grouping and a probe that sees the stand-in
+workers: :mod:`simjob.strategies.cpu_slices` (test support).
+
+    python -m simjob.strategies.checkpoint_rewind [demo options] [--poll-interval 10]
+    python -m simjob.strategies.checkpoint_rewind trainer ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from simjob.strategies.common import PlainTrainer, Strategy, add_strategy_args, parse_trainer_args, run_strategy
+
+DEFAULT_POLL_INTERVAL = 10.0
+"""pathwaysutils' default (and MaxText's): slices are re-probed every 10 s."""
+
+
+class CheckpointRewind(Strategy):
+    name = "checkpoint_rewind"
+    trainer_module = "simjob.strategies.checkpoint_rewind"
+
+    def trainer_args(self, ns: argparse.Namespace) -> list[str]:
+        return [
+            "--min-slices",
+            str(ns.min_slices),
+            "--timeout",
+            str(ns.timeout),
+            "--max-retries",
+            str(ns.max_retries),
+            "--poll-interval",
+            str(ns.poll_interval),
+        ]
+
+
+def trainer_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--min-slices", type=int, default=-1)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--max-retries", type=int, default=10)
+    ap.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL)
+    own, rest = ap.parse_known_args(argv)
+    ns = parse_trainer_args(rest)
+
+    from pathwaysutils.elastic import manager as pw_manager  # explicit: the package namespace is empty
+
+    from simjob.strategies.cpu_slices import CpuSliceManager, standin_slice_health
+    from simjob.trainer import EventLog
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
+    events("start", {"slices": ns.slices, "steps": ns.steps, "pid": os.getpid()})
+    t = PlainTrainer(ns, events)
+    events("jax_ready", {"devices": len(t.jax.devices())})
+    attempt = {"n": 0}
+
+    with standin_slice_health(t.runtime):
+        mgr = CpuSliceManager(t.slice_devices)
+
+        def on_elastic_event() -> None:
+            events("elastic_event", {"attempt": attempt["n"]})
+            # A fresh simulator before the manager probes the slices again: the
+            # simulator keys its bookkeeping by id() of arrays, and a reused id
+            # would make a healthy slice's probe look lost (the demo trainer
+            # does the same for every new mesh).
+            t._new_simulator()
+            t.runtime.apply(t.sim, t.slice_devices)
+
+        def boundary(step: int) -> None:
+            # MaxText's maybe_elastic_scale_up: grow at a step boundary by re-running the function.
+            if mgr.available_inactive_slices:
+                events("scale_up_signal", {"step": step, "slices": sorted(mgr.available_inactive_slices)})
+                raise pw_manager.ScaleUpSignalError(f"slices {sorted(mgr.available_inactive_slices)} available")
+
+        @mgr.elastic_retry(
+            minimum_slice_count=None if own.min_slices == -1 else own.min_slices,
+            poll_interval=own.poll_interval,
+            timeout=own.timeout,
+            on_elastic_event_callback=on_elastic_event,
+            retry_policy=pw_manager.ElasticRetryLimit(own.max_retries),
+        )
+        def train() -> int:
+            attempt["n"] += 1
+            slices = sorted(mgr.active_slice_indices)
+            step = t.build(slices, attempt["n"], f"elastic_retry attempt {attempt['n']}: last committed checkpoint")
+            return t.train(step, boundary)
+
+        try:
+            step = train()
+        except (pw_manager.ElasticRuntimeError, TimeoutError) as e:
+            events("abort", {"reason": f"{type(e).__name__}: {e}"[:200]})
+            return 42
+    t.finish(step)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["trainer"]:
+        return trainer_main(argv[1:])
+    ap = argparse.ArgumentParser(
+        prog="python -m simjob.strategies.checkpoint_rewind",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_strategy_args(ap)
+    ap.add_argument(
+        "--poll-interval",
+        type=float,
+        default=DEFAULT_POLL_INTERVAL,
+        help="Manager.elastic_retry poll_interval (default 10, pathwaysutils' default)",
+    )
+    return run_strategy(ap.parse_args(argv), CheckpointRewind())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

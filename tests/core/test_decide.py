@@ -1,0 +1,483 @@
+"""Unit tests of the pure decision core: one edge case each, a few lines each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agent.constants import EXIT_RESTART
+from agent.core.decide import decide
+from agent.core.model import (
+    AbortTrainer,
+    Decision,
+    ExitCoordinator,
+    HoldTrainer,
+    HostRecord,
+    Phase,
+    Policy,
+    ResumeSource,
+    ResumeTrainer,
+    State,
+    TellWorkers,
+    Tick,
+    TrainerAttached,
+    TrainerDetached,
+    TrainerFinished,
+    TrainerFlushed,
+    TrainerHeld,
+    TrainerResumed,
+    TrainerSettings,
+    TrainerSliceError,
+    TrainerStepped,
+    WorkerHealth,
+    WorkerJoined,
+    WorkerLost,
+    _frozen,
+    initial_state,
+)
+
+
+class Job:
+    """Feeds events into ``decide`` at a controllable clock and keeps the state."""
+
+    def __init__(self, policy: Policy, now: float = 0.0) -> None:
+        self.now = now
+        self.state = initial_state(policy, now)
+        self.decisions: list[Decision] = []
+
+    def feed(self, event, *, dt: float = 0.0) -> Decision:
+        self.now += dt
+        d = decide(self.state, event, self.now)
+        assert isinstance(d.reason, str) and d.reason.strip(), f"empty reason for {event!r}"
+        self.state = d.state
+        self.decisions.append(d)
+        return d
+
+    def join_all(self, inc: str = "a") -> Decision:
+        p = self.state.policy
+        d = None
+        for s in range(p.num_slices):
+            for h in range(p.hosts_per_slice):
+                d = self.feed(WorkerJoined(s, h, f"{inc}{s}.{h}"))
+        assert d is not None
+        return d
+
+    def start(self) -> Decision:
+        """All hosts up, trainer attached, start acknowledged: RUNNING."""
+        self.join_all()
+        d = self.feed(TrainerAttached(generation=0, step_in_memory=-1))
+        (resume,) = of(d, ResumeTrainer)
+        self.feed(TrainerResumed(resume.generation, 0, resume.active, "checkpoint"))
+        self.feed(TrainerStepped(10, resume.generation), dt=1.0)
+        assert self.state.phase == Phase.RUNNING
+        return d
+
+    def ack_hold(self, d: Decision, *, step: int = 10, committed: int = -1) -> Decision:
+        (hold,) = of(d, HoldTrainer)
+        return self.feed(TrainerHeld(hold.generation, step, committed), dt=0.5)
+
+    def ack_resume(self, d: Decision, *, step: int = 10) -> Decision:
+        (resume,) = of(d, ResumeTrainer)
+        return self.feed(TrainerResumed(resume.generation, step, resume.active, str(resume.source)), dt=0.5)
+
+
+def of(d: Decision, kind: type) -> list:
+    return [a for a in d.actions if isinstance(a, kind)]
+
+
+def kinds(d: Decision) -> list[type]:
+    return [type(a) for a in d.actions]
+
+
+# --------------------------------------------------------------------------
+# start
+# --------------------------------------------------------------------------
+
+
+def test_starts_only_when_every_slice_and_the_trainer_are_up():
+    job = Job(Policy(num_slices=2, hosts_per_slice=2))
+    job.feed(WorkerJoined(0, 0, "a"))
+    job.feed(WorkerJoined(0, 1, "b"))
+    assert job.feed(TrainerAttached(0, -1)).actions == ()
+    assert job.feed(WorkerJoined(1, 0, "c")).actions == ()
+    assert job.state.phase == Phase.STARTING
+    d = job.feed(WorkerJoined(1, 1, "d"))
+    assert d.state.phase == Phase.RUNNING
+    assert kinds(d) == [ResumeTrainer, TellWorkers]
+    (resume,) = of(d, ResumeTrainer)
+    assert (resume.generation, resume.active, resume.source) == (1, frozenset({0, 1}), ResumeSource.CHECKPOINT)
+    assert d.state.generation == 1 and d.state.active == frozenset({0, 1})
+
+
+def test_slices_up_without_trainer_do_not_start():
+    job = Job(Policy(num_slices=2))
+    d = job.join_all()
+    assert d.state.phase == Phase.STARTING and d.actions == ()
+    assert job.feed(TrainerAttached(0, -1)).state.phase == Phase.RUNNING
+
+
+def test_start_deadline_with_too_few_slices_fails():
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=30))
+    job.feed(WorkerJoined(0, 0, "a"))
+    job.feed(TrainerAttached(0, -1))
+    assert job.feed(Tick(), dt=29).state.phase == Phase.STARTING
+    d = job.feed(Tick(), dt=1)
+    assert d.state.phase == Phase.FAILED
+    assert of(d, AbortTrainer)[0].exit_code == 42
+
+
+def test_start_deadline_starts_on_enough_slices():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_timeout_seconds=30))
+    job.feed(WorkerJoined(0, 0, "a"))
+    job.feed(WorkerJoined(2, 0, "c"))
+    job.feed(TrainerAttached(0, -1))
+    d = job.feed(Tick(), dt=30)
+    assert d.state.phase == Phase.RUNNING
+    assert of(d, ResumeTrainer)[0].active == frozenset({0, 2})
+
+
+# --------------------------------------------------------------------------
+# losing a slice
+# --------------------------------------------------------------------------
+
+
+def test_kill_with_min_below_count_holds_without_flush_and_resumes_from_memory_on_survivors():
+    job = Job(Policy(num_slices=4, elastic_min_slice_count=2))
+    job.start()
+    gen = job.state.generation
+    d = job.feed(WorkerLost(3, 0, "a3.0", "stream_closed"), dt=1)
+    assert d.state.phase == Phase.HOLDING
+    (hold,) = of(d, HoldTrainer)
+    assert hold == HoldTrainer(gen + 1, False, frozenset({3}), hold.reason)
+    assert d.state.retries_used == 1
+    d = job.ack_hold(d, step=12)
+    assert d.state.phase == Phase.RUNNING
+    (resume,) = of(d, ResumeTrainer)
+    assert resume.generation == gen + 1
+    assert resume.active == frozenset({0, 1, 2})
+    assert resume.source == ResumeSource.MEMORY
+
+
+def test_all_slices_required_holds_with_flush_and_waits_for_the_replacement():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=-1))
+    job.start()
+    d = job.feed(WorkerLost(1, 0, "a1.0", "heartbeat_timeout"), dt=1)
+    (hold,) = of(d, HoldTrainer)
+    assert hold.flush and hold.down_slices == frozenset({1})
+    d = job.ack_hold(d, step=12, committed=12)
+    assert d.state.phase == Phase.WAITING and d.actions == ()
+    assert d.state.trainer.committed_step == 12
+    assert job.feed(Tick(), dt=5).state.phase == Phase.WAITING
+    d = job.feed(WorkerJoined(1, 0, "b1.0"), dt=1)
+    assert d.state.phase == Phase.RUNNING
+    (resume,) = of(d, ResumeTrainer)
+    assert resume.generation == hold.generation
+    assert resume.active == frozenset({0, 1, 2})
+
+
+def test_grow_back_when_a_replacement_registers_uses_no_retry():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2))
+    job.start()
+    job.ack_resume(job.ack_hold(job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"), dt=1)))
+    assert job.state.active == frozenset({0, 1}) and job.state.retries_used == 1
+    d = job.feed(WorkerJoined(2, 0, "b2.0"), dt=1)
+    assert d.state.phase == Phase.HOLDING
+    (hold,) = of(d, HoldTrainer)
+    assert not hold.flush and hold.down_slices == frozenset()
+    assert d.state.retries_used == 1
+    d = job.ack_hold(d)
+    assert of(d, ResumeTrainer)[0].active == frozenset({0, 1, 2})
+    assert d.state.retries_used == 1
+
+
+def test_trainer_slice_error_before_the_worker_loss_triggers_the_same_hold():
+    job = Job(Policy(num_slices=4, elastic_min_slice_count=2))
+    job.start()
+    gen = job.state.generation
+    d = job.feed(TrainerSliceError(frozenset({2}), "DATA_LOSS: slice 2 unreachable", 11, gen), dt=1)
+    assert d.state.phase == Phase.HOLDING
+    (hold,) = of(d, HoldTrainer)
+    assert hold.generation == gen + 1 and hold.down_slices == frozenset({2}) and not hold.flush
+    d2 = job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"), dt=0.1)
+    assert d2.actions == () and d2.state.generation == gen + 1 and d2.state.retries_used == 1
+    d = job.ack_hold(d)
+    assert of(d, ResumeTrainer)[0].active == frozenset({0, 1, 3})
+
+
+def test_resume_uses_memory_only_while_a_replica_stayed_up():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    job.ack_hold(job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1))
+    job.feed(WorkerLost(0, 0, "a0.0", "stream_closed"), dt=1)  # the last replica goes too
+    job.feed(WorkerJoined(0, 0, "b0.0"), dt=1)
+    d = job.feed(WorkerJoined(1, 0, "b1.0"), dt=1)
+    assert of(d, ResumeTrainer)[0].source == ResumeSource.CHECKPOINT
+
+
+def test_a_restarted_trainer_resumes_from_the_checkpoint():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    d = job.feed(TrainerAttached(0, -1), dt=1)  # a fresh process: re-synchronise
+    assert d.state.phase == Phase.HOLDING and d.state.retries_used == 0
+    assert of(job.ack_hold(d), ResumeTrainer)[0].source == ResumeSource.CHECKPOINT
+
+
+def test_slice_error_is_cleared_only_by_a_replacement_host():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    job.ack_hold(job.feed(TrainerSliceError(frozenset({1}), "lost", 11, job.state.generation), dt=1))
+    assert job.state.phase == Phase.WAITING
+    assert job.feed(WorkerJoined(1, 0, "a1.0"), dt=1).state.phase == Phase.WAITING  # same process reconnects
+    assert job.feed(WorkerJoined(1, 0, "b1.0"), dt=1).state.phase == Phase.RUNNING
+
+
+def test_a_resume_the_trainer_never_got_is_repeated_when_it_attaches():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    job.ack_hold(job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1))
+    job.feed(TrainerDetached(), dt=1)
+    d = job.feed(WorkerJoined(1, 0, "b1.0"), dt=1)
+    (lost,) = of(d, ResumeTrainer)  # no trainer attached: the executor cannot deliver it
+    # The trainer, still held at that generation on its old mesh, comes back.
+    d = job.feed(TrainerAttached(lost.generation, 10, frozenset({0, 1})), dt=1)
+    (again,) = of(d, ResumeTrainer)
+    assert (again.generation, again.active) == (lost.generation, lost.active)
+    assert d.state.generation == lost.generation and d.state.phase == Phase.RUNNING
+    job.ack_resume(d)
+    job.feed(TrainerDetached(), dt=1)
+    assert job.feed(TrainerAttached(lost.generation, 12, frozenset({0, 1})), dt=1).actions == ()
+
+
+# --------------------------------------------------------------------------
+# stale inputs
+# --------------------------------------------------------------------------
+
+
+def test_stale_acks_are_ignored():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=-1))
+    job.start()
+    d = job.feed(WorkerLost(0, 0, "a0.0", "stream_closed"), dt=1)
+    (hold,) = of(d, HoldTrainer)
+    before = job.state
+    d = job.feed(TrainerHeld(hold.generation - 1, 10, -1))
+    assert d.state == before and d.actions == () and "stale" in d.reason
+    d = job.feed(TrainerResumed(hold.generation - 1, 10, frozenset({0, 1, 2}), "memory"))
+    assert d.state == before and d.actions == () and "stale" in d.reason
+    assert job.feed(TrainerHeld(hold.generation, 10, -1)).state.phase == Phase.WAITING
+
+
+def test_stale_worker_lost_of_an_old_incarnation_is_ignored():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    job.feed(WorkerJoined(1, 0, "new"), dt=1)  # the host restarted; still up
+    before = job.state
+    d = job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1)
+    assert d.state == before and d.actions == () and "stale" in d.reason
+    assert job.feed(WorkerLost(1, 0, "new", "stream_closed")).state.phase == Phase.HOLDING
+
+
+def test_a_fresh_coordinator_starts_above_the_trainers_generation():
+    job = Job(Policy(num_slices=2))  # restarted without its state file; the trainer lives on
+    job.join_all()
+    d = job.feed(TrainerAttached(7, 120, frozenset({0, 1})))
+    (resume,) = of(d, ResumeTrainer)
+    assert resume.generation == 8 and resume.source == ResumeSource.MEMORY
+
+
+def test_a_trainer_ahead_of_a_running_coordinator_is_re_synchronised():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    # The trainer carries out a hold an earlier coordinator process sent it.
+    d = job.feed(TrainerHeld(7, 120, 100), dt=1)
+    (hold,) = of(d, HoldTrainer)
+    assert hold.generation == 8 and d.state.phase == Phase.HOLDING and d.state.retries_used == 0
+    assert of(job.ack_hold(d), ResumeTrainer)[0].generation == 8
+
+
+def test_health_report_of_an_old_incarnation_is_ignored():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    before = job.state
+    assert job.feed(WorkerHealth(0, 0, "old", False)).state == before
+    assert job.feed(WorkerHealth(0, 0, "a0.0", False, "pathways worker down")).state.phase == Phase.HOLDING
+
+
+# --------------------------------------------------------------------------
+# terminal outcomes
+# --------------------------------------------------------------------------
+
+
+def test_waiting_deadline_passing_fails_with_exit_code_42():
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=60))
+    job.start()
+    job.ack_hold(job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1))
+    assert job.state.phase == Phase.WAITING
+    assert job.feed(Tick(), dt=59).state.phase == Phase.WAITING
+    d = job.feed(Tick(), dt=1)
+    assert d.state.phase == Phase.FAILED and d.state.exit_code == 42
+    (abort,) = of(d, AbortTrainer)
+    assert abort.exit_code == 42 == EXIT_RESTART
+    assert of(d, ExitCoordinator) == [ExitCoordinator(42, abort.reason)]
+
+
+def test_hold_not_acknowledged_in_time_fails():
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=60))
+    job.start()
+    job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1)
+    d = job.feed(Tick(), dt=60)
+    assert d.state.phase == Phase.FAILED and of(d, ExitCoordinator)[0].exit_code == 42
+
+
+@pytest.mark.parametrize("max_retries", [1, 2, 3])
+def test_retries_count_attempts_including_the_first(max_retries):
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_max_retries=max_retries))
+    job.start()
+    for n in range(max_retries - 1):  # the allowed recoveries, each followed by a grow back
+        d = job.feed(WorkerLost(2, 0, f"{'ab'[n % 2]}2.0", "stream_closed"), dt=1)
+        assert d.state.phase == Phase.HOLDING and d.state.retries_used == n + 1
+        job.ack_resume(job.ack_hold(d))
+        job.ack_resume(job.ack_hold(job.feed(WorkerJoined(2, 0, f"{'ba'[n % 2]}2.0"), dt=1)))
+        assert job.state.active == frozenset({0, 1, 2})
+    inc = job.state.hosts[(2, 0)].incarnation
+    d = job.feed(WorkerLost(2, 0, inc, "stream_closed"), dt=1)
+    assert d.state.phase == Phase.FAILED
+    assert "elastic_max_retries" in d.reason
+    assert of(d, AbortTrainer)[0].exit_code == 42
+
+
+def test_trainer_finished_completes_and_exits_zero():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    d = job.feed(TrainerFinished(100), dt=1)
+    assert d.state.phase == Phase.COMPLETED and d.state.exit_code == 0
+    assert of(d, ExitCoordinator) == [ExitCoordinator(0, "training finished")]
+    d = job.feed(WorkerLost(0, 0, "a0.0", "shutdown"))
+    assert d.state.phase == Phase.COMPLETED and d.actions == ()
+
+
+def test_terminal_phase_ignores_trainer_events():
+    job = Job(Policy(num_slices=2))
+    job.start()
+    job.feed(TrainerFinished(100))
+    for ev in (TrainerAttached(9, 5), TrainerHeld(1, 1, 1), Tick(), TrainerFinished(101)):
+        d = job.feed(ev, dt=1000)
+        assert d.state == job.decisions[-2].state and d.actions == ()
+
+
+# --------------------------------------------------------------------------
+# trainer settings and policy
+# --------------------------------------------------------------------------
+
+
+def test_trainer_settings_on_attach_are_adopted():
+    job = Job(Policy(num_slices=4))
+    d = job.feed(TrainerAttached(0, -1, settings=TrainerSettings(2, 90.0, 5)))
+    p = d.state.policy
+    assert (p.elastic_min_slice_count, p.elastic_timeout_seconds, p.elastic_max_retries) == (2, 90.0, 5)
+    assert "adopted" in d.reason and "elastic_min_slice_count=2" in d.reason
+
+
+def test_invalid_trainer_settings_are_kept_out_with_a_reason():
+    policy = Policy(num_slices=4, elastic_min_slice_count=3)
+    job = Job(policy)
+    d = job.feed(TrainerAttached(0, -1, settings=TrainerSettings(7, 90.0, 5)))
+    assert d.state.policy == policy
+    assert "invalid" in d.reason and "7" in d.reason
+    assert d.state.trainer.attached
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad"),
+    [
+        ({"num_slices": 0}, "num_slices must be >= 1, got 0"),
+        ({"num_slices": 2, "hosts_per_slice": 0}, "hosts_per_slice must be >= 1, got 0"),
+        ({"num_slices": 2, "elastic_min_slice_count": 3}, "got 3"),
+        ({"num_slices": 2, "elastic_min_slice_count": 0}, "got 0"),
+        ({"num_slices": 2, "elastic_min_slice_count": -2}, "got -2"),
+        ({"num_slices": 2, "elastic_timeout_seconds": 0}, "elastic_timeout_seconds must be > 0, got 0"),
+        ({"num_slices": 2, "elastic_max_retries": 0}, "elastic_max_retries must be >= 1, got 0"),
+    ],
+)
+def test_policy_validation_names_the_bad_value(kwargs, bad):
+    with pytest.raises(ValueError, match=bad):
+        Policy(**kwargs)
+
+
+def test_min_slices_of_minus_one_is_every_slice():
+    assert Policy(num_slices=5).min_slices == 5
+    assert Policy(num_slices=5, elastic_min_slice_count=2).min_slices == 2
+
+
+# --------------------------------------------------------------------------
+# purity and reasons
+# --------------------------------------------------------------------------
+
+
+def _every_event(state: State) -> list:
+    g = state.generation
+    return [
+        WorkerJoined(0, 0, "fresh"),
+        WorkerJoined(0, 0, "a0.0"),
+        WorkerJoined(9, 0, "out-of-range"),
+        WorkerLost(0, 0, "a0.0", "stream_closed"),
+        WorkerLost(1, 0, "stale", "stream_closed"),
+        WorkerHealth(1, 0, "a1.0", False, "unhealthy"),
+        WorkerHealth(1, 0, "a1.0", True),
+        TrainerAttached(g, 5, frozenset({0, 1}), TrainerSettings(1, 30.0, 3)),
+        TrainerAttached(g + 3, -1, frozenset(), TrainerSettings(0, 30.0, 3)),
+        TrainerDetached(),
+        TrainerStepped(20, g),
+        TrainerSliceError(frozenset({1}), "lost", 20, g),
+        TrainerSliceError(frozenset(), "unknown", 20, g),
+        TrainerHeld(g, 20, 18),
+        TrainerHeld(g - 1, 20, 18),
+        TrainerResumed(g, 20, frozenset({0, 1}), "memory"),
+        TrainerFlushed(g, 20),
+        TrainerFinished(20),
+        Tick(),
+    ]
+
+
+def _states_in_every_phase() -> list[State]:
+    out = []
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_timeout_seconds=60))
+    out.append(job.state)  # STARTING
+    job.start()
+    out.append(job.state)  # RUNNING
+    d = job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"), dt=1)
+    out.append(d.state)  # HOLDING
+    job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1)
+    job.ack_hold(job.decisions[-1])
+    out.append(job.state)  # WAITING
+    out.append(job.feed(Tick(), dt=100).state)  # FAILED
+    out.append(dataclasses.replace(out[1], phase=Phase.COMPLETED, exit_code=0))
+    return out
+
+
+def _snapshot(state: State) -> dict:
+    return {
+        f.name: dict(v) if isinstance(v := getattr(state, f.name), type(_frozen())) else v
+        for f in dataclasses.fields(state)
+    }
+
+
+@pytest.mark.parametrize("phase", list(Phase), ids=str)
+def test_every_event_in_every_phase_gives_a_reason_and_never_mutates_the_input(phase):
+    (state,) = [s for s in _states_in_every_phase() if s.phase == phase]
+    for event in _every_event(state):
+        for now in (0.0, 1e6):
+            snap = _snapshot(state)
+            d = decide(state, event, now)
+            assert _snapshot(state) == snap
+            assert isinstance(d.reason, str) and d.reason.strip(), (state.phase, event)
+            assert decide(state, event, now) == d
+
+
+def test_decide_does_not_share_mutable_host_maps_with_its_input():
+    state = dataclasses.replace(initial_state(Policy(num_slices=2), 0.0), hosts=_frozen({(0, 0): HostRecord("a")}))
+    d = decide(state, WorkerJoined(1, 0, "b"), 1.0)
+    assert dict(state.hosts) == {(0, 0): HostRecord("a")}
+    assert set(d.state.hosts) == {(0, 0), (1, 0)}
+    d = decide(state, WorkerLost(0, 0, "a", "shutdown"), 1.0)
+    assert (0, 0) in state.hosts and (0, 0) not in d.state.hosts
