@@ -127,6 +127,14 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     )
     _add(p, "--state-file", type=Path, default=None, help="where the coordinator keeps its state across restarts")
     _add(p, "--journal", type=Path, default=None, help="append every decision as a JSON line here")
+    _add(
+        p,
+        "--pubsub-subscription",
+        default=None,
+        help="projects/P/subscriptions/S to pull GKE and Cloud Logging notices from (none: no Pub/Sub intake)",
+    )
+    _add(p, "--cluster-name", default=None, help="only GKE notices for this cluster count (default: any)")
+    _add(p, "--pubsub-project", default=None, help="only notices for this project id or number count (default: any)")
 
 
 def add_worker_args(p: argparse.ArgumentParser) -> None:
@@ -157,6 +165,26 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         choices=["grpc", "tcp"],
         help="grpc: grpc.health.v1 Watch; tcp: a TCP connect (no health service served)",
     )
+    _add(
+        p,
+        "--metadata-url",
+        default=None,
+        help="GCE metadata server base, e.g. http://metadata.google.internal/computeMetadata/v1 (none: not watched)",
+    )
+    _add(
+        p,
+        "--maintenance-notice-seconds",
+        default=60.0,
+        type=_positive_float,
+        help="notice a maintenance event gives before the host goes (default 60)",
+    )
+    _add(
+        p,
+        "--preemption-notice-seconds",
+        default=30.0,
+        type=_positive_float,
+        help="notice a preemption gives before the host goes (default 30)",
+    )
 
 
 @dataclass(frozen=True)
@@ -170,6 +198,9 @@ class CoordinatorConfig:
     journal: Path | None
     log_format: str
     log_level: str
+    pubsub_subscription: str | None = None
+    cluster_name: str | None = None
+    pubsub_project: str | None = None
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
@@ -184,6 +215,9 @@ class CoordinatorConfig:
             )
         except ValueError as e:
             raise ConfigError(str(e)) from e
+        sub = getattr(ns, "pubsub_subscription", None)
+        if sub and not (sub.startswith("projects/") and "/subscriptions/" in sub):
+            raise ConfigError(f"--pubsub-subscription must look like projects/P/subscriptions/S, got {sub!r}")
         hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
         if hbt <= hb:
             raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
@@ -197,6 +231,9 @@ class CoordinatorConfig:
             journal=Path(ns.journal) if ns.journal else None,
             log_format=ns.log_format,
             log_level=ns.log_level,
+            pubsub_subscription=sub or None,
+            cluster_name=getattr(ns, "cluster_name", None),
+            pubsub_project=getattr(ns, "pubsub_project", None),
         )
 
 
@@ -213,6 +250,9 @@ class WorkerConfig:
     health_check: str
     log_format: str
     log_level: str
+    metadata_url: str | None = None
+    maintenance_notice_seconds: float = 60.0
+    preemption_notice_seconds: float = 30.0
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> WorkerConfig:
@@ -228,4 +268,7 @@ class WorkerConfig:
             health_check=ns.health_check,
             log_format=ns.log_format,
             log_level=ns.log_level,
+            metadata_url=getattr(ns, "metadata_url", None),
+            maintenance_notice_seconds=float(getattr(ns, "maintenance_notice_seconds", 60.0)),
+            preemption_notice_seconds=float(getattr(ns, "preemption_notice_seconds", 30.0)),
         )

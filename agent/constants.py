@@ -19,6 +19,8 @@ PATHWAYS_RESERVED_PORTS = frozenset({8080, 8471, 29000, 29001, 29002, 29003, 290
 # --- exit codes ------------------------------------------------------------
 EXIT_OK = 0
 EXIT_USAGE = 2
+EXIT_ABORTED = 3
+"""An operator aborted the job without asking for a restart."""
 EXIT_RESTART = 42
 """xpk restarts a workload that exits 42 (and 127-255); other codes fail the JobSet."""
 

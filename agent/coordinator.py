@@ -15,6 +15,7 @@ Sources -> decision core -> executors:
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import signal
 import time
@@ -37,7 +38,9 @@ from agent.core.model import (
     Decision,
     Event,
     ExitCoordinator,
+    FlushTrainer,
     HoldTrainer,
+    NodeNotice,
     ResumeSource,
     ResumeTrainer,
     State,
@@ -56,6 +59,7 @@ from agent.core.model import (
     WorkerJoined,
     WorkerLost,
 )
+from agent.metrics import Metrics
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logmod.get("coordinator")
@@ -92,6 +96,8 @@ def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
             return trainer_pb2.SidecarCommand(
                 abort=trainer_pb2.Abort(generation=a.generation, exit_code=a.exit_code, reason=a.reason)
             )
+        case FlushTrainer():
+            return trainer_pb2.SidecarCommand(flush=trainer_pb2.Flush(generation=a.generation, reason=a.reason))
     return None
 
 
@@ -103,11 +109,18 @@ def _action_record(a: Action) -> dict[str, Any]:
 
 
 class Coordinator:
-    """Owns the state; everything else talks to it through :meth:`submit`."""
+    """Owns the state; everything else talks to it through :meth:`submit` or :meth:`request`."""
 
     def __init__(self, cfg: CoordinatorConfig) -> None:
         self.cfg = cfg
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.events: asyncio.Queue[tuple[Event, asyncio.Future[Decision] | None]] = asyncio.Queue()
+        self.metrics = Metrics("coordinator")
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=500)
+        """The newest decisions, for WatchEvents backlogs and the status page."""
+        self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._flush_waiters: list[tuple[int, asyncio.Future[TrainerFlushed]]] = []
+        self.started_at = time.time()
+        self.last_reason = ""
         self.workers: dict[tuple[int, int], _Conn] = {}
         self.trainer: _Conn | None = None
         self.exit_code: asyncio.Future[int] | None = None
@@ -121,7 +134,30 @@ class Coordinator:
     # -- sources -------------------------------------------------------------
 
     def submit(self, ev: Event) -> None:
-        self.events.put_nowait(ev)
+        self.events.put_nowait((ev, None))
+
+    async def request(self, ev: Event) -> Decision:
+        """Submit an event and wait until the decision about it is recorded."""
+        fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self.events.put_nowait((ev, fut))
+        return await fut
+
+    async def wait_flushed(self, generation: int, timeout: float) -> TrainerFlushed:
+        """The trainer's next flush acknowledgement at ``generation`` or later."""
+        fut: asyncio.Future[TrainerFlushed] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((generation, fut))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._flush_waiters = [(g, f) for g, f in self._flush_waiters if f is not fut]
+
+    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+        self.subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+        self.subscribers.discard(q)
 
     # -- the loop ------------------------------------------------------------
 
@@ -141,16 +177,26 @@ class Coordinator:
 
     async def _decision_loop(self) -> None:
         while True:
-            ev = await self.events.get()
+            ev, fut = await self.events.get()
             try:
-                self.apply(ev, time.monotonic())
-            except Exception:  # a bug must not take the daemon down with it
+                d = self.apply(ev, time.monotonic())
+            except Exception as e:  # a bug must not take the daemon down with it
                 log.exception("failed to handle event", trigger=type(ev).__name__)
+                if fut is not None and not fut.done():
+                    fut.set_exception(e)
+                continue
+            if fut is not None and not fut.done():
+                fut.set_result(d)
 
     def apply(self, ev: Event, now: float) -> Decision:
         before = self.state
         d = decide(before, ev, now)
         self.state = d.state
+        self.metrics.observe(ev, d, before, now)
+        if isinstance(ev, TrainerFlushed):
+            for g, f in self._flush_waiters:
+                if ev.generation >= g and not f.done():
+                    f.set_result(ev)
         self._record(ev, d, before)
         self._persist()
         for a in d.actions:
@@ -173,6 +219,14 @@ class Coordinator:
         if s.generation > 1 and s.phase != before.phase or d.actions:
             fields["operation"] = f"recovery-{s.generation}"
         log.info(d.reason, **fields)
+        self.last_reason = d.reason
+        rec = {"time": time.time(), "reason": d.reason, **{k: v for k, v in fields.items() if k != "operation"}}
+        self.recent.append(rec)
+        for q in list(self.subscribers):
+            try:
+                q.put_nowait(rec)
+            except asyncio.QueueFull:
+                self.subscribers.discard(q)  # a reader that cannot keep up is dropped
         if self._journal is not None:
             rec = {"time": time.time(), "reason": d.reason, **fields, "event_detail": _event_detail(ev)}
             self._journal.write(json.dumps(rec, default=str) + "\n")
@@ -190,7 +244,7 @@ class Coordinator:
 
     def _execute(self, a: Action) -> None:
         match a:
-            case HoldTrainer() | ResumeTrainer() | AbortTrainer():
+            case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer():
                 cmd = _to_trainer_command(a)
                 if self.trainer is None:
                     log.warning(
@@ -230,6 +284,18 @@ class Coordinator:
             asyncio.create_task(self._decision_loop(), name="decisions"),
             asyncio.create_task(self._ticker(), name="ticker"),
         ]
+        self.intake = None
+        if self.cfg.pubsub_subscription:
+            from agent.sources.pubsub import PubSubIntake
+
+            self.intake = PubSubIntake(
+                self.cfg.pubsub_subscription,
+                self._on_node_event,
+                cluster=self.cfg.cluster_name,
+                project=self.cfg.pubsub_project,
+                on_count=lambda key: self.metrics.messages.labels(key).inc(),
+            )
+            self.intake.start()
         log.info("coordinator listening", address=self.cfg.listen, port=self.port, policy=vars(self.cfg.policy))
 
     async def _ticker(self) -> None:
@@ -237,7 +303,27 @@ class Coordinator:
             await asyncio.sleep(TICK_SECONDS)
             self.submit(Tick())
 
+    async def _on_node_event(self, ev: Any) -> None:
+        """A parsed Pub/Sub notice: decide on it; the intake acks once this returns."""
+        wall, mono = time.time(), time.monotonic()
+        deadline = None if ev.deadline is None else mono + (ev.deadline.timestamp() - wall)
+        notice = NodeNotice(
+            kind=str(ev.kind),
+            source="pubsub",
+            node=ev.node,
+            node_pool=ev.node_pool,
+            deadline=deadline,
+            event_time=None if ev.event_time is None else ev.event_time.timestamp(),
+            cleared=ev.cleared,
+            reason=ev.summary,
+        )
+        d = await self.request(notice)
+        if not d.outcome:
+            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - mono)
+
     async def stop(self, grace: float = 1.0) -> None:
+        if getattr(self, "intake", None) is not None:
+            await asyncio.to_thread(self.intake.stop)
         await self.health.enter_graceful_shutdown()
         for t in self._tasks:
             t.cancel()
@@ -346,7 +432,8 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 # Already silent when the stream broke: the transport keepalive noticed a hung host first.
                 cause = "heartbeat_timeout"
             if cause != "replaced":
-                self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause))
+                silent = time.monotonic() - conn.last_seen
+                self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent))
 
     async def _read(self, context: grpc.aio.ServicerContext, ident: peer_pb2.HostIdentity, conn: _Conn) -> str:
         timeout = self.c.cfg.heartbeat_timeout
@@ -373,6 +460,8 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                             ident.slice, ident.host, ident.incarnation, kind == "pathways_healthy", msg.report.detail
                         )
                     )
+                elif kind == "metadata_notice":
+                    self.c.submit(_metadata_notice(ident, msg.report))
                 else:
                     log.warning("unknown worker report kind ignored", kind=kind, slice=ident.slice, host=ident.host)
 
@@ -450,18 +539,19 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
 def _trainer_event(msg: trainer_pb2.TrainerMessage) -> Event | None:
     match msg.WhichOneof("msg"):
         case "step":
-            return TrainerStepped(msg.step.step, msg.step.generation)
+            return TrainerStepped(msg.step.step, msg.step.generation, msg.step.step_seconds)
         case "slice_error":
             e = msg.slice_error
             return TrainerSliceError(frozenset(e.slices), e.message, e.step, e.generation)
         case "held":
             h = msg.held
-            return TrainerHeld(h.generation, h.step, h.committed_step)
+            return TrainerHeld(h.generation, h.step, h.committed_step, h.flush_seconds, h.flush_bytes)
         case "resumed":
             r = msg.resumed
             return TrainerResumed(r.generation, r.step, frozenset(r.active_slices), r.restored_from)
         case "flushed":
-            return TrainerFlushed(msg.flushed.generation, msg.flushed.committed_step)
+            f = msg.flushed
+            return TrainerFlushed(f.generation, f.committed_step, f.flush_seconds, f.flush_bytes)
         case "finished":
             return TrainerFinished(msg.finished.step)
     log.warning("unexpected trainer message ignored", kind=msg.WhichOneof("msg"))
@@ -475,3 +565,20 @@ async def serve(cfg: CoordinatorConfig) -> int:
 
 def journal_path_default(workdir: Path) -> Path:
     return workdir / "journal.jsonl"
+
+
+def _metadata_notice(ident: peer_pb2.HostIdentity, report: peer_pb2.LocalReport) -> NodeNotice:
+    """A worker's metadata server announced (or cleared) a disruption of its own host."""
+    key, _, value = report.detail.partition("=")
+    cleared = value in ("NONE", "FALSE")
+    left = report.deadline_unix - time.time() if report.deadline_unix else None
+    return NodeNotice(
+        kind=f"{key.rsplit('/', 1)[-1]}:{value}",
+        source="metadata",
+        node=ident.node,
+        slice=ident.slice,
+        deadline=None if left is None else time.monotonic() + left,
+        event_time=report.event_time_unix or None,
+        cleared=cleared,
+        reason=f"metadata server on {ident.node or f'host {ident.slice}.{ident.host}'}: {key} = {value}",
+    )

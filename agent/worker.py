@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 import uuid
 
 import grpc
@@ -20,6 +21,7 @@ from agent import constants as C
 from agent import log as logmod
 from agent.config import WorkerConfig
 from agent.sources.health import HealthChecker
+from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
 log = logmod.get("worker")
@@ -34,6 +36,25 @@ class Worker:
         self.registered = asyncio.Event()
         self.generation = 0
         self._stopping = False
+        self.notices: dict[str, peer_pb2.LocalReport] = {}
+        """Latest metadata-server value per key; re-sent on every new stream."""
+        self._unsent: set[str] = set()
+
+    def _on_metadata(self, change: MetadataChange) -> None:
+        clear = change.value in ("NONE", "FALSE")
+        notice = (
+            self.cfg.preemption_notice_seconds if change.key == PREEMPTED_KEY else self.cfg.maintenance_notice_seconds
+        )
+        now = time.time()
+        self.notices[change.key] = peer_pb2.LocalReport(
+            kind="metadata_notice",
+            detail=f"{change.key}={change.value}",
+            deadline_unix=0.0 if clear else now + notice,
+            event_time_unix=now,
+        )
+        self._unsent.add(change.key)
+        self._health_changed.set()
+        log.warning("metadata server notice", key=change.key, value=change.value)
 
     def _on_health(self, healthy: bool, detail: str) -> None:
         self.healthy = healthy
@@ -66,7 +87,11 @@ class Worker:
                 # The coordinator records a registered host as healthy; a change since the
                 # Register went out (the local worker died meanwhile) must still be reported.
                 reported = True
+                self._unsent = {k for k, r in self.notices.items() if r.deadline_unix}
                 while not reader.done():
+                    for key in sorted(self._unsent):
+                        self._unsent.discard(key)
+                        await call.write(peer_pb2.WorkerMessage(report=self.notices[key]))
                     if self.healthy != reported:
                         reported = self.healthy
                         kind = "pathways_healthy" if reported else "pathways_unhealthy"
@@ -113,6 +138,10 @@ class Worker:
         if self.cfg.health_target:
             checker = HealthChecker.create(self.cfg.health_check, self.cfg.health_target, self._on_health)
             checker_task = asyncio.create_task(checker.run())
+        metadata_task = None
+        if self.cfg.metadata_url:
+            watcher = MetadataWatcher(self.cfg.metadata_url, self._on_metadata)
+            metadata_task = asyncio.create_task(watcher.run())
         delay = 0.05
         while not stop.is_set():
             if not self.healthy:
@@ -142,8 +171,9 @@ class Worker:
                 log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-        if checker_task is not None:
-            checker_task.cancel()
+        for task in (checker_task, metadata_task):
+            if task is not None:
+                task.cancel()
         log.info("worker stopping")
         return C.EXIT_OK
 

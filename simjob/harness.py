@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from simjob.options import DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
+from simjob.options import ANNOUNCED, DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
 from simjob.summary import FaultRecord, render, summarize
 from standins.provisioner import Provisioner
 
@@ -58,6 +58,21 @@ class Host:
         return any(p.poll() is None for p in self.procs)
 
 
+def _flags(**kw: object) -> list[str]:
+    """--key value pairs from keyword arguments (underscores become dashes)."""
+    out: list[str] = []
+    for k, v in kw.items():
+        if v is not None:
+            out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+DEMO_JOB = "elastic-demo"
+DEMO_PROJECT = "elastic-demo"
+DEMO_CLUSTER = "demo-cluster"
+DEMO_ZONE = "us-central2-b"
+
+
 class Job:
     def __init__(self, ns: argparse.Namespace, workdir: Path) -> None:
         self.ns = ns
@@ -66,49 +81,110 @@ class Job:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.coord_port = free_port()
         self.coord_addr = f"127.0.0.1:{self.coord_port}"
-        self.pw_ports = {(s, h): free_port() for s in range(ns.slices) for h in range(ns.hosts_per_slice)}
+        keys = [(s, h) for s in range(ns.slices) for h in range(ns.hosts_per_slice)]
+        self.pw_ports = {k: free_port() for k in keys}
         self.hosts: dict[tuple[int, int], Host] = {}
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
         self._files: list[IO[bytes]] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.emulator: Any = None
+        self.topic = ""
+        self.subscription = ""
+        self.publisher: Any = None
+        self.metadata_ports: dict[tuple[int, int], int] = {}
+        self.metadata_procs: list[subprocess.Popen[bytes]] = []
 
     def _log(self, name: str) -> IO[bytes]:
         f = open(self.logs / name, "ab")  # noqa: SIM115
         self._files.append(f)
         return f
 
+    # -- the world around the job -------------------------------------------------
+
+    def start_pubsub(self) -> None:
+        """The official emulator with the job's topic and subscription (notice faults)."""
+        from simjob.pubsub_emulator import PubSubEmulator
+
+        self.emulator = PubSubEmulator(project=DEMO_PROJECT).start()
+        self.topic, self.subscription = self.emulator.create_topic_and_subscription(
+            DEMO_PROJECT, f"{DEMO_JOB}-events", f"{DEMO_JOB}-events"
+        )
+        self.publisher = self.emulator.publisher_client()
+
+    def start_metadata_servers(self) -> None:
+        """One stand-in metadata server per host (metadata faults)."""
+        for key in self.pw_ports:
+            port = free_port()
+            self.metadata_ports[key] = port
+            p = subprocess.Popen(
+                [PY, "-m", "standins.metadata_server", "--port", str(port)],
+                stdout=self._log(f"metadata-{key[0]}.{key[1]}.log"),
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+            self.metadata_procs.append(p)
+        for port in self.metadata_ports.values():
+            _wait_port(port, 20.0)
+
+    def node(self, s: int, h: int) -> str:
+        host = self.hosts.get((s, h))
+        return f"gke-demo-slice{s}-host{h}-r{host.generation if host else 0}"
+
+    def announce(self, kind: str, s: int, h: int) -> None:
+        """Tell the world a host is about to go, the way the cloud would."""
+        if kind == "notice":
+            from agent.sources.gke_samples import gce_system_event
+
+            data, attrs = gce_system_event(
+                "terminateOnHostMaintenance", self.node(s, h), project=DEMO_PROJECT, zone=DEMO_ZONE
+            )
+            self.publisher.publish(self.topic, data, **attrs).result(timeout=30)
+        else:
+            import urllib.request
+
+            port = self.metadata_ports[(s, h)]
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/stand-in/instance/maintenance-event",
+                data=b"TERMINATE_ON_HOST_MAINTENANCE",
+                method="PUT",
+            )
+            urllib.request.urlopen(req, timeout=5).read()
+
+    def reset_metadata(self, s: int, h: int) -> None:
+        """A replacement VM comes with a metadata server that announces nothing."""
+        port = self.metadata_ports.get((s, h))
+        if port is None:
+            return
+        import urllib.request
+
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/stand-in/instance/maintenance-event", data=b"NONE", method="PUT"
+        )
+        urllib.request.urlopen(req, timeout=5).read()
+
+    # -- the job's processes ------------------------------------------------------
+
     def start_coordinator(self) -> None:
         ns = self.ns
-        cmd = [
-            PY,
-            "-m",
-            "agent",
-            "coordinator",
-            "--job",
-            "elastic-demo",
-            "--listen",
-            self.coord_addr,
-            "--num-slices",
-            str(ns.slices),
-            "--hosts-per-slice",
-            str(ns.hosts_per_slice),
-            "--elastic-min-slice-count",
-            str(ns.min_slices),
-            "--elastic-timeout-seconds",
-            str(ns.timeout),
-            "--elastic-max-retries",
-            str(ns.max_retries),
-            "--journal",
-            str(self.workdir / "journal.jsonl"),
-            "--state-file",
-            str(self.workdir / "coordinator-state.json"),
-            "--log-format",
-            ns.log_format,
-        ]
-        self.coordinator = subprocess.Popen(
-            cmd, stdout=self._log("coordinator.log"), stderr=subprocess.STDOUT, env=self.env
+        cmd = [PY, "-m", "agent", "coordinator"] + _flags(
+            job=DEMO_JOB,
+            listen=self.coord_addr,
+            num_slices=ns.slices,
+            hosts_per_slice=ns.hosts_per_slice,
+            elastic_min_slice_count=ns.min_slices,
+            elastic_timeout_seconds=ns.timeout,
+            elastic_max_retries=ns.max_retries,
+            journal=self.workdir / "journal.jsonl",
+            state_file=self.workdir / "coordinator-state.json",
+            log_format=ns.log_format,
         )
+        env = self.env
+        if self.emulator is not None:
+            cmd += _flags(pubsub_subscription=self.subscription, cluster_name=DEMO_CLUSTER)
+            env = {**env, "PUBSUB_EMULATOR_HOST": self.emulator.host}
+        log = self._log("coordinator.log")
+        self.coordinator = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start_host(self, s: int, h: int) -> None:
         old = self.hosts.get((s, h))
@@ -122,37 +198,20 @@ class Job:
             process_group=0,
             env=self.env,
         )
-        node = f"gke-demo-slice{s}-host{h}-r{gen}"
-        wk = subprocess.Popen(
-            [
-                PY,
-                "-m",
-                "agent",
-                "worker",
-                "--job",
-                "elastic-demo",
-                "--coordinator",
-                self.coord_addr,
-                "--slice",
-                str(s),
-                "--host",
-                str(h),
-                "--node",
-                node,
-                "--node-pool",
-                f"demo-pool-{s}",
-                "--pod",
-                f"elastic-demo-worker-{s}-{h}",
-                "--health-target",
-                f"127.0.0.1:{port}",
-                "--log-format",
-                self.ns.log_format,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            process_group=pw.pid,
-            env=self.env,
+        cmd = [PY, "-m", "agent", "worker"] + _flags(
+            job=DEMO_JOB,
+            coordinator=self.coord_addr,
+            slice=s,
+            host=h,
+            node=f"gke-demo-slice{s}-host{h}-r{gen}",
+            node_pool=f"demo-pool-{s}",
+            pod=f"{DEMO_JOB}-worker-{s}-{h}",
+            health_target=f"127.0.0.1:{port}",
+            log_format=self.ns.log_format,
         )
+        if (s, h) in self.metadata_ports:
+            cmd += _flags(metadata_url=f"http://127.0.0.1:{self.metadata_ports[(s, h)]}/computeMetadata/v1")
+        wk = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, process_group=pw.pid, env=self.env)
         self.hosts[(s, h)] = Host(s, h, gen, [pw, wk])
 
     def recreate_slice(self, s: int) -> None:
@@ -164,39 +223,24 @@ class Job:
                 old.signal(signal.SIGCONT)
                 for p in old.procs:
                     p.wait()
+            self.reset_metadata(s, h)
             self.start_host(s, h)
 
     def start_trainer(self) -> None:
         ns = self.ns
         n_dev = ns.slices * ns.devices_per_slice
-        env = {
-            **self.env,
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}",
-        }
-        cmd = [
-            PY,
-            "-m",
-            "simjob.trainer",
-            "--sidecar",
-            self.coord_addr,
-            "--job",
-            "elastic-demo",
-            "--workdir",
-            str(self.workdir),
-            "--slices",
-            str(ns.slices),
-            "--devices-per-slice",
-            str(ns.devices_per_slice),
-            "--steps",
-            str(ns.steps),
-            "--checkpoint-period",
-            str(ns.checkpoint_period),
-            "--step-seconds",
-            str(ns.step_seconds),
-            "--events",
-            str(self.workdir / "trainer-events.jsonl"),
-        ]
+        env = {**self.env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}"}
+        cmd = [PY, "-m", "simjob.trainer"] + _flags(
+            sidecar=self.coord_addr,
+            job=DEMO_JOB,
+            workdir=self.workdir,
+            slices=ns.slices,
+            devices_per_slice=ns.devices_per_slice,
+            steps=ns.steps,
+            checkpoint_period=ns.checkpoint_period,
+            step_seconds=ns.step_seconds,
+            events=self.workdir / "trainer-events.jsonl",
+        )
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
         self.trainer = subprocess.Popen(cmd, stdout=self._log("trainer.log"), stderr=subprocess.STDOUT, env=env)
@@ -211,6 +255,7 @@ class Job:
             procs += [(f"host {key[0]}.{key[1]}", p) for p in host.procs]
         if self.coordinator is not None:
             procs.append(("coordinator", self.coordinator))
+        procs += [("metadata", p) for p in self.metadata_procs]
         for _, p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -223,9 +268,23 @@ class Job:
                 p.wait()
             if name in ("trainer", "coordinator"):
                 codes[name] = p.returncode
+        if self.publisher is not None:
+            self.publisher.transport.close()
+        if self.emulator is not None:
+            self.emulator.stop()
         for f in self._files:
             f.close()
         return codes
+
+
+def _wait_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
 
 
 class _Tail:
@@ -276,7 +335,14 @@ def run_demo(ns: argparse.Namespace) -> int:
     tail = _Tail(workdir / "trainer-events.jsonl")
     last_step = 0
     codes: dict[str, int | None] = {}
+    kinds = {f.kind for f in faults}
+    deaths: list[tuple[float, FaultSpec]] = []  # announced faults: when their host dies
     try:
+        if "notice" in kinds:
+            say("  starting the Pub/Sub emulator for notice faults")
+            job.start_pubsub()
+        if "metadata" in kinds:
+            job.start_metadata_servers()
         job.start_coordinator()
         for s in range(ns.slices):
             for h in range(ns.hosts_per_slice):
@@ -290,12 +356,22 @@ def run_demo(ns: argparse.Namespace) -> int:
                     last_step = max(last_step, int(ev["step"]))
             while pending and last_step >= pending[0].at_step:
                 f = pending.pop(0)
-                host = job.hosts[(f.slice, f.host)]
-                host.signal(signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
                 now = time.time()
+                if f.kind in ANNOUNCED:
+                    job.announce(f.kind, f.slice, f.host)
+                    deaths.append((time.monotonic() + ns.notice_deadline, f))
+                    what = f"announced: host {f.slice}.{f.host} goes in {ns.notice_deadline:g} s"
+                else:
+                    job.hosts[(f.slice, f.host)].signal(signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
+                    provisioner.slice_lost(f.slice, time.monotonic())
+                    what = f"host {f.slice}.{f.host}"
                 records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, last_step))
-                say(f"  +{now - t_start:7.3f}s  [harness] {f.kind} host {f.slice}.{f.host} at step {last_step}")
+                say(f"  +{now - t_start:7.3f}s  [harness] {f.kind} {what} at step {last_step}")
+            for when, f in [d for d in deaths if d[0] <= time.monotonic()]:
+                deaths.remove((when, f))
+                job.hosts[(f.slice, f.host)].signal(signal.SIGKILL)
                 provisioner.slice_lost(f.slice, time.monotonic())
+                say(f"  +{time.time() - t_start:7.3f}s  [harness] host {f.slice}.{f.host} died at its deadline")
             for s in provisioner.poll(time.monotonic()):
                 say(f"  +{time.time() - t_start:7.3f}s  [provisioner] slice {s} recreated")
             if time.monotonic() > deadline:

@@ -7,7 +7,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-FAULT_KINDS = ("kill", "hang")
+FAULT_KINDS = ("kill", "hang", "notice", "metadata")
+"""kill: SIGKILL the host; hang: SIGSTOP it; notice: publish a GCE terminateOnHostMaintenance
+log entry for its node through Pub/Sub, then kill it at the deadline; metadata: flip its
+stand-in metadata server to TERMINATE_ON_HOST_MAINTENANCE, then kill it at the deadline."""
+ANNOUNCED = ("notice", "metadata")
 _FAULT_RE = re.compile(r"^(?P<kind>[a-z]+):(?P<slice>\d+)\.(?P<host>\d+)@(?P<step>\d+)$")
 DEFAULT_FAULTS = ("kill:1.0@40", "hang:2.0@120")
 
@@ -92,6 +96,12 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         help="seconds until the stand-in provisioner recreates a lost slice (default 5)",
     )
     p.add_argument("--no-replacement", action="store_true", help="never recreate lost slices")
+    p.add_argument(
+        "--notice-deadline",
+        type=_seconds,
+        default=4.0,
+        help="seconds from a notice or metadata fault until its host dies (default 4)",
+    )
     p.add_argument(
         "--workdir", type=Path, default=None, help="checkpoints, logs and journals (default: a new temp dir)"
     )

@@ -98,7 +98,9 @@ def summarize(
         source = None
         if detect is not None:
             d = detect.get("event_detail", {})
-            source = detect["trigger"] + (f"({d['cause']})" if "cause" in d else "")
+            source = detect["trigger"] + (
+                f"({d['cause']})" if "cause" in d else f"({d['source']})" if "source" in d else ""
+            )
         out_faults.append(
             {
                 "kind": f.kind,

@@ -46,14 +46,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.constants import EXIT_RESTART
+from agent.constants import EXIT_ABORTED, EXIT_RESTART
 from agent.core.model import (
     AbortTrainer,
     Decision,
+    Drain,
     Event,
     ExitCoordinator,
+    FlushTrainer,
     HoldTrainer,
     HostRecord,
+    NodeNotice,
+    OperatorCommand,
     Phase,
     ResumeSource,
     ResumeTrainer,
@@ -83,7 +87,8 @@ def _fmt(slices: frozenset[int] | set[int]) -> str:
 def decide(state: State, event: Event, now: float) -> Decision:
     """Turn one event into the next state, the actions to take and why."""
     if state.phase.terminal and not isinstance(event, (WorkerJoined, WorkerLost, WorkerHealth)):
-        return Decision(state, (), f"job is {state.phase}; {type(event).__name__} ignored")
+        why = f"job is {state.phase}; {type(event).__name__} ignored"
+        return Decision(state, (), why, rejected=why if isinstance(event, OperatorCommand) else "")
     ahead = getattr(event, "generation", -1)
     if ahead <= state.generation:
         return _dispatch(state, event, now)
@@ -136,6 +141,10 @@ def _dispatch(state: State, event: Event, now: float) -> Decision:
                 ),
                 f"training finished at step {event.step}",
             )
+        case NodeNotice():
+            return _node_notice(state, event, now)
+        case OperatorCommand():
+            return _operator(state, event, now)
         case Tick():
             return _evaluate(state, now, "")
     raise TypeError(f"decide() got an unknown event {event!r}")
@@ -248,8 +257,11 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
 def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Decision:
     errors = dict(state.slice_errors)
     named = ev.slices & state.policy.all_slices
-    for s in named:
-        errors[s] = now
+    if ev.generation >= state.generation:
+        # An older report may predate a replacement that already registered;
+        # the trainer will see the newer command and report again if need be.
+        for s in named:
+            errors[s] = now
     new = replace(state, slice_errors=_frozen(errors))
     reason = f"trainer reported slice loss {_fmt(named) if named else '(slices unknown)'} at step {ev.step}: {ev.message[:120]}"
     if state.phase == Phase.RUNNING and ev.generation >= state.generation:
@@ -331,6 +343,12 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     if state.phase == Phase.RUNNING:
         lost = state.active - up
         if lost:
+            failed = lost - _draining(state)
+            if not failed:
+                # Announced: drain at the step boundary, flush, lose nothing.
+                return _start_hold(
+                    state, now, f"{prefix}leaving slice(s) {_fmt(lost)} at the step boundary", failure=False, flush=True
+                )
             return _start_hold(state, now, f"{prefix}active slice(s) {_fmt(lost)} down", failure=True)
         if up - state.active and state.trainer.attached:
             return _start_hold(state, now, f"{prefix}slice(s) {_fmt(up - state.active)} back; growing", failure=False)
@@ -346,6 +364,8 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         return Decision(state, (), f"{prefix}waiting for the trainer to hold")
 
     if state.phase == Phase.WAITING:
+        if state.operator_hold:
+            return Decision(state, (), f"{prefix}held by an operator until an operator resumes")
         if len(up) >= p.min_slices and up:
             return _resume(state, up, f"{prefix}{len(up)} of {p.num_slices} slices up (minimum {p.min_slices})")
         if state.deadline is not None and now >= state.deadline:
@@ -359,7 +379,7 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     return Decision(state, (), why)
 
 
-def _start_hold(state: State, now: float, why: str, *, failure: bool) -> Decision:
+def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool | None = None) -> Decision:
     p = state.policy
     retries = state.retries_used
     if failure:
@@ -369,7 +389,8 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool) -> Decisio
     up = state.up_slices()
     # Flush unless training can continue at once on the survivors from memory.
     can_continue = len(up) >= p.min_slices and bool(up)
-    flush = (failure or state.phase == Phase.HOLDING and state.hold_flush) and not can_continue
+    if flush is None:
+        flush = (failure or state.phase == Phase.HOLDING and state.hold_flush) and not can_continue
     gen = state.generation + 1
     down = p.all_slices - up
     new = replace(
@@ -410,14 +431,113 @@ def _source(t: TrainerView, up: frozenset[int]) -> ResumeSource:
     return ResumeSource.MEMORY if from_memory else ResumeSource.CHECKPOINT
 
 
-def _fail(state: State, why: str) -> Decision:
-    new = replace(state, phase=Phase.FAILED, deadline=None, exit_code=EXIT_RESTART)
+def _fail(state: State, why: str, exit_code: int = EXIT_RESTART) -> Decision:
+    new = replace(state, phase=Phase.FAILED, deadline=None, exit_code=exit_code)
+    then = "restart from the last committed checkpoint" if exit_code == EXIT_RESTART else "stop"
     return Decision(
         new,
         (
-            AbortTrainer(state.generation, why, EXIT_RESTART),
+            AbortTrainer(state.generation, why, exit_code),
             TellWorkers(state.generation, "abort", why),
-            ExitCoordinator(EXIT_RESTART, why),
+            ExitCoordinator(exit_code, why),
         ),
-        f"{why}; aborting with exit code {EXIT_RESTART} (restart from the last committed checkpoint)",
+        f"{why}; aborting with exit code {exit_code} ({then})",
     )
+
+
+# --------------------------------------------------------------------------
+# notices and operators
+# --------------------------------------------------------------------------
+
+
+def _draining(state: State) -> frozenset[int]:
+    return frozenset(state.drains)
+
+
+def _notice_slices(state: State, ev: NodeNotice) -> frozenset[int]:
+    if ev.slice is not None:
+        return frozenset({ev.slice}) & state.policy.all_slices
+    if ev.node:
+        return frozenset(s for (s, _), r in state.hosts.items() if r.node == ev.node)
+    if ev.node_pool:
+        return frozenset(s for (s, _), r in state.hosts.items() if r.node_pool == ev.node_pool)
+    return frozenset()
+
+
+def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
+    what = ev.node or ev.node_pool or (f"slice {ev.slice}" if ev.slice is not None else "?")
+    label = f"{ev.kind} for {what} from {ev.source}"
+    slices = _notice_slices(state, ev)
+    if not slices:
+        return Decision(state, (), f"{label} ignored: not a node of this job", outcome="foreign")
+    key = ev.node or ev.node_pool or f"slice/{ev.slice}"
+    times = dict(state.notice_times)
+    if ev.event_time is not None:
+        newest = times.get(key)
+        if newest is not None and ev.event_time < newest:
+            return Decision(state, (), f"{label} ignored: older than a notice already handled", outcome="out_of_order")
+        times[key] = ev.event_time
+    state = replace(state, notice_times=_frozen(times))
+    drains = dict(state.drains)
+    if ev.cleared:
+        lifted = {s for s in slices if s in drains and drains[s].source != "operator"}
+        for s in lifted:
+            del drains[s]
+        if not lifted:
+            return Decision(state, (), f"{label}: nothing was draining", outcome="duplicate")
+        return _evaluate(replace(state, drains=_frozen(drains)), now, f"{label}: drain of {_fmt(lifted)} lifted")
+    if ev.deadline is not None and ev.deadline <= now:
+        # Too late to drain: the host is going or gone. Handle it as a failure.
+        errors = dict(state.slice_errors)
+        for s in slices:
+            errors[s] = now
+        return _evaluate(replace(state, slice_errors=_frozen(errors)), now, f"{label}: deadline already passed")
+    new = {s for s in slices if s not in drains}
+    if not new:
+        return Decision(state, (), f"{label}: slice(s) {_fmt(slices)} already draining", outcome="duplicate")
+    for s in new:
+        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node)
+    left = f" ({ev.deadline - now:.0f} s before the deadline)" if ev.deadline is not None else ""
+    return _evaluate(replace(state, drains=_frozen(drains)), now, f"{label}: draining slice(s) {_fmt(new)}{left}")
+
+
+def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
+    why = f"operator {ev.kind}: {ev.reason}"
+
+    def refuse(text: str) -> Decision:
+        return Decision(state, (), f"{why} refused: {text}", rejected=text)
+
+    match ev.kind:
+        case "hold":
+            if state.phase == Phase.STARTING:
+                return refuse("the job has not started yet")
+            if state.phase == Phase.RUNNING:
+                return _start_hold(replace(state, operator_hold=True), now, why, failure=False, flush=True)
+            return Decision(
+                replace(state, operator_hold=True, deadline=None if state.phase == Phase.WAITING else state.deadline),
+                (),
+                f"{why}; already holding, will stay held until an operator resumes",
+            )
+        case "resume":
+            if not state.operator_hold:
+                return refuse(f"the job is {state.phase} and not held by an operator")
+            deadline = now + state.policy.elastic_timeout_seconds if state.phase == Phase.WAITING else state.deadline
+            return _evaluate(replace(state, operator_hold=False, deadline=deadline), now, why)
+        case "drain":
+            s = ev.slice
+            if s is None or s not in state.policy.all_slices:
+                return refuse(f"slice {s} is not in this job (slices 0..{state.policy.num_slices - 1})")
+            if s in state.drains:
+                return Decision(state, (), f"{why}; slice {s} is already draining", outcome="duplicate")
+            drains = dict(state.drains)
+            drains[s] = Drain(now, "operator_drain", "operator", ev.reason)
+            return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; draining slice {s}")
+        case "checkpoint":
+            if not state.trainer.attached:
+                return refuse("no trainer is attached")
+            if state.phase == Phase.STARTING:
+                return refuse("the job has not started yet")
+            return Decision(state, (FlushTrainer(state.generation, why),), f"{why}; asking the trainer to flush")
+        case "abort":
+            return _fail(state, why, EXIT_RESTART if ev.restart else EXIT_ABORTED)
+    return refuse(f"unknown operator command {ev.kind!r}")

@@ -139,6 +139,18 @@ class TrainerView:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """Why a slice is kept out of training although its hosts are up."""
+
+    since: float
+    kind: str
+    source: str
+    reason: str
+    deadline: float | None = None
+    node: str = ""
+
+
+@dataclass(frozen=True)
 class State:
     policy: Policy
     phase: Phase
@@ -148,6 +160,12 @@ class State:
     hosts: Mapping[HostKey, HostRecord] = field(default_factory=_frozen)
     slice_errors: Mapping[int, float] = field(default_factory=_frozen)
     """Slice -> when the trainer reported it lost; cleared by a replacement host."""
+    drains: Mapping[int, Drain] = field(default_factory=_frozen)
+    """Slices excluded by a notice or an operator; a replacement host lifts it."""
+    notice_times: Mapping[str, float] = field(default_factory=_frozen)
+    """Newest event time seen per node or node pool, to drop out-of-order notices."""
+    operator_hold: bool = False
+    """An operator asked to hold: no resume until an operator resumes."""
     expected_rejoin: frozenset[HostKey] = frozenset()
     """Hosts known before a coordinator restart that have not re-registered yet."""
     retries_used: int = 0
@@ -164,10 +182,10 @@ class State:
         records = [self.hosts.get((s, h)) for h in range(self.policy.hosts_per_slice)]
         if any(r is None or not r.healthy for r in records):
             return False
-        err = self.slice_errors.get(s)
-        if err is None:
-            return True
-        return any(r is not None and r.registered_at > err for r in records)
+        for mark in (self.slice_errors.get(s), getattr(self.drains.get(s), "since", None)):
+            if mark is not None and not any(r is not None and r.registered_at > mark for r in records):
+                return False
+        return True
 
     def up_slices(self) -> frozenset[int]:
         return frozenset(s for s in range(self.policy.num_slices) if self.slice_up(s))
@@ -202,6 +220,8 @@ class WorkerLost:
     incarnation: str
     cause: str
     """"stream_closed" (killed), "heartbeat_timeout" (hung), "shutdown"."""
+    silent_seconds: float = 0.0
+    """How long the host had been silent when it was declared lost."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +261,7 @@ class TrainerDetached:
 class TrainerStepped:
     step: int
     generation: int
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -256,6 +277,8 @@ class TrainerHeld:
     generation: int
     step: int
     committed_step: int
+    flush_seconds: float = 0.0
+    flush_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,11 +293,47 @@ class TrainerResumed:
 class TrainerFlushed:
     generation: int
     committed_step: int
+    flush_seconds: float = 0.0
+    flush_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class TrainerFinished:
     step: int
+
+
+@dataclass(frozen=True)
+class NodeNotice:
+    """An announced disruption, or its end, for a node, a node pool or a slice.
+
+    Sources: Pub/Sub (GKE notifications, Cloud Logging sink), a worker's
+    metadata-server watcher, an operator. ``slice`` is set when the source
+    knows it (a worker's own metadata server, an operator); otherwise the core
+    maps ``node`` (or, for pool-level events, ``node_pool``) to slices through
+    the hosts that registered with it.
+    """
+
+    kind: str
+    source: str
+    node: str = ""
+    node_pool: str = ""
+    slice: int | None = None
+    deadline: float | None = None
+    """When the node is expected to go, on the decision clock (None: unknown)."""
+    event_time: float | None = None
+    """Wall-clock time of the event, only to order notices for one node."""
+    cleared: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class OperatorCommand:
+    """An admin call: hold, resume, drain, checkpoint or abort."""
+
+    kind: str
+    reason: str
+    slice: int | None = None
+    restart: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,6 +353,8 @@ Event = (
     | TrainerResumed
     | TrainerFlushed
     | TrainerFinished
+    | NodeNotice
+    | OperatorCommand
     | Tick
 )
 
@@ -329,6 +390,14 @@ class AbortTrainer:
 
 
 @dataclass(frozen=True)
+class FlushTrainer:
+    """Make the current step durable without holding (an operator checkpoint)."""
+
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class TellWorkers:
     """Fan a command out to every worker sidecar."""
 
@@ -343,7 +412,7 @@ class ExitCoordinator:
     reason: str
 
 
-Action = HoldTrainer | ResumeTrainer | AbortTrainer | TellWorkers | ExitCoordinator
+Action = HoldTrainer | ResumeTrainer | AbortTrainer | FlushTrainer | TellWorkers | ExitCoordinator
 
 
 @dataclass(frozen=True)
@@ -352,3 +421,7 @@ class Decision:
     actions: tuple[Action, ...]
     reason: str
     """One human-readable sentence: goes to logs, the journal and dashboards."""
+    rejected: str = ""
+    """Set when an operator command does not fit the state: why (FAILED_PRECONDITION)."""
+    outcome: str = ""
+    """A short token for metrics when an input was set aside: "foreign", "duplicate", "out_of_order"."""

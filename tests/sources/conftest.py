@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.pubsub_emulator import PubSubEmulator
+from simjob.pubsub_emulator import PubSubEmulator
 
 EMULATOR_PROJECT = "elastic-sidecar-test"
 

@@ -21,7 +21,7 @@ from google.cloud import pubsub_v1
 from agent.sources import gke_samples as S
 from agent.sources.gke_events import GCE_METHODS, K8S_REASONS, NodeEvent, parse
 from agent.sources.pubsub import PubSubIntake
-from tests.support.pubsub_emulator import EmulatorMissing, PubSubEmulator, publish_all
+from simjob.pubsub_emulator import EmulatorMissing, PubSubEmulator, publish_all
 
 CLUSTER = "train-a"
 PROJECT = "tpu-proj"

@@ -38,12 +38,16 @@ class Heartbeat(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., local_healthy: _Optional[bool] = ...) -> None: ...
 
 class LocalReport(_message.Message):
-    __slots__ = ("kind", "detail")
+    __slots__ = ("kind", "detail", "deadline_unix", "event_time_unix")
     KIND_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
     kind: str
     detail: str
-    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    deadline_unix: float
+    event_time_unix: float
+    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ..., deadline_unix: _Optional[float] = ..., event_time_unix: _Optional[float] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("register", "heartbeat", "report")

@@ -1,0 +1,129 @@
+"""Prometheus metrics of a sidecar, named by Prometheus conventions.
+
+One prefix (``elastic_sidecar_``), base units (``_seconds``, ``_bytes``),
+counters end in ``_total``, and no high-cardinality labels: slices, hosts and
+nodes are never labels. Each sidecar process has its own registry, served on
+``/metrics`` by :mod:`agent.servers.http`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agent.core.model import (
+    Decision,
+    Event,
+    HoldTrainer,
+    NodeNotice,
+    Phase,
+    ResumeTrainer,
+    State,
+    TrainerFlushed,
+    TrainerHeld,
+    TrainerResumed,
+    TrainerStepped,
+    WorkerLost,
+)
+
+PREFIX = "elastic_sidecar"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self, role: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.role = role
+        self.up = Gauge(f"{PREFIX}_up", "1 while this sidecar runs", ["role"], registry=r)
+        self.up.labels(role).set(1)
+        self.events = Counter(
+            f"{PREFIX}_events_total", "Events the decision core handled", ["source", "kind"], registry=r
+        )
+        self.ignored = Counter(f"{PREFIX}_events_ignored_total", "Events set aside, by reason", ["reason"], registry=r)
+        self.recoveries = Counter(f"{PREFIX}_recoveries_total", "Hold/resume cycles completed", ["cause"], registry=r)
+        self.recovery_seconds = Histogram(
+            f"{PREFIX}_recovery_seconds",
+            "Hold decision until the trainer resumed",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.detection_seconds = Histogram(
+            f"{PREFIX}_detection_seconds",
+            "Fault or notice until the coordinator's decision",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lost_steps = Counter(f"{PREFIX}_lost_steps_total", "Completed steps redone after a resume", registry=r)
+        self.active_slices = Gauge(f"{PREFIX}_active_slices", "Slices training runs on", registry=r)
+        self.up_slices = Gauge(f"{PREFIX}_up_slices", "Slices whose hosts are all up", registry=r)
+        self.generation = Gauge(f"{PREFIX}_generation", "Current configuration generation", registry=r)
+        self.phase = Gauge(f"{PREFIX}_phase", "1 for the current phase", ["phase"], registry=r)
+        self.flush_seconds = Histogram(
+            f"{PREFIX}_flush_seconds", "Emergency Orbax flush time", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.flush_bytes = Counter(f"{PREFIX}_flush_bytes_total", "Bytes written by emergency flushes", registry=r)
+        self.step = Gauge(f"{PREFIX}_trainer_step", "Last step the trainer completed", registry=r)
+        self.committed_step = Gauge(f"{PREFIX}_committed_step", "Newest step Orbax committed", registry=r)
+        self.goodput = Gauge(
+            f"{PREFIX}_goodput_ratio", "Reported step time over wall time since the first step", registry=r
+        )
+        self.workers = Gauge(f"{PREFIX}_workers_connected", "Worker sidecars with an open stream", registry=r)
+        self.messages = Counter(
+            f"{PREFIX}_pubsub_messages_total", "Pub/Sub messages by outcome", ["outcome"], registry=r
+        )
+        self._hold_started: float | None = None
+        self._hold_cause = ""
+        self._step_seconds = 0.0
+        self._first_step_at: float | None = None
+
+    def observe(self, ev: Event, d: Decision, before: State, now: float) -> None:
+        """Account for one decision (called by the coordinator's loop)."""
+        kind = type(ev).__name__
+        source = "trainer" if kind.startswith("Trainer") else "worker" if kind.startswith("Worker") else "operator"
+        if isinstance(ev, NodeNotice):
+            source, kind = ev.source, ev.kind
+        elif kind == "Tick":
+            source = "timer"
+        if kind not in ("Tick", "TrainerStepped"):
+            self.events.labels(source, kind).inc()
+        if d.outcome:
+            self.ignored.labels(d.outcome).inc()
+        s = d.state
+        for a in d.actions:
+            if isinstance(a, HoldTrainer) and self._hold_started is None:
+                self._hold_started = now
+                self._hold_cause = "failure" if s.retries_used > before.retries_used else "planned"
+                if isinstance(ev, WorkerLost):
+                    self.detection_seconds.labels(ev.cause).observe(ev.silent_seconds)
+            if isinstance(a, ResumeTrainer) and before.phase == Phase.STARTING:
+                self._hold_started = None
+        match ev:
+            case TrainerResumed() if self._hold_started is not None and ev.generation == s.generation:
+                self.recoveries.labels(self._hold_cause).inc()
+                self.recovery_seconds.observe(now - self._hold_started)
+                self._hold_started = None
+                self.lost_steps.inc(max(0, before.trainer.last_step - ev.step))
+            case TrainerHeld() | TrainerFlushed() if ev.flush_bytes:
+                self.flush_seconds.observe(ev.flush_seconds)
+                self.flush_bytes.inc(ev.flush_bytes)
+            case TrainerStepped():
+                self._step_seconds += ev.seconds
+                if self._first_step_at is None:
+                    self._first_step_at = time.monotonic() - ev.seconds
+                wall = time.monotonic() - self._first_step_at
+                if wall > 0:
+                    self.goodput.set(min(1.0, self._step_seconds / wall))
+        self.active_slices.set(len(s.active))
+        self.up_slices.set(len(s.up_slices()))
+        self.generation.set(s.generation)
+        self.step.set(s.trainer.last_step)
+        self.committed_step.set(s.trainer.committed_step)
+        if before.phase != s.phase or not self.phase._metrics:  # noqa: SLF001
+            for p in Phase:
+                self.phase.labels(str(p)).set(1 if p == s.phase else 0)
+
+    def observe_notice_delivery(self, source: str, seconds: float) -> None:
+        self.detection_seconds.labels(source).observe(max(0.0, seconds))
