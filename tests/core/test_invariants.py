@@ -51,6 +51,8 @@ from agent.core.model import (
     Decision,
     ExitCoordinator,
     HoldTrainer,
+    NodeNotice,
+    OperatorCommand,
     Phase,
     Policy,
     ResumeTrainer,
@@ -150,6 +152,21 @@ OPS = st.one_of(
     st.tuples(st.just("resumed"), STALE, st.integers(1, 3), DT),
     st.tuples(st.just("flushed"), DT),
     st.tuples(st.just("finished"), st.integers(0, 9)),
+    st.tuples(st.just("finished"), st.integers(0, 4)),
+    st.tuples(
+        st.just("notice"),
+        SLICE,
+        st.sampled_from(["future", "future", "past", "cleared", "foreign", "pool"]),
+        st.floats(0, 100, allow_nan=False),
+        DT,
+    ),
+    st.tuples(
+        st.just("operator"),
+        st.sampled_from(["hold", "resume", "resume", "drain", "checkpoint", "abort", "bogus"]),
+        st.integers(-1, 4),
+        st.booleans(),
+        DT,
+    ),
     st.tuples(st.just("tick"), TICK_DT),
     st.tuples(st.just("tick"), TICK_DT),
 )
@@ -222,7 +239,7 @@ class World:
         if d.actions:
             self.last_actions = d.actions
         if self.state.phase == Phase.FAILED:  # (5)
-            assert any(isinstance(a, AbortTrainer) and a.exit_code == 42 for a in self.last_actions)
+            assert any(isinstance(a, AbortTrainer) and a.exit_code in (3, 42) for a in self.last_actions)
             assert ExitCoordinator in {type(a) for a in self.last_actions}
         return d
 
@@ -313,6 +330,25 @@ class World:
                 self.apply(TrainerFinished(max(self.trainer_step, 0)))
             else:
                 self.apply(Tick(), 0.1)
+        elif kind == "notice":
+            _, sl, how, event_time, dt = op
+            sl %= p.num_slices
+            node = "somewhere-else" if how == "foreign" else f"node-{sl}-0"
+            notice = NodeNotice(
+                kind="terminate_on_host_maintenance",
+                source="pubsub",
+                node="" if how == "pool" else node,
+                node_pool="pool-x" if how == "pool" else "",
+                deadline=self.now + dt + (60.0 if how != "past" else -1.0),
+                event_time=event_time,
+                cleared=how == "cleared",
+            )
+            self.apply(notice, dt)
+        elif kind == "operator":
+            _, what, sl, restart, dt = op
+            if what == "abort" and sl != 0:
+                what = "checkpoint"  # keep aborts rare
+            self.apply(OperatorCommand(what, "test", slice=sl, restart=restart), dt)
         elif kind == "tick":
             self.apply(Tick(), op[1])
         else:  # pragma: no cover
@@ -334,6 +370,8 @@ class World:
                 self.apply(WorkerJoined(s, h, self.fresh(s, h), node=f"node-{s}-{h}"))
         if not self.state.trainer.attached:
             self.apply(TrainerAttached(self.trainer_gen, self.trainer_step, self.trainer_active))
+        if self.state.operator_hold:
+            self.apply(OperatorCommand("resume", "healing"))
         for _ in range(10):
             st_ = self.state
             if st_.phase.terminal:
@@ -358,13 +396,19 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
     assert after.generation >= before.generation, "generation decreased"  # (1)
     if before.phase.terminal:
         assert after.phase == before.phase and d.actions == (), "a terminal phase changed or acted"
-    if after.phase in (Phase.STARTING, Phase.HOLDING, Phase.WAITING):
+    if after.phase in (Phase.STARTING, Phase.HOLDING, Phase.WAITING) and not (
+        after.operator_hold and after.phase == Phase.WAITING
+    ):
         assert after.deadline is not None, f"{after.phase} without a deadline can wait forever"
+    if isinstance(event, OperatorCommand) and d.rejected:
+        assert d.state == before and d.actions == (), "a refused operator command changed something"
     up_after = after.up_slices()
     up_before = before.up_slices()
     brought_up: frozenset[int] = frozenset()
     if isinstance(event, WorkerJoined) or isinstance(event, WorkerHealth) and event.healthy:
         brought_up = frozenset({event.slice})
+    if isinstance(event, NodeNotice) and event.cleared:
+        brought_up = before.policy.all_slices
     for a in d.actions:
         if isinstance(a, ResumeTrainer):
             assert a.active, "resume on no slices"
@@ -381,10 +425,15 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
             assert a.generation == after.generation and after.phase == Phase.HOLDING
             assert a.generation > before.generation or before.phase == Phase.HOLDING
     if after.phase == Phase.FAILED and before.phase != Phase.FAILED:  # (5)
+        code = 3 if isinstance(event, OperatorCommand) and event.kind == "abort" and not event.restart else 42
         aborts = [a for a in d.actions if isinstance(a, AbortTrainer)]
-        assert aborts and all(a.exit_code == 42 for a in aborts)
-        assert ExitCoordinator(42, aborts[0].reason) in d.actions
-        assert after.exit_code == 42
+        assert aborts and all(a.exit_code == code for a in aborts)
+        assert ExitCoordinator(code, aborts[0].reason) in d.actions
+        assert after.exit_code == code
+    if after.operator_hold and after.phase == Phase.RUNNING and not before.phase == Phase.STARTING:
+        assert not any(isinstance(a, ResumeTrainer) for a in d.actions) or not before.operator_hold, (
+            "resumed while an operator holds"
+        )
 
 
 def assert_healed(w: World) -> None:
@@ -403,6 +452,8 @@ def assert_nothing_waits_forever(w: World) -> None:
     """Only time passes (nobody acknowledges, nothing comes back): every wait ends."""
     for _ in range(3):
         w.tick_past_deadline()
+    if w.state.operator_hold and w.state.phase == Phase.WAITING:
+        return  # an operator's hold lasts until an operator resumes, by design
     assert w.state.phase in (Phase.RUNNING, Phase.FAILED, Phase.COMPLETED), f"{w.state.phase} after three timeouts"
 
 
