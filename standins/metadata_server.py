@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ns = ap.parse_args(argv)
-    web.run_app(MetadataStandIn().app(), host=ns.host, port=ns.port, print=None, handle_signals=True)
+    web.run_app(
+        MetadataStandIn().app(), host=ns.host, port=ns.port, print=None, handle_signals=True, shutdown_timeout=1.0
+    )
 
 
 if __name__ == "__main__":

@@ -152,3 +152,23 @@ def test_bad_demo_options_name_the_value(tmp_path: Path, args: list[str], needle
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("kind", "source"), [("notice", "pubsub"), ("metadata", "metadata")])
+def test_announced_disruption_is_drained_before_the_host_dies(tmp_path: Path, kind: str, source: str) -> None:
+    """A maintenance notice (Pub/Sub log entry, or the host's metadata server) drains its slice with 0 lost steps."""
+    rc, s, out = run_demo(
+        tmp_path, "--steps", "120", "--min-slices", "2", "--fault", f"{kind}:1.0@30", "--notice-deadline", "4"
+    )
+    assert rc == 0, out
+    f = only_fault(s)
+    assert f["detection_source"] == f"NodeNotice({source})", f
+    assert f["lost_steps"] == 0 and not f["interrupted_step"], f
+    assert f["slices_after"] == 3 and f["restored_from"] == "memory", f
+    # Drained (hold and resume done) well before the host died at its deadline.
+    assert f["detection_seconds"] is not None and f["hold_seconds"] is not None
+    assert f["detection_seconds"] + f["hold_seconds"] < 4.0, f
+    print(f"{kind}: notice-to-hold {f['detection_seconds']:.3f} s, hold {f['hold_seconds']:.3f} s")
+    journal = [json.loads(x) for x in (tmp_path / "job" / "journal.jsonl").read_text().splitlines()]
+    lost = [j for j in journal if j["trigger"] == "WorkerLost" and j["event_detail"]["slice"] == 1]
+    assert lost and not any(a["type"] == "HoldTrainer" for a in lost[0]["actions"]), "the death itself needed no hold"
