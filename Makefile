@@ -2,10 +2,24 @@
 PYTHON ?= python3.12
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# The real MaxText (maxtext[tpu]==0.2.5, about 2.5 GB) lives in its own venv:
+# its pins must not move the daemon's. tests/maxtext runs it in subprocesses.
+VENV_MAXTEXT ?= .venv-maxtext
 
-.PHONY: setup demo test lint protos clean
+.PHONY: setup setup-maxtext demo test test-fast test-maxtext lint protos clean
 
 setup: $(VENV)/.installed
+
+setup-maxtext: $(VENV_MAXTEXT)/.installed
+
+$(VENV_MAXTEXT)/.installed: pyproject.toml constraints-maxtext.txt
+	$(PYTHON) -m venv $(VENV_MAXTEXT)
+	$(VENV_MAXTEXT)/bin/pip install -q --upgrade pip
+	$(VENV_MAXTEXT)/bin/pip install -q -c constraints-maxtext.txt 'maxtext[tpu]==0.2.5' \
+		grpcio-health-checking grpcio-reflection structlog prometheus-client aiohttp
+	$(VENV_MAXTEXT)/bin/pip install -q --no-deps -e .
+	$(VENV_MAXTEXT)/bin/pip check
+	touch $@
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +30,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/elastic-sidecar demo $(ARGS)
 
-test: setup
+# Everything CI runs (.ci/run): both venvs, then the whole default suite.
+test: setup setup-maxtext
 	$(BIN)/python -m pytest $(ARGS)
+
+# Without MaxText (no 2.5 GB venv): the quick loop while developing.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not maxtext" $(ARGS)
+
+test-maxtext: setup setup-maxtext
+	$(BIN)/python -m pytest -m maxtext $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -29,4 +51,4 @@ protos: setup
 	$(BIN)/python -m protos.generate
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VENV_MAXTEXT) .pytest_cache build *.egg-info

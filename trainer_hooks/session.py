@@ -209,6 +209,27 @@ class ElasticSession:
             )
         )
 
+    def flush(self, step: int) -> int:
+        """Make ``step`` durable now, on the trainer's own initiative, and tell the sidecar.
+
+        For a trainer that must restart to rebuild (MaxText re-runs its train
+        function on a new slice set): it flushes first, so the restart restores
+        exactly ``step``. Returns the newest committed step.
+        """
+        t0 = time.monotonic()
+        nbytes = self._do_flush(step)
+        self._link.send(
+            trainer_pb2.TrainerMessage(
+                flushed=trainer_pb2.FlushedAck(
+                    generation=self.generation,
+                    committed_step=self.committed_step,
+                    flush_seconds=time.monotonic() - t0,
+                    flush_bytes=nbytes,
+                )
+            )
+        )
+        return self.committed_step
+
     def finished(self, step: int) -> None:
         self._link.send(trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step)))
         self._link.flush_outbox()

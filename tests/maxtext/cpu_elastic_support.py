@@ -1,0 +1,90 @@
+"""Test support only: let MaxText's Pathways-only elastic path run on the CPU.
+
+MaxText's ``elastic_enabled`` path (``elastic_utils.elastic_retry`` around
+the train function, pathwaysutils' ``Manager``) refuses to run without
+Pathways. Three patches, applied by :func:`apply` inside the MaxText process
+before MaxText runs (``python -m tests.maxtext.run_patched`` does that when
+``ELASTIC_SIDECAR_TEST_CPU_ELASTIC=1``); see FACTS section 9:
+
+1. ``pathwaysutils.is_pathways_backend_used`` returns True: otherwise
+   ``elastic_utils.elastic_enabled(config)`` is False and ``elastic_retry``
+   raises ValueError. (``pathwaysutils.initialize`` keeps its own check and
+   stays a no-op on the CPU.)
+2. ``pathwaysutils.elastic.elastic.get_slice_to_devices`` groups devices by
+   ``getattr(d, "slice_index", 0)``: CPU devices have no ``slice_index``, so
+   ``Manager()`` fails. All CPU devices form slice 0, as MaxText itself treats
+   them (``elastic_utils.live_devices`` uses the same default).
+3. ``maxtext.utils.elastic_utils.clean_up_checkpoints`` (called on every
+   elastic event) always goes through the Cloud Storage client; on a local
+   directory it now does the same thing locally: delete the newest numbered
+   step directory if it has no ``commit_success`` marker.
+
+What this cannot give: a real shrink. MaxText still sees one slice, so after
+a shrink or grow it restarts on the same four CPU devices; the sidecar's
+view (slices 0 and 1 of its policy) and MaxText's differ on purpose here.
+Nothing in ``trainer_hooks`` imports this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ENV = "ELASTIC_SIDECAR_TEST_CPU_ELASTIC"
+"""Set to 1 in a MaxText process's environment to apply the patches."""
+
+_applied: list[str] = []
+
+
+def get_slice_to_devices(devices: Sequence[Any]) -> Mapping[int, Sequence[Any]]:
+    """pathwaysutils' grouping, tolerating devices without ``slice_index``."""
+    slice_to_devices: dict[int, list[Any]] = collections.defaultdict(list)
+    for d in devices:
+        slice_to_devices[getattr(d, "slice_index", 0)].append(d)
+    return dict(slice_to_devices)
+
+
+def clean_up_local_checkpoints(checkpoint_dir: str, *, gcs: Any = None) -> None:
+    """``elastic_utils.clean_up_checkpoints`` for a local directory (``gcs``: the original, for gs://)."""
+    from maxtext.utils import max_logging
+
+    if str(checkpoint_dir).startswith("gs://") and gcs is not None:
+        gcs(checkpoint_dir)
+        return
+    root = Path(checkpoint_dir)
+    steps = (
+        sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+        if root.is_dir()
+        else []
+    )
+    if not steps:
+        max_logging.log(f"cpu_elastic_support: no checkpoints under {root}")
+        return
+    latest = steps[-1]
+    if any(latest.glob("commit_success*")):
+        max_logging.log(f"cpu_elastic_support: keeping committed checkpoint {latest}")
+        return
+    max_logging.log(f"cpu_elastic_support: deleting uncommitted checkpoint {latest}")
+    shutil.rmtree(latest, ignore_errors=True)
+
+
+def apply() -> None:
+    """Patch pathwaysutils and MaxText in this process (idempotent)."""
+    if _applied:
+        return
+    import pathwaysutils
+    from maxtext.utils import elastic_utils
+    from pathwaysutils.elastic import elastic
+
+    pathwaysutils.is_pathways_backend_used = lambda: True
+    elastic.get_slice_to_devices = get_slice_to_devices
+    original = elastic_utils.clean_up_checkpoints
+
+    def clean_up_checkpoints(checkpoint_dir: str) -> None:
+        clean_up_local_checkpoints(checkpoint_dir, gcs=original)
+
+    elastic_utils.clean_up_checkpoints = clean_up_checkpoints
+    _applied.append("yes")

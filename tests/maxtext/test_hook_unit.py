@@ -1,0 +1,294 @@
+"""The MaxText hook without MaxText: a light import, and its decisions against a fake train module.
+
+These run in the main venv in well under a second each (no ``maxtext``
+marker): the wrapped ``training_loop_iteration`` is driven by hand, the
+session is the real :class:`ElasticSession` over a scripted link, and
+MaxText's ``checkpointing`` and ``elastic_utils`` are small fakes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.constants import EXIT_RESTART
+from protos.elastic_sidecar.v1 import trainer_pb2
+from trainer_hooks import ElasticSession
+from trainer_hooks.maxtext import MaxTextHook
+from trainer_hooks.maxtext import hook as hook_module
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_importing_the_maxtext_hooks_loads_neither_maxtext_nor_jax() -> None:
+    code = (
+        "import json, sys\n"
+        "import trainer_hooks.maxtext\n"
+        "heavy = ('maxtext', 'jax', 'jaxlib', 'pathwaysutils', 'orbax', 'absl', 'agent')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_restart_exit_code_is_the_daemons() -> None:
+    assert hook_module.EXIT_RESTART == EXIT_RESTART == 42
+
+
+# ---------------------------------------------------------------------------
+# fakes
+# ---------------------------------------------------------------------------
+
+
+class ScriptedLink:
+    """A SidecarLink stand-in: commands are queued up front, messages sent are kept."""
+
+    address = "scripted"
+
+    def __init__(self) -> None:
+        self.inbox: collections.deque[trainer_pb2.SidecarCommand] = collections.deque()
+        self.when_blocked: collections.deque[trainer_pb2.SidecarCommand] = collections.deque()
+        """Commands that arrive only once the trainer blocks (the step boundary does not see them)."""
+        self.sent: list[trainer_pb2.TrainerMessage] = []
+
+    def send(self, msg: trainer_pb2.TrainerMessage) -> None:
+        self.sent.append(msg)
+
+    def next_command(self, timeout: float | None = None) -> trainer_pb2.SidecarCommand | None:
+        if self.inbox:
+            return self.inbox.popleft()
+        if self.when_blocked:
+            return self.when_blocked.popleft()
+        raise AssertionError("the hook waited for a command the test did not script")
+
+    def flush_outbox(self, timeout: float = 2.0) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def kinds(self) -> list[str]:
+        return [m.WhichOneof("msg") for m in self.sent]
+
+    def last(self, kind: str) -> Any:
+        return getattr([m for m in self.sent if m.WhichOneof("msg") == kind][-1], kind)
+
+
+def hold(gen: int, flush: bool = False) -> trainer_pb2.SidecarCommand:
+    return trainer_pb2.SidecarCommand(hold=trainer_pb2.Hold(generation=gen, flush=flush, reason="test"))
+
+
+def resume(gen: int, *slices: int) -> trainer_pb2.SidecarCommand:
+    return trainer_pb2.SidecarCommand(
+        resume=trainer_pb2.Resume(generation=gen, active_slices=list(slices), source=trainer_pb2.Resume.MEMORY)
+    )
+
+
+def abort(gen: int, code: int = 42) -> trainer_pb2.SidecarCommand:
+    return trainer_pb2.SidecarCommand(abort=trainer_pb2.Abort(generation=gen, exit_code=code, reason="test"))
+
+
+@dataclass
+class Manager:
+    labels: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    elastic_enabled: bool = False
+    elastic_min_slice_count: int = -1
+    elastic_timeout_seconds: int = 300
+    elastic_max_retries: int = 10
+    steps: int = 100
+
+
+@pytest.fixture
+def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """``maxtext.common.checkpointing`` and ``maxtext.utils.elastic_utils``, as far as the hook uses them."""
+    ckpt = types.ModuleType("maxtext.common.checkpointing")
+    ckpt.wait_until_finished = lambda m: None  # type: ignore[attr-defined]
+    ckpt.all_steps = lambda m: list(m.labels)  # type: ignore[attr-defined]
+
+    def save_checkpoint(m: Manager, step: int, state: Any, config: Any, it: Any, force: bool = False) -> bool:
+        assert force, "a flush must force the save past MaxText's checkpoint_period"
+        m.labels.append(step)
+        return True
+
+    ckpt.save_checkpoint = save_checkpoint  # type: ignore[attr-defined]
+    elastic = types.ModuleType("maxtext.utils.elastic_utils")
+    elastic.elastic_enabled = lambda config: config.elastic_enabled  # type: ignore[attr-defined]
+    pkg, common, utils = (types.ModuleType(n) for n in ("maxtext", "maxtext.common", "maxtext.utils"))
+    common.checkpointing = ckpt  # type: ignore[attr-defined]
+    utils.elastic_utils = elastic  # type: ignore[attr-defined]
+    for name, mod in [
+        ("maxtext", pkg),
+        ("maxtext.common", common),
+        ("maxtext.common.checkpointing", ckpt),
+        ("maxtext.utils", utils),
+        ("maxtext.utils.elastic_utils", elastic),
+    ]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    return types.SimpleNamespace(checkpointing=ckpt, elastic_utils=elastic)
+
+
+class Job:
+    """A fake ``maxtext.trainers.pre_train.train`` with the hook installed, driven step by step."""
+
+    def __init__(self, config: Config, start_slices: tuple[int, ...] = (0,), fail_at: int | None = None) -> None:
+        import numpy as np
+
+        self.config = config
+        self.link = ScriptedLink()
+        self.link.inbox.append(resume(1, *start_slices))
+        self.manager = Manager()
+        self.ran: list[int] = []
+        self.fail_at = fail_at
+        self.settings: Any = None
+
+        def connect(address: str, **kw: Any) -> ElasticSession:
+            self.settings = kw["settings"]
+            return ElasticSession(self.link, flush=kw["flush"], on_event=kw["on_event"])  # type: ignore[arg-type]
+
+        def initialize(argv: list[str]) -> tuple[Config, None]:
+            return config, None
+
+        def training_loop_iteration(jds: dict[str, Any], pv: dict[str, Any], imm: dict[str, Any]) -> dict[str, Any]:
+            if pv["step"] == self.fail_at:
+                import jax
+
+                raise jax.errors.JaxRuntimeError("DATA_LOSS: a slice went away")
+            self.ran.append(pv["step"])
+            return {}
+
+        self.train = types.ModuleType("fake_train")
+        self.train.initialize = initialize  # type: ignore[attr-defined]
+        self.train.training_loop_iteration = training_loop_iteration  # type: ignore[attr-defined]
+        self.hook = MaxTextHook("scripted", "job", connect=connect).install(self.train)
+        self.device_state = {"state": {"w": np.zeros(4, np.float32)}}
+        self.train.initialize(["train.py"])
+
+    def step(self, step: int) -> None:
+        pv = {"step": step, "checkpoint_manager": self.manager, "data_iterator": None}
+        self.train.training_loop_iteration(self.device_state, pv, {"config": self.config})
+
+    def run(self, first: int, last: int) -> None:
+        for s in range(first, last):
+            self.step(s)
+
+
+# ---------------------------------------------------------------------------
+# the decisions
+# ---------------------------------------------------------------------------
+
+
+def test_reports_maxtexts_elastic_flags_and_every_step(fake_maxtext: Any) -> None:
+    job = Job(Config(elastic_min_slice_count=2, elastic_timeout_seconds=60, elastic_max_retries=4))
+    assert vars(job.settings) == {
+        "elastic_min_slice_count": 2,
+        "elastic_timeout_seconds": 60.0,
+        "elastic_max_retries": 4,
+    }
+    job.run(0, 3)
+    assert job.link.kinds() == ["resumed", "step", "step", "step"]
+    assert job.link.last("resumed").restored_from == "fresh"
+    assert [m.step.step for m in job.link.sent[1:]] == [1, 2, 3]  # completed steps, 1-based
+
+
+def test_hold_on_the_same_slices_flushes_and_goes_on_from_memory(fake_maxtext: Any) -> None:
+    job = Job(Config())
+    job.run(0, 3)
+    job.link.inbox.extend([hold(2, flush=True), resume(2, 0)])
+    job.run(3, 5)
+    held = job.link.last("held")
+    assert (held.step, held.committed_step) == (3, 3)
+    assert job.manager.labels == [2], "the state after 3 steps is MaxText's label 2"
+    assert job.link.last("resumed").restored_from == "memory"
+    assert job.ran == [0, 1, 2, 3, 4]
+
+
+def test_a_flush_of_an_already_committed_step_saves_nothing(fake_maxtext: Any) -> None:
+    job = Job(Config())
+    job.run(0, 3)
+    job.manager.labels.append(2)
+    job.link.inbox.append(trainer_pb2.SidecarCommand(flush=trainer_pb2.Flush(generation=1)))
+    job.step(3)
+    assert job.manager.labels == [2] and job.link.last("flushed").committed_step == 3
+
+
+def test_without_elastic_a_changed_slice_set_flushes_then_exits_42(fake_maxtext: Any) -> None:
+    job = Job(Config(), start_slices=(0, 1))
+    job.run(0, 4)
+    job.link.inbox.extend([hold(2), resume(2, 0)])
+    with pytest.raises(SystemExit) as exc:
+        job.step(4)
+    assert exc.value.code == 42
+    assert job.manager.labels == [3]
+    assert job.link.last("flushed").committed_step == 4
+    assert job.ran == [0, 1, 2, 3]
+
+
+def test_with_elastic_a_shrink_raises_data_loss_and_a_grow_scale_up_for_elastic_retry(fake_maxtext: Any) -> None:
+    import jax
+    from pathwaysutils.elastic import elastic, manager
+
+    job = Job(Config(elastic_enabled=True), start_slices=(0, 1))
+    job.run(0, 2)
+    job.link.inbox.extend([hold(2), resume(2, 0)])
+    with pytest.raises(jax.errors.JaxRuntimeError) as shrink:
+        job.step(2)
+    assert elastic.is_error_due_to_slice_down(shrink.value)
+    assert job.manager.labels == [1]
+    job.run(2, 4)  # the next attempt restored the flushed step
+    r = job.link.last("resumed")
+    assert (r.generation, r.step, list(r.active_slices), r.restored_from) == (2, 2, [0], "checkpoint")
+
+    job.link.inbox.extend([hold(3), resume(3, 0, 1)])
+    with pytest.raises(manager.ScaleUpSignalError):
+        job.step(4)
+    assert job.manager.labels == [1, 3]
+    job.step(4)
+    r = job.link.last("resumed")
+    assert (r.step, list(r.active_slices), r.restored_from) == (4, [0, 1], "checkpoint")
+
+
+def test_a_data_loss_step_is_reported_before_it_propagates(fake_maxtext: Any) -> None:
+    import jax
+
+    job = Job(Config(elastic_enabled=True), fail_at=3)
+    job.run(0, 3)
+    job.link.when_blocked.extend([hold(2), resume(2, 0)])
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        job.step(3)
+    err = job.link.last("slice_error")
+    assert err.step == 3 and "DATA_LOSS" in err.message
+    assert job.link.kinds().index("slice_error") < job.link.kinds().index("held")
+
+
+def test_without_elastic_a_data_loss_step_exits_42_after_the_sidecar_answers(fake_maxtext: Any) -> None:
+    job = Job(Config(), fail_at=3)
+    job.run(0, 3)
+    job.link.when_blocked.extend([hold(2, flush=True), resume(2, 0)])
+    with pytest.raises(SystemExit) as exc:
+        job.step(3)
+    assert exc.value.code == 42
+    assert job.link.last("held").committed_step == 3 and job.manager.labels == [2]
+
+
+def test_abort_flushes_and_exits_with_its_code(fake_maxtext: Any) -> None:
+    job = Job(Config())
+    job.run(0, 5)
+    job.link.inbox.append(abort(1, code=3))
+    with pytest.raises(SystemExit) as exc:
+        job.step(5)
+    assert exc.value.code == 3
+    assert job.manager.labels == [4]
+    assert job.ran == [0, 1, 2, 3, 4]

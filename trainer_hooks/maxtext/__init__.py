@@ -1,0 +1,20 @@
+"""Serve the real MaxText: the sidecar's hooks in MaxText's pre-training loop, without a fork.
+
+Start MaxText through it with the usual MaxText arguments::
+
+    ELASTIC_SIDECAR_ADDRESS=127.0.0.1:29310 ELASTIC_SIDECAR_JOB=my-job \\
+        python -m trainer_hooks.maxtext run_name=... steps=... [key=value ...]
+
+(an optional config ``.yml`` may come first, as for
+``python -m maxtext.trainers.pre_train.train``). Without
+``ELASTIC_SIDECAR_ADDRESS`` MaxText runs unchanged, with a warning on stderr.
+See :mod:`trainer_hooks.maxtext.hook` for what is wrapped and how holds,
+flushes, resumes and aborts map onto MaxText.
+
+Importing this package imports neither MaxText nor JAX; they load when
+:func:`main` runs.
+"""
+
+from trainer_hooks.maxtext.hook import ENV_ADDRESS, ENV_JOB, EXIT_RESTART, MaxTextHook, main, settings_from_config
+
+__all__ = ["ENV_ADDRESS", "ENV_JOB", "EXIT_RESTART", "MaxTextHook", "main", "settings_from_config"]
