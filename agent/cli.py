@@ -2,10 +2,12 @@
 
     elastic-sidecar coordinator --num-slices 4 ...   # beside the trainer
     elastic-sidecar worker --slice 2 --host 0 ...    # beside each TPU host
+    elastic-sidecar admin status                     # look at a running job and steer it
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
 
 Exit codes: 0 done, 2 bad usage or configuration, 42 the job must be
 restarted (xpk restarts workloads that exit 42), 130 interrupted.
+`elastic-sidecar admin --help` lists the admin command's own exit codes.
 """
 
 from __future__ import annotations
@@ -24,10 +26,20 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,demo}")
+    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,demo}")
     sub.required = True
     add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
+    from agent import admin_cli
+
+    admin_cli.add_admin_args(
+        sub.add_parser(
+            "admin",
+            help="status, decisions, hold/resume/drain/checkpoint/abort through the coordinator's admin API",
+            description=admin_cli.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     demo = sub.add_parser(
         "demo",
         help="run a simulated multi-slice job on this machine with real processes",
@@ -52,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             from agent import worker
 
             return asyncio.run(worker.serve(WorkerConfig.from_args(ns)))
+        if ns.role == "admin":
+            from agent import admin_cli
+
+            return admin_cli.run(ns)
         from simjob.harness import run_demo
 
         return run_demo(ns)

@@ -10,12 +10,17 @@ expected.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import constants as C
 from agent.core.model import Policy
+
+if TYPE_CHECKING:
+    from agent.auth import BearerToken
 
 
 class ConfigError(ValueError):
@@ -38,6 +43,23 @@ def address(value: str) -> str:
     if not 0 <= p <= 65535:
         raise argparse.ArgumentTypeError(f"port {p} in {value!r} is out of range 0-65535")
     return value
+
+
+def listen_address(value: str) -> str | None:
+    """HOST:PORT to listen on, or "none" (the server is off)."""
+    if value.strip().lower() == "none":
+        return None
+    return address(value)
+
+
+def is_loopback(addr: str) -> bool:
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _positive_float(value: str) -> float:
@@ -135,6 +157,45 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     )
     _add(p, "--cluster-name", default=None, help="only GKE notices for this cluster count (default: any)")
     _add(p, "--pubsub-project", default=None, help="only notices for this project id or number count (default: any)")
+    _add(
+        p,
+        "--admin-listen",
+        default=f"127.0.0.1:{C.ADMIN_PORT}",
+        type=listen_address,
+        help=f"admin gRPC API (`elastic-sidecar admin`); 'none' turns it off (default 127.0.0.1:{C.ADMIN_PORT}). "
+        "A non-loopback address needs --admin-token-file",
+    )
+    _add(
+        p,
+        "--admin-token-file",
+        default=None,
+        help="file holding the admin API's bearer token (a mounted Secret); none: admin calls are not authenticated",
+    )
+    _add(
+        p,
+        "--peer-token-file",
+        default=None,
+        help="file holding the token worker sidecars must present on Join; none: registrations are not authenticated",
+    )
+    _add(
+        p,
+        "--tls-cert-file",
+        default=None,
+        help="PEM certificate chain: serve the admin API over TLS (with --tls-key-file)",
+    )
+    _add(p, "--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
+    _add_http(p)
+
+
+def _add_http(p: argparse.ArgumentParser, default: str | None = f"127.0.0.1:{C.HTTP_PORT}") -> None:
+    _add(
+        p,
+        "--http-listen",
+        default=default,
+        type=listen_address,
+        help=f"HTTP: /healthz /readyz /metrics /status and the status page (the manifests use 0.0.0.0:{C.HTTP_PORT}); "
+        f"'none' turns it off (default {default or 'none'})",
+    )
 
 
 def add_worker_args(p: argparse.ArgumentParser) -> None:
@@ -185,6 +246,22 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         type=_positive_float,
         help="notice a preemption gives before the host goes (default 30)",
     )
+    _add(
+        p,
+        "--peer-token-file",
+        default=None,
+        help="file holding the token to present to the coordinator on Join (the coordinator's --peer-token-file)",
+    )
+    # Off unless asked for: several worker sidecars often share one machine's loopback
+    # (the demo, tests); the manifests turn it on for kubelet probes and Prometheus.
+    _add_http(p, default=None)
+    _add(
+        p,
+        "--admin-listen",
+        default=None,
+        type=listen_address,
+        help="read-only admin gRPC API of this worker (GetStatus, WatchEvents; no token); default none: off",
+    )
 
 
 @dataclass(frozen=True)
@@ -201,6 +278,14 @@ class CoordinatorConfig:
     pubsub_subscription: str | None = None
     cluster_name: str | None = None
     pubsub_project: str | None = None
+    admin_listen: str | None = None
+    """Admin gRPC address; None: no admin API (the command line defaults to 127.0.0.1:29311)."""
+    http_listen: str | None = None
+    """HTTP address; None: no HTTP server (the command line defaults to 127.0.0.1:29312)."""
+    admin_token: BearerToken | None = None
+    peer_token: BearerToken | None = None
+    tls_cert: bytes | None = field(default=None, repr=False)
+    tls_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
@@ -221,6 +306,14 @@ class CoordinatorConfig:
         hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
         if hbt <= hb:
             raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
+        admin_listen = getattr(ns, "admin_listen", None)
+        admin_token = _token(ns, "admin_token_file")
+        if admin_listen is not None and admin_token is None and not is_loopback(admin_listen):
+            raise ConfigError(
+                f"--admin-listen {admin_listen} is not a loopback address: give --admin-token-file too "
+                "(and --tls-cert-file/--tls-key-file), or keep it on 127.0.0.1"
+            )
+        tls_cert, tls_key = _tls(ns)
         return cls(
             job=ns.job,
             listen=ns.listen,
@@ -234,7 +327,41 @@ class CoordinatorConfig:
             pubsub_subscription=sub or None,
             cluster_name=getattr(ns, "cluster_name", None),
             pubsub_project=getattr(ns, "pubsub_project", None),
+            admin_listen=admin_listen,
+            http_listen=getattr(ns, "http_listen", None),
+            admin_token=admin_token,
+            peer_token=_token(ns, "peer_token_file"),
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
+
+
+def _token(ns: argparse.Namespace, attr: str) -> BearerToken | None:
+    path = getattr(ns, attr, None)
+    if not path:
+        return None
+    from agent.auth import read_token_file
+
+    return read_token_file(path, "--" + attr.replace("_", "-"))
+
+
+def _tls(ns: argparse.Namespace) -> tuple[bytes | None, bytes | None]:
+    cert, key = getattr(ns, "tls_cert_file", None), getattr(ns, "tls_key_file", None)
+    if not cert and not key:
+        return None, None
+    if not cert or not key:
+        given, missing = ("--tls-cert-file", "--tls-key-file") if cert else ("--tls-key-file", "--tls-cert-file")
+        raise ConfigError(f"{given} needs {missing} too")
+    out = []
+    for flag, path, marker in (("--tls-cert-file", cert, b"CERTIFICATE"), ("--tls-key-file", key, b"PRIVATE KEY")):
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise ConfigError(f"{flag} {path}: cannot read it: {e.strerror or e}") from None
+        if b"-----BEGIN" not in data or marker not in data:
+            raise ConfigError(f"{flag} {path}: expected a PEM file with a {marker.decode()} block")
+        out.append(data)
+    return out[0], out[1]
 
 
 @dataclass(frozen=True)
@@ -253,6 +380,11 @@ class WorkerConfig:
     metadata_url: str | None = None
     maintenance_notice_seconds: float = 60.0
     preemption_notice_seconds: float = 30.0
+    peer_token: BearerToken | None = None
+    http_listen: str | None = None
+    """HTTP address; None: no HTTP server (the command line defaults to 127.0.0.1:29312)."""
+    admin_listen: str | None = None
+    """Read-only admin gRPC address; None: off (the default)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> WorkerConfig:
@@ -271,4 +403,7 @@ class WorkerConfig:
             metadata_url=getattr(ns, "metadata_url", None),
             maintenance_notice_seconds=float(getattr(ns, "maintenance_notice_seconds", 60.0)),
             preemption_notice_seconds=float(getattr(ns, "preemption_notice_seconds", 30.0)),
+            peer_token=_token(ns, "peer_token_file"),
+            http_listen=getattr(ns, "http_listen", None),
+            admin_listen=getattr(ns, "admin_listen", None),
         )

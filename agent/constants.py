@@ -24,6 +24,16 @@ EXIT_ABORTED = 3
 EXIT_RESTART = 42
 """xpk restarts a workload that exits 42 (and 127-255); other codes fail the JobSet."""
 
+# --- exit codes of `elastic-sidecar admin` -----------------------------------
+ADMIN_EXIT_OK = 0
+ADMIN_EXIT_REFUSED = 1
+"""The job refused the command (FAILED_PRECONDITION), or another server-side error."""
+ADMIN_EXIT_USAGE = 2
+"""Bad command line, unreadable token file, or INVALID_ARGUMENT from the server."""
+ADMIN_EXIT_UNAUTHENTICATED = 3
+ADMIN_EXIT_UNAVAILABLE = 4
+"""Nothing answered at the address, or the deadline passed (UNAVAILABLE, DEADLINE_EXCEEDED)."""
+
 # --- JobSet / GKE labels (read through the downward API) -------------------
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"

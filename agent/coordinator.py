@@ -10,6 +10,17 @@ Sources -> decision core -> executors:
   state; nothing else changes it;
 * executors send hold/resume/abort to the trainer, fan commands out to the
   workers, append to the journal, write the state file and log.
+
+Beside them it serves operators (:mod:`agent.servers`): the admin gRPC API on
+``--admin-listen`` (its commands are events for the same loop) and HTTP
+health, readiness, metrics and a status page on ``--http-listen``. Worker
+registrations need the peer token when ``--peer-token-file`` is given; the
+TrainerLink on the same port is never authenticated (see :mod:`agent.auth`).
+
+Every decision line of a recovery carries Cloud Logging's operation
+``recovery-<generation>`` (the generation of the hold that began it), with
+``first`` on the hold and ``last`` when the trainer acknowledges the resume
+(or the job fails), so the Logs Explorer groups a recovery's lines.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,6 +41,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent import constants as C
 from agent import log as logmod
 from agent import statefile
+from agent.auth import BearerAuthInterceptor
 from agent.config import CoordinatorConfig
 from agent.core import decide, initial_state
 from agent.core.model import (
@@ -41,6 +53,7 @@ from agent.core.model import (
     FlushTrainer,
     HoldTrainer,
     NodeNotice,
+    Phase,
     ResumeSource,
     ResumeTrainer,
     State,
@@ -63,6 +76,7 @@ from agent.metrics import Metrics
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logmod.get("coordinator")
+PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
 TICK_SECONDS = 0.05
 EOF_GRACE_SECONDS = 0.05
 
@@ -126,10 +140,20 @@ class Coordinator:
         self.exit_code: asyncio.Future[int] | None = None
         self.state: State = initial_state(cfg.policy, time.monotonic())
         self._persisted: dict[str, Any] | None = None
-        self._journal = None
+        self._journal: IO[str] | None = None
         self.port: int = 0
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
+        self.serving = False
+        """The peer + trainer-link server is up (readiness)."""
+        self.intake: Any = None
+        self.admin: Any = None
+        """The admin server (:class:`agent.servers.admin.AdminServer`) when it listens."""
+        self.http: Any = None
+        """The HTTP server (:class:`agent.servers.http.HttpServer`) when it listens."""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._recovery: int | None = None
+        """Generation of the hold that began the recovery in progress (its log operation id)."""
 
     # -- sources -------------------------------------------------------------
 
@@ -216,9 +240,22 @@ class Coordinator:
             "up_slices": sorted(s.up_slices()),
             "actions": [_action_record(a) for a in d.actions],
         }
-        if s.generation > 1 and s.phase != before.phase or d.actions:
-            fields["operation"] = f"recovery-{s.generation}"
-        log.info(d.reason, **fields)
+        flags: dict[str, bool] = {}
+        if self._recovery is None and any(isinstance(a, HoldTrainer) for a in d.actions):
+            self._recovery = s.generation
+            flags["first"] = True
+        if self._recovery is not None:
+            fields["operation"] = f"recovery-{self._recovery}"
+            resumed = (
+                isinstance(ev, TrainerResumed)
+                and ev.generation == s.generation
+                and s.phase == Phase.RUNNING
+                and not s.trainer.resume_pending
+            )
+            if resumed or s.phase.terminal:
+                flags["last"] = True
+                self._recovery = None
+        log.info(d.reason, **fields, **({"operation_flags": flags} if flags else {}))
         self.last_reason = d.reason
         rec = {"time": time.time(), "reason": d.reason, **{k: v for k, v in fields.items() if k != "operation"}}
         self.recent.append(rec)
@@ -271,7 +308,17 @@ class Coordinator:
         if self.cfg.journal is not None:
             self.cfg.journal.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.cfg.journal, "a", encoding="utf-8")  # noqa: SIM115
-        self.server = grpc.aio.server(options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS))
+        interceptors = []
+        if self.cfg.peer_token is not None:
+            interceptors.append(
+                BearerAuthInterceptor(
+                    self.cfg.peer_token,
+                    [PEER_SERVICE],
+                    label="peer",
+                    on_refused=lambda svc, why: self.metrics.auth_failures.labels(svc, why).inc(),
+                )
+            )
+        self.server = grpc.aio.server(options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS), interceptors=interceptors)
         peer_pb2_grpc.add_PeerServicer_to_server(PeerService(self), self.server)
         trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -280,11 +327,11 @@ class Coordinator:
             raise OSError(f"could not listen on {self.cfg.listen}")
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.serving = True
         self._tasks = [
             asyncio.create_task(self._decision_loop(), name="decisions"),
             asyncio.create_task(self._ticker(), name="ticker"),
         ]
-        self.intake = None
         if self.cfg.pubsub_subscription:
             from agent.sources.pubsub import PubSubIntake
 
@@ -296,7 +343,49 @@ class Coordinator:
                 on_count=lambda key: self.metrics.messages.labels(key).inc(),
             )
             self.intake.start()
-        log.info("coordinator listening", address=self.cfg.listen, port=self.port, policy=vars(self.cfg.policy))
+        await self._start_operator_servers()
+        log.info(
+            "coordinator listening",
+            address=self.cfg.listen,
+            port=self.port,
+            policy=vars(self.cfg.policy),
+            peer_auth=self.cfg.peer_token is not None,
+            admin=None if self.admin is None else self.admin.address,
+            http=None if self.http is None else self.http.address,
+        )
+
+    async def _start_operator_servers(self) -> None:
+        cfg = self.cfg
+        if cfg.admin_listen is not None:
+            from agent.servers.admin import CoordinatorAdmin, start_admin_server
+
+            self.admin = await start_admin_server(
+                CoordinatorAdmin(self, self.metrics),
+                cfg.admin_listen,
+                token=cfg.admin_token,
+                metrics=self.metrics,
+                tls_cert=cfg.tls_cert,
+                tls_key=cfg.tls_key,
+            )
+        if cfg.http_listen is not None:
+            from agent.servers.http import start_http_server
+            from agent.servers.status import coordinator_status, status_document
+
+            self.http = await start_http_server(
+                cfg.http_listen,
+                status=lambda: status_document(coordinator_status(self), self),
+                ready=self.readiness,
+                registry=self.metrics.registry,
+            )
+
+    def readiness(self) -> dict[str, bool]:
+        """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
+        checks = {"grpc": self.serving}
+        if self.cfg.pubsub_subscription:
+            checks["pubsub"] = self.intake is not None and self.intake.running
+        if self.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
+            checks["trainer"] = self.state.trainer.attached
+        return checks
 
     async def _ticker(self) -> None:
         while True:
@@ -322,7 +411,14 @@ class Coordinator:
             self.metrics.observe_notice_delivery("pubsub", time.monotonic() - mono)
 
     async def stop(self, grace: float = 1.0) -> None:
-        if getattr(self, "intake", None) is not None:
+        self.serving = False
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
+        if self.admin is not None:
+            await self.admin.stop(min(grace, 0.5))
+            self.admin = None
+        if self.intake is not None:
             await asyncio.to_thread(self.intake.stop)
         await self.health.enter_graceful_shutdown()
         for t in self._tasks:
@@ -337,7 +433,12 @@ class Coordinator:
         stop_requested: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop_requested.append, sig)
-        await self.start()
+        try:
+            await self.start()
+        except OSError as e:
+            log.error("coordinator could not start", error=str(e))
+            await self.stop(grace=0)
+            return C.EXIT_USAGE
         assert self.exit_code is not None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _set_result, self.exit_code, C.EXIT_OK)

@@ -6,6 +6,12 @@ Cloud Logging lifts these fields out of a JSON line on stdout (FACTS section 7):
 labels carry the job, slice, host and generation; the operation ties together
 every line of one recovery (``id`` = ``recovery-<generation>``).
 ``--log-format console`` renders the same events for a person at a terminal.
+
+The process's labels (``jobset``, ``role``, and for workers ``slice`` and
+``host``) are fixed by :func:`configure` and added to every line, whichever
+task or thread logs it (Pub/Sub callbacks run on their own threads). Records
+of the standard ``logging`` module (grpc, aiohttp, the Pub/Sub client) go
+through the same renderer, so stdout holds nothing but these JSON lines.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ LABELS_KEY = "logging.googleapis.com/labels"
 OPERATION_KEY = "logging.googleapis.com/operation"
 SOURCE_KEY = "logging.googleapis.com/sourceLocation"
 _LABEL_FIELDS = ("jobset", "role", "slice", "host", "generation")
+_static_labels: dict[str, str] = {}
+"""The process's own labels, set by :func:`configure`."""
 
 
 def _cloud_logging(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +47,7 @@ def _cloud_logging(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]
         "message": str(event.pop("event", "")),
         "time": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
     }
-    labels = {k: str(event.pop(k)) for k in _LABEL_FIELDS if k in event}
+    labels = {**_static_labels, **{k: str(event.pop(k)) for k in _LABEL_FIELDS if k in event}}
     if labels:
         out[LABELS_KEY] = labels
     op = event.pop("operation", None)
@@ -54,6 +62,28 @@ def _cloud_logging(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]
         }
     out.update(event)
     return out
+
+
+def _console_labels(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    # At a terminal the job name is noise; who is speaking is not.
+    for k in ("role", "slice", "host"):
+        if k in _static_labels:
+            event.setdefault(k, _static_labels[k])
+    return event
+
+
+class _StdlibBridge(logging.Handler):
+    """Sends records of the standard logging module through structlog."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            logger = structlog.get_logger(record.name)
+            fields: dict[str, Any] = {"logger": record.name}
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            logger.log(record.levelno, record.getMessage(), **fields)
+        except Exception:  # logging must never take the daemon down
+            self.handleError(record)
 
 
 def configure(fmt: str = "json", level: str = "info", **labels: Any) -> None:
@@ -75,13 +105,19 @@ def configure(fmt: str = "json", level: str = "info", **labels: Any) -> None:
                     structlog.processors.CallsiteParameter.PATHNAME,
                     structlog.processors.CallsiteParameter.LINENO,
                     structlog.processors.CallsiteParameter.FUNC_NAME,
-                ]
+                ],
+                # A library's record: point at the library's line, not at the bridge.
+                additional_ignores=["logging", __name__],
             ),
             _cloud_logging,
             structlog.processors.JSONRenderer(default=str),
         ]
     else:
-        processors += [structlog.processors.TimeStamper(fmt="%H:%M:%S.%f"), structlog.dev.ConsoleRenderer(colors=False)]
+        processors += [
+            _console_labels,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S.%f"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
@@ -89,7 +125,14 @@ def configure(fmt: str = "json", level: str = "info", **labels: Any) -> None:
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(**{k: v for k, v in labels.items() if v is not None})
+    _static_labels.clear()
+    _static_labels.update({k: str(v) for k, v in labels.items() if v is not None})
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if isinstance(h, _StdlibBridge)]:
+        root.removeHandler(h)
+    root.addHandler(_StdlibBridge())
+    # Libraries only speak up for warnings unless this daemon runs at debug level.
+    root.setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
 
 
 def get(name: str = "elastic-sidecar") -> Any:

@@ -31,13 +31,56 @@ PREFIX = "elastic_sidecar"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
-class Metrics:
+class ServerMetrics:
+    """What both roles export about their own servers: up, admin calls, refused calls."""
+
     def __init__(self, role: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.role = role
         self.up = Gauge(f"{PREFIX}_up", "1 while this sidecar runs", ["role"], registry=r)
         self.up.labels(role).set(1)
+        self.admin_requests = Counter(
+            f"{PREFIX}_admin_requests_total",
+            "Admin API calls by method and status code",
+            ["method", "code"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            f"{PREFIX}_auth_failures_total",
+            "Calls refused for a missing or wrong bearer token",
+            ["service", "reason"],
+            registry=r,
+        )
+
+
+class WorkerMetrics(ServerMetrics):
+    """A worker sidecar's view of itself (its host is implied by the scrape target, never a label)."""
+
+    def __init__(self) -> None:
+        super().__init__("worker")
+        r = self.registry
+        self.connected = Gauge(f"{PREFIX}_coordinator_connected", "1 while registered with the coordinator", registry=r)
+        self.local_healthy = Gauge(
+            f"{PREFIX}_local_healthy", "1 while the local Pathways worker passes its health check", registry=r
+        )
+        self.generation = Gauge(f"{PREFIX}_generation", "Newest generation the coordinator announced", registry=r)
+        self.reconnects = Counter(
+            f"{PREFIX}_coordinator_reconnects_total",
+            "Join attempts to the coordinator that failed or broke",
+            registry=r,
+        )
+        self.notices = Counter(
+            f"{PREFIX}_metadata_notices_total", "Metadata-server changes reported, by key", ["key"], registry=r
+        )
+
+
+class Metrics(ServerMetrics):
+    """The coordinator's metrics: what the decision core did and what recoveries cost."""
+
+    def __init__(self, role: str = "coordinator") -> None:
+        super().__init__(role)
+        r = self.registry
         self.events = Counter(
             f"{PREFIX}_events_total", "Events the decision core handled", ["source", "kind"], registry=r
         )

@@ -5,6 +5,11 @@ with the coordinator once that worker serves, and keeps one stream open that
 carries heartbeats and health changes. If the stream breaks (coordinator
 restart) it reconnects with backoff, keeping its incarnation so the
 coordinator knows it is the same process.
+
+It presents the peer token on Join when ``--peer-token-file`` is given. Its
+own HTTP server (``--http-listen``) reports liveness, readiness (registered
+with the coordinator), metrics and a status page; an optional read-only admin
+API (``--admin-listen``) serves GetStatus and WatchEvents of its local events.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ import os
 import signal
 import time
 import uuid
+from typing import Any
 
 import grpc
 
 from agent import constants as C
 from agent import log as logmod
 from agent.config import WorkerConfig
+from agent.metrics import WorkerMetrics
+from agent.servers.feed import EventFeed
 from agent.sources.health import HealthChecker
 from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
@@ -39,6 +47,33 @@ class Worker:
         self.notices: dict[str, peer_pb2.LocalReport] = {}
         """Latest metadata-server value per key; re-sent on every new stream."""
         self._unsent: set[str] = set()
+        self.metrics = WorkerMetrics()
+        self.metrics.local_healthy.set(1 if self.healthy else 0)
+        self.feed = EventFeed()
+        """Local events (health, registration, commands, notices) for WatchEvents and the status page."""
+        self.last_reason = ""
+        self.admin: Any = None
+        self.http: Any = None
+
+    def _note(self, trigger: str, reason: str) -> None:
+        """Record a local event for the read-only admin API and the status page."""
+        self.last_reason = reason
+        state = "registered" if self.registered.is_set() else "connecting"
+        self.feed.publish(
+            {
+                "time": time.time(),
+                "trigger": trigger,
+                "reason": reason,
+                "phase": state if self.healthy else "local worker unhealthy",
+                "generation": self.generation,
+                "active_slices": [],
+                "actions": [],
+            }
+        )
+
+    def readiness(self) -> dict[str, bool]:
+        """What /readyz checks: registered with the coordinator."""
+        return {"registered": self.registered.is_set()}
 
     def _on_metadata(self, change: MetadataChange) -> None:
         clear = change.value in ("NONE", "FALSE")
@@ -54,12 +89,16 @@ class Worker:
         )
         self._unsent.add(change.key)
         self._health_changed.set()
+        self.metrics.notices.labels(change.key.rsplit("/", 1)[-1]).inc()
         log.warning("metadata server notice", key=change.key, value=change.value)
+        self._note("MetadataNotice", f"metadata server: {change.key} = {change.value}")
 
     def _on_health(self, healthy: bool, detail: str) -> None:
         self.healthy = healthy
         self._health_changed.set()
+        self.metrics.local_healthy.set(1 if healthy else 0)
         log.info("local health changed", healthy=healthy, detail=detail)
+        self._note("LocalHealth", f"local Pathways worker {'healthy' if healthy else 'unhealthy'}: {detail}")
 
     def _identity(self) -> peer_pb2.HostIdentity:
         c = self.cfg
@@ -70,7 +109,8 @@ class Worker:
     async def _session(self) -> None:
         """One Join stream, until it breaks."""
         async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.GRPC_KEEPALIVE_OPTIONS)) as ch:
-            call = peer_pb2_grpc.PeerStub(ch).Join()
+            token = self.cfg.peer_token
+            call = peer_pb2_grpc.PeerStub(ch).Join(metadata=token.metadata() if token is not None else None)
             await call.write(
                 peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=self._identity(), job=self.cfg.job))
             )
@@ -80,7 +120,10 @@ class Worker:
             interval = first.registered.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
             self.generation = first.registered.generation
             self.registered.set()
+            self.metrics.connected.set(1)
+            self.metrics.generation.set(self.generation)
             log.info("registered with coordinator", coordinator=self.cfg.coordinator, generation=self.generation)
+            self._note("Registered", f"registered with the coordinator at {self.cfg.coordinator}")
             reader = asyncio.create_task(self._read(call))
             try:
                 seq = 0
@@ -114,6 +157,7 @@ class Worker:
                 reader.result()
             finally:
                 self.registered.clear()
+                self.metrics.connected.set(0)
                 reader.cancel()
                 if self._stopping:
                     await call.done_writing()
@@ -127,13 +171,51 @@ class Worker:
                 cmd = msg.command
                 if cmd.generation >= self.generation:
                     self.generation = cmd.generation
+                    self.metrics.generation.set(cmd.generation)
                     log.info("coordinator command", kind=cmd.kind, generation=cmd.generation, reason=cmd.reason)
+                    self._note("CoordinatorCommand", f"{cmd.kind} (generation {cmd.generation}): {cmd.reason}")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        try:
+            await self.start_servers()
+            return await self._run(stop)
+        except OSError as e:
+            log.error("worker could not start", error=str(e))
+            return C.EXIT_USAGE
+        finally:
+            await self.stop_servers()
+
+    async def start_servers(self) -> None:
+        """The HTTP server and the read-only admin API, as configured."""
+        cfg = self.cfg
+        if cfg.http_listen is not None:
+            from agent.servers.http import start_http_server
+            from agent.servers.status import status_document, worker_status
+
+            self.http = await start_http_server(
+                cfg.http_listen,
+                status=lambda: status_document(worker_status(self), self.feed),
+                ready=self.readiness,
+                registry=self.metrics.registry,
+            )
+        if cfg.admin_listen is not None:
+            from agent.servers.admin import WorkerAdmin, start_admin_server
+
+            self.admin = await start_admin_server(WorkerAdmin(self), cfg.admin_listen, token=None, metrics=self.metrics)
+
+    async def stop_servers(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
+        if self.admin is not None:
+            await self.admin.stop()
+            self.admin = None
+
+    async def _run(self, stop: asyncio.Event) -> int:
         checker_task = None
         if self.cfg.health_target:
             checker = HealthChecker.create(self.cfg.health_check, self.cfg.health_target, self._on_health)
@@ -165,9 +247,17 @@ class Worker:
             except (grpc.aio.AioRpcError, ConnectionError) as e:
                 detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                 code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
-                if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                    log.error("coordinator refused this worker", detail=detail)
+                if code in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    log.error("coordinator refused this worker", detail=detail, code=code.name)
+                    self._note("Refused", f"coordinator refused this worker ({code.name}): {detail}")
                     return C.EXIT_USAGE
+                if delay == 0.05:  # the first failure after a working link, not every retry
+                    self._note("LinkLost", f"coordinator link lost: {detail}")
+                self.metrics.reconnects.inc()
                 log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from agent.auth import read_token_file
+from agent.config import is_loopback
 from simjob.options import ANNOUNCED, DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
 from simjob.summary import FaultRecord, render, summarize
 from standins.provisioner import Provisioner
@@ -94,6 +97,12 @@ class Job:
         self.publisher: Any = None
         self.metadata_ports: dict[tuple[int, int], int] = {}
         self.metadata_procs: list[subprocess.Popen[bytes]] = []
+        self.admin_addr = ns.admin_address or f"127.0.0.1:{free_port()}"
+        self.http_addr = ns.http_address or f"127.0.0.1:{free_port()}"
+        # Worker registrations are authenticated as in a real deploy: one peer token per job.
+        self.peer_token_file = workdir / "peer-token"
+        self.peer_token_file.write_text(secrets.token_hex(32) + "\n")
+        self.peer_token_file.chmod(0o600)
 
     def _log(self, name: str) -> IO[bytes]:
         f = open(self.logs / name, "ab")  # noqa: SIM115
@@ -178,6 +187,10 @@ class Job:
             journal=self.workdir / "journal.jsonl",
             state_file=self.workdir / "coordinator-state.json",
             log_format=ns.log_format,
+            admin_listen=self.admin_addr,
+            admin_token_file=ns.admin_token_file,
+            http_listen=self.http_addr,
+            peer_token_file=self.peer_token_file,
         )
         env = self.env
         if self.emulator is not None:
@@ -208,6 +221,9 @@ class Job:
             pod=f"{DEMO_JOB}-worker-{s}-{h}",
             health_target=f"127.0.0.1:{port}",
             log_format=self.ns.log_format,
+            peer_token_file=self.peer_token_file,
+            # Every host of the simulated job shares this machine's loopback: no per-worker HTTP.
+            http_listen="none",
         )
         if (s, h) in self.metadata_ports:
             cmd += _flags(metadata_url=f"http://127.0.0.1:{self.metadata_ports[(s, h)]}/computeMetadata/v1")
@@ -277,6 +293,10 @@ class Job:
         return codes
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _wait_port(port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -313,7 +333,11 @@ def run_demo(ns: argparse.Namespace) -> int:
         check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps)
         if ns.min_slices != -1 and not 1 <= ns.min_slices <= ns.slices:
             raise ValueError(f"--min-slices must be -1 or between 1 and --slices={ns.slices}, got {ns.min_slices}")
-    except ValueError as e:
+        if ns.admin_token_file is not None:
+            read_token_file(ns.admin_token_file, "--admin-token-file")
+        if ns.admin_address and not ns.admin_token_file and not is_loopback(ns.admin_address):
+            raise ValueError(f"--admin-address {ns.admin_address} is not a loopback address: give --admin-token-file")
+    except ValueError as e:  # ConfigError is a ValueError
         print(f"elastic-sidecar demo: {e}", file=sys.stderr)
         return 2
     workdir = ns.workdir or Path(tempfile.mkdtemp(prefix="elastic-demo-"))
@@ -328,6 +352,11 @@ def run_demo(ns: argparse.Namespace) -> int:
         f"elastic-sidecar demo: {ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, "
         f"min slices {ns.min_slices}, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}"
     )
+    token_flag = f" --token-file {ns.admin_token_file}" if ns.admin_token_file else ""
+    say(f"  admin API   {job.admin_addr}   (elastic-sidecar admin --address {job.admin_addr}{token_flag} status)")
+    say(f"  status page http://{job.http_addr}/   (/metrics, /status, /readyz)")
+    # SIGTERM (a `timeout`, a CI runner) stops the job like Ctrl-C: no orphaned hosts.
+    signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.time()
     provisioner = Provisioner(ns.replacement_delay, job.recreate_slice, enabled=not ns.no_replacement)
     records: list[FaultRecord] = []

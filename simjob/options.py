@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.config import address
+
 FAULT_KINDS = ("kill", "hang", "notice", "metadata")
 """kill: SIGKILL the host; hang: SIGSTOP it; notice: publish a GCE terminateOnHostMaintenance
 log entry for its node through Pub/Sub, then kill it at the deadline; metadata: flip its
@@ -119,3 +121,24 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-format", choices=["json", "console"], default="json", help="sidecar log format")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--run-timeout", type=_seconds, default=600.0, help="give up on the whole demo after this long")
+    p.add_argument(
+        "--admin-address",
+        type=address,
+        default=None,
+        metavar="HOST:PORT",
+        help="the coordinator's admin API (default: a free loopback port, printed at start); "
+        "drive the job with `elastic-sidecar admin --address ...`",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        type=Path,
+        default=None,
+        help="file with the admin API's bearer token (default: none, the admin API is not authenticated)",
+    )
+    p.add_argument(
+        "--http-address",
+        type=address,
+        default=None,
+        metavar="HOST:PORT",
+        help="the coordinator's HTTP server: status page, /metrics, /readyz (default: a free loopback port)",
+    )

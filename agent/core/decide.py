@@ -86,6 +86,12 @@ def _fmt(slices: frozenset[int] | set[int]) -> str:
 
 def decide(state: State, event: Event, now: float) -> Decision:
     """Turn one event into the next state, the actions to take and why."""
+    if state.phase == Phase.FAILED and isinstance(event, TrainerAttached):
+        # A trainer that attaches late (it was starting, or its link was down)
+        # must learn the job failed, or it would wait for a start forever.
+        code = state.exit_code if state.exit_code is not None else EXIT_RESTART
+        why = f"job failed; telling the trainer that attached to abort with exit code {code}"
+        return Decision(state, (AbortTrainer(state.generation, why, code),), why)
     if state.phase.terminal and not isinstance(event, (WorkerJoined, WorkerLost, WorkerHealth)):
         why = f"job is {state.phase}; {type(event).__name__} ignored"
         return Decision(state, (), why, rejected=why if isinstance(event, OperatorCommand) else "")
@@ -336,7 +342,8 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
                 return _resume(state, up, f"{prefix}start deadline passed; starting on {_fmt(up)}")
             return _fail(
                 state,
-                f"{prefix}only {len(up)} of {p.num_slices} slices up after {p.elastic_timeout_seconds:g} s at start",
+                f"{prefix}only {len(up)} of {p.num_slices} slices up (trainer attached: {state.trainer.attached}) "
+                f"after {max(p.start_timeout_seconds, p.elastic_timeout_seconds):g} s at start",
             )
         return Decision(state, (), f"{prefix}starting: {len(up)} of {p.num_slices} slices up")
 

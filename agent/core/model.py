@@ -46,6 +46,9 @@ class Policy:
     elastic_max_retries: int = 10
     rejoin_grace_seconds: float = 10.0
     """After a coordinator restart, how long known hosts get to re-register."""
+    start_timeout_seconds: float = 600.0
+    """How long a fresh job waits for its slices and trainer to come up (at least
+    ``elastic_timeout_seconds``): process and pod start-up is not a slice wait."""
 
     def __post_init__(self) -> None:
         if self.num_slices < 1:
@@ -196,7 +199,8 @@ class State:
 
 def initial_state(policy: Policy, now: float) -> State:
     """A fresh coordinator: wait for slices and the trainer before the first start."""
-    return State(policy=policy, phase=Phase.STARTING, deadline=now + policy.elastic_timeout_seconds)
+    wait = max(policy.start_timeout_seconds, policy.elastic_timeout_seconds)
+    return State(policy=policy, phase=Phase.STARTING, deadline=now + wait)
 
 
 # --------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: 
         (["worker", "--slice", "-1"], ["--slice", "'-1'"]),
         (["worker"], ["--slice"]),
         (["worker", "--slice", "0", "--coordinator", "localhost"], ["--coordinator", "'localhost'"]),
-        ([], ["coordinator,worker,demo"]),
+        ([], ["coordinator,worker,admin,demo"]),
     ],
     ids=[
         "listen-nonsense",
@@ -109,7 +109,7 @@ def _entry_point() -> list[str]:
 @pytest.mark.parametrize(
     ("role", "flags"),
     [
-        (None, ["coordinator", "worker", "demo", "Exit codes", "42"]),
+        (None, ["coordinator", "worker", "admin", "demo", "Exit codes", "42"]),
         (
             "coordinator",
             [
@@ -125,12 +125,33 @@ def _entry_point() -> list[str]:
                 "--journal",
                 "--job",
                 "--rejoin-grace",
+                "--admin-listen",
+                "--admin-token-file",
+                "--peer-token-file",
+                "--http-listen",
+                "--tls-cert-file",
+                "--tls-key-file",
             ],
         ),
-        ("worker", ["--coordinator", "--slice", "--host", "--health-target", "--health-check", "--job", "--node"]),
-        ("demo", ["--slices", "--steps", "--fault", "--min-slices", "--workdir"]),
+        (
+            "worker",
+            [
+                "--coordinator",
+                "--slice",
+                "--host",
+                "--health-target",
+                "--health-check",
+                "--job",
+                "--node",
+                "--peer-token-file",
+                "--http-listen",
+                "--admin-listen",
+            ],
+        ),
+        ("admin", ["--address", "--token-file", "--tls-ca-file", "--json", "drain", "checkpoint", "Exit codes"]),
+        ("demo", ["--slices", "--steps", "--fault", "--min-slices", "--workdir", "--admin-address", "--http-address"]),
     ],
-    ids=["top", "coordinator", "worker", "demo"],
+    ids=["top", "coordinator", "worker", "admin", "demo"],
 )
 def test_help_exits_0_and_names_the_main_flags(role: str | None, flags: list[str]) -> None:
     argv = [*_entry_point(), *([role] if role else []), "--help"]

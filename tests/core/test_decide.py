@@ -118,17 +118,33 @@ def test_slices_up_without_trainer_do_not_start():
 
 
 def test_start_deadline_with_too_few_slices_fails():
-    job = Job(Policy(num_slices=2, elastic_timeout_seconds=30))
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=30, start_timeout_seconds=10))
     job.feed(WorkerJoined(0, 0, "a"))
     job.feed(TrainerAttached(0, -1))
-    assert job.feed(Tick(), dt=29).state.phase == Phase.STARTING
+    assert job.feed(Tick(), dt=29).state.phase == Phase.STARTING  # start waits max(start, elastic) timeout
     d = job.feed(Tick(), dt=1)
     assert d.state.phase == Phase.FAILED
     assert of(d, AbortTrainer)[0].exit_code == 42
 
 
+def test_start_waits_for_process_start_up_longer_than_a_short_elastic_timeout():
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=3))
+    job.feed(WorkerJoined(0, 0, "a"))
+    assert job.feed(Tick(), dt=60).state.phase == Phase.STARTING
+    job.feed(WorkerJoined(1, 0, "b"))
+    assert job.feed(TrainerAttached(0, -1)).state.phase == Phase.RUNNING
+
+
+def test_a_trainer_attaching_after_the_job_failed_is_told_to_abort():
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=30, start_timeout_seconds=30))
+    job.feed(WorkerJoined(0, 0, "a"))
+    assert job.feed(Tick(), dt=31).state.phase == Phase.FAILED
+    d = job.feed(TrainerAttached(0, -1))
+    assert d.state.phase == Phase.FAILED and of(d, AbortTrainer)[0].exit_code == 42
+
+
 def test_start_deadline_starts_on_enough_slices():
-    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_timeout_seconds=30))
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_timeout_seconds=30, start_timeout_seconds=30))
     job.feed(WorkerJoined(0, 0, "a"))
     job.feed(WorkerJoined(2, 0, "c"))
     job.feed(TrainerAttached(0, -1))

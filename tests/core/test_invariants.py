@@ -236,7 +236,7 @@ class World:
                 self.last_hold = a
             elif isinstance(a, ResumeTrainer):
                 self.last_resume = a
-        if d.actions:
+        if d.actions and before.phase != Phase.FAILED:  # a late trainer's abort repeats the failure
             self.last_actions = d.actions
         if self.state.phase == Phase.FAILED:  # (5)
             assert any(isinstance(a, AbortTrainer) and a.exit_code in (3, 42) for a in self.last_actions)
@@ -395,7 +395,9 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
     assert isinstance(d.reason, str) and d.reason.strip(), f"empty reason for {event!r}"
     assert after.generation >= before.generation, "generation decreased"  # (1)
     if before.phase.terminal:
-        assert after.phase == before.phase and d.actions == (), "a terminal phase changed or acted"
+        late_trainer = before.phase == Phase.FAILED and isinstance(event, TrainerAttached)
+        allowed = tuple(a for a in d.actions if late_trainer and isinstance(a, AbortTrainer))
+        assert after.phase == before.phase and d.actions == allowed, "a terminal phase changed or acted"
     if after.phase in (Phase.STARTING, Phase.HOLDING, Phase.WAITING) and not (
         after.operator_hold and after.phase == Phase.WAITING
     ):

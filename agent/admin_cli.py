@@ -1,0 +1,336 @@
+"""``elastic-sidecar admin``: look at a running job and steer it through the coordinator's admin API.
+
+    elastic-sidecar admin status                        # slices, phase, generation, steps
+    elastic-sidecar admin status --json | jq .active_slices
+    elastic-sidecar admin events --backlog 50 --follow  # the decisions, with their reasons
+    elastic-sidecar admin drain 2 --reason "bad ICI link on slice 2"
+    elastic-sidecar admin checkpoint                    # flush now; prints the committed step
+    elastic-sidecar admin hold --reason "node pool upgrade"
+    elastic-sidecar admin resume --reason "upgrade done"
+    elastic-sidecar admin abort --reason "wrong data" [--restart]
+
+The address defaults to 127.0.0.1:29311 (the admin API listens on loopback:
+run it in the coordinator's container, ``kubectl exec ... -c elastic-sidecar``,
+or through ``kubectl port-forward``). The token comes from ``--token-file`` or
+``ES_ADMIN_TOKEN_FILE``, the same variable the coordinator reads.
+
+Exit codes: 0 done; 1 the job refused the command (FAILED_PRECONDITION: it does
+not fit the job's state, e.g. resume while nothing is held) or another server
+error; 2 bad usage, unreadable token file, or INVALID_ARGUMENT (the message
+names the field); 3 unauthenticated (missing or wrong token); 4 unavailable or
+timed out (nothing listens at the address, or --timeout passed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import grpc
+
+from agent import constants as C
+from agent.auth import read_token_file
+from agent.config import ConfigError, address, is_loopback
+from agent.servers.status import to_dict
+from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_CHECKPOINT_TIMEOUT = 120.0
+
+_EXIT_BY_CODE = {
+    grpc.StatusCode.OK: C.ADMIN_EXIT_OK,
+    grpc.StatusCode.INVALID_ARGUMENT: C.ADMIN_EXIT_USAGE,
+    grpc.StatusCode.OUT_OF_RANGE: C.ADMIN_EXIT_USAGE,
+    grpc.StatusCode.UNAUTHENTICATED: C.ADMIN_EXIT_UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED: C.ADMIN_EXIT_UNAUTHENTICATED,
+    grpc.StatusCode.UNAVAILABLE: C.ADMIN_EXIT_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: C.ADMIN_EXIT_UNAVAILABLE,
+}
+_HINTS = {
+    grpc.StatusCode.UNAUTHENTICATED: "give the admin token with --token-file or ES_ADMIN_TOKEN_FILE",
+    grpc.StatusCode.UNAVAILABLE: "is the coordinator's admin API listening there? see --address or ES_ADMIN_ADDRESS",
+}
+
+
+def exit_code_for(code: grpc.StatusCode) -> int:
+    return _EXIT_BY_CODE.get(code, C.ADMIN_EXIT_REFUSED)
+
+
+def _positive_seconds(v: str) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {v!r}") from None
+    if not f > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {v!r}")
+    return f
+
+
+def _nonneg(v: str) -> int:
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {v!r}") from None
+    if i < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {v!r}")
+    return i
+
+
+def _connection_options(p: argparse.ArgumentParser, top: bool) -> None:
+    """The options every command takes, before or after the command name."""
+
+    def d(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    p.add_argument(
+        "--address",
+        type=address,
+        default=d(os.environ.get("ES_ADMIN_ADDRESS", f"127.0.0.1:{C.ADMIN_PORT}")),
+        help=f"admin API HOST:PORT (default 127.0.0.1:{C.ADMIN_PORT}; env ES_ADMIN_ADDRESS)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=d(os.environ.get("ES_ADMIN_TOKEN_FILE")),
+        help="file holding the admin token (env ES_ADMIN_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--tls-ca-file",
+        default=d(os.environ.get("ES_TLS_CA_FILE")),
+        help="PEM CA certificate(s): connect over TLS and verify the server with them (env ES_TLS_CA_FILE)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        default=d(None),
+        help="name to verify the server certificate against, when it differs from the address's host",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=d(None),
+        help=f"seconds to wait for an answer (default {DEFAULT_TIMEOUT:g}; checkpoint: "
+        f"{DEFAULT_CHECKPOINT_TIMEOUT:g}, also how long the trainer gets to commit)",
+    )
+    p.add_argument("--json", action="store_true", default=d(False), help="machine-readable output")
+
+
+def add_admin_args(p: argparse.ArgumentParser) -> None:
+    _connection_options(p, top=True)
+    sub = p.add_subparsers(dest="command", metavar="{status,events,hold,resume,checkpoint,drain,abort}")
+    sub.required = True
+
+    def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_text, description=help_text)
+        _connection_options(c, top=False)
+        return c
+
+    cmd("status", "slices with their state and hosts, then phase, generation and steps")
+    ev = cmd("events", "the coordinator's recent decisions with their reasons (a worker's: its local events)")
+    ev.add_argument("--backlog", type=_nonneg, default=20, help="how many recent decisions first (default 20)")
+    ev.add_argument("--follow", action="store_true", help="keep printing new decisions until interrupted")
+    for name, what in (
+        ("hold", "hold training at the next step boundary (with a flush) until an operator resumes"),
+        ("resume", "end an operator hold; training resumes when enough slices are up"),
+    ):
+        cmd(name, what).add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
+    cp = cmd("checkpoint", "make the current step durable now (Orbax save + wait); prints the committed step")
+    cp.add_argument("--reason", default="", help="why (optional)")
+    dr = cmd("drain", "take a slice out of training at the next step boundary (until a replacement registers)")
+    dr.add_argument("slice", type=_nonneg, help="slice index")
+    dr.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
+    ab = cmd("abort", "stop the job: the trainer flushes and exits 3 (stop) or 42 (--restart: xpk restarts it)")
+    ab.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
+    ab.add_argument("--restart", action="store_true", help="exit 42 so xpk restarts the job from its checkpoint")
+
+
+def _fail(ns: argparse.Namespace, message: str, code: int) -> int:
+    print(f"elastic-sidecar admin {ns.command}: {message}", file=sys.stderr)
+    return code
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Carry out one admin command; returns the exit code."""
+    try:
+        token = read_token_file(ns.token_file, "--token-file") if ns.token_file else None
+        ca = None
+        if ns.tls_ca_file:
+            try:
+                with open(ns.tls_ca_file, "rb") as f:
+                    ca = f.read()
+            except OSError as e:
+                raise ConfigError(f"--tls-ca-file {ns.tls_ca_file}: cannot read it: {e.strerror or e}") from None
+    except ConfigError as e:
+        return _fail(ns, str(e), C.ADMIN_EXIT_USAGE)
+    if token is not None and ca is None and not is_loopback(ns.address):
+        print(
+            f"elastic-sidecar admin: warning: sending the admin token to {ns.address} without TLS (--tls-ca-file)",
+            file=sys.stderr,
+        )
+    metadata = token.metadata() if token is not None else None
+    if ca is not None:
+        options = [("grpc.ssl_target_name_override", ns.tls_server_name)] if ns.tls_server_name else []
+        channel = grpc.secure_channel(ns.address, grpc.ssl_channel_credentials(root_certificates=ca), options=options)
+    else:
+        channel = grpc.insecure_channel(ns.address)
+    stub = admin_pb2_grpc.AdminStub(channel)
+    try:
+        return _COMMANDS[ns.command](ns, stub, metadata)
+    except grpc.RpcError as e:
+        code = e.code()  # type: ignore[attr-defined]
+        hint = _HINTS.get(code)
+        detail = e.details() or ""  # type: ignore[attr-defined]
+        return _fail(ns, f"{code.name}: {detail}" + (f" ({hint})" if hint else ""), exit_code_for(code))
+    finally:
+        channel.close()
+
+
+def _timeout(ns: argparse.Namespace, default: float = DEFAULT_TIMEOUT) -> float:
+    return ns.timeout if ns.timeout is not None else default
+
+
+def _print_json(d: Any) -> None:
+    print(json.dumps(d, indent=2), flush=True)
+
+
+# -- commands -----------------------------------------------------------------
+
+
+def _status(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    st = stub.GetStatus(admin_pb2.GetStatusRequest(), metadata=md, timeout=_timeout(ns))
+    if ns.json:
+        _print_json(to_dict(st))
+    else:
+        print(render_status(st))
+    return C.ADMIN_EXIT_OK
+
+
+def render_status(st: admin_pb2.Status) -> str:
+    """The readable status: a table of slices, then the job's phase, generation and steps."""
+    rows = [("SLICE", "STATE", "HOSTS", "DETAIL")]
+    for sl in st.slices:
+        hosts = " ".join(
+            f"h{h.host}:{h.node or '?'}"
+            + ("" if h.registered and h.healthy else ("(unhealthy)" if h.registered else "(missing)"))
+            for h in sl.hosts
+        )
+        rows.append((str(sl.slice), sl.state, hosts, sl.detail))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + ("  " + r[3] if r[3] else "") for r in rows]
+    lines = [ln.rstrip() for ln in lines]
+    lines.append("")
+    if st.role == "worker":
+        lines.append(
+            f"worker of {st.job}: slice {st.slice} host {st.host}, {st.phase}, generation {st.generation}, "
+            f"coordinator {'connected' if st.coordinator_connected else 'not connected'}"
+        )
+    else:
+        active = ",".join(map(str, st.active_slices)) or "none"
+        lines.append(f"job {st.job}: phase {st.phase}, generation {st.generation}, active slices {active}")
+        committed = str(st.last_committed_step) if st.last_committed_step >= 0 else "none"
+        lines.append(f"steps: last {st.last_step}, committed {committed}")
+        min_slices = "all" if st.elastic_min_slice_count == -1 else str(st.elastic_min_slice_count)
+        lines.append(
+            f"policy: min slices {min_slices}, timeout {st.elastic_timeout_seconds:g} s, "
+            f"recoveries used {st.retries_used} of {max(0, st.elastic_max_retries - 1)}"
+        )
+        lines.append(
+            f"trainer {'attached' if st.trainer_attached else 'not attached'}"
+            + ("; held by an operator" if st.operator_hold else "")
+        )
+    if st.pending_notices:
+        lines.append("pending notices:")
+        now = time.time()
+        for n in st.pending_notices:
+            when = f"deadline in {n.deadline_unix - now:.0f} s" if n.deadline_unix else "no deadline"
+            lines.append(f"  slice {n.slice}: {n.kind} from {n.source}, {when}: {n.reason}")
+    if st.last_reason:
+        lines.append(f"last decision: {st.last_reason}")
+    return "\n".join(lines)
+
+
+def render_event(ev: admin_pb2.DecisionEvent) -> str:
+    t = time.strftime("%H:%M:%S", time.localtime(ev.time_unix)) + f".{int(ev.time_unix * 1000) % 1000:03d}"
+    active = "[" + ",".join(map(str, ev.active_slices)) + "]"
+    return f"{t}  gen {ev.generation:<3} {ev.phase:<9} {active:<10} {ev.trigger:<18} {ev.reason}"
+
+
+def _events(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    req = admin_pb2.WatchEventsRequest(backlog=ns.backlog)
+    call = stub.WatchEvents(req, metadata=md, timeout=None if ns.follow else _timeout(ns))
+    try:
+        count = None
+        if not ns.follow:
+            # The server says how many backlog records come before the live ones.
+            initial = dict(call.initial_metadata() or ())
+            count = int(initial.get("backlog-count", ns.backlog))
+            if count == 0:
+                return C.ADMIN_EXIT_OK
+        shown = 0
+        for ev in call:
+            print(json.dumps(to_dict(ev)) if ns.json else render_event(ev), flush=True)
+            shown += 1
+            if count is not None and shown >= count:
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        call.cancel()
+    return C.ADMIN_EXIT_OK
+
+
+def _reply(ns: argparse.Namespace, reply: admin_pb2.CommandReply) -> int:
+    if ns.json:
+        _print_json(to_dict(reply))
+    else:
+        print(f"{ns.command}: {reply.reason} (generation {reply.generation}, phase {reply.phase})")
+    return C.ADMIN_EXIT_OK
+
+
+def _hold(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    return _reply(ns, stub.Hold(admin_pb2.HoldRequest(reason=ns.reason), metadata=md, timeout=_timeout(ns)))
+
+
+def _resume(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    return _reply(ns, stub.Resume(admin_pb2.ResumeRequest(reason=ns.reason), metadata=md, timeout=_timeout(ns)))
+
+
+def _drain(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    req = admin_pb2.DrainSliceRequest(slice=ns.slice, reason=ns.reason)
+    return _reply(ns, stub.DrainSlice(req, metadata=md, timeout=_timeout(ns)))
+
+
+def _abort(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    req = admin_pb2.AbortRequest(reason=ns.reason, restart=ns.restart)
+    return _reply(ns, stub.Abort(req, metadata=md, timeout=_timeout(ns)))
+
+
+def _checkpoint(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    wait = _timeout(ns, DEFAULT_CHECKPOINT_TIMEOUT)
+    req = admin_pb2.CheckpointRequest(reason=ns.reason, timeout_seconds=wait)
+    t0 = time.monotonic()
+    # The server gives up at `wait` and says so; the call deadline leaves room for that answer.
+    reply = stub.Checkpoint(req, metadata=md, timeout=wait + 5.0)
+    if ns.json:
+        d = to_dict(reply)
+        d["round_trip_seconds"] = round(time.monotonic() - t0, 3)
+        _print_json(d)
+    else:
+        print(
+            f"committed step {reply.committed_step} (flush {reply.flush_seconds:.2f} s, "
+            f"generation {reply.generation}, {time.monotonic() - t0:.2f} s in all)"
+        )
+    return C.ADMIN_EXIT_OK
+
+
+_COMMANDS = {
+    "status": _status,
+    "events": _events,
+    "hold": _hold,
+    "resume": _resume,
+    "drain": _drain,
+    "abort": _abort,
+    "checkpoint": _checkpoint,
+}

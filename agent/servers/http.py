@@ -1,0 +1,117 @@
+"""HTTP endpoints of a sidecar (aiohttp), on ``--http-listen`` (port 29312).
+
+==============  ===========================================================
+``/healthz``    200 while the process's event loop answers (liveness)
+``/readyz``     200 when the role's dependencies are up, else 503; JSON
+                ``{"ready": bool, "checks": {name: bool}}`` says which
+``/metrics``    Prometheus text format of the sidecar's registry
+``/status``     JSON: what the admin API's GetStatus returns, plus
+                ``recent_decisions`` (newest last) for the timeline
+``/``           a self-contained status page that polls ``/status``
+==============  ===========================================================
+
+Readiness by role:
+
+* coordinator: its gRPC server serves; the Pub/Sub intake runs (when
+  configured); and, once training has started, the trainer link is attached.
+  It does *not* wait for worker sidecars: the head pod starts first, and
+  JobSet's ``startupPolicyOrder: InOrder`` waits for it to be ready.
+* worker: registered with the coordinator.
+
+Nothing here is authenticated: it reports, it never changes the job. Keep it
+off public networks (the manifests expose it to the cluster for Prometheus
+and kubelet probes only).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from agent import log as logmod
+from agent.servers.page import STATUS_PAGE
+
+log = logmod.get("http")
+
+Checks = dict[str, bool]
+
+
+@dataclass
+class HttpServer:
+    runner: web.AppRunner
+    port: int
+    address: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+def build_app(
+    *,
+    status: Callable[[], dict[str, Any]],
+    ready: Callable[[], Checks],
+    registry: CollectorRegistry,
+) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        checks = ready()
+        ok = all(checks.values())
+        return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def status_json(_: web.Request) -> web.Response:
+        return web.json_response(status(), dumps=lambda d: json.dumps(d, default=str))
+
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(
+            text=STATUS_PAGE,
+            content_type="text/html",
+            headers={"Cache-Control": "no-store", "Content-Security-Policy": _CSP},
+        )
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/status", status_json)
+    app.router.add_get("/", page)
+    return app
+
+
+# The page loads nothing from elsewhere: inline script and style, data from this origin only.
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'"
+
+
+async def start_http_server(
+    listen: str,
+    *,
+    status: Callable[[], dict[str, Any]],
+    ready: Callable[[], Checks],
+    registry: CollectorRegistry,
+) -> HttpServer:
+    """Serve on ``listen``; OSError when the address cannot be bound (fatal at start-up, as for the admin API)."""
+    app = build_app(status=status, ready=ready, registry=registry)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    site = web.TCPSite(runner, host, int(port), reuse_address=True)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise OSError(f"HTTP server: could not listen on {listen} ({e.strerror or e})") from None
+    bound = int(runner.addresses[0][1])  # the real port when listen asked for :0
+    addr = f"{listen.rpartition(':')[0]}:{bound}"
+    log.info("HTTP server listening", address=addr, endpoints=["/healthz", "/readyz", "/metrics", "/status", "/"])
+    return HttpServer(runner, bound, addr)

@@ -1,0 +1,210 @@
+"""The status a sidecar reports: one ``admin_pb2.Status``, for gRPC and for HTTP alike.
+
+A slice is, in this order of precedence:
+
+* ``draining``: a notice or an operator excludes it while its hosts are still up;
+* ``down``: a host is missing or unhealthy, or the trainer reported it lost;
+* ``active``: training runs on it (or, while held, last ran on it);
+* ``up``: ready but not in use (waiting to be grown back onto).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import descriptor, json_format
+
+from agent.core.model import State
+from agent.servers.feed import Feed, Record
+from protos.elastic_sidecar.v1 import admin_pb2
+
+if TYPE_CHECKING:
+    from agent.coordinator import Coordinator
+    from agent.worker import Worker
+
+
+def slice_state(s: State, i: int) -> tuple[str, str]:
+    """(state, detail) of slice ``i``; see the module docstring."""
+    hosts = [s.hosts.get((i, h)) for h in range(s.policy.hosts_per_slice)]
+    missing = [h for h, r in enumerate(hosts) if r is None]
+    sick = [h for h, r in enumerate(hosts) if r is not None and not r.healthy]
+    drain = s.drains.get(i)
+    if drain is not None and not missing and not sick and not s.slice_up(i):
+        return "draining", f"{drain.kind} from {drain.source}: {drain.reason}"
+    if not s.slice_up(i):
+        parts = []
+        if missing:
+            parts.append(f"host(s) {','.join(map(str, missing))} not registered")
+        if sick:
+            parts.append(f"host(s) {','.join(map(str, sick))} unhealthy")
+        if not parts and i in s.slice_errors:
+            parts.append("the trainer reported it lost; waiting for a replacement")
+        if not parts and drain is not None:
+            parts.append(f"drained ({drain.kind}); waiting for a replacement")
+        return "down", "; ".join(parts)
+    if i in s.active:
+        return "active", ""
+    return "up", ""
+
+
+def coordinator_status(c: Coordinator) -> admin_pb2.Status:
+    s = c.state
+    p = s.policy
+    to_unix = time.time() - time.monotonic()
+    slices = []
+    for i in range(p.num_slices):
+        hosts = []
+        for h in range(p.hosts_per_slice):
+            r = s.hosts.get((i, h))
+            hosts.append(
+                admin_pb2.HostStatus(
+                    host=h,
+                    registered=r is not None,
+                    healthy=r is not None and r.healthy,
+                    node=r.node if r else "",
+                    node_pool=r.node_pool if r else "",
+                    incarnation=r.incarnation if r else "",
+                )
+            )
+        state, detail = slice_state(s, i)
+        slices.append(admin_pb2.SliceStatus(slice=i, state=state, hosts=hosts, detail=detail))
+    notices = [
+        admin_pb2.PendingNotice(
+            slice=i,
+            node=d.node,
+            kind=d.kind,
+            source=d.source,
+            deadline_unix=0.0 if d.deadline is None else d.deadline + to_unix,
+            reason=d.reason,
+        )
+        for i, d in sorted(s.drains.items())
+        if not s.slice_up(i)  # a replacement host lifted it
+    ]
+    return admin_pb2.Status(
+        role="coordinator",
+        job=c.cfg.job,
+        generation=s.generation,
+        phase=str(s.phase),
+        slices=slices,
+        active_slices=sorted(s.active),
+        inactive_slices=sorted(p.all_slices - s.active),
+        last_step=s.trainer.last_step,
+        last_committed_step=s.trainer.committed_step,
+        pending_notices=notices,
+        retries_used=s.retries_used,
+        elastic_min_slice_count=p.elastic_min_slice_count,
+        elastic_timeout_seconds=p.elastic_timeout_seconds,
+        elastic_max_retries=p.elastic_max_retries,
+        trainer_attached=s.trainer.attached,
+        operator_hold=s.operator_hold,
+        last_reason=c.last_reason,
+    )
+
+
+def worker_status(w: Worker) -> admin_pb2.Status:
+    cfg = w.cfg
+    registered = w.registered.is_set()
+    if not w.healthy:
+        phase = "local worker unhealthy"
+    elif registered:
+        phase = "registered"
+    else:
+        phase = "connecting"
+    host = admin_pb2.HostStatus(
+        host=cfg.host,
+        registered=registered,
+        healthy=w.healthy,
+        node=cfg.node,
+        node_pool=cfg.node_pool,
+        incarnation=w.incarnation,
+    )
+    notices = [
+        admin_pb2.PendingNotice(
+            slice=cfg.slice,
+            node=cfg.node,
+            kind=r.detail,
+            source="metadata",
+            deadline_unix=r.deadline_unix,
+            reason=f"metadata server: {r.detail}",
+        )
+        for _, r in sorted(w.notices.items())
+        if r.deadline_unix
+    ]
+    return admin_pb2.Status(
+        role="worker",
+        job=cfg.job,
+        generation=w.generation,
+        phase=phase,
+        slices=[
+            admin_pb2.SliceStatus(
+                slice=cfg.slice,
+                state="up" if registered and w.healthy else "down",
+                hosts=[host],
+                detail=cfg.health_target or "",
+            )
+        ],
+        pending_notices=notices,
+        last_reason=w.last_reason,
+        slice=cfg.slice,
+        host=cfg.host,
+        coordinator_connected=registered,
+    )
+
+
+def _action_text(a: dict[str, Any]) -> str:
+    args = ", ".join(f"{k}={v}" for k, v in a.items() if k not in ("type", "reason"))
+    return f"{a.get('type', '?')}({args})"
+
+
+def decision_event(rec: Record) -> admin_pb2.DecisionEvent:
+    """A feed record as the admin API's DecisionEvent."""
+    return admin_pb2.DecisionEvent(
+        time_unix=float(rec.get("time", 0.0)),
+        trigger=str(rec.get("trigger", "")),
+        reason=str(rec.get("reason", "")),
+        phase=str(rec.get("phase", "")),
+        generation=int(rec.get("generation", 0)),
+        active_slices=list(rec.get("active_slices", [])),
+        actions=[_action_text(a) if isinstance(a, dict) else str(a) for a in rec.get("actions", [])],
+    )
+
+
+def status_document(status: admin_pb2.Status, feed: Feed, recent: int = 30) -> dict[str, Any]:
+    """``/status``: the GetStatus fields plus the newest ``recent`` decisions (oldest first)."""
+    doc = to_dict(status)
+    doc["recent_decisions"] = [to_dict(decision_event(r)) for r in list(feed.recent)[-recent:]]
+    return doc
+
+
+def to_dict(msg: Any) -> dict[str, Any]:
+    """A message as JSON-ready data: proto field names, zero values included, 64-bit integers as numbers.
+
+    (Canonical proto3 JSON writes int64 as strings; scripts comparing
+    ``.generation > 2`` should not have to know that.)
+    """
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    _ints(msg.DESCRIPTOR, d)
+    return d
+
+
+_INT64 = {
+    descriptor.FieldDescriptor.TYPE_INT64,
+    descriptor.FieldDescriptor.TYPE_UINT64,
+    descriptor.FieldDescriptor.TYPE_SINT64,
+    descriptor.FieldDescriptor.TYPE_FIXED64,
+    descriptor.FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def _ints(desc: descriptor.Descriptor, d: dict[str, Any]) -> None:
+    for f in desc.fields:
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if f.type in _INT64:
+            d[f.name] = [int(x) for x in v] if isinstance(v, list) else int(v)
+        elif f.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
+            for item in v if isinstance(v, list) else [v]:
+                if isinstance(item, dict):
+                    _ints(f.message_type, item)
