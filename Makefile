@@ -6,7 +6,13 @@ BIN    := $(VENV)/bin
 # its pins must not move the daemon's. tests/maxtext runs it in subprocesses.
 VENV_MAXTEXT ?= .venv-maxtext
 
-.PHONY: setup setup-maxtext demo test test-fast test-maxtext lint protos clean
+.PHONY: setup setup-maxtext system-deps demo test test-fast test-maxtext lint protos clean
+
+# Headless Chromium renders the status page in a test (Debian's package; root or sudo).
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
 
 setup: $(VENV)/.installed
 
@@ -24,18 +30,18 @@ $(VENV_MAXTEXT)/.installed: pyproject.toml constraints-maxtext.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[demo,pubsub,test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[demo,pubsub,test,bench]'
 	touch $@
 
 demo: setup
 	$(BIN)/elastic-sidecar demo $(ARGS)
 
 # Everything CI runs (.ci/run): both venvs, then the whole default suite.
-test: setup setup-maxtext
+test: setup setup-maxtext system-deps
 	$(BIN)/python -m pytest $(ARGS)
 
 # Without MaxText (no 2.5 GB venv): the quick loop while developing.
-test-fast: setup
+test-fast: setup system-deps
 	$(BIN)/python -m pytest -m "not maxtext" $(ARGS)
 
 test-maxtext: setup setup-maxtext

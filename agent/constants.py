@@ -46,7 +46,10 @@ HEARTBEAT_TIMEOUT_SECONDS = 1.2
 """A worker silent for this long is lost (a hung host: SIGSTOP)."""
 KEEPALIVE_TIME_MS = 500
 KEEPALIVE_TIMEOUT_MS = 1000
-"""Transport keepalive; set together with http2 ping timeout (FACTS section 6)."""
+"""Fast transport keepalive, for the few channels whose hang must be seen in
+about a second (health watches of the local Pathways worker, the trainer link).
+Keepalive time, keepalive timeout and http2 ping timeout are set together
+(FACTS section 6)."""
 
 GRPC_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
@@ -55,8 +58,25 @@ GRPC_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
+
+PEER_KEEPALIVE_TIME_MS = 5000
+PEER_KEEPALIVE_TIMEOUT_MS = 2000
+"""Worker <-> coordinator streams: the coordinator sees a hung worker through the
+missed heartbeat deadline and a killed one through the closed stream, so the
+transport keepalive only has to find dead connections eventually. At 0.5 s,
+pings in both directions cost the coordinator most of its CPU at 10,000
+workers (docs/benchmarks.md)."""
+
+PEER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", PEER_KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", PEER_KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", PEER_KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 GRPC_SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
-    *GRPC_KEEPALIVE_OPTIONS,
+    *PEER_KEEPALIVE_OPTIONS,
+    # Clients with the fast keepalive (the trainer link) may ping this often.
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.min_time_between_pings_ms", KEEPALIVE_TIME_MS // 2),
 )

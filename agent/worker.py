@@ -108,7 +108,7 @@ class Worker:
 
     async def _session(self) -> None:
         """One Join stream, until it breaks."""
-        async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.GRPC_KEEPALIVE_OPTIONS)) as ch:
+        async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.PEER_KEEPALIVE_OPTIONS)) as ch:
             token = self.cfg.peer_token
             call = peer_pb2_grpc.PeerStub(ch).Join(metadata=token.metadata() if token is not None else None)
             await call.write(

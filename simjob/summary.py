@@ -104,6 +104,7 @@ def summarize(
         out_faults.append(
             {
                 "kind": f.kind,
+                "time": round(f.time, 4),
                 "slice": f.slice,
                 "host": f.host,
                 "at_step": f.at_step,

@@ -115,6 +115,7 @@ class Trainer:
             ),
         )
         self.state: dict[str, Any] | None = None
+        self._seen_lost: frozenset[int] = frozenset()
         self.mesh = None
         self.active: tuple[int, ...] = ()
         self.session = ElasticSession.connect(
@@ -214,7 +215,7 @@ class Trainer:
             return None
 
     def _save_args(self, step: int, down: frozenset[int]) -> tuple[Any, int]:
-        host = self._host_copy(down | self.runtime.lost_slices())
+        host = self._host_copy(down | self.runtime.lost_slices() | self._seen_lost)
         if host is None:
             raise RuntimeError(f"cannot flush step {step}: no surviving replica of the state")
         nbytes = sum(int(x.nbytes) for x in self.jax.tree_util.tree_leaves(host))
@@ -245,7 +246,10 @@ class Trainer:
             return self._apply(self.session.slice_error(step, err, missing), step)
         host = None
         if d.source == "memory" and self.state is not None:
-            host = self._host_copy(d.down_slices | self.runtime.lost_slices())
+            # A slice lost since this mesh was built holds no replica, even if its
+            # replacement is already up again.
+            host = self._host_copy(d.down_slices | self.runtime.lost_slices() | self._seen_lost)
+        self._seen_lost = frozenset()
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in d.active_slices]), ("replica", "model"))
@@ -282,7 +286,7 @@ class Trainer:
             if d is not None:
                 step = self._apply(d, step)
                 continue
-            self.runtime.apply(self.sim, self.slice_devices)
+            self._seen_lost |= self.runtime.apply(self.sim, self.slice_devices)
             t0 = time.monotonic()
             x, y = self._batch(step, len(self.active))
             try:

@@ -319,6 +319,7 @@ def _trainer_resumed(state: State, ev: TrainerResumed) -> Decision:
 
 def _evaluate(state: State, now: float, why: str) -> Decision:
     """Given membership as it stands, what must happen now."""
+    state = _forget_repaired(state)
     p = state.policy
     up = state.up_slices()
     prefix = f"{why}; " if why else ""
@@ -548,3 +549,21 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
         case "abort":
             return _fail(state, why, EXIT_RESTART if ev.restart else EXIT_ABORTED)
     return refuse(f"unknown operator command {ev.kind!r}")
+
+
+def _forget_repaired(state: State) -> State:
+    """Drop error and drain marks of slices a replacement host has repaired since.
+
+    A repaired slice is up again either way; forgetting the mark means a later
+    notice for the replacement drains it anew, and a later loss counts as a
+    failure rather than as the old drain.
+    """
+
+    def repaired(s: int, mark: float) -> bool:
+        return any(r.registered_at > mark for (sl, _), r in state.hosts.items() if sl == s)
+
+    drains = {s: d for s, d in state.drains.items() if not repaired(s, d.since)}
+    errors = {s: t for s, t in state.slice_errors.items() if not repaired(s, t)}
+    if len(drains) == len(state.drains) and len(errors) == len(state.slice_errors):
+        return state
+    return replace(state, drains=_frozen(drains), slice_errors=_frozen(errors))

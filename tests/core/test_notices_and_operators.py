@@ -139,3 +139,15 @@ def test_operator_abort_stops_or_restarts() -> None:
     d = job.step(OperatorCommand("abort", "restart please", restart=True))
     assert _one(d, AbortTrainer).exit_code == 42
     assert job.step(OperatorCommand("hold", "too late")).rejected
+
+
+def test_a_replaced_slice_can_be_drained_again_and_its_loss_is_a_failure() -> None:
+    job = Job(min_slices=2)
+    hold = _one(job.notice(node="node-1"), HoldTrainer)
+    job.step(TrainerHeld(hold.generation, 5, 5))
+    hold = _one(job.step(WorkerJoined(1, 0, "b1", node="node-1b")), HoldTrainer)  # replacement: grow back
+    assert 1 not in job.state.drains
+    job.step(TrainerHeld(hold.generation, 6, 6))
+    assert 1 in job.state.active
+    again = _one(job.notice(node="node-1b"), HoldTrainer)
+    assert 1 in again.down_slices and job.state.drains[1].node == "node-1b"

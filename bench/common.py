@@ -1,0 +1,192 @@
+"""Shared helpers of the benchmarks: processes, statistics, logs, environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_nofile(want: int | None = None) -> int:
+    """Raise this process's RLIMIT_NOFILE soft limit (to the hard limit by default)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if want is None else min(hard, max(soft, want))
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def median(xs: Iterable[float | None]) -> float | None:
+    v = [x for x in xs if x is not None]
+    return statistics.median(v) if v else None
+
+
+def percentile(xs: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100)."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, int(round(p / 100.0 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def rnd(x: float | None, n: int = 4) -> float | None:
+    return None if x is None else round(float(x), n)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def iso_to_epoch(s: str) -> float:
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
+    """Poll ``pred`` until it returns something truthy; returns it (None on timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
+
+
+def stop_process(p: subprocess.Popen[Any] | None, grace: float = 5.0) -> int | None:
+    if p is None:
+        return None
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return p.returncode
+
+
+def environment() -> dict[str, Any]:
+    """What the figures were measured on."""
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+    }
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+        info["psutil"] = psutil.__version__
+    except ImportError:
+        info["psutil"] = None
+    for mod in ("grpc", "jax", "orbax.checkpoint", "pathwaysutils", "matplotlib"):
+        try:
+            m = __import__(mod, fromlist=["_"])
+            info[mod] = getattr(m, "__version__", "?")
+        except Exception:  # noqa: BLE001 - report what is missing, never fail on it
+            info[mod] = None
+    if info.get("orbax.checkpoint") in (None, "?"):
+        try:
+            from importlib.metadata import version
+
+            info["orbax.checkpoint"] = version("orbax-checkpoint")
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def target(name: str, goal: str, measured: float | None, unit: str, ok: bool | None, note: str = "") -> dict[str, Any]:
+    """One row of the targets table: ``ok`` None means not measured."""
+    return {"name": name, "target": goal, "measured": measured, "unit": unit, "met": ok, "note": note}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class CpuSampler:
+    """CPU (cores used) and RSS of one process over windows, with psutil."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.proc = psutil.Process(pid)
+
+    def cpu_seconds(self) -> float:
+        t = self.proc.cpu_times()
+        return float(t.user + t.system)
+
+    def rss(self) -> int:
+        return int(self.proc.memory_info().rss)
+
+    def windows(self, seconds: float, n: int) -> list[float]:
+        """Cores used in each of ``n`` consecutive windows of ``seconds / n``."""
+        out = []
+        w = seconds / n
+        for _ in range(n):
+            c0, t0 = self.cpu_seconds(), time.monotonic()
+            time.sleep(w)
+            c1, t1 = self.cpu_seconds(), time.monotonic()
+            out.append((c1 - c0) / (t1 - t0))
+        return out
+
+
+def cli_flags(role: str) -> set[str]:
+    """Every option string ``elastic-sidecar <role>`` accepts (the daemons gain options over time)."""
+    import argparse
+
+    from agent.cli import build_parser
+
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    return {s for a in sub.choices[role]._actions for s in a.option_strings}  # noqa: SLF001
+
+
+def daemon_port_flags(role: str) -> list[str]:
+    """Free loopback ports for a daemon's side servers (HTTP, admin) so that several can run here.
+
+    Their defaults are fixed ports (29311, 29312); two daemons on one machine would collide.
+    """
+    flags = cli_flags(role)
+    out: list[str] = []
+    for f in ("--http-listen", "--admin-listen"):
+        if f in flags:
+            out += [f, f"127.0.0.1:{free_port()}"]
+    return out

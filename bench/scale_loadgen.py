@@ -1,0 +1,207 @@
+"""Load generator for the scale benchmark: many fake worker sidecars in one process.
+
+Each fake worker is what :mod:`agent.worker` is on the wire: its own gRPC
+channel (with the worker's keepalive options, and a private subchannel pool so
+that every worker has its own TCP connection, as separate hosts would), one
+``Peer.Join`` stream, a ``Register``, then a heartbeat every
+``heartbeat_interval_seconds`` the coordinator asks for (phases spread at
+random). It records the arrival time (``time.time()``) of every
+``PeerCommand``.
+
+Controlled over stdin/stdout with one JSON object per line::
+
+    <- {"event": "registered", "ok": N, "failed": M, "t0": ..., "t1": ...}
+    -> {"cmd": "disconnect", "index": I}            <- {"event": "disconnected", "index": I, "t": ...}
+    -> {"cmd": "reconnect", "index": I}             <- {"event": "reconnected", "index": I, "t": ...}
+    -> {"cmd": "wait", "kind": "hold", "generation": G, "timeout": S}
+                                                    <- {"event": "waited", "have": H, "expected": E}
+    -> {"cmd": "dump", "path": P}                   <- {"event": "dumped", "path": P}
+    -> {"cmd": "quit"}
+
+    python -m bench.scale_loadgen --coordinator 127.0.0.1:PORT --first 0 --count 2500 --hosts-per-slice 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import grpc
+
+from agent import constants as C
+from bench.common import raise_nofile
+from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
+
+CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+
+
+def channel_options(keepalive_ms: int | None) -> list[tuple[str, int]]:
+    """The worker's channel options; ``keepalive_ms`` overrides its keepalive interval (what-if runs)."""
+    if not keepalive_ms:
+        return list(CHANNEL_OPTIONS)
+    return [(k, keepalive_ms if k == "grpc.keepalive_time_ms" else v) for k, v in CHANNEL_OPTIONS]
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class FakeWorker:
+    def __init__(self, gen: LoadGen, index: int) -> None:
+        self.gen = gen
+        self.index = index
+        self.slice, self.host = divmod(index, gen.hosts_per_slice)
+        self.incarnation = f"loadgen-{os.getpid()}-{index}"
+        self.received: list[tuple[str, int, float]] = []
+        self.registered = asyncio.Event()
+        self.connected = False
+        self.task: asyncio.Task[None] | None = None
+        self.channel: grpc.aio.Channel | None = None
+
+    def start(self) -> None:
+        self.registered.clear()
+        self.task = asyncio.create_task(self._session())
+
+    async def _session(self) -> None:
+        g = self.gen
+        self.channel = grpc.aio.insecure_channel(g.coordinator, options=g.options)
+        try:
+            call = peer_pb2_grpc.PeerStub(self.channel).Join()
+            ident = peer_pb2.HostIdentity(
+                slice=self.slice, host=self.host, node=f"loadgen-{self.index}", incarnation=self.incarnation
+            )
+            await call.write(peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=ident, job=g.job)))
+            first = await call.read()
+            if first is grpc.aio.EOF or not first.HasField("registered"):
+                raise ConnectionError("no Registered")
+            interval = first.registered.heartbeat_interval_seconds or 1.0
+            self.connected = True
+            self.registered.set()
+            reader = asyncio.create_task(self._read(call))
+            await asyncio.sleep(random.uniform(0, interval))
+            seq = 0
+            while not reader.done():
+                seq += 1
+                await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=True)))
+                await asyncio.sleep(interval)
+        finally:
+            self.connected = False
+            await self.channel.close()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            if msg.HasField("command"):
+                t = time.time()
+                cmd = msg.command
+                self.received.append((cmd.kind, int(cmd.generation), t))
+                self.gen.counts[(cmd.kind, int(cmd.generation))] += 1
+
+    async def disconnect(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        self.connected = False
+
+
+class LoadGen:
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.coordinator = ns.coordinator
+        self.job = ns.job
+        self.hosts_per_slice = ns.hosts_per_slice
+        self.concurrency = ns.concurrency
+        self.options = channel_options(ns.keepalive_ms)
+        self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
+        self.by_index = {w.index: w for w in self.workers}
+        self.counts: Counter[tuple[str, int]] = Counter()
+        self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    def _stdin_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        for line in sys.stdin:
+            line = line.strip()
+            if line:
+                loop.call_soon_threadsafe(self.commands.put_nowait, json.loads(line))
+        loop.call_soon_threadsafe(self.commands.put_nowait, {"cmd": "quit"})
+
+    async def register_all(self) -> None:
+        t0 = time.time()
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(w: FakeWorker) -> bool:
+            async with sem:
+                w.start()
+                waiter = asyncio.create_task(w.registered.wait())
+                done, _ = await asyncio.wait({waiter, w.task}, timeout=120, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+                waiter.cancel()
+                return w.registered.is_set()
+
+        oks = await asyncio.gather(*(one(w) for w in self.workers))
+        emit({"event": "registered", "ok": sum(oks), "failed": len(oks) - sum(oks), "t0": t0, "t1": time.time()})
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._stdin_thread, args=(loop,), daemon=True).start()
+        await self.register_all()
+        while True:
+            cmd = await self.commands.get()
+            c = cmd.get("cmd")
+            if c == "quit":
+                break
+            if c == "disconnect":
+                w = self.by_index[int(cmd["index"])]
+                await w.disconnect()
+                emit({"event": "disconnected", "index": w.index, "t": time.time()})
+            elif c == "reconnect":
+                w = self.by_index[int(cmd["index"])]
+                w.start()
+                await asyncio.wait_for(w.registered.wait(), 60)
+                emit({"event": "reconnected", "index": w.index, "t": time.time()})
+            elif c == "wait":
+                key = (str(cmd["kind"]), int(cmd["generation"]))
+                expected = sum(1 for w in self.workers if w.connected)
+                deadline = time.monotonic() + float(cmd.get("timeout", 30))
+                while self.counts[key] < expected and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                emit({"event": "waited", "have": self.counts[key], "expected": expected})
+            elif c == "dump":
+                data = {str(w.index): w.received for w in self.workers}
+                with open(cmd["path"], "w", encoding="utf-8") as f:
+                    json.dump(data, f)
+                emit({"event": "dumped", "path": cmd["path"]})
+        for w in self.workers:
+            if w.task is not None:
+                w.task.cancel()
+        await asyncio.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--job", default="bench-scale")
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--count", type=int, required=True)
+    ap.add_argument("--hosts-per-slice", type=int, default=100)
+    ap.add_argument("--concurrency", type=int, default=100, help="registrations in flight at once")
+    ap.add_argument("--keepalive-ms", type=int, default=None, help="override the worker's keepalive (what-if)")
+    ns = ap.parse_args(argv)
+    raise_nofile()
+    asyncio.run(LoadGen(ns).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
