@@ -33,6 +33,8 @@ from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatche
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
 log = logmod.get("worker")
+HEALTH_STABLE_SECONDS = 1.0
+"""How long a local worker must stay healthy after a failure before it counts again."""
 
 
 class Worker:
@@ -44,6 +46,8 @@ class Worker:
         self.registered = asyncio.Event()
         self.generation = 0
         self._stopping = False
+        self._was_unhealthy = False
+        self._recovery: asyncio.TimerHandle | None = None
         self.notices: dict[str, peer_pb2.LocalReport] = {}
         """Latest metadata-server value per key; re-sent on every new stream."""
         self._unsent: set[str] = set()
@@ -94,6 +98,22 @@ class Worker:
         self._note("MetadataNotice", f"metadata server: {change.key} = {change.value}")
 
     def _on_health(self, healthy: bool, detail: str) -> None:
+        """A checker's verdict. Going unhealthy is reported at once; coming back
+        after a failure only once it has held for ``HEALTH_STABLE_SECONDS``, so a
+        flapping Pathways worker does not make the job shrink and grow in a loop."""
+        if self._recovery is not None:
+            self._recovery.cancel()
+            self._recovery = None
+        if healthy and self._was_unhealthy:
+            self._recovery = asyncio.get_running_loop().call_later(
+                HEALTH_STABLE_SECONDS, self._set_health, True, f"{detail} (stable for {HEALTH_STABLE_SECONDS:g} s)"
+            )
+            return
+        self._was_unhealthy = self._was_unhealthy or not healthy
+        self._set_health(healthy, detail)
+
+    def _set_health(self, healthy: bool, detail: str) -> None:
+        self._recovery = None
         self.healthy = healthy
         self._health_changed.set()
         self.metrics.local_healthy.set(1 if healthy else 0)
