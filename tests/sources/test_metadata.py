@@ -14,9 +14,9 @@ from standins.metadata_server import MetadataStandIn
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, shutdown_timeout=0.5)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, f"http://127.0.0.1:{port}"
