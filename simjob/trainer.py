@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class Trainer:
-    def __init__(self, ns: argparse.Namespace, events: EventLog) -> None:
+    def __init__(self, ns: argparse.Namespace, events: EventLog, *, connect: bool = True) -> None:
+        """``connect=False``: no sidecar (the baseline strategies in simjob/strategies drive it)."""
         import jax
         import numpy as np
         import orbax.checkpoint as ocp
@@ -118,12 +119,16 @@ class Trainer:
         self._seen_lost: frozenset[int] = frozenset()
         self.mesh = None
         self.active: tuple[int, ...] = ()
-        self.session = ElasticSession.connect(
+        self.session = self._connect() if connect else None
+
+    def _connect(self) -> ElasticSession:
+        ns = self.ns
+        return ElasticSession.connect(
             ns.sidecar,
             job=ns.job,
             total_steps=ns.steps,
             flush=OrbaxFlusher(self.manager, self._save_args),
-            on_event=events,
+            on_event=self.events,
         )
 
     # -- model -----------------------------------------------------------------

@@ -48,41 +48,7 @@ class PlainTrainer(sim_trainer.Trainer):
     """The example trainer's model and checkpoints, driven by a strategy instead of a sidecar."""
 
     def __init__(self, ns: argparse.Namespace, events: sim_trainer.EventLog) -> None:  # noqa: D107
-        # Trainer.__init__ minus the ElasticSession (keep in step with simjob/trainer.py).
-        import jax
-        import numpy as np
-        import orbax.checkpoint as ocp
-        from pathwaysutils.test.mock_fault_injection import DeviceLossSimulator
-
-        from standins.pathways_runtime import PathwaysRuntime
-
-        self.ns, self.events, self.jax, self.np, self.ocp = ns, events, jax, np, ocp
-        self._Simulator = DeviceLossSimulator
-        devices = jax.devices()
-        need = ns.slices * ns.devices_per_slice
-        if len(devices) < need:
-            raise SystemExit(f"trainer: need {need} devices, JAX sees {len(devices)}")
-        dps = ns.devices_per_slice
-        self.slice_devices = {s: list(devices[s * dps : (s + 1) * dps]) for s in range(ns.slices)}
-        self.device_slice = {d.id: s for s, ds in self.slice_devices.items() for d in ds}
-        targets: dict[int, list[str]] = {s: [] for s in range(ns.slices)}
-        for spec in sorted(ns.pathways):
-            key, _, addr = spec.partition("=")
-            s, _, _h = key.partition(".")
-            targets[int(s)].append(addr)
-        self.runtime = PathwaysRuntime({s: t for s, t in targets.items() if t}).start()
-        self.sim = None
-        self._new_simulator()
-        self.manager = ocp.CheckpointManager(
-            (ns.workdir / "checkpoints").resolve(),
-            options=ocp.CheckpointManagerOptions(
-                save_interval_steps=ns.checkpoint_period, max_to_keep=3, enable_async_checkpointing=True
-            ),
-        )
-        self.state: dict[str, Any] | None = None
-        self.mesh = None
-        self.active: tuple[int, ...] = ()
-        self.session = None
+        super().__init__(ns, events, connect=False)
 
     def build(self, slices: list[int] | tuple[int, ...], generation: int, reason: str) -> int:
         """A mesh over ``slices`` and the state from the newest committed checkpoint; returns its step."""
