@@ -77,7 +77,9 @@ from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trai
 
 log = logmod.get("coordinator")
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
-TICK_SECONDS = 0.05
+TICK_SECONDS = 0.2
+"""Deadlines (start, hold, wait, rejoin) are seconds to minutes long: a coarse tick
+is enough, and an idle coordinator should cost next to nothing."""
 EOF_GRACE_SECONDS = 0.05
 
 
