@@ -5,7 +5,7 @@
     elastic-sidecar admin status                     # look at a running job and steer it
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
 
-Exit codes: 0 done, 2 bad usage or configuration, 42 the job must be
+Exit codes: 0 done, 2 bad usage or configuration, 3 aborted by an operator, 42 the job must be
 restarted (xpk restarts workloads that exit 42), 130 interrupted.
 `elastic-sidecar admin --help` lists the admin command's own exit codes.
 """
