@@ -34,7 +34,7 @@ import grpc
 
 from agent import constants as C
 from agent.auth import read_token_file
-from agent.config import ConfigError, address, is_loopback
+from agent.config import ConfigError, address, is_loopback, nonneg_int, positive_float
 from agent.servers.status import to_dict
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
 
@@ -58,26 +58,6 @@ _HINTS = {
 
 def exit_code_for(code: grpc.StatusCode) -> int:
     return _EXIT_BY_CODE.get(code, C.ADMIN_EXIT_REFUSED)
-
-
-def _positive_seconds(v: str) -> float:
-    try:
-        f = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {v!r}") from None
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {v!r}")
-    return f
-
-
-def _nonneg(v: str) -> int:
-    try:
-        i = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {v!r}") from None
-    if i < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {v!r}")
-    return i
 
 
 def _connection_options(p: argparse.ArgumentParser, top: bool) -> None:
@@ -109,7 +89,7 @@ def _connection_options(p: argparse.ArgumentParser, top: bool) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_float,
         default=d(None),
         help=f"seconds to wait for an answer (default {DEFAULT_TIMEOUT:g}; checkpoint: "
         f"{DEFAULT_CHECKPOINT_TIMEOUT:g}, also how long the trainer gets to commit)",
@@ -129,7 +109,7 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
 
     cmd("status", "slices with their state and hosts, then phase, generation and steps")
     ev = cmd("events", "the coordinator's recent decisions with their reasons (a worker's: its local events)")
-    ev.add_argument("--backlog", type=_nonneg, default=20, help="how many recent decisions first (default 20)")
+    ev.add_argument("--backlog", type=nonneg_int, default=20, help="how many recent decisions first (default 20)")
     ev.add_argument("--follow", action="store_true", help="keep printing new decisions until interrupted")
     for name, what in (
         ("hold", "hold training at the next step boundary (with a flush) until an operator resumes"),
@@ -139,7 +119,7 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
     cp = cmd("checkpoint", "make the current step durable now (Orbax save + wait); prints the committed step")
     cp.add_argument("--reason", default="", help="why (optional)")
     dr = cmd("drain", "take a slice out of training at the next step boundary (until a replacement registers)")
-    dr.add_argument("slice", type=_nonneg, help="slice index")
+    dr.add_argument("slice", type=nonneg_int, help="slice index")
     dr.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     ab = cmd("abort", "stop the job: the trainer flushes and exits 3 (stop) or 42 (--restart: xpk restarts it)")
     ab.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")

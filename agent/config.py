@@ -62,7 +62,7 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def _positive_float(value: str) -> float:
+def positive_float(value: str) -> float:
     try:
         f = float(value)
     except ValueError:
@@ -72,7 +72,7 @@ def _positive_float(value: str) -> float:
     return f
 
 
-def _nonneg_int(value: str) -> int:
+def nonneg_int(value: str) -> int:
     try:
         i = int(value)
     except ValueError:
@@ -116,7 +116,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         p,
         "--elastic-timeout-seconds",
         default=300.0,
-        type=_positive_float,
+        type=positive_float,
         help="MaxText's flag: longest wait for enough slices (default 300)",
     )
     _add(
@@ -130,21 +130,21 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         p,
         "--heartbeat-interval",
         default=C.HEARTBEAT_INTERVAL_SECONDS,
-        type=_positive_float,
+        type=positive_float,
         help=f"seconds between worker heartbeats (default {C.HEARTBEAT_INTERVAL_SECONDS})",
     )
     _add(
         p,
         "--heartbeat-timeout",
         default=C.HEARTBEAT_TIMEOUT_SECONDS,
-        type=_positive_float,
+        type=positive_float,
         help=f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})",
     )
     _add(
         p,
         "--rejoin-grace",
         default=10.0,
-        type=_positive_float,
+        type=positive_float,
         help="after a coordinator restart, seconds known hosts get to re-register (default 10)",
     )
     _add(p, "--state-file", type=Path, default=None, help="where the coordinator keeps its state across restarts")
@@ -204,11 +204,11 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     _add(
         p,
         "--slice",
-        type=_nonneg_int,
+        type=nonneg_int,
         required=_env("--slice", None) is None,
         help="this host's slice (JobSet job-index; env ES_SLICE)",
     )
-    _add(p, "--host", type=_nonneg_int, default=0, help="host index within the slice (JOB_COMPLETION_INDEX)")
+    _add(p, "--host", type=nonneg_int, default=0, help="host index within the slice (JOB_COMPLETION_INDEX)")
     _add(p, "--node", default=os.environ.get("NODE_NAME", ""), help="Kubernetes node name (env ES_NODE or NODE_NAME)")
     _add(p, "--node-pool", default="", help="the node's GKE node pool")
     _add(p, "--pod", default=os.environ.get("POD_NAME", ""), help="pod name, for operators")
@@ -236,14 +236,14 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         p,
         "--maintenance-notice-seconds",
         default=60.0,
-        type=_positive_float,
+        type=positive_float,
         help="notice a maintenance event gives before the host goes (default 60)",
     )
     _add(
         p,
         "--preemption-notice-seconds",
         default=30.0,
-        type=_positive_float,
+        type=positive_float,
         help="notice a preemption gives before the host goes (default 30)",
     )
     _add(

@@ -32,7 +32,6 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 import grpc
@@ -664,10 +663,6 @@ def _trainer_event(msg: trainer_pb2.TrainerMessage) -> Event | None:
 async def serve(cfg: CoordinatorConfig) -> int:
     logmod.configure(cfg.log_format, cfg.log_level, jobset=cfg.job, role="coordinator")
     return await Coordinator(cfg).run()
-
-
-def journal_path_default(workdir: Path) -> Path:
-    return workdir / "journal.jsonl"
 
 
 def _metadata_notice(ident: peer_pb2.HostIdentity, report: peer_pb2.LocalReport) -> NodeNotice:

@@ -19,13 +19,9 @@ from collections.abc import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-_KEEPALIVE = [
-    ("grpc.keepalive_time_ms", 500),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.http2.ping_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+from agent.constants import GRPC_KEEPALIVE_OPTIONS
+
+_KEEPALIVE = list(GRPC_KEEPALIVE_OPTIONS)  # fast: a hung host must fail the step within ~1.5 s
 
 
 class PathwaysRuntime:
