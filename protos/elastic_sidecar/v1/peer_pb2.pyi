@@ -22,12 +22,18 @@ class HostIdentity(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., pod: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("identity", "job")
+    __slots__ = ("identity", "job", "epoch_seen", "generation_seen", "local_healthy")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SEEN_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_SEEN_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_HEALTHY_FIELD_NUMBER: _ClassVar[int]
     identity: HostIdentity
     job: str
-    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ...) -> None: ...
+    epoch_seen: int
+    generation_seen: int
+    local_healthy: bool
+    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ..., epoch_seen: _Optional[int] = ..., generation_seen: _Optional[int] = ..., local_healthy: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "local_healthy")
@@ -60,22 +66,26 @@ class WorkerMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., report: _Optional[_Union[LocalReport, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("generation", "heartbeat_interval_seconds")
+    __slots__ = ("generation", "heartbeat_interval_seconds", "epoch")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     generation: int
     heartbeat_interval_seconds: float
-    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
+    epoch: int
+    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PeerCommand(_message.Message):
-    __slots__ = ("generation", "kind", "reason")
+    __slots__ = ("generation", "kind", "reason", "epoch")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     generation: int
     kind: str
     reason: str
-    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("registered", "command")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TrainerHello(_message.Message):
-    __slots__ = ("job", "step_in_memory", "generation", "active_slices", "total_steps", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "has_elastic_settings")
+    __slots__ = ("job", "step_in_memory", "generation", "active_slices", "total_steps", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "has_elastic_settings", "epoch", "committed_step", "held")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STEP_IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,9 @@ class TrainerHello(_message.Message):
     ELASTIC_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ELASTIC_MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     HAS_ELASTIC_SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     job: str
     step_in_memory: int
     generation: int
@@ -27,7 +30,10 @@ class TrainerHello(_message.Message):
     elastic_timeout_seconds: float
     elastic_max_retries: int
     has_elastic_settings: bool
-    def __init__(self, job: _Optional[str] = ..., step_in_memory: _Optional[int] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., total_steps: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., has_elastic_settings: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    committed_step: int
+    held: bool
+    def __init__(self, job: _Optional[str] = ..., step_in_memory: _Optional[int] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., total_steps: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., has_elastic_settings: _Optional[bool] = ..., epoch: _Optional[int] = ..., committed_step: _Optional[int] = ..., held: _Optional[bool] = ...) -> None: ...
 
 class StepReport(_message.Message):
     __slots__ = ("step", "step_seconds", "generation")
@@ -52,18 +58,20 @@ class SliceError(_message.Message):
     def __init__(self, slices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., step: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class HeldAck(_message.Message):
-    __slots__ = ("generation", "step", "committed_step", "flush_seconds", "flush_bytes")
+    __slots__ = ("generation", "step", "committed_step", "flush_seconds", "flush_bytes", "flush_error")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     FLUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FLUSH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_ERROR_FIELD_NUMBER: _ClassVar[int]
     generation: int
     step: int
     committed_step: int
     flush_seconds: float
     flush_bytes: int
-    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., flush_seconds: _Optional[float] = ..., flush_bytes: _Optional[int] = ...) -> None: ...
+    flush_error: str
+    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., flush_seconds: _Optional[float] = ..., flush_bytes: _Optional[int] = ..., flush_error: _Optional[str] = ...) -> None: ...
 
 class ResumedAck(_message.Message):
     __slots__ = ("generation", "step", "active_slices", "restored_from", "rebuild_seconds")
@@ -80,16 +88,18 @@ class ResumedAck(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., restored_from: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ...) -> None: ...
 
 class FlushedAck(_message.Message):
-    __slots__ = ("generation", "committed_step", "flush_seconds", "flush_bytes")
+    __slots__ = ("generation", "committed_step", "flush_seconds", "flush_bytes", "flush_error")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     FLUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FLUSH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_ERROR_FIELD_NUMBER: _ClassVar[int]
     generation: int
     committed_step: int
     flush_seconds: float
     flush_bytes: int
-    def __init__(self, generation: _Optional[int] = ..., committed_step: _Optional[int] = ..., flush_seconds: _Optional[float] = ..., flush_bytes: _Optional[int] = ...) -> None: ...
+    flush_error: str
+    def __init__(self, generation: _Optional[int] = ..., committed_step: _Optional[int] = ..., flush_seconds: _Optional[float] = ..., flush_bytes: _Optional[int] = ..., flush_error: _Optional[str] = ...) -> None: ...
 
 class Finished(_message.Message):
     __slots__ = ("step",)
@@ -166,13 +176,15 @@ class Abort(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SidecarCommand(_message.Message):
-    __slots__ = ("hold", "resume", "flush", "abort")
+    __slots__ = ("hold", "resume", "flush", "abort", "epoch")
     HOLD_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     hold: Hold
     resume: Resume
     flush: Flush
     abort: Abort
-    def __init__(self, hold: _Optional[_Union[Hold, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, hold: _Optional[_Union[Hold, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
