@@ -22,18 +22,22 @@ class HostIdentity(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., pod: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("identity", "job", "epoch_seen", "generation_seen", "local_healthy")
+    __slots__ = ("identity", "job", "epoch_seen", "generation_seen", "local_healthy", "health_address", "health_check")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     EPOCH_SEEN_FIELD_NUMBER: _ClassVar[int]
     GENERATION_SEEN_FIELD_NUMBER: _ClassVar[int]
     LOCAL_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHECK_FIELD_NUMBER: _ClassVar[int]
     identity: HostIdentity
     job: str
     epoch_seen: int
     generation_seen: int
     local_healthy: bool
-    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ..., epoch_seen: _Optional[int] = ..., generation_seen: _Optional[int] = ..., local_healthy: _Optional[bool] = ...) -> None: ...
+    health_address: str
+    health_check: str
+    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ..., epoch_seen: _Optional[int] = ..., generation_seen: _Optional[int] = ..., local_healthy: _Optional[bool] = ..., health_address: _Optional[str] = ..., health_check: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "local_healthy")
