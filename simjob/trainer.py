@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--per-slice-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--events", type=Path, default=None)
+    ap.add_argument(
+        "--elastic-timeout-seconds",
+        type=float,
+        default=300.0,
+        help="give up (exit 42) when blocked on a sidecar that has been gone this long (MaxText's default: 300)",
+    )
     return ap.parse_args(argv)
 
 
@@ -129,6 +135,7 @@ class Trainer:
             total_steps=ns.steps,
             flush=OrbaxFlusher(self.manager, self._save_args),
             on_event=self.events,
+            elastic_timeout_seconds=ns.elastic_timeout_seconds,
         )
 
     # -- model -----------------------------------------------------------------

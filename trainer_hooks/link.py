@@ -4,6 +4,15 @@ Plain synchronous grpcio (no asyncio, no aiohttp, no Pub/Sub client): the
 training process only pays for a queue put per report and a deque check per
 step. The link reconnects with backoff and greets the sidecar again with what
 the trainer holds, so a restarted sidecar can pick up where it was.
+
+The link also knows how long the sidecar has been gone (``down_since``), so a
+trainer blocked on it can give up after ``elastic_timeout_seconds`` instead of
+waiting for ever. The link counts as up only once the sidecar has accepted the
+stream: its response headers or a first command arrived, or the stream stayed
+open on a ready channel for :data:`SETTLE_SECONDS` (a sidecar that refuses the
+stream, e.g. for a wrong token, answers in milliseconds). With
+``wait_for_ready`` a call to an address where nothing listens simply waits,
+and the link stays down.
 """
 
 from __future__ import annotations
@@ -18,30 +27,63 @@ import grpc
 
 from protos.elastic_sidecar.v1 import trainer_pb2, trainer_pb2_grpc
 
-_KEEPALIVE = [
+_OPTIONS = [
     ("grpc.keepalive_time_ms", 500),
     ("grpc.keepalive_timeout_ms", 1000),
     ("grpc.http2.ping_timeout_ms", 1000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # gRPC's own reconnect backoff grows to 120 s by default: a sidecar back
+    # after a minute would then be seen up to two minutes late.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _CLOSE = object()
+SETTLE_SECONDS = 0.3
+"""A stream still open this long on a ready channel counts as accepted by the sidecar."""
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped); OSError/ValueError if unusable."""
+    with open(path, encoding="utf-8") as f:
+        token = f.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
 
 
 class SidecarLink:
     """Sends :class:`TrainerMessage` s, collects :class:`SidecarCommand` s.
 
-    ``hello`` is called at every (re)connect to build the greeting.
+    ``hello`` is called at every (re)connect to build the greeting. ``token``
+    (or the file ``token_file``, re-read at every connect so a rotated secret
+    is picked up) is presented as ``authorization: Bearer <token>``.
     """
 
-    def __init__(self, address: str, hello: Callable[[], trainer_pb2.TrainerHello]) -> None:
+    def __init__(
+        self,
+        address: str,
+        hello: Callable[[], trainer_pb2.TrainerHello],
+        *,
+        token: str | None = None,
+        token_file: str | None = None,
+    ) -> None:
         self.address = address
         self._hello = hello
+        self._token = token
+        self._token_file = token_file
         self.inbox: collections.deque[trainer_pb2.SidecarCommand] = collections.deque()
         self._arrived = threading.Condition()
         self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._closed = threading.Event()
         self.connected = threading.Event()
+        self.down_since: float | None = time.monotonic()
+        """``time.monotonic()`` when the link was last seen up (creation if never); None while up."""
+        self.last_error = ""
+        """Why the last stream ended or could not start (empty: none yet)."""
+        self._stream = 0
+        self._channel_ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sidecar-link", daemon=True)
 
     def start(self) -> SidecarLink:
@@ -51,15 +93,34 @@ class SidecarLink:
     def send(self, msg: trainer_pb2.TrainerMessage) -> None:
         self._q.put(msg)
 
-    def next_command(self, timeout: float | None = None) -> trainer_pb2.SidecarCommand | None:
-        """Block until a command arrives (or ``timeout`` passes: None)."""
+    def down_for(self, since: float | None = None) -> float:
+        """Seconds the link has been down without a break, counted from ``since`` at the earliest (0: up)."""
+        down = self.down_since
+        if down is None:
+            return 0.0
+        return max(0.0, time.monotonic() - max(down, since if since is not None else down))
+
+    def next_command(
+        self, timeout: float | None = None, *, down_limit: float | None = None, since: float | None = None
+    ) -> trainer_pb2.SidecarCommand | None:
+        """Block until a command arrives; None when ``timeout`` passes, or when the
+        link has been down for ``down_limit`` seconds without a break (counted from
+        ``since`` at the earliest)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._arrived:
             while not self.inbox:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                self._arrived.wait(left if left is not None else 1.0)
+                now = time.monotonic()
+                wait = 1.0
+                if deadline is not None:
+                    if deadline <= now:
+                        return None
+                    wait = min(wait, deadline - now)
+                if down_limit is not None and self.down_since is not None:
+                    left = down_limit - self.down_for(since)
+                    if left <= 0:
+                        return None
+                    wait = min(wait, left)
+                self._arrived.wait(wait)
             return self.inbox.popleft()
 
     def close(self) -> None:
@@ -72,6 +133,8 @@ class SidecarLink:
         while not self._q.empty() and time.monotonic() < deadline and self.connected.is_set():
             time.sleep(0.01)
 
+    # -- the background thread ---------------------------------------------------
+
     def _requests(self, q: queue.SimpleQueue[object]) -> Iterator[trainer_pb2.TrainerMessage]:
         yield trainer_pb2.TrainerMessage(hello=self._hello())
         while True:
@@ -80,24 +143,90 @@ class SidecarLink:
                 return
             yield m  # type: ignore[misc]
 
+    def _metadata(self) -> list[tuple[str, str]]:
+        token = self._token
+        if token is None and self._token_file:
+            token = read_token_file(self._token_file)
+        return [("authorization", f"Bearer {token}")] if token else []
+
+    def _set_up(self, stream: int) -> None:
+        with self._arrived:
+            if stream != self._stream or self.down_since is None:
+                return
+            self.down_since = None
+            self.connected.set()
+            self._arrived.notify_all()
+
+    def _set_down(self, stream: int, error: str) -> None:
+        with self._arrived:
+            if error:
+                self.last_error = error
+            if stream == self._stream and self.down_since is None:
+                self.down_since = time.monotonic()
+            self.connected.clear()
+            self._arrived.notify_all()
+
+    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            self._channel_ready.set()
+        else:
+            self._channel_ready.clear()
+
+    def _settle(self, call: grpc.Future, stream: int) -> None:
+        """Mark the link up once the stream has stayed open on a ready channel for a moment."""
+        while not call.done() and not self._closed.is_set():
+            if not self._channel_ready.wait(0.2):
+                continue
+            end = time.monotonic() + SETTLE_SECONDS
+            while time.monotonic() < end and self._channel_ready.is_set() and not call.done():
+                time.sleep(0.02)
+            if time.monotonic() >= end and self._channel_ready.is_set() and not call.done():
+                self._set_up(stream)
+                return
+
     def _run(self) -> None:
+        # One channel for the link's life (its reconnect backoff is capped in the options).
+        ch = grpc.insecure_channel(self.address, options=_OPTIONS)
+        ch.subscribe(self._on_connectivity, try_to_connect=True)
+        try:
+            self._attach_loop(ch)
+        finally:
+            ch.unsubscribe(self._on_connectivity)
+            time.sleep(0.3)  # gRPC's connectivity poller looks every 0.2 s; closing under it raises there
+            ch.close()
+
+    def _attach_loop(self, ch: grpc.Channel) -> None:
+        stub = trainer_pb2_grpc.TrainerLinkStub(ch)
         delay = 0.05
         while not self._closed.is_set():
             q = self._q
+            with self._arrived:
+                self._stream += 1
+                stream = self._stream
+            error = ""
             try:
-                with grpc.insecure_channel(self.address, options=_KEEPALIVE) as ch:
-                    stub = trainer_pb2_grpc.TrainerLinkStub(ch)
-                    responses = stub.Attach(self._requests(q), wait_for_ready=True)
-                    self.connected.set()
+                metadata = self._metadata()
+            except (OSError, ValueError) as e:
+                metadata = None
+                error = f"cannot read the trainer link token: {e}"
+            if metadata is not None:
+                try:
+                    responses = stub.Attach(self._requests(q), wait_for_ready=True, metadata=metadata)
+                    threading.Thread(
+                        target=self._settle, args=(responses, stream), name="sidecar-link-settle", daemon=True
+                    ).start()
                     for cmd in responses:
                         delay = 0.05
                         with self._arrived:
                             self.inbox.append(cmd)
                             self._arrived.notify_all()
-            except grpc.RpcError:
-                pass
-            finally:
-                self.connected.clear()
+                        self._set_up(stream)
+                    error = "the sidecar ended the stream"
+                except grpc.RpcError as e:
+                    code = e.code() if hasattr(e, "code") else None
+                    details = e.details() if hasattr(e, "details") else str(e)
+                    error = f"{getattr(code, 'name', code)}: {details}"
+            self._set_down(stream, error)
             if self._closed.is_set():
                 return
             # A fresh queue per stream: the old request iterator may still be

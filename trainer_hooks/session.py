@@ -18,19 +18,39 @@ A loop looks like this (see ``simjob/trainer.py`` and ``trainer_hooks/maxtext``)
     session.finished(step)
 
 A hold waits for any in-flight async save, flushes if asked (only a step
-Orbax committed counts), acknowledges, and blocks until resume or abort. An
-abort raises :class:`AbortTraining` carrying the exit code (42: restart).
+Orbax committed counts; a failed flush is acknowledged with its error and
+never counted), acknowledges, and blocks until resume or abort. An abort
+raises :class:`AbortTraining` carrying the exit code (42: restart).
+
+The trainer guards itself: while it is blocked on the sidecar (waiting to
+start, held, or waiting for an answer to a slice error) and the link has been
+down for ``elastic_timeout_seconds`` without a break, it flushes if it holds a
+step that is not committed yet (reading only slices not known down), then
+raises :class:`AbortTraining` (42). While training runs, a missing sidecar
+never stops it. Commands from a coordinator epoch older than the newest the
+trainer accepted are ignored (fencing); the link presents a bearer token from
+``ELASTIC_SIDECAR_TOKEN_FILE`` when that is set.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from protos.elastic_sidecar.v1 import trainer_pb2
 from trainer_hooks.link import SidecarLink
+
+EXIT_RESTART = 42
+"""xpk restarts a workload that exits 42 (``agent.constants.EXIT_RESTART``; not imported here)."""
+DEFAULT_ELASTIC_TIMEOUT = 300.0
+"""MaxText's default ``elastic_timeout_seconds``."""
+ENV_TOKEN_FILE = "ELASTIC_SIDECAR_TOKEN_FILE"
+"""Path of a file holding the trainer link's bearer token (optional)."""
+DEFAULT_ADDRESS = "127.0.0.1:29313"
+"""Where the coordinator serves the trainer link by default (its ``--trainer-listen``)."""
 
 SLICE_DOWN_MARKERS = ("DATA_LOSS", "DEADLINE_EXCEEDED", "NOT_FOUND", "INTERNAL")
 """Substrings Pathways puts in a JaxRuntimeError when a slice is gone
@@ -100,13 +120,22 @@ class ElasticSession:
         *,
         flush: Flusher | None = None,
         on_event: Callable[[str, dict[str, object]], None] | None = None,
+        elastic_timeout_seconds: float = DEFAULT_ELASTIC_TIMEOUT,
     ) -> None:
         self._link = link
         self._flush = flush
-        self._on_event = on_event or (lambda kind, fields: None)
+        self._on_event = on_event if on_event is not None else (lambda kind, fields: None)
+        self.elastic_timeout_seconds = (
+            float(elastic_timeout_seconds) if elastic_timeout_seconds > 0 else DEFAULT_ELASTIC_TIMEOUT
+        )
+        """How long the trainer waits, blocked, for a sidecar that is gone before it aborts (42)."""
         self.generation = 0
+        self.epoch = 0
+        """Newest coordinator epoch a command was accepted from (0: none)."""
         self.step = -1  # last completed step held in memory (-1: none)
         self.committed_step = -1
+        self.held = False
+        """True while blocked in a hold or waiting for an answer to a slice error."""
         self.active_slices: tuple[int, ...] = ()
         self._flushed_at = -1
         self._down: frozenset[int] = frozenset()
@@ -123,7 +152,17 @@ class ElasticSession:
         settings: ElasticSettings | None = None,
         flush: Flusher | None = None,
         on_event: Callable[[str, dict[str, object]], None] | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        elastic_timeout_seconds: float | None = None,
     ) -> ElasticSession:
+        """Open the link to the sidecar at ``address`` (on a background thread; returns at once).
+
+        ``token`` / ``token_file``: the link's bearer token; by default the file
+        named by ``ELASTIC_SIDECAR_TOKEN_FILE``, if set. ``elastic_timeout_seconds``:
+        the self-guard's timeout; by default ``settings.elastic_timeout_seconds``,
+        else 300 s. Only ``settings`` is reported to the sidecar.
+        """
         holder: list[ElasticSession] = []
 
         def hello() -> trainer_pb2.TrainerHello:
@@ -134,6 +173,9 @@ class ElasticSession:
                 generation=s.generation,
                 active_slices=list(s.active_slices),
                 total_steps=total_steps,
+                epoch=s.epoch,
+                committed_step=s.committed_step,
+                held=s.held,
             )
             if settings is not None:
                 h.has_elastic_settings = True
@@ -142,7 +184,14 @@ class ElasticSession:
                 h.elastic_max_retries = settings.elastic_max_retries
             return h
 
-        session = cls(SidecarLink(address, hello), flush=flush, on_event=on_event)
+        if token is None and token_file is None:
+            token_file = os.environ.get(ENV_TOKEN_FILE, "").strip() or None
+        if elastic_timeout_seconds is None:
+            elastic_timeout_seconds = (
+                settings.elastic_timeout_seconds if settings is not None else DEFAULT_ELASTIC_TIMEOUT
+            )
+        link = SidecarLink(address, hello, token=token, token_file=token_file)
+        session = cls(link, flush=flush, on_event=on_event, elastic_timeout_seconds=elastic_timeout_seconds)
         holder.append(session)
         session._link.start()
         return session
@@ -167,14 +216,21 @@ class ElasticSession:
     # -- blocking calls ----------------------------------------------------------
 
     def start(self, step_in_memory: int = -1, timeout: float | None = None) -> Directive:
-        """Wait for the sidecar to say on which slices to start."""
+        """Wait for the sidecar to say on which slices to start.
+
+        With no sidecar for ``elastic_timeout_seconds``: :class:`AbortTraining`
+        (42), without a flush (nothing new to save before the first start).
+        ``timeout`` bounds the wait whatever the link does (``TimeoutError``).
+        """
         self.step = step_in_memory
-        deadline = None if timeout is None else time.monotonic() + timeout
+        since = time.monotonic()
+        deadline = None if timeout is None else since + timeout
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            cmd = self._link.next_command(left)
+            cmd = self._next_command(since, deadline)
             if cmd is None:
-                raise TimeoutError(f"no start command from the sidecar at {self._link.address} within {timeout} s")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"no start command from the sidecar at {self._link.address} within {timeout} s")
+                self._guard_abort(step_in_memory, "waiting to start", flush=False)
             d = self._handle(cmd, step_in_memory)
             if d is not None:
                 return d
@@ -190,7 +246,7 @@ class ElasticSession:
             )
         )
         self._on_event("slice_error", {"step": step, "slices": sorted(set(slices)), "error": str(err)[:200]})
-        return self._wait_for_resume(step, newer_than=self.generation)
+        return self._wait_for_resume(step, newer_than=self.generation, what="waiting for an answer to a slice error")
 
     def resumed(self, d: Directive, step: int, restored_from: str, rebuild_seconds: float) -> None:
         """Tell the sidecar the new mesh runs (call after rebuilding for a Directive)."""
@@ -214,10 +270,11 @@ class ElasticSession:
 
         For a trainer that must restart to rebuild (MaxText re-runs its train
         function on a new slice set): it flushes first, so the restart restores
-        exactly ``step``. Returns the newest committed step.
+        exactly ``step``. Returns the newest committed step (older than ``step``
+        when the flush failed; the acknowledgement then carries the error).
         """
         t0 = time.monotonic()
-        nbytes = self._do_flush(step)
+        nbytes, error = self._do_flush(step)
         self._link.send(
             trainer_pb2.TrainerMessage(
                 flushed=trainer_pb2.FlushedAck(
@@ -225,6 +282,7 @@ class ElasticSession:
                     committed_step=self.committed_step,
                     flush_seconds=time.monotonic() - t0,
                     flush_bytes=nbytes,
+                    flush_error=error,
                 )
             )
         )
@@ -248,17 +306,61 @@ class ElasticSession:
                 directive = d
         return directive
 
-    def _wait_for_resume(self, step: int, newer_than: int = -1) -> Directive:
-        while True:
-            cmd = self._link.next_command()
-            assert cmd is not None
-            d = self._handle(cmd, step, newer_than=newer_than)
-            if d is not None:
-                return d
+    def _next_command(self, since: float, deadline: float | None = None) -> trainer_pb2.SidecarCommand | None:
+        """The next command; None at ``deadline`` or once the link has been down for the timeout."""
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._link.next_command(left, down_limit=self.elastic_timeout_seconds, since=since)
+
+    def _wait_for_resume(self, step: int, newer_than: int = -1, what: str = "held") -> Directive:
+        self.held = True
+        since = time.monotonic()
+        try:
+            while True:
+                cmd = self._next_command(since)
+                if cmd is None:
+                    self._guard_abort(step, what, flush=True)
+                d = self._handle(cmd, step, newer_than=newer_than)
+                if d is not None:
+                    return d
+        finally:
+            self.held = False
+
+    def _guard_abort(self, step: int, what: str, *, flush: bool) -> NoReturn:
+        """The sidecar is gone past the timeout: flush what is not committed yet, then abort (42)."""
+        link = self._link
+        down = link.down_for() if hasattr(link, "down_for") else float("nan")
+        last_error = getattr(link, "last_error", "")
+        reason = (
+            f"no sidecar at {link.address} for {down:.1f} s while {what} "
+            f"(elastic_timeout_seconds={self.elastic_timeout_seconds:g})"
+        )
+        if last_error:
+            reason += f"; last link error: {last_error}"
+        self._on_event(
+            "sidecar_lost",
+            {
+                "step": step,
+                "while": what,
+                "down_seconds": round(down, 3),
+                "elastic_timeout_seconds": self.elastic_timeout_seconds,
+                "last_error": last_error,
+            },
+        )
+        if flush:
+            _, error = self._do_flush(step)
+            if error:
+                reason += f"; flush of step {step} failed: {error}"
+        raise AbortTraining(EXIT_RESTART, reason, self.committed_step)
 
     def _handle(self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1) -> Directive | None:
         kind = cmd.WhichOneof("cmd")
         body = getattr(cmd, kind)
+        if cmd.epoch < self.epoch:
+            self._on_event(
+                "fenced", {"kind": kind, "epoch": cmd.epoch, "current_epoch": self.epoch, "generation": body.generation}
+            )
+            return None
+        self.epoch = cmd.epoch
         if body.generation < self.generation or body.generation <= newer_than and kind != "abort":
             self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
             return None
@@ -266,9 +368,7 @@ class ElasticSession:
             self.generation = body.generation
             self._down = self._down | frozenset(body.down_slices)
             t0 = time.monotonic()
-            nbytes = 0
-            if body.flush:
-                nbytes = self._do_flush(step)
+            nbytes, error = self._do_flush(step) if body.flush else (0, "")
             flush_s = time.monotonic() - t0
             self._link.send(
                 trainer_pb2.TrainerMessage(
@@ -278,11 +378,19 @@ class ElasticSession:
                         committed_step=self.committed_step,
                         flush_seconds=flush_s,
                         flush_bytes=nbytes,
+                        flush_error=error,
                     )
                 )
             )
             self._on_event(
-                "held", {"generation": body.generation, "step": step, "flush": body.flush, "reason": body.reason}
+                "held",
+                {
+                    "generation": body.generation,
+                    "step": step,
+                    "flush": body.flush,
+                    "reason": body.reason,
+                    "flush_error": error,
+                },
             )
             return self._wait_for_resume(step)
         if kind == "resume":
@@ -296,7 +404,7 @@ class ElasticSession:
             )
         if kind == "flush":
             t0 = time.monotonic()
-            nbytes = self._do_flush(step)
+            nbytes, error = self._do_flush(step)
             self._link.send(
                 trainer_pb2.TrainerMessage(
                     flushed=trainer_pb2.FlushedAck(
@@ -304,6 +412,7 @@ class ElasticSession:
                         committed_step=self.committed_step,
                         flush_seconds=time.monotonic() - t0,
                         flush_bytes=nbytes,
+                        flush_error=error,
                     )
                 )
             )
@@ -314,15 +423,22 @@ class ElasticSession:
             raise AbortTraining(body.exit_code, body.reason, self.committed_step)
         return None
 
-    def _do_flush(self, step: int) -> int:
-        if self._flush is None or step < 0 or self._flushed_at == step:
-            return 0
+    def _do_flush(self, step: int) -> tuple[int, str]:
+        """Make ``step`` durable; returns (bytes written, error). Only a committed step counts."""
+        if step <= 0 or self._flushed_at == step:
+            return 0, ""  # nothing trained yet, or already committed
+        if self._flush is None:
+            return 0, "this trainer has no flusher"
         try:
             res = self._flush(step, self._down)
-        except Exception as e:  # a flush that fails must not lose the hold: report what is committed
-            self._on_event("flush_failed", {"step": step, "error": f"{type(e).__name__}: {e}"[:300]})
-            return 0
+        except Exception as e:  # a flush that fails must not lose the hold: report it, never count it
+            error = f"{type(e).__name__}: {e}"[:1000]
+            self._on_event("flush_failed", {"step": step, "error": error[:300]})
+            return 0, error
         self.committed_step = max(self.committed_step, res.committed_step)
-        if res.committed_step == step:
-            self._flushed_at = step
-        return res.nbytes
+        if res.committed_step < step:
+            error = f"the flusher committed step {res.committed_step}, not step {step}"
+            self._on_event("flush_failed", {"step": step, "error": error})
+            return res.nbytes, error
+        self._flushed_at = step
+        return res.nbytes, ""

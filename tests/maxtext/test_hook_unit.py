@@ -63,7 +63,7 @@ class ScriptedLink:
     def send(self, msg: trainer_pb2.TrainerMessage) -> None:
         self.sent.append(msg)
 
-    def next_command(self, timeout: float | None = None) -> trainer_pb2.SidecarCommand | None:
+    def next_command(self, timeout: float | None = None, **_: object) -> trainer_pb2.SidecarCommand | None:
         if self.inbox:
             return self.inbox.popleft()
         if self.when_blocked:

@@ -151,7 +151,7 @@ class FakeLink:
     def send(self, msg: trainer_pb2.TrainerMessage) -> None:
         self.sent.append(msg)
 
-    def next_command(self, timeout: float | None = None) -> trainer_pb2.SidecarCommand | None:
+    def next_command(self, timeout: float | None = None, **_: object) -> trainer_pb2.SidecarCommand | None:
         return self.inbox.popleft() if self.inbox else None
 
     def flush_outbox(self, timeout: float = 2.0) -> None:
@@ -184,12 +184,14 @@ def test_a_failed_flush_is_acknowledged_with_the_previous_committed_step(manager
     acks = [m.held for m in link.sent if m.HasField("held")]
     assert [(a.generation, a.step, a.committed_step) for a in acks] == [(1, 4, 4)]
     assert acks[0].flush_bytes == tree_nbytes(make_tree(4))
+    assert acks[0].flush_error == ""
 
     link.inbox.extend([hold(2), resume(2)])
     d = session.step_boundary(8)  # the flush of step 8 fails: the hold is still acknowledged
     assert d is not None and d.generation == 2
     acks = [m.held for m in link.sent if m.HasField("held")]
     assert [(a.generation, a.step, a.committed_step, a.flush_bytes) for a in acks[1:]] == [(2, 8, 4, 0)]
+    assert "no surviving replica" in acks[1].flush_error  # acknowledged as failed, not as committed
     failed = [f for k, f in events if k == "flush_failed"]
     assert len(failed) == 1 and failed[0]["step"] == 8 and "no surviving replica" in str(failed[0]["error"])
     assert session.committed_step == 4
@@ -205,8 +207,9 @@ def test_a_failed_flush_is_acknowledged_with_the_previous_committed_step(manager
 def test_do_flush_skips_a_step_already_flushed(manager: Any) -> None:
     rec = Recorder(manager)
     session = ElasticSession(FakeLink(), flush=OrbaxFlusher(manager, rec))  # type: ignore[arg-type]
-    assert session._do_flush(3) == tree_nbytes(make_tree(3))
-    assert session._do_flush(3) == 0
-    assert session._do_flush(-1) == 0  # nothing in memory yet: nothing to flush
+    assert session._do_flush(3) == (tree_nbytes(make_tree(3)), "")
+    assert session._do_flush(3) == (0, "")
+    assert session._do_flush(-1) == (0, "")  # nothing in memory yet: nothing to flush
+    assert session._do_flush(0) == (0, "")  # nothing trained yet
     assert [c[0] for c in rec.calls] == [3]
     assert session.committed_step == 3
