@@ -73,11 +73,15 @@ from agent.core.model import (
     TrainerSliceError,
     TrainerStepped,
     TrainerView,
+    WorkerAway,
     WorkerHealth,
     WorkerJoined,
     WorkerLost,
     _frozen,
 )
+
+RECENT_STEPS = 15
+"""Step durations kept for the median that judges a suspected hang."""
 
 
 def _fmt(slices: frozenset[int] | set[int]) -> str:
@@ -92,7 +96,7 @@ def decide(state: State, event: Event, now: float) -> Decision:
         code = state.exit_code if state.exit_code is not None else EXIT_RESTART
         why = f"job failed; telling the trainer that attached to abort with exit code {code}"
         return Decision(state, (AbortTrainer(state.generation, why, code),), why)
-    if state.phase.terminal and not isinstance(event, (WorkerJoined, WorkerLost, WorkerHealth)):
+    if state.phase.terminal and not isinstance(event, (WorkerJoined, WorkerLost, WorkerAway, WorkerHealth)):
         why = f"job is {state.phase}; {type(event).__name__} ignored"
         return Decision(state, (), why, rejected=why if isinstance(event, OperatorCommand) else "")
     ahead = getattr(event, "generation", -1)
@@ -118,24 +122,36 @@ def _dispatch(state: State, event: Event, now: float) -> Decision:
             return _worker_joined(state, event, now)
         case WorkerLost():
             return _worker_lost(state, event, now)
+        case WorkerAway():
+            return _worker_away(state, event, now)
         case WorkerHealth():
             return _worker_health(state, event, now)
         case TrainerAttached():
             return _trainer_attached(state, event, now)
         case TrainerDetached():
-            t = replace(state.trainer, attached=False)
+            t = replace(state.trainer, attached=False, detached_since=now)
             return Decision(replace(state, trainer=t), (), "trainer link closed; waiting for it to re-attach")
         case TrainerStepped():
-            t = replace(state.trainer, last_step=max(state.trainer.last_step, event.step))
+            recent = (*state.trainer.step_seconds, event.seconds)[-RECENT_STEPS:] if event.seconds > 0 else ()
+            t = replace(
+                state.trainer,
+                last_step=max(state.trainer.last_step, event.step),
+                last_step_at=now,
+                step_seconds=recent or state.trainer.step_seconds,
+                held=False,
+            )
             return Decision(replace(state, trainer=t), (), f"trainer completed step {event.step}")
         case TrainerSliceError():
             return _trainer_slice_error(state, event, now)
         case TrainerHeld():
             return _trainer_held(state, event, now)
         case TrainerResumed():
-            return _trainer_resumed(state, event)
+            return _trainer_resumed(state, event, now)
         case TrainerFlushed():
             t = replace(state.trainer, committed_step=max(state.trainer.committed_step, event.committed_step))
+            if event.flush_error:
+                why = f"trainer flush failed ({event.flush_error[:200]}); newest committed step {t.committed_step}"
+                return Decision(replace(state, trainer=t), (), why)
             return Decision(replace(state, trainer=t), (), f"trainer committed step {event.committed_step}")
         case TrainerFinished():
             done = replace(state, phase=Phase.COMPLETED, deadline=None, exit_code=0)
@@ -172,16 +188,32 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         )
     key = (ev.slice, ev.host)
     old = state.hosts.get(key)
+    errors = state.slice_errors
+    settle = state.policy.settle_seconds <= 0
     if old is not None and old.incarnation == ev.incarnation:
-        # A reconnect of the same process (e.g. after a coordinator restart).
-        registered_at = old.registered_at
+        # The same process again (a stream blip, a coordinator restart): neither
+        # a repair nor a loss. It keeps its registration time.
+        record = replace(old, node=ev.node, node_pool=ev.node_pool, away_since=None)
         what = "re-registered"
+    elif old is not None and old.away_since is not None:
+        # Its sidecar restarted while the host's Pathways worker kept answering:
+        # the same host, so no loss and no repair.
+        record = replace(old, incarnation=ev.incarnation, node=ev.node, node_pool=ev.node_pool, away_since=None)
+        what = f"sidecar restarted (was incarnation {old.incarnation}; the host stayed up)"
     else:
-        registered_at = now
-        what = "registered" if old is None else f"replaced incarnation {old.incarnation}"
+        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle)
+        what = "registered"
+        if old is not None:
+            # A new incarnation while the old one was still on record: the old
+            # process (or its host) is gone, which is a loss of that slice
+            # until the new one has settled.
+            errs = dict(errors)
+            errs[ev.slice] = now - 1e-6
+            errors = _frozen(errs)
+            what = f"replaced live incarnation {old.incarnation} (the old one counts as lost)"
     hosts = dict(state.hosts)
-    hosts[key] = HostRecord(ev.incarnation, ev.node, ev.node_pool, registered_at, True)
-    new = replace(state, hosts=_frozen(hosts), expected_rejoin=state.expected_rejoin - {key})
+    hosts[key] = record
+    new = replace(state, hosts=_frozen(hosts), slice_errors=errors, expected_rejoin=state.expected_rejoin - {key})
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} ({ev.node or '?'}) {what}")
 
 
@@ -192,8 +224,26 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
         return Decision(state, (), f"stale loss of host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
     hosts = dict(state.hosts)
     del hosts[key]
-    new = replace(state, hosts=_frozen(hosts))
+    # Marked lost: only a new incarnation that settles brings the slice back.
+    errors = dict(state.slice_errors)
+    errors[ev.slice] = now
+    new = replace(state, hosts=_frozen(hosts), slice_errors=_frozen(errors))
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} lost ({ev.cause})")
+
+
+def _worker_away(state: State, ev: WorkerAway, now: float) -> Decision:
+    key = (ev.slice, ev.host)
+    old = state.hosts.get(key)
+    if old is None or old.incarnation != ev.incarnation:
+        return Decision(state, (), f"stale report about host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
+    hosts = dict(state.hosts)
+    hosts[key] = replace(old, away_since=now if old.away_since is None else old.away_since)
+    detail = f" ({ev.detail})" if ev.detail else ""
+    why = (
+        f"sidecar of host {ev.slice}.{ev.host} disconnected but its Pathways worker still answers{detail}: "
+        "the host stays in the job while its sidecar comes back"
+    )
+    return Decision(replace(state, hosts=_frozen(hosts)), (), why)
 
 
 def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
@@ -204,7 +254,10 @@ def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
     if old.healthy == ev.healthy:
         return Decision(state, (), f"host {ev.slice}.{ev.host} health unchanged")
     hosts = dict(state.hosts)
-    hosts[key] = replace(old, healthy=ev.healthy)
+    if ev.healthy:
+        hosts[key] = replace(old, healthy=True, healthy_since=now, settled=state.policy.settle_seconds <= 0)
+    else:
+        hosts[key] = replace(old, healthy=False, settled=False)
     word = "healthy" if ev.healthy else "unhealthy"
     detail = f": {ev.detail}" if ev.detail else ""
     return _evaluate(replace(state, hosts=_frozen(hosts)), now, f"host {ev.slice}.{ev.host} {word}{detail}")
@@ -220,27 +273,60 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
     note = ""
     if ev.settings is not None:
         s = ev.settings
-        try:
-            policy = policy.with_trainer_settings(
-                s.elastic_min_slice_count, s.elastic_timeout_seconds, s.elastic_max_retries
-            )
+        wanted = (s.elastic_min_slice_count, s.elastic_timeout_seconds, s.elastic_max_retries)
+        have = (policy.elastic_min_slice_count, policy.elastic_timeout_seconds, policy.elastic_max_retries)
+        if wanted != have and state.phase != Phase.STARTING:
+            # The policy is fixed once the job has started: a link that could
+            # rewrite it mid-run could also talk the job out of its retries.
             note = (
-                f"; adopted trainer settings elastic_min_slice_count={s.elastic_min_slice_count} "
-                f"elastic_timeout_seconds={s.elastic_timeout_seconds:g} elastic_max_retries={s.elastic_max_retries}"
+                f"; refused the trainer's settings elastic_min_slice_count={s.elastic_min_slice_count} "
+                f"elastic_timeout_seconds={s.elastic_timeout_seconds:g} elastic_max_retries={s.elastic_max_retries}: "
+                "the policy cannot change after the job started"
             )
-        except ValueError as e:
-            note = f"; kept sidecar settings, trainer's are invalid: {e}"
+        elif wanted != have:
+            try:
+                policy = policy.with_trainer_settings(*wanted)
+                note = (
+                    f"; adopted trainer settings elastic_min_slice_count={s.elastic_min_slice_count} "
+                    f"elastic_timeout_seconds={s.elastic_timeout_seconds:g} elastic_max_retries={s.elastic_max_retries}"
+                )
+            except ValueError as e:
+                note = f"; kept sidecar settings, trainer's are invalid: {e}"
     t = replace(
         state.trainer,
         attached=True,
         generation=ev.generation,
         step_in_memory=ev.step_in_memory,
         last_step=max(state.trainer.last_step, ev.step_in_memory),
+        committed_step=max(state.trainer.committed_step, ev.committed_step),
         active=ev.active,
         surviving=ev.active if ev.step_in_memory >= 0 else frozenset(),
+        # A trainer with a resume pending may never have got it: treat it as
+        # held so the resume goes out again (see _evaluate, RUNNING).
+        held=ev.held or state.trainer.resume_pending,
+        detached_since=None,
+        last_step_at=now,
     )
     new = replace(state, policy=policy, trainer=t)
-    reason = f"trainer attached (generation {ev.generation}, step {ev.step_in_memory}){note}"
+    reason = (
+        f"trainer attached (generation {ev.generation}, step {ev.step_in_memory}{', held' if ev.held else ''}){note}"
+    )
+    if state.phase == Phase.STARTING and ev.generation > 0 and ev.step_in_memory >= 0 and ev.active and not ev.held:
+        # A coordinator that starts blind (its state file is gone) next to a
+        # trainer that is training: adopt what the trainer runs on rather than
+        # stopping it, and give every host the rejoin grace.
+        p = policy
+        missing = frozenset((sl, h) for sl in range(p.num_slices) for h in range(p.hosts_per_slice)) - set(state.hosts)
+        running = replace(
+            new,
+            phase=Phase.RUNNING,
+            generation=max(state.generation, ev.generation),
+            active=ev.active & p.all_slices,
+            deadline=None,
+            expected_rejoin=missing,
+            rejoin_deadline=now + p.rejoin_grace_seconds if missing else None,
+        )
+        return _evaluate(running, now, reason + "; adopting the running trainer's generation and slices")
     if state.phase == Phase.HOLDING:
         # It may not have seen the hold: send it again.
         hold = HoldTrainer(state.generation, state.hold_flush, state.hold_down, state.hold_reason)
@@ -248,16 +334,7 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
     if state.phase == Phase.RUNNING and (ev.generation != state.generation or ev.active != state.active):
         # A restarted trainer (or coordinator): bring both onto a fresh generation.
         return _start_hold(new, now, reason + "; trainer and coordinator disagree, re-synchronising", failure=False)
-    d = _evaluate(new, now, reason)
-    after = d.state
-    if after.phase == Phase.RUNNING and after.trainer.resume_pending and not d.actions:
-        if after.active <= after.up_slices():
-            # It may not have got the resume (sent while it was away, or lost
-            # with the old link) and would stay held: send it again.
-            g, active = after.generation, after.active
-            why = f"{d.reason}; repeating the unacknowledged resume generation {g} on {_fmt(active)}"
-            return Decision(after, (ResumeTrainer(g, active, _source(after.trainer, active), why),), why)
-    return d
+    return _evaluate(new, now, reason)
 
 
 def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Decision:
@@ -288,13 +365,15 @@ def _trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
         step_in_memory=ev.step,
         last_step=max(state.trainer.last_step, ev.step),
         committed_step=max(state.trainer.committed_step, ev.committed_step),
+        held=True,
     )
     waiting = replace(state, phase=Phase.WAITING, trainer=t, deadline=now + state.policy.elastic_timeout_seconds)
     committed = f", committed step {ev.committed_step}" if ev.committed_step >= 0 else ""
-    return _evaluate(waiting, now, f"trainer held at step {ev.step}{committed}")
+    failed = f"; its flush failed ({ev.flush_error[:200]})" if ev.flush_error else ""
+    return _evaluate(waiting, now, f"trainer held at step {ev.step}{committed}{failed}")
 
 
-def _trainer_resumed(state: State, ev: TrainerResumed) -> Decision:
+def _trainer_resumed(state: State, ev: TrainerResumed, now: float) -> Decision:
     if ev.generation != state.generation:
         return Decision(state, (), f"stale resume acknowledgement for generation {ev.generation} ignored")
     t = replace(
@@ -304,6 +383,8 @@ def _trainer_resumed(state: State, ev: TrainerResumed) -> Decision:
         surviving=ev.active,
         step_in_memory=ev.step,
         resume_pending=False,
+        held=False,
+        last_step_at=now,
     )
     return Decision(
         replace(state, trainer=t),
@@ -319,7 +400,7 @@ def _trainer_resumed(state: State, ev: TrainerResumed) -> Decision:
 
 def _evaluate(state: State, now: float, why: str) -> Decision:
     """Given membership as it stands, what must happen now."""
-    state = _forget_repaired(state)
+    state = _settle(_forget_repaired(state), now)
     p = state.policy
     up = state.up_slices()
     prefix = f"{why}; " if why else ""
@@ -327,13 +408,16 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         # A slice that went down, even briefly, no longer holds a replica.
         state = replace(state, trainer=replace(state.trainer, surviving=state.trainer.surviving & up))
 
-    # Rejoin grace after a coordinator restart: hosts it knew may still come back.
+    # Rejoin grace after a coordinator restart: hosts it knew may still come
+    # back, so nobody is judged on membership until they have or it has passed.
     if state.expected_rejoin:
-        if state.deadline is not None and now < state.deadline and state.phase == Phase.RUNNING:
+        grace = state.rejoin_deadline is not None and now < state.rejoin_deadline
+        if grace and state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
+            if state.phase == Phase.HOLDING and state.deadline is not None and now >= state.deadline:
+                return _fail(state, f"{prefix}trainer did not acknowledge the hold in time")
             return Decision(state, (), f"{prefix}waiting for {len(state.expected_rejoin)} host(s) to rejoin")
-        state = replace(
-            state, expected_rejoin=frozenset(), deadline=None if state.phase == Phase.RUNNING else state.deadline
-        )
+        state = replace(state, expected_rejoin=frozenset(), rejoin_deadline=None)
+        up = state.up_slices()
 
     if state.phase == Phase.STARTING:
         if state.trainer.attached and up == p.all_slices:
@@ -358,13 +442,31 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
                     state, now, f"{prefix}leaving slice(s) {_fmt(lost)} at the step boundary", failure=False, flush=True
                 )
             return _start_hold(state, now, f"{prefix}active slice(s) {_fmt(lost)} down", failure=True)
-        if up - state.active and state.trainer.attached:
+        t = state.trainer
+        if t.attached and t.resume_pending and t.held:
+            # It said it is held and has not acknowledged our resume (sent while
+            # it was away, lost with the old link, or decided just before this
+            # coordinator restarted): send it again, once per report of being held.
+            g, active = state.generation, state.active
+            again = replace(state, trainer=replace(t, held=False))
+            reason = f"{prefix}repeating the unacknowledged resume generation {g} on {_fmt(active)}"
+            return Decision(again, (ResumeTrainer(g, active, _source(t, active), reason),), reason)
+        if up - state.active and t.attached:
             return _start_hold(state, now, f"{prefix}slice(s) {_fmt(up - state.active)} back; growing", failure=False)
+        if not t.attached and t.detached_since is not None:
+            gone = now - t.detached_since
+            limit = max(p.start_timeout_seconds, p.elastic_timeout_seconds)
+            if gone >= limit:
+                return _fail(state, f"{prefix}the trainer's link has been gone for {gone:.0f} s (limit {limit:g} s)")
+        hang = _suspected_hang(state, now)
+        if hang:
+            return _start_hold(state, now, f"{prefix}{hang}", failure=True, flush=True)
         return Decision(state, (), why or "running")
 
     if state.phase == Phase.HOLDING:
         if state.deadline is not None and now >= state.deadline:
-            return _fail(state, f"{prefix}trainer did not acknowledge the hold within {p.elastic_timeout_seconds:g} s")
+            limit = p.elastic_timeout_seconds + (p.flush_timeout_seconds if state.hold_flush else 0.0)
+            return _fail(state, f"{prefix}trainer did not acknowledge the hold within {limit:g} s")
         newly_down = (p.all_slices - up) - state.hold_down
         if newly_down:
             # Tell the trainer not to read its state from these slices either.
@@ -372,6 +474,13 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         return Decision(state, (), f"{prefix}waiting for the trainer to hold")
 
     if state.phase == Phase.WAITING:
+        newly_down = (p.all_slices - up) - state.hold_down
+        if newly_down and not state.hold_flush and len(up) < p.min_slices and state.trainer.step_in_memory >= 0:
+            # A second loss during a hold that did not flush: memory no longer
+            # suffices to go on soon, so make the held step durable now.
+            return _start_hold(
+                state, now, f"{prefix}slice(s) {_fmt(newly_down)} also down while held", failure=False, flush=True
+            )
         if state.operator_hold:
             return Decision(state, (), f"{prefix}held by an operator until an operator resumes")
         if len(up) >= p.min_slices and up:
@@ -387,6 +496,32 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     return Decision(state, (), why)
 
 
+def _suspected_hang(state: State, now: float) -> str:
+    """Why the trainer looks hung (RUNNING, attached, no step report for long), or ""."""
+    t = state.trainer
+    if not t.attached or t.last_step_at is None or not t.step_seconds:
+        return ""
+    ordered = sorted(t.step_seconds)
+    median = ordered[len(ordered) // 2]
+    limit = max(state.policy.hang_min_seconds, state.policy.hang_step_factor * median)
+    silent = now - t.last_step_at
+    if silent < limit:
+        return ""
+    return f"no step report for {silent:.0f} s (median step {median:.3g} s, limit {limit:g} s): suspected hang"
+
+
+def _settle(state: State, now: float) -> State:
+    """Mark hosts healthy for ``settle_seconds`` as settled (they may repair a lost slice)."""
+    wait = state.policy.settle_seconds
+    due = [k for k, r in state.hosts.items() if not r.settled and r.healthy and now - r.healthy_since >= wait]
+    if not due:
+        return state
+    hosts = dict(state.hosts)
+    for k in due:
+        hosts[k] = replace(hosts[k], settled=True)
+    return replace(state, hosts=_frozen(hosts))
+
+
 def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool | None = None) -> Decision:
     p = state.policy
     retries = state.retries_used
@@ -398,15 +533,17 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
     # Flush unless training can continue at once on the survivors from memory.
     can_continue = len(up) >= p.min_slices and bool(up)
     if flush is None:
-        flush = (failure or state.phase == Phase.HOLDING and state.hold_flush) and not can_continue
+        in_hold = state.phase in (Phase.HOLDING, Phase.WAITING)
+        flush = (failure or in_hold) and not can_continue
     gen = state.generation + 1
     down = p.all_slices - up
+    ack_within = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flush else 0.0)
     new = replace(
         state,
         phase=Phase.HOLDING,
         generation=gen,
         retries_used=retries,
-        deadline=now + p.elastic_timeout_seconds,
+        deadline=now + ack_within,
         hold_flush=flush,
         hold_reason=why,
         hold_down=down,
@@ -425,7 +562,7 @@ def _resume(state: State, up: frozenset[int], why: str) -> Decision:
     t = state.trainer
     source = _source(t, up)
     gen = state.generation if state.phase != Phase.STARTING else state.generation + 1
-    trainer = replace(t, active=up, surviving=up, resume_pending=True)
+    trainer = replace(t, active=up, surviving=up, resume_pending=True, held=False)
     new = replace(state, phase=Phase.RUNNING, generation=gen, active=up, deadline=None, trainer=trainer)
     return Decision(
         new,
@@ -560,7 +697,7 @@ def _forget_repaired(state: State) -> State:
     """
 
     def repaired(s: int, mark: float) -> bool:
-        return any(r.registered_at > mark for (sl, _), r in state.hosts.items() if sl == s)
+        return any(r.registered_at > mark and r.settled for (sl, _), r in state.hosts.items() if sl == s)
 
     drains = {s: d for s, d in state.drains.items() if not repaired(s, d.since)}
     errors = {s: t for s, t in state.slice_errors.items() if not repaired(s, t)}

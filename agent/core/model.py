@@ -50,8 +50,24 @@ class Policy:
     start_timeout_seconds: float = 600.0
     """How long a fresh job waits for its slices and trainer to come up (at least
     ``elastic_timeout_seconds``): process and pod start-up is not a slice wait."""
+    flush_timeout_seconds: float = 600.0
+    """How long a flush may take. A hold that flushes is acknowledged within
+    ``elastic_timeout_seconds + flush_timeout_seconds``: MaxText uses
+    ``elastic_timeout_seconds`` only to wait for slices, never for a save."""
+    settle_seconds: float = 1.0
+    """A slice that was lost counts as back only once a new incarnation of each
+    of its lost hosts has stayed registered and healthy this long."""
+    hang_step_factor: float = 20.0
+    """RUNNING with no step report for this many times the median step time
+    (and at least ``hang_min_seconds``) is a suspected hang."""
+    hang_min_seconds: float = 60.0
 
     def __post_init__(self) -> None:
+        for name in ("flush_timeout_seconds", "hang_step_factor", "hang_min_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.settle_seconds < 0:
+            raise ValueError(f"settle_seconds must be >= 0, got {self.settle_seconds}")
         if self.num_slices < 1:
             raise ValueError(f"num_slices must be >= 1, got {self.num_slices}")
         if self.hosts_per_slice < 1:
@@ -123,6 +139,13 @@ class HostRecord:
     node_pool: str = ""
     registered_at: float = 0.0
     healthy: bool = True
+    healthy_since: float = 0.0
+    settled: bool = False
+    """Healthy since ``healthy_since`` for at least ``settle_seconds`` (set by the core on a later event)."""
+    away_since: float | None = None
+    """Its sidecar's stream closed while the host's Pathways worker still
+    answered the coordinator's own check: the host is up, its sidecar is
+    restarting (or its stream blipped). A new incarnation replaces it with no loss."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +163,14 @@ class TrainerView:
     """Slices of that mesh that stayed up throughout: its replicas in memory."""
     resume_pending: bool = False
     """A ResumeTrainer went out that the trainer has not acknowledged; repeated when it re-attaches."""
+    held: bool = False
+    """The trainer said (hello or acknowledgement) it is blocked in a hold."""
+    detached_since: float | None = None
+    """When its link closed (None while attached or before it ever attached)."""
+    last_step_at: float | None = None
+    """When the newest step report arrived (not persisted: a step count is not intent)."""
+    step_seconds: tuple[float, ...] = ()
+    """Durations of the newest steps, for the median in hang suspicion."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +203,8 @@ class State:
     """An operator asked to hold: no resume until an operator resumes."""
     expected_rejoin: frozenset[HostKey] = frozenset()
     """Hosts known before a coordinator restart that have not re-registered yet."""
+    rejoin_deadline: float | None = None
+    """End of the rejoin grace: until then no host in ``expected_rejoin`` is judged lost."""
     retries_used: int = 0
     deadline: float | None = None
     """Phase deadline: start, hold acknowledgement, wait for slices, rejoin grace."""
@@ -182,12 +215,17 @@ class State:
     exit_code: int | None = None
 
     def slice_up(self, s: int) -> bool:
-        """Every host of the slice registered and healthy, and no unrepaired error."""
+        """Every host of the slice registered and healthy, and no unrepaired error or drain.
+
+        An error is repaired by a host that registered after it and has settled
+        (``settle_seconds`` registered and healthy: see :func:`settled`); a
+        reconnect of the same process keeps its registration time, so it repairs nothing.
+        """
         records = [self.hosts.get((s, h)) for h in range(self.policy.hosts_per_slice)]
         if any(r is None or not r.healthy for r in records):
             return False
         for mark in (self.slice_errors.get(s), getattr(self.drains.get(s), "since", None)):
-            if mark is not None and not any(r is not None and r.registered_at > mark for r in records):
+            if mark is not None and not any(r is not None and r.registered_at > mark and r.settled for r in records):
                 return False
         return True
 
@@ -236,6 +274,18 @@ class WorkerLost:
 
 
 @dataclass(frozen=True)
+class WorkerAway:
+    """A worker's stream closed, but the coordinator's own check of that host's
+    Pathways worker still succeeded: its sidecar restarts (or the stream
+    blipped); the host is not lost."""
+
+    slice: int
+    host: int
+    incarnation: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class WorkerHealth:
     """A worker's local health checker (its Pathways worker) changed verdict."""
 
@@ -261,6 +311,9 @@ class TrainerAttached:
     step_in_memory: int
     active: frozenset[int] = frozenset()
     settings: TrainerSettings | None = None
+    committed_step: int = -1
+    held: bool = False
+    """The trainer is blocked in a hold (it says so in its hello)."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +343,8 @@ class TrainerHeld:
     committed_step: int
     flush_seconds: float = 0.0
     flush_bytes: int = 0
+    flush_error: str = ""
+    """A flush was asked for and did not commit: why (never counted as committed)."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +361,7 @@ class TrainerFlushed:
     committed_step: int
     flush_seconds: float = 0.0
     flush_bytes: int = 0
+    flush_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -355,6 +411,7 @@ class Tick:
 Event = (
     WorkerJoined
     | WorkerLost
+    | WorkerAway
     | WorkerHealth
     | TrainerAttached
     | TrainerDetached

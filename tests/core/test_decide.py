@@ -15,7 +15,7 @@ from agent.core.model import (
     HoldTrainer,
     HostRecord,
     Phase,
-    Policy,
+    Policy as _Policy,
     ResumeSource,
     ResumeTrainer,
     State,
@@ -36,6 +36,13 @@ from agent.core.model import (
     _frozen,
     initial_state,
 )
+
+
+def Policy(**kw) -> _Policy:  # noqa: N802
+    """The policy under test, with no settle period: these tests check other
+    rules; the settle period has its own tests (test_membership.py)."""
+    kw.setdefault("settle_seconds", 0.0)
+    return _Policy(**kw)
 
 
 class Job:
@@ -293,12 +300,23 @@ def test_stale_worker_lost_of_an_old_incarnation_is_ignored():
     assert job.feed(WorkerLost(1, 0, "new", "stream_closed")).state.phase == Phase.HOLDING
 
 
-def test_a_fresh_coordinator_starts_above_the_trainers_generation():
-    job = Job(Policy(num_slices=2))  # restarted without its state file; the trainer lives on
+def test_a_fresh_coordinator_starts_above_a_held_trainers_generation():
+    job = Job(Policy(num_slices=2))  # restarted without its state file; the trainer lives on, held
     job.join_all()
-    d = job.feed(TrainerAttached(7, 120, frozenset({0, 1})))
+    d = job.feed(TrainerAttached(7, 120, frozenset({0, 1}), held=True))
     (resume,) = of(d, ResumeTrainer)
     assert resume.generation == 8 and resume.source == ResumeSource.MEMORY
+
+
+def test_a_blind_coordinator_adopts_a_training_trainer_without_stopping_it():
+    job = Job(Policy(num_slices=2))  # restarted without its state file; the trainer keeps training
+    job.feed(WorkerJoined(0, 0, "a0.0"))
+    d = job.feed(TrainerAttached(7, 120, frozenset({0, 1}), committed_step=100))
+    assert d.actions == () and d.state.phase == Phase.RUNNING and d.state.generation == 7
+    assert d.state.expected_rejoin == {(1, 0)} and d.state.trainer.committed_step == 100
+    assert job.feed(Tick(), dt=1).actions == ()  # host 1.0 still has its rejoin grace
+    assert job.feed(WorkerJoined(1, 0, "a1.0"), dt=1).actions == ()
+    assert job.feed(Tick(), dt=30).state.phase == Phase.RUNNING
 
 
 def test_a_trainer_ahead_of_a_running_coordinator_is_re_synchronised():
@@ -341,8 +359,19 @@ def test_hold_not_acknowledged_in_time_fails():
     job = Job(Policy(num_slices=2, elastic_timeout_seconds=60))
     job.start()
     job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1)
-    d = job.feed(Tick(), dt=60)
+    # The hold flushes (no slice to go on with), and a flush has its own timeout.
+    assert job.feed(Tick(), dt=60).state.phase == Phase.HOLDING
+    d = job.feed(Tick(), dt=600)
     assert d.state.phase == Phase.FAILED and of(d, ExitCoordinator)[0].exit_code == 42
+    assert "660 s" in d.reason
+
+
+def test_a_hold_without_flush_must_be_acknowledged_within_elastic_timeout():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_timeout_seconds=60))
+    job.start()
+    d = job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1)
+    assert not of(d, HoldTrainer)[0].flush
+    assert job.feed(Tick(), dt=60).state.phase == Phase.FAILED
 
 
 @pytest.mark.parametrize("max_retries", [1, 2, 3])

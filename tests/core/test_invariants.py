@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from agent.core.decide import decide
+from agent.core.decide import _settle, decide
 from agent.core.model import (
     AbortTrainer,
     Decision,
@@ -368,6 +368,7 @@ class World:
         for s in range(p.num_slices):
             for h in range(p.hosts_per_slice):
                 self.apply(WorkerJoined(s, h, self.fresh(s, h), node=f"node-{s}-{h}"))
+        self.apply(Tick(), p.settle_seconds + 0.01)  # the replacements settle
         if not self.state.trainer.attached:
             self.apply(TrainerAttached(self.trainer_gen, self.trainer_step, self.trainer_active))
         if self.state.operator_hold:
@@ -405,7 +406,8 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
     if isinstance(event, OperatorCommand) and d.rejected:
         assert d.state == before and d.actions == (), "a refused operator command changed something"
     up_after = after.up_slices()
-    up_before = before.up_slices()
+    # Time alone brings a replacement host up once it has settled.
+    up_before = _settle(before, now).up_slices()
     brought_up: frozenset[int] = frozenset()
     if isinstance(event, WorkerJoined) or isinstance(event, WorkerHealth) and event.healthy:
         brought_up = frozenset({event.slice})
@@ -718,6 +720,7 @@ class FaithfulWorld(World):
             for s in range(self.state.policy.num_slices):
                 for h in range(self.state.policy.hosts_per_slice):
                     self.apply(WorkerJoined(s, h, self.fresh(s, h)))
+            self.apply(Tick(), self.state.policy.settle_seconds + 0.01)  # the replacements settle
             self.link_up()
             self.drain()
         if not self.state.phase.terminal:

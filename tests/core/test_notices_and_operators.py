@@ -12,7 +12,7 @@ from agent.core.model import (
     NodeNotice,
     OperatorCommand,
     Phase,
-    Policy,
+    Policy as _Policy,
     ResumeTrainer,
     State,
     TrainerAttached,
@@ -21,6 +21,13 @@ from agent.core.model import (
     WorkerJoined,
     initial_state,
 )
+
+
+def Policy(**kw) -> _Policy:  # noqa: N802
+    """The policy under test, with no settle period: these tests check other
+    rules; the settle period has its own tests (test_membership.py)."""
+    kw.setdefault("settle_seconds", 0.0)
+    return _Policy(**kw)
 
 
 class Job:
