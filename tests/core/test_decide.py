@@ -15,7 +15,6 @@ from agent.core.model import (
     HoldTrainer,
     HostRecord,
     Phase,
-    Policy as _Policy,
     ResumeSource,
     ResumeTrainer,
     State,
@@ -35,6 +34,9 @@ from agent.core.model import (
     WorkerLost,
     _frozen,
     initial_state,
+)
+from agent.core.model import (
+    Policy as _Policy,
 )
 
 

@@ -12,7 +12,6 @@ from agent.core.model import (
     NodeNotice,
     OperatorCommand,
     Phase,
-    Policy as _Policy,
     ResumeTrainer,
     State,
     TrainerAttached,
@@ -20,6 +19,9 @@ from agent.core.model import (
     TrainerResumed,
     WorkerJoined,
     initial_state,
+)
+from agent.core.model import (
+    Policy as _Policy,
 )
 
 
