@@ -84,6 +84,7 @@ class SidecarLink:
         """Why the last stream ended or could not start (empty: none yet)."""
         self._stream = 0
         self._channel_ready = threading.Event()
+        self._call: grpc.Future | None = None
         self._thread = threading.Thread(target=self._run, name="sidecar-link", daemon=True)
 
     def start(self) -> SidecarLink:
@@ -124,8 +125,12 @@ class SidecarLink:
             return self.inbox.popleft()
 
     def close(self) -> None:
+        """Stop for good: end the stream (or the wait for a sidecar) and let the thread go."""
         self._closed.set()
         self._q.put(_CLOSE)
+        call = self._call
+        if call is not None:
+            call.cancel()
 
     def flush_outbox(self, timeout: float = 2.0) -> None:
         """Best effort: let queued reports leave before the process exits."""
@@ -212,6 +217,9 @@ class SidecarLink:
             if metadata is not None:
                 try:
                     responses = stub.Attach(self._requests(q), wait_for_ready=True, metadata=metadata)
+                    self._call = responses
+                    if self._closed.is_set():
+                        responses.cancel()
                     threading.Thread(
                         target=self._settle, args=(responses, stream), name="sidecar-link-settle", daemon=True
                     ).start()

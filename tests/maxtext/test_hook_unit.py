@@ -12,6 +12,8 @@ import collections
 import json
 import subprocess
 import sys
+import threading
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,9 @@ from protos.elastic_sidecar.v1 import trainer_pb2
 from trainer_hooks import ElasticSession
 from trainer_hooks.maxtext import MaxTextHook
 from trainer_hooks.maxtext import hook as hook_module
+
+from ..trainer_hooks.sidecar import FakeSidecar, call_within, free_port
+from ..trainer_hooks.sidecar import resume as resume_cmd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -143,7 +148,16 @@ def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
 class Job:
     """A fake ``maxtext.trainers.pre_train.train`` with the hook installed, driven step by step."""
 
-    def __init__(self, config: Config, start_slices: tuple[int, ...] = (0,), fail_at: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        start_slices: tuple[int, ...] = (0,),
+        fail_at: int | None = None,
+        *,
+        address: str | None = None,
+        start: bool = True,
+    ) -> None:
+        """``address``: connect for real (a gRPC link to a sidecar there) instead of over a scripted link."""
         import numpy as np
 
         self.config = config
@@ -156,6 +170,8 @@ class Job:
 
         def connect(address: str, **kw: Any) -> ElasticSession:
             self.settings = kw["settings"]
+            if address != "scripted":
+                return ElasticSession.connect(address, **kw)
             return ElasticSession(self.link, flush=kw["flush"], on_event=kw["on_event"])  # type: ignore[arg-type]
 
         def initialize(argv: list[str]) -> tuple[Config, None]:
@@ -172,9 +188,10 @@ class Job:
         self.train = types.ModuleType("fake_train")
         self.train.initialize = initialize  # type: ignore[attr-defined]
         self.train.training_loop_iteration = training_loop_iteration  # type: ignore[attr-defined]
-        self.hook = MaxTextHook("scripted", "job", connect=connect).install(self.train)
+        self.hook = MaxTextHook(address or "scripted", "job", connect=connect).install(self.train)
         self.device_state = {"state": {"w": np.zeros(4, np.float32)}}
-        self.train.initialize(["train.py"])
+        if start:
+            self.train.initialize(["train.py"])
 
     def step(self, step: int) -> None:
         pv = {"step": step, "checkpoint_manager": self.manager, "data_iterator": None}
@@ -292,3 +309,75 @@ def test_abort_flushes_and_exits_with_its_code(fake_maxtext: Any) -> None:
     assert exc.value.code == 3
     assert job.manager.labels == [4]
     assert job.ran == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------
+# the self-guard: a sidecar gone past elastic_timeout_seconds ends in exit 42, never 1
+# ---------------------------------------------------------------------------
+
+
+def _abort_line(err: str) -> dict[str, Any]:
+    lines = [ln for ln in err.splitlines() if ln.startswith("trainer_hooks.maxtext: abort ")]
+    assert len(lines) == 1, err
+    return json.loads(lines[0].split(" ", 2)[2])
+
+
+def test_no_sidecar_at_start_exits_42_after_maxtexts_elastic_timeout(
+    fake_maxtext: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens
+    job = Job(Config(elastic_timeout_seconds=1), address=address, start=False)
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        call_within(lambda: job.train.initialize(["train.py"]), 10)
+    waited = time.monotonic() - t0
+    assert exc.value.code == 42
+    assert 1.0 <= waited < 3.5
+    abort = _abort_line(capsys.readouterr().err)
+    assert abort["exit_code"] == 42 and f"no sidecar at {address}" in abort["reason"]
+    assert "elastic_timeout_seconds=1" in abort["reason"]
+    assert job.manager.labels == [] and job.ran == []
+
+
+def test_sidecar_gone_during_a_hold_flushes_through_maxtext_then_exits_42(
+    fake_maxtext: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeSidecar() as sidecar:
+        job = Job(Config(elastic_timeout_seconds=1), address=sidecar.address, start=False)
+        started = threading.Thread(target=job.train.initialize, args=(["train.py"],), daemon=True)
+        started.start()
+        sidecar.send(resume_cmd(1, 0))
+        started.join(10)
+        assert not started.is_alive()
+        job.run(0, 3)
+        sidecar.send(hold(2))  # no flush asked: memory suffices
+        session = job.hook.session
+        assert session is not None
+        deadline = time.monotonic() + 10
+        while not session._link.inbox:
+            assert time.monotonic() < deadline, "the hold never arrived"
+            time.sleep(0.005)
+        out: dict[str, Any] = {}
+
+        def boundary() -> None:
+            try:
+                job.step(3)
+            except BaseException as e:
+                out["error"] = e
+            out["at"] = time.monotonic()
+
+        t = threading.Thread(target=boundary, daemon=True)
+        t.start()
+        ack = sidecar.wait_for_message("held")
+        assert (ack.step, ack.committed_step) == (3, -1)
+        gone = time.monotonic()
+        sidecar.stop()
+        t.join(10)
+    assert not t.is_alive()
+    err = out.get("error")
+    assert isinstance(err, SystemExit) and err.code == 42, out
+    assert 1.0 <= out["at"] - gone < 3.5
+    assert job.manager.labels == [2], "the state after 3 steps, flushed as MaxText's label 2"
+    assert job.ran == [0, 1, 2]
+    abort = _abort_line(capsys.readouterr().err)
+    assert abort["committed_step"] == 3 and "while held" in abort["reason"]

@@ -20,6 +20,14 @@ import grpc
 
 from protos.elastic_sidecar.v1 import trainer_pb2, trainer_pb2_grpc
 
+_SERVER_OPTIONS = [
+    # The trainer link pings every 0.5 s (as the coordinator allows): never answer with too_many_pings.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 100),
+    ("grpc.http2.min_time_between_pings_ms", 100),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
 
 def free_port() -> int:
     """A loopback port nothing listens on (just released)."""
@@ -50,7 +58,7 @@ class FakeSidecar(trainer_pb2_grpc.TrainerLinkServicer):
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> FakeSidecar:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_SERVER_OPTIONS)
         trainer_pb2_grpc.add_TrainerLinkServicer_to_server(self, server)
         bound = server.add_insecure_port(self.address)
         assert bound == self.port, f"could not bind {self.address}"
@@ -159,3 +167,26 @@ def boundary_until(session: Any, step: int, timeout: float = 10.0) -> Any:
             return d
         time.sleep(0.002)
     raise TimeoutError(f"no directive within {timeout} s")
+
+
+def call_within(fn: Callable[[], Any], limit: float) -> Any:
+    """``fn()`` on a thread: its result, or what it raised; AssertionError if it is still blocked after ``limit`` s.
+
+    A guard that does not fire then fails the test instead of hanging it.
+    """
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        raise AssertionError(f"still blocked after {limit} s")
+    if "error" in out:
+        raise out["error"]
+    return out["result"]

@@ -22,7 +22,7 @@ import pytest
 from trainer_hooks import AbortTraining, Directive, ElasticSession, FlushResult
 from trainer_hooks.session import DEFAULT_ADDRESS, ENV_TOKEN_FILE
 
-from .sidecar import FakeSidecar, boundary_until, flush, free_port, hold, resume
+from .sidecar import FakeSidecar, boundary_until, call_within, flush, free_port, hold, resume
 
 np = pytest.importorskip("numpy")
 ocp = pytest.importorskip("orbax.checkpoint")
@@ -148,7 +148,7 @@ def test_start_without_a_sidecar_aborts_42_after_the_timeout(flusher: Flusher) -
     t0 = time.monotonic()
     try:
         with pytest.raises(AbortTraining) as ei:
-            session.start(-1)
+            call_within(session.start, TIMEOUT + SLACK + 5)
     finally:
         session.close()
     waited = time.monotonic() - t0
@@ -234,7 +234,9 @@ def test_sidecar_gone_after_a_slice_error_flushes_from_the_survivors_then_aborts
         sidecar.stop()
         t0 = time.monotonic()
         with pytest.raises(AbortTraining) as ei:
-            session.slice_error(4, RuntimeError("DATA_LOSS: slice 1 is gone"), [1])
+            call_within(
+                lambda: session.slice_error(4, RuntimeError("DATA_LOSS: slice 1 is gone"), [1]), TIMEOUT + SLACK + 5
+            )
         waited = time.monotonic() - t0
     finally:
         session.close()
@@ -384,7 +386,7 @@ def test_a_refused_or_unreadable_token_is_a_link_down(
         t0 = time.monotonic()
         try:
             with pytest.raises(AbortTraining) as ei:
-                session.start(-1)
+                call_within(session.start, TIMEOUT + SLACK + 5)
         finally:
             session.close()
     waited = time.monotonic() - t0

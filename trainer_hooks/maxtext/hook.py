@@ -33,6 +33,11 @@ set, or after a slice-loss error, the hook flushes and then
 
 A resume on the same slice set continues from memory. An abort flushes and
 exits with the abort's exit code.
+
+The hook never waits for ever: blocked on a sidecar (at start, in a hold, or
+after a slice-loss error) that has been gone for MaxText's own
+``elastic_timeout_seconds``, it flushes if it holds an uncommitted step whose
+state it can read, then exits 42 (never 1), so xpk restarts the workload.
 """
 
 from __future__ import annotations
