@@ -4,9 +4,14 @@ Starts the coordinator sidecar, one stand-in Pathways worker plus one worker
 sidecar per host (each host is its own process group, so a fault hits both),
 and the example trainer on CPU devices grouped into slices. Faults are
 injected when the trainer reaches the given step: ``kill`` SIGKILLs the host,
-``hang`` SIGSTOPs it. The stand-in provisioner recreates the lost slice after
-``--replacement-delay``. At the end it prints a timeline and a summary table,
-and writes ``--summary-json``.
+``hang`` SIGSTOPs it, ``sidecar-restart`` replaces its worker sidecar alone;
+``coordinator-restart``, ``coordinator-stall`` and ``trainer-kill`` hit the
+job's own processes (see :mod:`simjob.options`). The stand-in provisioner
+recreates a lost slice after ``--replacement-delay``. At the end it prints a
+timeline and a summary table, and writes ``--summary-json``.
+
+:class:`Demo` is the same run as an object, so tests can also inject faults
+at a moment of their choosing (a coordinator phase rather than a step).
 """
 
 from __future__ import annotations
@@ -20,14 +25,25 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from agent.auth import read_token_file
 from agent.config import is_loopback
-from simjob.options import ANNOUNCED, DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
+from simjob.options import (
+    ANNOUNCED,
+    DEFAULT_FAULTS,
+    RESTART_DELAY,
+    SAME_STEP_GAP,
+    FaultSpec,
+    check_faults,
+    parse_fault,
+)
 from simjob.summary import FaultRecord, render, summarize
 from standins.provisioner import Provisioner
 
@@ -60,6 +76,11 @@ class Host:
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.procs)
 
+    @property
+    def sidecar(self) -> subprocess.Popen[bytes]:
+        """The newest worker sidecar process (the first process is the stand-in Pathways worker)."""
+        return self.procs[-1]
+
 
 def _flags(**kw: object) -> list[str]:
     """--key value pairs from keyword arguments (underscores become dashes)."""
@@ -89,6 +110,18 @@ class Job:
         self.hosts: dict[tuple[int, int], Host] = {}
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
+        self.coordinator_flags = _coordinator_flags()
+        # The trainer link has its own listener once the coordinator offers --trainer-listen.
+        self.trainer_addr = f"127.0.0.1:{free_port()}" if "--trainer-listen" in self.coordinator_flags else None
+        self.state_dir: Path | None = None
+        if "--state-dir" in self.coordinator_flags:
+            self.state_dir = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir / "state"
+            self.state_path = self.state_dir / "state.json"
+            self.journal_path = self.state_dir / "journal.jsonl"
+        else:
+            base = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir
+            self.state_path = base / "coordinator-state.json"
+            self.journal_path = base / "journal.jsonl"
         self._files: list[IO[bytes]] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.emulator: Any = None
@@ -184,14 +217,19 @@ class Job:
             elastic_min_slice_count=ns.min_slices,
             elastic_timeout_seconds=ns.timeout,
             elastic_max_retries=ns.max_retries,
-            journal=self.workdir / "journal.jsonl",
-            state_file=self.workdir / "coordinator-state.json",
             log_format=ns.log_format,
             admin_listen=self.admin_addr,
             admin_token_file=ns.admin_token_file,
             http_listen=self.http_addr,
             peer_token_file=self.peer_token_file,
         )
+        if self.state_dir is not None:
+            cmd += _flags(state_dir=self.state_dir)
+        else:
+            cmd += _flags(journal=self.journal_path, state_file=self.state_path)
+        if self.trainer_addr is not None:
+            cmd += _flags(trainer_listen=self.trainer_addr)
+        cmd += list(getattr(ns, "coordinator_arg", None) or [])
         env = self.env
         if self.emulator is not None:
             cmd += _flags(pubsub_subscription=self.subscription, cluster_name=DEMO_CLUSTER)
@@ -202,21 +240,27 @@ class Job:
     def start_host(self, s: int, h: int) -> None:
         old = self.hosts.get((s, h))
         gen = old.generation + 1 if old else 0
-        log = self._log(f"host-{s}.{h}.log")
         port = self.pw_ports[(s, h)]
         pw = subprocess.Popen(
             [PY, "-m", "standins.pathways_worker", "--port", str(port)],
-            stdout=log,
+            stdout=self._log(f"host-{s}.{h}.log"),
             stderr=subprocess.STDOUT,
             process_group=0,
             env=self.env,
         )
+        self.hosts[(s, h)] = Host(s, h, gen, [pw])
+        self.start_sidecar(s, h)
+
+    def start_sidecar(self, s: int, h: int) -> None:
+        """A worker sidecar for host ``s.h``, in its host's process group (a host fault hits both)."""
+        host = self.hosts[(s, h)]
+        port = self.pw_ports[(s, h)]
         cmd = [PY, "-m", "agent", "worker"] + _flags(
             job=DEMO_JOB,
             coordinator=self.coord_addr,
             slice=s,
             host=h,
-            node=f"gke-demo-slice{s}-host{h}-r{gen}",
+            node=f"gke-demo-slice{s}-host{h}-r{host.generation}",
             node_pool=f"demo-pool-{s}",
             pod=f"{DEMO_JOB}-worker-{s}-{h}",
             health_target=f"127.0.0.1:{port}",
@@ -227,8 +271,16 @@ class Job:
         )
         if (s, h) in self.metadata_ports:
             cmd += _flags(metadata_url=f"http://127.0.0.1:{self.metadata_ports[(s, h)]}/computeMetadata/v1")
-        wk = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, process_group=pw.pid, env=self.env)
-        self.hosts[(s, h)] = Host(s, h, gen, [pw, wk])
+        log = self._log(f"host-{s}.{h}.log")
+        wk = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, process_group=host.pgid, env=self.env)
+        host.procs.append(wk)
+
+    def kill_sidecar(self, s: int, h: int) -> int | None:
+        """SIGKILL host ``s.h``'s worker sidecar alone; its Pathways worker keeps running."""
+        wk = self.hosts[(s, h)].sidecar
+        if wk.poll() is None:
+            wk.kill()
+        return wk.wait()
 
     def recreate_slice(self, s: int) -> None:
         """GKE recreates every VM of a TPU slice: replace all its hosts."""
@@ -247,7 +299,7 @@ class Job:
         n_dev = ns.slices * ns.devices_per_slice
         env = {**self.env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}"}
         cmd = [PY, "-m", "simjob.trainer"] + _flags(
-            sidecar=self.coord_addr,
+            sidecar=self.trainer_addr or self.coord_addr,
             job=DEMO_JOB,
             workdir=self.workdir,
             slices=ns.slices,
@@ -259,7 +311,32 @@ class Job:
         )
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
+        # The hooks read the sidecar's address from the environment too (trainer_hooks.maxtext does).
+        env["ELASTIC_SIDECAR_ADDRESS"] = self.trainer_addr or self.coord_addr
+        env["ELASTIC_SIDECAR_JOB"] = DEMO_JOB
         self.trainer = subprocess.Popen(cmd, stdout=self._log("trainer.log"), stderr=subprocess.STDOUT, env=env)
+
+    def kill_trainer(self) -> int | None:
+        """SIGKILL the trainer; a JSON line it was writing is closed so the next one parses."""
+        assert self.trainer is not None
+        if self.trainer.poll() is None:
+            self.trainer.kill()
+        code = self.trainer.wait()
+        events = self.workdir / "trainer-events.jsonl"
+        if events.exists() and events.stat().st_size:
+            with open(events, "rb+") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+        return code
+
+    def kill_coordinator(self) -> int | None:
+        """SIGKILL the coordinator (a stopped one too); returns its exit status."""
+        assert self.coordinator is not None
+        if self.coordinator.poll() is None:
+            self.coordinator.kill()
+            self.coordinator.send_signal(signal.SIGCONT)
+        return self.coordinator.wait()
 
     def stop_all(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
@@ -270,6 +347,8 @@ class Job:
             host.signal(signal.SIGCONT)
             procs += [(f"host {key[0]}.{key[1]}", p) for p in host.procs]
         if self.coordinator is not None:
+            if self.coordinator.poll() is None:
+                self.coordinator.send_signal(signal.SIGCONT)
             procs.append(("coordinator", self.coordinator))
         procs += [("metadata", p) for p in self.metadata_procs]
         for _, p in procs:
@@ -291,6 +370,15 @@ class Job:
         for f in self._files:
             f.close()
         return codes
+
+
+def _coordinator_flags() -> set[str]:
+    """The options ``elastic-sidecar coordinator`` accepts (the harness passes only those it knows)."""
+    from agent.cli import build_parser
+
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    return {o for a in sub.choices["coordinator"]._actions for o in a.option_strings}
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -324,7 +412,250 @@ class _Tail:
             self.pos = f.tell()
         self.buf += data
         *lines, self.buf = self.buf.split("\n")
-        return [json.loads(x) for x in lines if x.strip()]
+        out = []
+        for x in lines:
+            try:
+                out.append(json.loads(x))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+        return out
+
+
+class _StatusPoller(threading.Thread):
+    """Reads the coordinator's ``/status`` JSON in the background (a stopped coordinator blocks a read)."""
+
+    def __init__(self, url: str, period: float = 0.25) -> None:
+        super().__init__(daemon=True, name="status-poller")
+        self.url = url
+        self.period = period
+        self.last: dict[str, Any] | None = None
+        self.last_time = 0.0
+        self._stop = threading.Event()
+
+    def read(self, timeout: float = 1.0) -> dict[str, Any] | None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=timeout) as r:
+                data: dict[str, Any] = json.loads(r.read())
+        except (OSError, ValueError):
+            return None
+        self.last, self.last_time = data, time.time()
+        return data
+
+    def run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.read()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@dataclass
+class _Later:
+    when: float
+    what: str
+    action: Callable[[], None]
+
+
+class Demo:
+    """One run of the simulated job.
+
+    ``start()``, then ``tick()`` until it returns False (or ``run()``), then
+    ``finish()`` for the summary. Faults given up front go in when the trainer
+    reaches their step; ``inject()`` puts one in now.
+    """
+
+    def __init__(self, ns: argparse.Namespace, workdir: Path, faults: list[FaultSpec], say: Callable[[str], None]):
+        self.ns = ns
+        self.workdir = workdir
+        self.say = say
+        self.job = Job(ns, workdir)
+        self.t_start = time.time()
+        self.provisioner = Provisioner(ns.replacement_delay, self._recreate, enabled=not ns.no_replacement)
+        self.records: list[FaultRecord] = []
+        self.pending = sorted(faults, key=lambda f: f.at_step)  # stable: the order given within a step
+        self.tail = _Tail(workdir / "trainer-events.jsonl")
+        self.last_step = 0
+        self.deaths: list[tuple[float, FaultSpec]] = []  # announced faults: when their host dies
+        self.later: list[_Later] = []
+        self.next_fault_at = 0.0
+        self.exits: dict[str, list[int | None]] = {"trainer": [], "coordinator": []}
+        self.status = _StatusPoller(f"http://{self.job.http_addr}/status")
+        self.coordinator_down = False
+        self.trainer_down = False
+        self.deadline = float("inf")
+
+    def elapsed(self) -> float:
+        return time.time() - self.t_start
+
+    def _recreate(self, s: int) -> None:
+        self.job.recreate_slice(s)
+
+    def start(self) -> None:
+        kinds = {f.kind for f in self.pending}
+        if "notice" in kinds:
+            self.say("  starting the Pub/Sub emulator for notice faults")
+            self.job.start_pubsub()
+        if "metadata" in kinds:
+            self.job.start_metadata_servers()
+        self.job.start_coordinator()
+        for s in range(self.ns.slices):
+            for h in range(self.ns.hosts_per_slice):
+                self.job.start_host(s, h)
+        self.job.start_trainer()
+        self.status.start()
+        self.deadline = time.monotonic() + self.ns.run_timeout
+
+    # -- faults --------------------------------------------------------------------
+
+    def inject(self, f: FaultSpec) -> None:
+        """Put fault ``f`` in now (its ``at_step`` is only recorded)."""
+        now = time.time()
+        job = self.job
+        if f.kind in ANNOUNCED:
+            assert f.slice is not None and f.host is not None
+            job.announce(f.kind, f.slice, f.host)
+            self.deaths.append((time.monotonic() + self.ns.notice_deadline, f))
+            what = f"announced: host {f.slice}.{f.host} goes in {self.ns.notice_deadline:g} s"
+        elif f.kind in ("kill", "hang"):
+            assert f.slice is not None and f.host is not None
+            job.hosts[(f.slice, f.host)].signal(signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
+            self.provisioner.slice_lost(f.slice, time.monotonic())
+            what = f"host {f.slice}.{f.host}"
+        elif f.kind == "sidecar-restart":
+            assert f.slice is not None and f.host is not None
+            s, h = f.slice, f.host
+            host = job.hosts[(s, h)]
+            code = job.kill_sidecar(s, h)
+
+            def again() -> None:
+                if job.hosts.get((s, h)) is host:  # not if the whole host was replaced meanwhile
+                    job.start_sidecar(s, h)
+
+            self._after(RESTART_DELAY, f"worker sidecar {s}.{h} started again", again)
+            what = f"worker sidecar {s}.{h} killed (exit {code}), host stays up; restart in {RESTART_DELAY:g} s"
+        elif f.kind == "coordinator-restart":
+            what = self.kill_coordinator(restart_after=RESTART_DELAY)
+        elif f.kind == "coordinator-stall":
+            assert f.seconds is not None
+            assert job.coordinator is not None
+            job.coordinator.send_signal(signal.SIGSTOP)
+            coord = job.coordinator
+            self._after(f.seconds, "coordinator continued (SIGCONT)", lambda: coord.send_signal(signal.SIGCONT))
+            what = f"coordinator stopped (SIGSTOP) for {f.seconds:g} s"
+        elif f.kind == "trainer-kill":
+            code = job.kill_trainer()
+            self.exits["trainer"].append(code)
+            self.trainer_down = True
+            self._after(RESTART_DELAY, "trainer started again", self._restart_trainer)
+            what = f"trainer killed (exit {code}); restart in {RESTART_DELAY:g} s"
+        else:
+            raise ValueError(f"unknown fault kind {f.kind!r}")
+        self.records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, self.last_step, f.seconds))
+        self.say(f"  +{now - self.t_start:7.3f}s  [harness] {f.kind}: {what} at step {self.last_step}")
+
+    def kill_coordinator(self, *, restart_after: float | None, before_restart: Callable[[], None] | None = None) -> str:
+        """SIGKILL the coordinator; start it again ``restart_after`` seconds later (None: never).
+
+        ``before_restart`` runs just before the new process starts (a test deletes the state file there).
+        """
+        assert self.job.coordinator is not None
+        was_running = self.job.coordinator.poll() is None
+        code = self.job.kill_coordinator()
+        self.exits["coordinator"].append(code)
+        self.coordinator_down = True
+        if not was_running:
+            return f"coordinator had already exited ({code}); not restarted"
+        if restart_after is None:
+            return f"coordinator killed (exit {code}), not restarted"
+
+        def again() -> None:
+            if before_restart is not None:
+                before_restart()
+            self.job.start_coordinator()
+            self.coordinator_down = False
+
+        self._after(restart_after, "coordinator started again on the same state", again)
+        return f"coordinator killed (exit {code}); restart in {restart_after:g} s"
+
+    def _restart_trainer(self) -> None:
+        self.job.start_trainer()
+        self.trainer_down = False
+
+    def _after(self, delay: float, what: str, action: Callable[[], None]) -> None:
+        self.later.append(_Later(time.monotonic() + delay, what, action))
+
+    # -- the loop --------------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """One turn of the loop; False once the trainer is gone for good (or the run timed out)."""
+        for ev in self.tail.read():
+            if ev.get("kind") == "step":
+                self.last_step = max(self.last_step, int(ev["step"]))
+        mono = time.monotonic()
+        while self.pending and self.last_step >= self.pending[0].at_step and mono >= self.next_fault_at:
+            f = self.pending.pop(0)
+            self.inject(f)
+            mono = time.monotonic()
+            if self.pending and self.pending[0].at_step == f.at_step:
+                self.next_fault_at = mono + SAME_STEP_GAP
+        for when, f in [d for d in self.deaths if d[0] <= mono]:
+            self.deaths.remove((when, f))
+            assert f.slice is not None and f.host is not None
+            self.job.hosts[(f.slice, f.host)].signal(signal.SIGKILL)
+            self.provisioner.slice_lost(f.slice, mono)
+            self.say(f"  +{self.elapsed():7.3f}s  [harness] host {f.slice}.{f.host} died at its deadline")
+        for item in [x for x in self.later if x.when <= mono]:
+            self.later.remove(item)
+            item.action()
+            self.say(f"  +{self.elapsed():7.3f}s  [harness] {item.what}")
+        for s in self.provisioner.poll(mono):
+            self.say(f"  +{self.elapsed():7.3f}s  [provisioner] slice {s} recreated")
+        if mono > self.deadline:
+            self.say(f"elastic-sidecar demo: giving up after --run-timeout {self.ns.run_timeout:g} s")
+            return False
+        assert self.job.trainer is not None
+        return self.trainer_down or self.job.trainer.poll() is None
+
+    def run(self, until: Callable[[], bool] | None = None, timeout: float | None = None) -> bool:
+        """Tick until the run ends or ``until()`` holds; True if ``until`` held (or the run ended normally)."""
+        end = time.monotonic() + timeout if timeout is not None else float("inf")
+        while time.monotonic() < end:
+            if until is not None and until():
+                return True
+            if not self.tick():
+                return until is None
+            time.sleep(0.02)
+        return False
+
+    def finish(self) -> dict[str, Any]:
+        """Stop every process; the summary of the run."""
+        try:
+            # Let the coordinator see the trainer's last messages and exit on its own.
+            if self.job.coordinator is not None and not self.coordinator_down:
+                try:
+                    self.job.coordinator.wait(3)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            self.status.stop()
+            codes = self.job.stop_all()
+        wall = time.time() - self.t_start
+        if "trainer" in codes:
+            self.exits["trainer"].append(codes["trainer"])
+        if "coordinator" in codes and not self.coordinator_down:
+            self.exits["coordinator"].append(codes["coordinator"])
+        summary = summarize(
+            self.workdir,
+            self.records,
+            self.t_start,
+            wall,
+            codes,
+            journal_path=self.job.journal_path,
+            state_path=self.job.state_path,
+            status=self.status.last,
+        )
+        summary["process_exits"] = self.exits
+        return summary
 
 
 def run_demo(ns: argparse.Namespace) -> int:
@@ -347,7 +678,8 @@ def run_demo(ns: argparse.Namespace) -> int:
         return 2
     workdir.mkdir(parents=True, exist_ok=True)
     say = (lambda *_: None) if ns.quiet else (lambda msg: print(msg, flush=True))
-    job = Job(ns, workdir)
+    demo = Demo(ns, workdir, faults, say)
+    job = demo.job
     say(
         f"elastic-sidecar demo: {ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, "
         f"min slices {ns.min_slices}, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}"
@@ -357,70 +689,16 @@ def run_demo(ns: argparse.Namespace) -> int:
     say(f"  status page http://{job.http_addr}/   (/metrics, /status, /readyz)")
     # SIGTERM (a `timeout`, a CI runner) stops the job like Ctrl-C: no orphaned hosts.
     signal.signal(signal.SIGTERM, _interrupt)
-    t_start = time.time()
-    provisioner = Provisioner(ns.replacement_delay, job.recreate_slice, enabled=not ns.no_replacement)
-    records: list[FaultRecord] = []
-    pending = sorted(faults, key=lambda f: f.at_step)
-    tail = _Tail(workdir / "trainer-events.jsonl")
-    last_step = 0
-    codes: dict[str, int | None] = {}
-    kinds = {f.kind for f in faults}
-    deaths: list[tuple[float, FaultSpec]] = []  # announced faults: when their host dies
     try:
-        if "notice" in kinds:
-            say("  starting the Pub/Sub emulator for notice faults")
-            job.start_pubsub()
-        if "metadata" in kinds:
-            job.start_metadata_servers()
-        job.start_coordinator()
-        for s in range(ns.slices):
-            for h in range(ns.hosts_per_slice):
-                job.start_host(s, h)
-        job.start_trainer()
-        assert job.trainer is not None
-        deadline = time.monotonic() + ns.run_timeout
-        while job.trainer.poll() is None:
-            for ev in tail.read():
-                if ev.get("kind") == "step":
-                    last_step = max(last_step, int(ev["step"]))
-            while pending and last_step >= pending[0].at_step:
-                f = pending.pop(0)
-                now = time.time()
-                if f.kind in ANNOUNCED:
-                    job.announce(f.kind, f.slice, f.host)
-                    deaths.append((time.monotonic() + ns.notice_deadline, f))
-                    what = f"announced: host {f.slice}.{f.host} goes in {ns.notice_deadline:g} s"
-                else:
-                    job.hosts[(f.slice, f.host)].signal(signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
-                    provisioner.slice_lost(f.slice, time.monotonic())
-                    what = f"host {f.slice}.{f.host}"
-                records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, last_step))
-                say(f"  +{now - t_start:7.3f}s  [harness] {f.kind} {what} at step {last_step}")
-            for when, f in [d for d in deaths if d[0] <= time.monotonic()]:
-                deaths.remove((when, f))
-                job.hosts[(f.slice, f.host)].signal(signal.SIGKILL)
-                provisioner.slice_lost(f.slice, time.monotonic())
-                say(f"  +{time.time() - t_start:7.3f}s  [harness] host {f.slice}.{f.host} died at its deadline")
-            for s in provisioner.poll(time.monotonic()):
-                say(f"  +{time.time() - t_start:7.3f}s  [provisioner] slice {s} recreated")
-            if time.monotonic() > deadline:
-                say(f"elastic-sidecar demo: giving up after --run-timeout {ns.run_timeout:g} s")
-                break
-            time.sleep(0.02)
+        demo.start()
+        demo.run()
     except KeyboardInterrupt:
         say("interrupted")
     finally:
-        # Let the coordinator see the trainer's last messages and exit on its own.
-        if job.coordinator is not None:
-            try:
-                job.coordinator.wait(3)
-            except subprocess.TimeoutExpired:
-                pass
-        codes = job.stop_all()
-    wall = time.time() - t_start
-    summary = summarize(workdir, records, t_start, wall, codes)
-    print(render(summary, t_start, workdir, timeline=not ns.quiet))
+        summary = demo.finish()
+    print(render(summary, demo.t_start, workdir, timeline=not ns.quiet, journal_path=job.journal_path))
     if ns.summary_json:
         ns.summary_json.parent.mkdir(parents=True, exist_ok=True)
         ns.summary_json.write_text(json.dumps(summary, indent=2))
+    codes = summary["exit_codes"]
     return 0 if codes.get("trainer") == 0 else int(codes.get("trainer") or 1)

@@ -9,46 +9,99 @@ from pathlib import Path
 
 from agent.config import address
 
-FAULT_KINDS = ("kill", "hang", "notice", "metadata")
-"""kill: SIGKILL the host; hang: SIGSTOP it; notice: publish a GCE terminateOnHostMaintenance
-log entry for its node through Pub/Sub, then kill it at the deadline; metadata: flip its
-stand-in metadata server to TERMINATE_ON_HOST_MAINTENANCE, then kill it at the deadline."""
+HOST_KINDS = ("kill", "hang", "notice", "metadata", "sidecar-restart")
+"""Faults aimed at one host, ``KIND:SLICE.HOST@STEP``. kill: SIGKILL the host; hang: SIGSTOP it;
+notice: publish a GCE terminateOnHostMaintenance log entry for its node through Pub/Sub, then
+kill it at the deadline; metadata: flip its stand-in metadata server to
+TERMINATE_ON_HOST_MAINTENANCE, then kill it at the deadline; sidecar-restart: SIGKILL that host's
+worker sidecar alone (its Pathways worker stays healthy) and start a new one."""
+JOB_KINDS = ("coordinator-restart", "coordinator-stall", "trainer-kill")
+"""Faults aimed at the job's own processes. ``coordinator-restart@STEP``: SIGKILL the coordinator,
+start it again on the same state location; ``coordinator-stall:SECONDS@STEP``: SIGSTOP it, SIGCONT
+after SECONDS; ``trainer-kill@STEP``: SIGKILL the trainer, start it again with the same arguments
+(it restores from its Orbax checkpoint), as the JobSet would."""
+FAULT_KINDS = HOST_KINDS + JOB_KINDS
 ANNOUNCED = ("notice", "metadata")
-_FAULT_RE = re.compile(r"^(?P<kind>[a-z]+):(?P<slice>\d+)\.(?P<host>\d+)@(?P<step>\d+)$")
+RESTART_DELAY = 1.0
+"""Seconds from a coordinator, sidecar or trainer kill until the demo starts it again."""
+SAME_STEP_GAP = 0.2
+"""Seconds between faults due at the same step (injected in the order given)."""
+_FAULT_RE = re.compile(r"^(?P<kind>[a-z][a-z-]*)(?::(?P<arg>[^@]*))?@(?P<step>[^@]*)$")
+_HOST_RE = re.compile(r"^(?P<slice>\d+)\.(?P<host>\d+)$")
 DEFAULT_FAULTS = ("kill:1.0@40", "hang:2.0@120")
+FAULT_HELP = (
+    "KIND:SLICE.HOST@STEP with KIND one of " + ", ".join(HOST_KINDS) + " (e.g. kill:1.0@40), "
+    "or coordinator-restart@STEP, coordinator-stall:SECONDS@STEP, trainer-kill@STEP"
+)
 
 
 @dataclass(frozen=True)
 class FaultSpec:
     kind: str
-    slice: int
-    host: int
+    slice: int | None
+    host: int | None
     at_step: int
+    seconds: float | None = None
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.slice}.{self.host}@{self.at_step}"
+        if self.slice is not None:
+            return f"{self.kind}:{self.slice}.{self.host}@{self.at_step}"
+        if self.seconds is not None:
+            return f"{self.kind}:{self.seconds:g}@{self.at_step}"
+        return f"{self.kind}@{self.at_step}"
+
+    @property
+    def on_host(self) -> bool:
+        return self.kind in HOST_KINDS
 
 
 def parse_fault(text: str) -> FaultSpec:
+    """``--fault`` values; a bad one raises ArgumentTypeError naming the value and what is expected."""
+
+    def bad(why: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"bad --fault {text!r}: {why}")
+
     m = _FAULT_RE.match(text.strip())
     if not m:
-        raise argparse.ArgumentTypeError(
-            f"bad --fault {text!r}: expected KIND:SLICE.HOST@STEP with KIND one of {', '.join(FAULT_KINDS)}, "
-            "e.g. kill:1.0@40"
-        )
-    if m["kind"] not in FAULT_KINDS:
-        raise argparse.ArgumentTypeError(
-            f"bad --fault {text!r}: kind {m['kind']!r} is not one of {', '.join(FAULT_KINDS)}"
-        )
-    return FaultSpec(m["kind"], int(m["slice"]), int(m["host"]), int(m["step"]))
+        raise bad(f"expected {FAULT_HELP}")
+    kind, arg, step_s = m["kind"], m["arg"], m["step"]
+    if kind not in FAULT_KINDS:
+        raise bad(f"kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+    if not step_s.isdigit():
+        raise bad(f"step {step_s!r} is not a whole number")
+    step = int(step_s)
+    if kind in HOST_KINDS:
+        h = _HOST_RE.match(arg or "")
+        if arg is None or not h:
+            raise bad(f"{kind} needs SLICE.HOST, e.g. {kind}:1.0@{step}")
+        return FaultSpec(kind, int(h["slice"]), int(h["host"]), step)
+    if kind == "coordinator-stall":
+        if arg is None:
+            raise bad(f"coordinator-stall needs SECONDS, e.g. coordinator-stall:3@{step}")
+        try:
+            seconds = float(arg)
+        except ValueError:
+            raise bad(f"seconds {arg!r} is not a number") from None
+        if not 0 < seconds <= 3600:
+            raise bad(f"seconds {arg!r} must be above 0 and at most 3600")
+        return FaultSpec(kind, None, None, step, seconds)
+    if arg is not None:
+        raise bad(f"{kind} takes no argument, e.g. {kind}@{step}")
+    return FaultSpec(kind, None, None, step)
 
 
-def check_faults(faults: list[FaultSpec], slices: int, hosts: int, steps: int) -> None:
+def check_faults(
+    faults: list[FaultSpec], slices: int, hosts: int, steps: int, kinds: tuple[str, ...] = FAULT_KINDS
+) -> None:
     for f in faults:
-        if not 0 <= f.slice < slices:
-            raise ValueError(f"--fault {f}: slice {f.slice} does not exist (slices 0..{slices - 1})")
-        if not 0 <= f.host < hosts:
-            raise ValueError(f"--fault {f}: host {f.host} does not exist (hosts 0..{hosts - 1} per slice)")
+        if f.kind not in kinds:
+            raise ValueError(f"--fault {f}: kind {f.kind!r} is not supported here (only {', '.join(kinds)})")
+        if f.on_host:
+            assert f.slice is not None and f.host is not None
+            if not 0 <= f.slice < slices:
+                raise ValueError(f"--fault {f}: slice {f.slice} does not exist (slices 0..{slices - 1})")
+            if not 0 <= f.host < hosts:
+                raise ValueError(f"--fault {f}: host {f.host} does not exist (hosts 0..{hosts - 1} per slice)")
         if not 0 < f.at_step < steps:
             raise ValueError(f"--fault {f}: step {f.at_step} is outside 1..{steps - 1}")
 
@@ -112,12 +165,30 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         action="append",
         type=parse_fault,
         default=None,
-        metavar="KIND:SLICE.HOST@STEP",
-        help=f"inject a fault (repeatable); kinds: {', '.join(FAULT_KINDS)}. "
-        f"Default when none is given: {' '.join(DEFAULT_FAULTS)}",
+        metavar="FAULT",
+        help=f"inject a fault (repeatable): {FAULT_HELP}. kill SIGKILLs the host, hang SIGSTOPs it, "
+        "notice/metadata announce its maintenance and kill it at --notice-deadline, sidecar-restart "
+        "SIGKILLs its worker sidecar alone and starts a new one; coordinator-restart SIGKILLs the "
+        f"coordinator and starts it {RESTART_DELAY:g} s later on the same state, coordinator-stall "
+        "SIGSTOPs it for SECONDS, trainer-kill SIGKILLs the trainer and starts it again (it restores "
+        f"from its checkpoint). Faults due at the same step go in the order given, {SAME_STEP_GAP:g} s "
+        f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)}",
     )
     p.add_argument("--no-faults", action="store_true", help="run without any fault")
     p.add_argument("--summary-json", type=Path, default=None, help="write the summary as JSON here")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="the coordinator's state location (state file and journal; default: in --workdir)",
+    )
+    p.add_argument(
+        "--coordinator-arg",
+        action="append",
+        default=None,
+        metavar="ARG",
+        help="pass ARG on to the coordinator (repeatable; write --coordinator-arg=--rejoin-grace=5)",
+    )
     p.add_argument("--log-format", choices=["json", "console"], default="json", help="sidecar log format")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--run-timeout", type=_seconds, default=600.0, help="give up on the whole demo after this long")

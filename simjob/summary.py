@@ -9,16 +9,28 @@ Per fault:
 * ``stall_seconds``: fault until the first step completed after the trainer
   resumed on the new slice set (a hung host lets the step in flight finish,
   so progress can be "regained" before the stall shows);
-* ``lost_steps``: completed steps that had to be recomputed (the rewind);
+* ``lost_steps``: completed steps that had to be recomputed (the rewind of the
+  first resume after the fault, from the highest step completed before it);
   ``interrupted_step`` says whether the step in flight failed with DATA_LOSS
   and was redone (the work of at most that one step).
+Faults on the job's own processes (``coordinator-restart``, ``coordinator-stall``,
+``trainer-kill``) name no slice: their detection is the coordinator noticing
+the trainer gone (``TrainerDetached``, for a trainer kill) and nothing for the
+coordinator's own faults; the other figures read the same.
 For the run: ``final_step``, ``wall_seconds``, ``goodput`` (time of the steps
-that count over wall time) and ``slices_timeline``.
+that count over wall time), ``slices_timeline``, ``rewinds`` and their sum
+``lost_steps`` (every resume from below the highest step completed before it),
+and ``failure_recoveries``:
+the recoveries counted against ``elastic_max_retries`` (``retries_used`` of the
+coordinator's final state file, else of its last ``/status``), with
+``failure_recoveries_journal``, the failure holds its journal records
+("recovery N of M"), as a cross-check across coordinator restarts.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +44,7 @@ class FaultRecord:
     at_step: int
     time: float
     step_seen: int
+    seconds: float | None = None
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -48,30 +61,72 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+_RECOVERY = re.compile(r"\(recovery (\d+) of (\d+)\)")
+
+
+def failure_recoveries(
+    journal: list[dict[str, Any]], state_path: Path | None, status: dict[str, Any] | None
+) -> tuple[int | None, str | None, int]:
+    """Recoveries spent: (value, where it was read, failure holds in the journal)."""
+    in_journal = sum(1 for j in journal if _RECOVERY.search(str(j.get("reason", ""))))
+    if state_path is not None and state_path.exists():
+        try:
+            return int(json.loads(state_path.read_text())["retries_used"]), "state file", in_journal
+        except (ValueError, KeyError, TypeError, OSError):
+            pass
+    if status is not None and "retries_used" in status:
+        return int(status["retries_used"]), "status", in_journal
+    return None, None, in_journal
+
+
+def _fault_detection(f: FaultRecord, journal: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The journal record where the coordinator first saw fault ``f``, if it did."""
+    if f.slice is not None:
+        return next((j for j in journal if j["time"] >= f.time and f.slice not in j.get("up_slices", [])), None)
+    if f.kind == "trainer-kill":
+        return next((j for j in journal if j["time"] >= f.time and j.get("trigger") == "TrainerDetached"), None)
+    return None
+
+
 def summarize(
-    workdir: Path, faults: list[FaultRecord], t_start: float, wall: float, codes: dict[str, int | None]
+    workdir: Path,
+    faults: list[FaultRecord],
+    t_start: float,
+    wall: float,
+    codes: dict[str, int | None],
+    *,
+    journal_path: Path | None = None,
+    state_path: Path | None = None,
+    status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    journal = _read(workdir / "journal.jsonl")
+    journal = _read(journal_path or workdir / "journal.jsonl")
     tev = _read(workdir / "trainer-events.jsonl")
     steps = [e for e in tev if e["kind"] == "step"]
     resumes = [e for e in tev if e["kind"] == "resumed"]
     failures = [e for e in tev if e["kind"] == "step_failed"]
 
+    # Every rewind of the run: a resume from below the highest step completed before it.
+    rewinds = []
+    position = 0  # the step the trainer's state is at
+    for e in sorted(steps + resumes, key=lambda e: e["t"]):
+        if e["kind"] == "step":
+            position = int(e["step"])
+            continue
+        if position > int(e["from_step"]):
+            rewinds.append({"t": round(e["t"] - t_start, 3), "from_step": int(e["from_step"]), "completed": position})
+        position = int(e["from_step"])
     out_faults = []
     for i, f in enumerate(faults):
         t_next = faults[i + 1].time if i + 1 < len(faults) else float("inf")
         before = [e for e in steps if e["t"] <= f.time]
         last_before = max((e["step"] for e in before), default=0)
         slices_before = len(before[-1]["slices"]) if before else None
-        detect = next((j for j in journal if j["time"] >= f.time and f.slice not in j.get("up_slices", [])), None)
+        detect = _fault_detection(f, journal)
         hold = None
-        if detect is not None:
+        if detect is not None or f.slice is None:
+            t_from = detect["time"] if detect is not None else f.time
             hold = next(
-                (
-                    j
-                    for j in journal
-                    if j["time"] >= detect["time"] and any(a["type"] == "HoldTrainer" for a in j["actions"])
-                ),
+                (j for j in journal if j["time"] >= t_from and any(a["type"] == "HoldTrainer" for a in j["actions"])),
                 None,
             )
         resume = None
@@ -94,7 +149,8 @@ def summarize(
         )
         lost = None
         if first_resume is not None:
-            lost = max(0, last_before - int(first_resume["from_step"]))
+            rewind = next((r for r in rewinds if r["t"] == round(first_resume["t"] - t_start, 3)), None)
+            lost = rewind["completed"] - rewind["from_step"] if rewind else 0
         source = None
         if detect is not None:
             d = detect.get("event_detail", {})
@@ -104,6 +160,7 @@ def summarize(
         out_faults.append(
             {
                 "kind": f.kind,
+                "fault": _name(f),
                 "time": round(f.time, 4),
                 "slice": f.slice,
                 "host": f.host,
@@ -128,6 +185,7 @@ def summarize(
         last_by_step[e["step"]] = e["seconds"]
     productive = sum(last_by_step.values())
     final_step = max(last_by_step, default=0)
+    recoveries, rec_source, rec_journal = failure_recoveries(journal, state_path, status)
     timeline = [
         {"t": round(r["t"] - t_start, 3), "slices": r["slices"], "restored_from": r["restored_from"]} for r in resumes
     ]
@@ -138,10 +196,23 @@ def summarize(
         "goodput": round(productive / wall, 4) if wall > 0 else 0.0,
         "productive_seconds": round(productive, 3),
         "slices_timeline": timeline,
+        "rewinds": rewinds,
+        "lost_steps": sum(r["completed"] - r["from_step"] for r in rewinds),
+        "failure_recoveries": recoveries,
+        "failure_recoveries_source": rec_source,
+        "failure_recoveries_journal": rec_journal,
         "exit_codes": codes,
         "decisions": len(journal),
         "workdir": str(workdir),
     }
+
+
+def _name(f: FaultRecord) -> str:
+    if f.slice is not None:
+        return f"{f.kind}:{f.slice}.{f.host}@{f.at_step}"
+    if f.seconds is not None:
+        return f"{f.kind}:{f.seconds:g}@{f.at_step}"
+    return f"{f.kind}@{f.at_step}"
 
 
 def _fmt(v: Any, unit: str = "") -> str:
@@ -152,11 +223,18 @@ def _fmt(v: Any, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-def render(summary: dict[str, Any], t_start: float, workdir: Path, *, timeline: bool = True) -> str:
+def render(
+    summary: dict[str, Any],
+    t_start: float,
+    workdir: Path,
+    *,
+    timeline: bool = True,
+    journal_path: Path | None = None,
+) -> str:
     lines: list[str] = []
     if timeline:
         lines.append("\nTimeline (coordinator decisions and trainer resumes):")
-        journal = _read(workdir / "journal.jsonl")
+        journal = _read(journal_path or workdir / "journal.jsonl")
         tev = _read(workdir / "trainer-events.jsonl")
         rows: list[tuple[float, str]] = []
         for j in journal:
@@ -170,15 +248,15 @@ def render(summary: dict[str, Any], t_start: float, workdir: Path, *, timeline: 
             lines.append(f"  +{t - t_start:7.3f}s  {text}")
     lines.append("\nFaults:")
     hdr = (
-        f"  {'fault':<16}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
+        f"  {'fault':<26}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
         f"{'slices':>9}  restored"
     )
     lines.append(hdr)
     for f in summary["faults"]:
-        name = f"{f['kind']}:{f['slice']}.{f['host']}@{f['step_at_fault']}"
+        name = f.get("fault") or f"{f['kind']}:{f['slice']}.{f['host']}@{f['at_step']}"
         sl = f"{_fmt(f['slices_before'])}->{_fmt(f['slices_after'])}"
         lines.append(
-            f"  {name:<16}{_fmt(f['detection_seconds'], 's'):>9}  {_fmt(f['detection_source']):<30}"
+            f"  {name:<26}{_fmt(f['detection_seconds'], 's'):>9}  {_fmt(f['detection_source']):<30}"
             f"{_fmt(f['hold_seconds'], 's'):>9}{_fmt(f['recovery_seconds'], 's'):>10}{_fmt(f['stall_seconds'], 's'):>9}"
             f"{_fmt(f['lost_steps']):>6}{sl:>9}"
             f"  {_fmt(f['restored_from'])}"
@@ -187,6 +265,7 @@ def render(summary: dict[str, Any], t_start: float, workdir: Path, *, timeline: 
         lines.append("  (none)")
     lines.append(
         f"\nRun: final step {summary['final_step']}, wall {summary['wall_seconds']:.1f} s, goodput "
-        f"{summary['goodput']:.1%}, exit codes {summary['exit_codes']}; logs in {workdir}/logs"
+        f"{summary['goodput']:.1%}, failure recoveries {_fmt(summary.get('failure_recoveries'))}, "
+        f"exit codes {summary['exit_codes']}; logs in {workdir}/logs"
     )
     return "\n".join(lines)

@@ -285,7 +285,7 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
 def run_strategy(ns: argparse.Namespace, strategy: Strategy) -> int:
     faults: list[FaultSpec] = [] if ns.no_faults else (ns.fault or [parse_fault(f) for f in DEFAULT_FAULTS])
     try:
-        check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps)
+        check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps, kinds=("kill", "hang"))
     except ValueError as e:
         print(f"{strategy.name}: {e}", file=sys.stderr)
         return 2
