@@ -139,6 +139,7 @@ class ElasticSession:
         self.active_slices: tuple[int, ...] = ()
         self._flushed_at = -1
         self._down: frozenset[int] = frozenset()
+        self._resumed_ack: trainer_pb2.ResumedAck | None = None
 
     # -- construction ----------------------------------------------------------
 
@@ -253,17 +254,14 @@ class ElasticSession:
         self.step = step
         self.active_slices = d.active_slices
         self._down = frozenset()
-        self._link.send(
-            trainer_pb2.TrainerMessage(
-                resumed=trainer_pb2.ResumedAck(
-                    generation=d.generation,
-                    step=step,
-                    active_slices=list(d.active_slices),
-                    restored_from=restored_from,
-                    rebuild_seconds=rebuild_seconds,
-                )
-            )
+        self._resumed_ack = trainer_pb2.ResumedAck(
+            generation=d.generation,
+            step=step,
+            active_slices=list(d.active_slices),
+            restored_from=restored_from,
+            rebuild_seconds=rebuild_seconds,
         )
+        self._link.send(trainer_pb2.TrainerMessage(resumed=self._resumed_ack))
 
     def flush(self, step: int) -> int:
         """Make ``step`` durable now, on the trainer's own initiative, and tell the sidecar.
@@ -394,6 +392,18 @@ class ElasticSession:
             )
             return self._wait_for_resume(step)
         if kind == "resume":
+            ack = self._resumed_ack
+            if (
+                not self.held
+                and ack is not None
+                and body.generation == ack.generation
+                and tuple(body.active_slices) == tuple(ack.active_slices)
+            ):
+                # The same resume again (a restarted coordinator repeating what it did not see
+                # acknowledged): the mesh already runs; acknowledge again instead of rebuilding.
+                self._link.send(trainer_pb2.TrainerMessage(resumed=ack))
+                self._on_event("duplicate_resume", {"generation": body.generation, "slices": list(ack.active_slices)})
+                return None
             self.generation = body.generation
             return Directive(
                 body.generation,

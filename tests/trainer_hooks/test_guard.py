@@ -353,6 +353,51 @@ def test_commands_from_an_older_epoch_are_ignored(flusher: Flusher) -> None:
         session.close()
 
 
+def test_a_repeated_resume_is_acknowledged_again_without_a_rebuild(flusher: Flusher) -> None:
+    sidecar = FakeSidecar().start()
+    session, events = connect(sidecar.address, flusher)
+    try:
+        started(sidecar, session, steps=3, epoch=5)
+        first = sidecar.wait_for_message("resumed")
+        # A restarted coordinator (newer epoch) repeats the resume it did not see acknowledged.
+        sidecar.send(resume(1, 0, 1, epoch=6))
+        idle_until(session, 3, lambda: len(sidecar.of("resumed")) >= 2)
+        again = sidecar.wait_for_message("resumed", 2)
+        assert again == first and (again.generation, list(again.active_slices)) == (1, [0, 1])
+        assert events.kinds() == ["duplicate_resume"] and session.epoch == 6
+        # A resume of the same generation on other slices is not a repeat: it is obeyed.
+        sidecar.send(resume(1, 0, epoch=6))
+        d = boundary_until(session, 3)
+        assert (d.generation, d.active_slices) == (1, (0,))
+    finally:
+        sidecar.stop()
+        session.close()
+
+
+def test_a_second_loss_during_a_hold_without_flush_flushes_from_the_survivors(flusher: Flusher) -> None:
+    sidecar = FakeSidecar().start()
+    session, _ = connect(sidecar.address, flusher, timeout=30)
+    try:
+        started(sidecar, session, steps=5)
+        sidecar.send(hold(2, flush=False, down=(1,)))
+        t, out = in_thread(lambda: boundary_until(session, 5, timeout=30))
+        assert sidecar.wait_for_message("held").committed_step == -1
+        # Slice 2 goes too: memory no longer suffices, the coordinator re-plans with a flush.
+        sidecar.send(hold(3, flush=True, down=(2,)))
+        second = sidecar.wait_for_message("held", 2)
+        assert (second.generation, second.step, second.committed_step, second.flush_error) == (3, 5, 5, "")
+        sidecar.send(resume(3, 0, memory=False))
+        t.join(10)
+    finally:
+        sidecar.stop()
+        session.close()
+    assert "error" not in out, out
+    d = out["result"]
+    assert (d.generation, d.active_slices, d.source, d.down_slices) == (3, (0,), "checkpoint", frozenset({1, 2}))
+    assert flusher.calls == [(5, frozenset({1, 2}))]  # read from neither lost slice
+    assert flusher.committed() == [5]
+
+
 # ---------------------------------------------------------------------------
 # (4) the link presents its token
 # ---------------------------------------------------------------------------
