@@ -190,3 +190,23 @@ def call_within(fn: Callable[[], Any], limit: float) -> Any:
     if "error" in out:
         raise out["error"]
     return out["result"]
+
+
+def main() -> None:
+    """``python -m tests.trainer_hooks.sidecar``: a sidecar in its own process (so a test can SIGSTOP it).
+
+    Prints its port, answers the first hello with a resume on slice 0, and the
+    first step report with a hold (generation 2, no flush).
+    """
+    sidecar = FakeSidecar().start()
+    print(sidecar.port, flush=True)
+    sidecar.wait_for_message("hello", timeout=60)
+    sidecar.send(resume(1, 0))
+    sidecar.wait_for_message("step", timeout=60)
+    sidecar.send(hold(2))
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

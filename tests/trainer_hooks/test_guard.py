@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -286,6 +287,43 @@ def test_a_link_down_shorter_than_the_timeout_does_not_abort(flusher: Flusher) -
     assert "sidecar_lost" not in events.kinds()
     assert session.epoch == 8 and not session.held
     assert flusher.calls == [(5, frozenset({1}))]  # the hold's flush only
+
+
+def test_a_hung_sidecar_during_a_hold_is_a_lost_one(flusher: Flusher) -> None:
+    """SIGSTOP: the process is there, its port accepts, nothing answers; keepalive must notice."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.trainer_hooks.sidecar"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        session, events = connect(f"127.0.0.1:{port}", flusher)
+        try:
+            d = call_within(lambda: session.start(-1), 30)
+            session.resumed(d, 0, "fresh", 0.0)
+            session.report_step(1, 0.01)
+            t, out = in_thread(lambda: boundary_until(session, 1, timeout=30))
+            deadline = time.monotonic() + 10
+            while "held" not in events.kinds():
+                assert time.monotonic() < deadline, "never held"
+                time.sleep(0.005)
+            time.sleep(0.2)  # the acknowledgement leaves
+            stopped = time.monotonic()
+            os.kill(proc.pid, signal.SIGSTOP)
+            t.join(TIMEOUT + SLACK + 10)
+        finally:
+            session.close()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+    err = out.get("error")
+    assert isinstance(err, AbortTraining) and err.exit_code == 42, out
+    after = out["at"] - stopped
+    print(f"\n[guard] sidecar hung (SIGSTOP) during a hold: exit 42 after {after:.2f} s (timeout {TIMEOUT} s)")
+    assert TIMEOUT < after < TIMEOUT + 2.0 + SLACK  # keepalive notices within ~1.5 s, then the timeout runs
+    assert "while held" in err.reason
+    assert flusher.calls == [(1, frozenset())] and err.committed_step == 1
 
 
 def test_while_training_runs_a_missing_sidecar_never_stops_it(flusher: Flusher) -> None:
