@@ -107,9 +107,10 @@ class Rig:
                 raise AssertionError(f"timed out waiting for {what}; decisions: {reasons}")
             await asyncio.sleep(0.005)
 
-    def inject(self, cmd: trainer_pb2.SidecarCommand) -> None:
-        """Send a command down the real trainer stream, as the coordinator would."""
+    def inject(self, cmd: trainer_pb2.SidecarCommand, epoch: int | None = None) -> None:
+        """Send a command down the real trainer stream, as the coordinator would (stamped with its epoch)."""
         assert self.coord.trainer is not None
+        cmd.epoch = getattr(self.coord, "epoch", 0) if epoch is None else epoch
         self.coord.trainer.outbox.put_nowait(cmd)
 
 
@@ -169,8 +170,10 @@ async def running(min_slices: int = -1, max_retries: int = 10, steps: int = 5) -
         return FlushResult(step, 1234)
 
     hook_events: list[tuple[str, dict[str, Any]]] = []
+    # The trainer link has its own listener (--trainer-listen); older coordinators served it on --listen.
+    trainer_port = getattr(coord, "trainer_port", 0) or coord.port
     session = ElasticSession.connect(
-        f"127.0.0.1:{coord.port}", job=JOB, flush=flusher, on_event=lambda k, f: hook_events.append((k, f))
+        f"127.0.0.1:{trainer_port}", job=JOB, flush=flusher, on_event=lambda k, f: hook_events.append((k, f))
     )
     rig = Rig(coord, session, flushes, hook_events, applied)
     try:
@@ -297,3 +300,28 @@ async def test_stale_commands_are_ignored() -> None:
         await asyncio.sleep(0.1)
         assert len(rig.seen(TrainerHeld)) == held_before  # no acknowledgement went out
         assert rig.coord.state.phase == Phase.RUNNING and rig.coord.state.generation == 2
+
+
+async def test_the_trainer_takes_the_coordinators_epoch_and_ignores_an_older_one() -> None:
+    async with running(min_slices=1) as rig:
+        epoch = getattr(rig.coord, "epoch", None)
+        if not epoch:
+            pytest.skip("this coordinator stamps no epoch on its commands")
+        assert rig.session.epoch == epoch  # taken from the start command
+        # A superseded coordinator's hold arrives on the stream: ignored, not acknowledged.
+        rig.inject(trainer_pb2.SidecarCommand(hold=trainer_pb2.Hold(generation=5, flush=True, reason="old")), epoch - 1)
+
+        def drain() -> list[Directive | None]:
+            out = []
+            deadline = time.monotonic() + WAIT
+            while not any(k == "fenced" for k, _ in rig.hook_events) and time.monotonic() < deadline:
+                out.append(rig.session.step_boundary(5))
+                time.sleep(0.002)
+            return out
+
+        assert all(r is None for r in await asyncio.to_thread(drain))
+        fenced = [f for k, f in rig.hook_events if k == "fenced"]
+        assert [(f["kind"], f["epoch"], f["current_epoch"]) for f in fenced] == [("hold", epoch - 1, epoch)]
+        assert rig.flushes == [] and rig.session.generation == 1 and rig.session.epoch == epoch
+        await asyncio.sleep(0.1)
+        assert rig.seen(TrainerHeld) == []
