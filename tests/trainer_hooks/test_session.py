@@ -325,3 +325,52 @@ async def test_the_trainer_takes_the_coordinators_epoch_and_ignores_an_older_one
         assert rig.flushes == [] and rig.session.generation == 1 and rig.session.epoch == epoch
         await asyncio.sleep(0.1)
         assert rig.seen(TrainerHeld) == []
+
+
+async def test_the_coordinator_takes_the_token_from_the_token_file_and_refuses_a_wrong_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    if "trainer_token" not in {f.name for f in dataclasses.fields(CoordinatorConfig)}:
+        pytest.skip("this coordinator has no trainer-link token")
+    from agent.auth import BearerToken
+
+    cfg = CoordinatorConfig(
+        job=JOB,
+        listen="127.0.0.1:0",
+        policy=Policy(num_slices=1),
+        heartbeat_interval=0.25,
+        heartbeat_timeout=1.2,
+        state_file=None,
+        journal=None,
+        log_format="json",
+        log_level="warning",
+        trainer_token=BearerToken("right-token", "test"),  # type: ignore[call-arg]
+    )
+    coord = Coordinator(cfg)
+    await coord.start()
+    sessions: list[ElasticSession] = []
+    try:
+        coord.submit(WorkerJoined(0, 0, "w0"))
+        address = f"127.0.0.1:{coord.trainer_port}"  # type: ignore[attr-defined]
+        (tmp_path / "wrong").write_text("wrong-token\n")
+        monkeypatch.setenv("ELASTIC_SIDECAR_TOKEN_FILE", str(tmp_path / "wrong"))
+        wrong = ElasticSession.connect(address, job=JOB, elastic_timeout_seconds=1.0)
+        sessions.append(wrong)
+        with pytest.raises(AbortTraining) as ei:
+            await asyncio.wait_for(asyncio.to_thread(wrong.start, -1), WAIT)
+        assert ei.value.exit_code == 42 and "UNAUTHENTICATED" in ei.value.reason
+        assert coord.trainer is None  # never attached
+
+        (tmp_path / "right").write_text("  right-token\n")
+        monkeypatch.setenv("ELASTIC_SIDECAR_TOKEN_FILE", str(tmp_path / "right"))
+        right = ElasticSession.connect(address, job=JOB, elastic_timeout_seconds=5.0)
+        sessions.append(right)
+        d = await asyncio.wait_for(asyncio.to_thread(right.start, -1), WAIT)
+        assert d.active_slices == (0,) and d.generation >= 1
+    finally:
+        for s in sessions:
+            _unblock(s)
+            s.close()
+        await coord.stop(grace=0.1)
