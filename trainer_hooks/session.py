@@ -352,6 +352,9 @@ class ElasticSession:
 
     def _handle(self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1) -> Directive | None:
         kind = cmd.WhichOneof("cmd")
+        if kind is None:  # a command this trainer does not know (a newer sidecar): nothing to do
+            self._on_event("unknown_command", {"epoch": cmd.epoch})
+            return None
         body = getattr(cmd, kind)
         if cmd.epoch < self.epoch:
             self._on_event(

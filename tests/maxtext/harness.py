@@ -258,7 +258,8 @@ class Sidecar:
             return coord
 
         self.coord: Coordinator = self._call(start(), 30)
-        self.address = f"127.0.0.1:{self.coord.port}"
+        # The trainer link has its own listener (--trainer-listen); older coordinators served it on --listen.
+        self.address = f"127.0.0.1:{getattr(self.coord, 'trainer_port', 0) or self.coord.port}"
 
     def _call(self, coro: Any, timeout: float) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)

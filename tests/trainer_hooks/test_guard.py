@@ -391,6 +391,21 @@ def test_commands_from_an_older_epoch_are_ignored(flusher: Flusher) -> None:
         session.close()
 
 
+def test_a_command_this_trainer_does_not_know_is_skipped(flusher: Flusher) -> None:
+    from protos.elastic_sidecar.v1 import trainer_pb2
+
+    sidecar = FakeSidecar().start()
+    session, events = connect(sidecar.address, flusher)
+    try:
+        started(sidecar, session, steps=2)
+        sidecar.send(trainer_pb2.SidecarCommand(epoch=3))  # no command set: what an unknown one parses as
+        idle_until(session, 2, lambda: "unknown_command" in events.kinds())
+        assert session.generation == 1 and session.epoch == 0
+    finally:
+        sidecar.stop()
+        session.close()
+
+
 def test_a_repeated_resume_is_acknowledged_again_without_a_rebuild(flusher: Flusher) -> None:
     sidecar = FakeSidecar().start()
     session, events = connect(sidecar.address, flusher)
