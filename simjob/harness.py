@@ -45,6 +45,7 @@ from simjob.options import (
     parse_fault,
 )
 from simjob.summary import FaultRecord, render, summarize
+from standins.netproxy import Forwarder
 from standins.provisioner import Provisioner
 
 PY = sys.executable
@@ -110,12 +111,19 @@ class Job:
         self.hosts: dict[tuple[int, int], Host] = {}
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
+        self.extra_procs: list[subprocess.Popen[bytes]] = []
         self.coordinator_flags = _coordinator_flags()
         # The trainer link has its own listener once the coordinator offers --trainer-listen.
         self.trainer_addr = f"127.0.0.1:{free_port()}" if "--trainer-listen" in self.coordinator_flags else None
+        # --via-proxy: the worker sidecars' and the trainer's links pass a loopback forwarder.
+        self.peer_proxy: Forwarder | None = None
+        self.trainer_proxy: Forwarder | None = None
+        if getattr(ns, "via_proxy", False):
+            self.peer_proxy = Forwarder(self.coord_addr)
+            self.trainer_proxy = Forwarder(self.trainer_addr or self.coord_addr)
         self.state_dir: Path | None = None
         if "--state-dir" in self.coordinator_flags:
-            self.state_dir = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir / "state"
+            self.state_dir = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir
             self.state_path = self.state_dir / "state.json"
             self.journal_path = self.state_dir / "journal.jsonl"
         else:
@@ -208,34 +216,52 @@ class Job:
     # -- the job's processes ------------------------------------------------------
 
     def start_coordinator(self) -> None:
+        self.coordinator = self.spawn_coordinator()
+
+    def spawn_coordinator(
+        self,
+        *,
+        name: str = "coordinator",
+        listen: str | None = None,
+        trainer_listen: str | None = None,
+        admin_listen: str | None = None,
+        http_listen: str | None = None,
+        state_dir: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A coordinator process with the job's settings; the keywords give a second one its own places."""
         ns = self.ns
         cmd = [PY, "-m", "agent", "coordinator"] + _flags(
             job=DEMO_JOB,
-            listen=self.coord_addr,
+            listen=listen or self.coord_addr,
             num_slices=ns.slices,
             hosts_per_slice=ns.hosts_per_slice,
             elastic_min_slice_count=ns.min_slices,
             elastic_timeout_seconds=ns.timeout,
             elastic_max_retries=ns.max_retries,
             log_format=ns.log_format,
-            admin_listen=self.admin_addr,
+            admin_listen=admin_listen or self.admin_addr,
             admin_token_file=ns.admin_token_file,
-            http_listen=self.http_addr,
+            http_listen=http_listen or self.http_addr,
             peer_token_file=self.peer_token_file,
         )
         if self.state_dir is not None:
-            cmd += _flags(state_dir=self.state_dir)
+            cmd += _flags(state_dir=state_dir or self.state_dir)
+        elif state_dir is not None:
+            cmd += _flags(journal=state_dir / "journal.jsonl", state_file=state_dir / "coordinator-state.json")
         else:
             cmd += _flags(journal=self.journal_path, state_file=self.state_path)
         if self.trainer_addr is not None:
-            cmd += _flags(trainer_listen=self.trainer_addr)
+            cmd += _flags(trainer_listen=trainer_listen or self.trainer_addr)
         cmd += list(getattr(ns, "coordinator_arg", None) or [])
         env = self.env
         if self.emulator is not None:
             cmd += _flags(pubsub_subscription=self.subscription, cluster_name=DEMO_CLUSTER)
             env = {**env, "PUBSUB_EMULATOR_HOST": self.emulator.host}
-        log = self._log("coordinator.log")
-        self.coordinator = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log = self._log(f"{name}.log")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if name != "coordinator":
+            self.extra_procs.append(proc)
+        return proc
 
     def start_host(self, s: int, h: int) -> None:
         old = self.hosts.get((s, h))
@@ -257,7 +283,7 @@ class Job:
         port = self.pw_ports[(s, h)]
         cmd = [PY, "-m", "agent", "worker"] + _flags(
             job=DEMO_JOB,
-            coordinator=self.coord_addr,
+            coordinator=self.peer_proxy.address if self.peer_proxy else self.coord_addr,
             slice=s,
             host=h,
             node=f"gke-demo-slice{s}-host{h}-r{host.generation}",
@@ -298,8 +324,9 @@ class Job:
         ns = self.ns
         n_dev = ns.slices * ns.devices_per_slice
         env = {**self.env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}"}
+        sidecar = self.trainer_proxy.address if self.trainer_proxy else self.trainer_addr or self.coord_addr
         cmd = [PY, "-m", "simjob.trainer"] + _flags(
-            sidecar=self.trainer_addr or self.coord_addr,
+            sidecar=sidecar,
             job=DEMO_JOB,
             workdir=self.workdir,
             slices=ns.slices,
@@ -312,7 +339,7 @@ class Job:
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
         # The hooks read the sidecar's address from the environment too (trainer_hooks.maxtext does).
-        env["ELASTIC_SIDECAR_ADDRESS"] = self.trainer_addr or self.coord_addr
+        env["ELASTIC_SIDECAR_ADDRESS"] = sidecar
         env["ELASTIC_SIDECAR_JOB"] = DEMO_JOB
         self.trainer = subprocess.Popen(cmd, stdout=self._log("trainer.log"), stderr=subprocess.STDOUT, env=env)
 
@@ -351,6 +378,7 @@ class Job:
                 self.coordinator.send_signal(signal.SIGCONT)
             procs.append(("coordinator", self.coordinator))
         procs += [("metadata", p) for p in self.metadata_procs]
+        procs += [("extra", p) for p in self.extra_procs]
         for _, p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -363,6 +391,9 @@ class Job:
                 p.wait()
             if name in ("trainer", "coordinator"):
                 codes[name] = p.returncode
+        for fwd in (self.peer_proxy, self.trainer_proxy):
+            if fwd is not None:
+                fwd.close()
         if self.publisher is not None:
             self.publisher.transport.close()
         if self.emulator is not None:
@@ -430,7 +461,7 @@ class _StatusPoller(threading.Thread):
         self.period = period
         self.last: dict[str, Any] | None = None
         self.last_time = 0.0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def read(self, timeout: float = 1.0) -> dict[str, Any] | None:
         try:
@@ -442,11 +473,11 @@ class _StatusPoller(threading.Thread):
         return data
 
     def run(self) -> None:
-        while not self._stop.wait(self.period):
+        while not self._halt.wait(self.period):
             self.read()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 @dataclass
@@ -483,6 +514,7 @@ class Demo:
         self.coordinator_down = False
         self.trainer_down = False
         self.deadline = float("inf")
+        self.gave_up = False
 
     def elapsed(self) -> float:
         return time.time() - self.t_start
@@ -553,17 +585,29 @@ class Demo:
         self.records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, self.last_step, f.seconds))
         self.say(f"  +{now - self.t_start:7.3f}s  [harness] {f.kind}: {what} at step {self.last_step}")
 
-    def kill_coordinator(self, *, restart_after: float | None, before_restart: Callable[[], None] | None = None) -> str:
+    def kill_coordinator(
+        self,
+        *,
+        restart_after: float | None,
+        before_restart: Callable[[], None] | None = None,
+        even_if_exited: bool = False,
+        record: bool = False,
+    ) -> str:
         """SIGKILL the coordinator; start it again ``restart_after`` seconds later (None: never).
 
-        ``before_restart`` runs just before the new process starts (a test deletes the state file there).
+        ``before_restart`` runs just before the new process starts (a test deletes the state file
+        there). A coordinator that had exited by itself is started again only ``even_if_exited``.
+        ``record``: list it among the run's faults (``inject`` records its own).
         """
         assert self.job.coordinator is not None
+        if record:
+            kind = "coordinator-restart" if restart_after is not None else "coordinator-kill"
+            self.records.append(FaultRecord(kind, None, None, self.last_step, time.time(), self.last_step))
         was_running = self.job.coordinator.poll() is None
         code = self.job.kill_coordinator()
         self.exits["coordinator"].append(code)
         self.coordinator_down = True
-        if not was_running:
+        if not was_running and not even_if_exited:
             return f"coordinator had already exited ({code}); not restarted"
         if restart_after is None:
             return f"coordinator killed (exit {code}), not restarted"
@@ -612,6 +656,7 @@ class Demo:
             self.say(f"  +{self.elapsed():7.3f}s  [provisioner] slice {s} recreated")
         if mono > self.deadline:
             self.say(f"elastic-sidecar demo: giving up after --run-timeout {self.ns.run_timeout:g} s")
+            self.gave_up = True
             return False
         assert self.job.trainer is not None
         return self.trainer_down or self.job.trainer.poll() is None
@@ -623,7 +668,7 @@ class Demo:
             if until is not None and until():
                 return True
             if not self.tick():
-                return until is None
+                return until is None and not self.gave_up
             time.sleep(0.02)
         return False
 

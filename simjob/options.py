@@ -183,6 +183,12 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         help="the coordinator's state location (state file and journal; default: in --workdir)",
     )
     p.add_argument(
+        "--via-proxy",
+        action="store_true",
+        help="route the worker sidecars' and the trainer's links through a loopback TCP forwarder "
+        "(what the fault-matrix tests cut to make a stream blip)",
+    )
+    p.add_argument(
         "--coordinator-arg",
         action="append",
         default=None,

@@ -1,0 +1,827 @@
+"""The fault matrix: the sidecar's own failures must never make the job's failure worse.
+
+Every scenario runs the simulated job with real processes (coordinator,
+worker sidecars, stand-in Pathways workers, the JAX trainer with Orbax
+checkpoints) through :class:`simjob.harness.Demo`, puts one failure of the
+sidecar machinery in, and asserts the four promises of issue 9:
+
+* no hang: from the fault to the end of the run there is never a stretch
+  longer than ``elastic_timeout_seconds`` (plus the start-up allowance of a
+  process the scenario restarts) without a completed step or the run ending;
+* no committed checkpoint lost or replaced by an older one: the newest
+  committed step in the Orbax directory, sampled every 50 ms, never goes
+  down, and is still there at the end;
+* at most 1 lost step (completed steps that had to be recomputed);
+  a SIGKILLed trainer loses its memory, so there the bound is the
+  checkpoint period;
+* either training goes on to the final step (trainer and coordinator exit 0),
+  or every process still running exits 42 with its reason.
+
+Each scenario also records what it measured (detection, recovery, lost
+steps, retries spent) to a JSON file: ``$ES_RELIABILITY_JSON`` if set, else
+``reliability.json`` in pytest's base temp directory;
+``python -m simjob.reliability_report`` renders docs/reliability.md from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simjob.harness import Demo, free_port
+from simjob.options import RESTART_DELAY, add_demo_args, parse_fault
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT = 10.0
+"""elastic_timeout_seconds of every scenario but the ones that wait for it to pass."""
+STARTUP = 8.0
+"""Allowance for a process the scenario starts again (a trainer imports JAX and compiles: ~6 s here)."""
+SETTLE = 4.0
+"""Allowance for the normal machinery around a fault (a flush, a mesh rebuild, the replacement delay's rounding)."""
+STEPS = 30
+CHECKPOINT_PERIOD = 10
+
+
+# ---------------------------------------------------------------------------
+# recording outcomes
+# ---------------------------------------------------------------------------
+
+_OUTCOMES: list[dict[str, Any]] = []
+
+
+def _json_path(base: Path) -> Path:
+    env = os.environ.get("ES_RELIABILITY_JSON")
+    return Path(env) if env else base / "reliability.json"
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, Any]]]:
+    yield _OUTCOMES
+    path = _json_path(tmp_path_factory.getbasetemp())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old: list[dict[str, Any]] = []
+    if path.exists() and os.environ.get("ES_RELIABILITY_APPEND"):
+        old = json.loads(path.read_text()).get("runs", [])
+    settings = {"checkpoint_period": CHECKPOINT_PERIOD, "timeout": TIMEOUT, "settle": SETTLE, "startup": STARTUP}
+    doc = {"commit": _commit(), "settings": settings, "runs": old + _OUTCOMES}
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    print(f"\nfault matrix: {len(_OUTCOMES)} outcomes written to {path}")
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+uncommitted" if dirty else "")
+
+
+# ---------------------------------------------------------------------------
+# one scenario
+# ---------------------------------------------------------------------------
+
+
+class CheckpointWatch(threading.Thread):
+    """Samples the committed steps of the Orbax directory (step directories with a plain number name)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.newest = -1
+        self.went_down: list[tuple[int, int]] = []  # (newest before, newest after)
+        self._halt = threading.Event()
+
+    def committed(self) -> list[int]:
+        try:
+            return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
+        except FileNotFoundError:
+            return []
+
+    def sample(self) -> None:
+        steps = self.committed()
+        now = max(steps, default=-1)
+        if now < self.newest:
+            self.went_down.append((self.newest, now))
+        self.newest = max(self.newest, now)
+
+    def run(self) -> None:
+        while not self._halt.wait(0.05):
+            self.sample()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(2)
+        self.sample()
+
+
+@dataclass
+class Scenario:
+    """A running scenario: the demo, what it measured, what it expects."""
+
+    key: str
+    title: str
+    tmp: Path
+    args: list[str]
+    expect: str = "complete"  # "complete" or "exit42"
+    lost_max: int = 1
+    restarts_trainer: bool = False
+    steps: int = STEPS
+    how: str = ""
+    demo: Demo | None = None
+    ckpt: CheckpointWatch | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    t_fault: float | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+    t_end: float | None = None
+
+    def ns(self) -> argparse.Namespace:
+        p = argparse.ArgumentParser()
+        add_demo_args(p)
+        return p.parse_args(
+            [
+                "--workdir",
+                str(self.tmp / "job"),
+                "--steps",
+                str(self.steps),
+                "--step-seconds",
+                "0.1",
+                "--checkpoint-period",
+                str(CHECKPOINT_PERIOD),
+                "--timeout",
+                str(TIMEOUT),
+                "--replacement-delay",
+                "3",
+                "--run-timeout",
+                "150",
+                "--min-slices",
+                "2",
+                *self.args,
+            ]
+        )
+
+    @property
+    def timeout(self) -> float:
+        assert self.demo is not None
+        return float(self.demo.ns.timeout)
+
+    def start(self) -> Demo:
+        ns = self.ns()
+        workdir = Path(ns.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.lines: list[str] = []
+        self.demo = Demo(ns, workdir, [], self.lines.append)
+        self.ckpt = CheckpointWatch(workdir / "checkpoints")
+        self.demo.start()
+        self.ckpt.start()
+        return self.demo
+
+    # -- driving ------------------------------------------------------------------
+
+    def until(self, what: str, cond: Callable[[], bool], timeout: float = 60.0) -> None:
+        assert self.demo is not None
+        if not self.demo.run(until=cond, timeout=timeout):
+            raise AssertionError(f"{self.key}: never reached {what} within {timeout:g} s")
+
+    def until_step(self, n: int) -> None:
+        assert self.demo is not None
+        demo = self.demo
+        self.until(f"step {n}", lambda: demo.last_step >= n)
+
+    def phase(self) -> str | None:
+        assert self.demo is not None
+        st = self.demo.status.read(timeout=0.3)
+        return None if st is None else str(st.get("phase"))
+
+    def until_phase(self, phase: str, timeout: float = 60.0) -> dict[str, Any]:
+        assert self.demo is not None
+        demo = self.demo
+        seen: dict[str, Any] = {}
+
+        def at() -> bool:
+            st = demo.status.read(timeout=0.3)
+            if st is not None and st.get("phase") == phase:
+                seen.update(st)
+                return True
+            return False
+
+        self.until(f"coordinator phase {phase}", at, timeout)
+        return seen
+
+    def fault(self, spec: str) -> None:
+        assert self.demo is not None
+        self.demo.inject(parse_fault(spec))
+        self.t_fault = self.t_fault or time.time()
+
+    def mark_fault(self) -> None:
+        self.t_fault = self.t_fault or time.time()
+
+    def kill_coordinator(self, *, restart: bool = True, keep_state: bool = True) -> str:
+        """SIGKILL the coordinator (recording its phase); start it again after 1 s, with or without its state file."""
+        assert self.demo is not None
+        job = self.demo.job
+        st = self.demo.status.read(timeout=0.3)
+        phase = None if st is None else st.get("phase")
+        self.notes.setdefault("phase_at_kill", phase)
+        self.mark_fault()
+
+        def drop_state() -> None:
+            job.state_path.unlink(missing_ok=True)
+
+        self.demo.kill_coordinator(
+            restart_after=RESTART_DELAY if restart else None,
+            before_restart=None if keep_state else drop_state,
+            even_if_exited=True,
+            record=True,
+        )
+        return str(phase)
+
+    def finish(self, timeout: float = 90.0) -> dict[str, Any]:
+        """Run to the end; stop everything; the summary."""
+        assert self.demo is not None and self.ckpt is not None
+        demo = self.demo
+        try:
+            ended = demo.run(timeout=timeout)
+            self.notes["run_ended"] = ended
+            if ended and self.expect == "exit42" and demo.job.coordinator is not None and not demo.coordinator_down:
+                # The trainer is gone; a live coordinator must follow within the timeout.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    demo.job.coordinator.wait(self.timeout + SETTLE)
+            self.t_end = time.time()
+        finally:
+            self.summary = demo.finish()
+            self.ckpt.stop()
+        return self.summary
+
+    # -- the promises -------------------------------------------------------------------
+
+    def events(self) -> list[dict[str, Any]]:
+        assert self.demo is not None
+        path = self.demo.workdir / "trainer-events.jsonl"
+        out = []
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
+
+    def journal(self) -> list[dict[str, Any]]:
+        assert self.demo is not None
+        out = []
+        for p in (
+            self.demo.job.journal_path.with_name(self.demo.job.journal_path.name + ".1"),
+            self.demo.job.journal_path,
+        ):
+            if p.exists():
+                for line in p.read_text().splitlines():
+                    with contextlib.suppress(json.JSONDecodeError):
+                        out.append(json.loads(line))
+        return out
+
+    def longest_stall(self) -> float:
+        """The longest stretch after the fault with no completed step (the run's end closes the last one)."""
+        assert self.t_fault is not None and self.t_end is not None
+        times = sorted(e["t"] for e in self.events() if e["kind"] in ("step", "abort", "finished"))
+        last = self.t_fault
+        worst = 0.0
+        for t in [t for t in times if t > self.t_fault] + [self.t_end]:
+            worst = max(worst, t - last)
+            last = t
+        return worst
+
+    def check(self) -> None:
+        s = self.summary
+        assert self.ckpt is not None and self.demo is not None
+        assert self.notes.get("run_ended"), f"the run did not end on its own (hung?); exits {s.get('process_exits')}"
+        allowance = self.timeout + SETTLE + (STARTUP if self.restarts_trainer else 0.0)
+        stall = self.longest_stall()
+        self.notes["longest_stall_seconds"] = round(stall, 3)
+        assert stall <= allowance, f"no progress for {stall:.1f} s after the fault (allowed {allowance:g} s)"
+        assert not self.ckpt.went_down, f"newest committed checkpoint went down: {self.ckpt.went_down}"
+        final = max(self.ckpt.committed(), default=-1)
+        assert final >= self.ckpt.newest, f"committed step {self.ckpt.newest} is gone (newest now {final})"
+        assert s["lost_steps"] <= self.lost_max, (
+            f"lost {s['lost_steps']} steps (at most {self.lost_max}): {s['rewinds']}"
+        )
+        codes = s["exit_codes"]
+        if self.expect == "complete":
+            assert s["final_step"] == self.steps and codes.get("trainer") == 0, (
+                f"training did not complete: final step {s['final_step']}, exits {s['process_exits']}"
+            )
+            assert codes.get("coordinator") == 0, f"coordinator exited {codes.get('coordinator')}, not 0"
+        else:
+            assert codes.get("trainer") == 42, f"trainer exited {codes.get('trainer')}, not 42"
+            abort = [e for e in self.events() if e["kind"] == "abort"]
+            assert abort and abort[-1].get("reason"), "the trainer exited 42 without saying why"
+            self.notes["trainer_reason"] = abort[-1]["reason"]
+            if not self.demo.coordinator_down:
+                assert codes.get("coordinator") == 42, f"coordinator exited {codes.get('coordinator')}, not 42"
+                last = self.journal()[-1]["reason"] if self.journal() else ""
+                assert last, "the coordinator exited 42 without a reason in its journal"
+                self.notes["coordinator_reason"] = last
+
+    def no_shrink(self) -> None:
+        small = [e for e in self.events() if e["kind"] in ("step", "resumed") and len(e["slices"]) < 4]
+        assert not small, f"the job shrank: {small[0]}"
+
+    def retries(self, expected: int, *, state_kept: bool = True) -> None:
+        """The failures injected cost exactly ``expected`` retries; the sidecar's own faults cost none.
+
+        Without its state file a restarted coordinator cannot know the retries spent before it
+        (no participant reports them): it may count fewer, never more.
+        """
+        s = self.summary
+        spent = s["failure_recoveries"]
+        assert s["failure_recoveries_journal"] == expected, (
+            f"{s['failure_recoveries_journal']} failure recoveries in the journal, expected {expected}"
+        )
+        if state_kept:
+            assert spent == expected, f"retries_used {spent}, expected {expected}"
+        else:
+            assert spent is not None and spent <= expected, f"retries_used {spent}, expected at most {expected}"
+
+    def outcome(self, failure: str | None) -> dict[str, Any]:
+        s = self.summary
+        f0 = s.get("faults", [{}])[0] if s.get("faults") else {}
+        codes = s.get("exit_codes", {})
+        if codes.get("trainer") == 0 and s.get("final_step") == self.steps:
+            result = "training completed"
+        elif codes.get("trainer") == 42:
+            result = "exit 42"
+        else:
+            result = f"trainer exit {codes.get('trainer')}"
+        end = None
+        if self.t_fault is not None and self.t_end is not None and result != "training completed":
+            end = round(self.t_end - self.t_fault, 3)
+        return {
+            "key": self.key,
+            "title": self.title,
+            "how": self.how,
+            "passed": failure is None,
+            "failure": failure,
+            "result": result,
+            "expected": "training completes" if self.expect == "complete" else "every process exits 42",
+            "detection_seconds": f0.get("detection_seconds"),
+            "detection_source": f0.get("detection_source"),
+            "recovery_seconds": f0.get("recovery_seconds") if result == "training completed" else end,
+            "lost_steps": s.get("lost_steps"),
+            "retries_spent": s.get("failure_recoveries"),
+            "retries_in_journal": s.get("failure_recoveries_journal"),
+            "final_step": s.get("final_step"),
+            "exit_codes": codes,
+            "process_exits": s.get("process_exits"),
+            "wall_seconds": s.get("wall_seconds"),
+            **self.notes,
+        }
+
+
+def _said(line: str) -> str:
+    """A coordinator log line as severity and message (JSON lines also carry file paths)."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        return line[:300]
+    return f"{rec.get('severity', '')}: {rec.get('message', '')}"[:300]
+
+
+@contextlib.contextmanager
+def scenario(
+    outcomes: list[dict[str, Any]], tmp: Path, key: str, title: str, *args: str, **kw: Any
+) -> Iterator[Scenario]:
+    sc = Scenario(key, title, tmp, list(args), **kw)
+    failure: str | None = None
+    try:
+        sc.start()
+        yield sc
+    except BaseException as e:
+        failure = f"{type(e).__name__}: {e}".strip()[:600]
+        raise
+    finally:
+        if sc.demo is not None and not sc.summary:
+            with contextlib.suppress(Exception):
+                sc.summary = sc.demo.finish()
+            if sc.ckpt is not None:
+                sc.ckpt.stop()
+        outcomes.append(sc.outcome(failure))
+        if failure is not None and sc.demo is not None:
+            print(f"{key}: logs in {sc.demo.workdir / 'logs'}")
+
+
+# ---------------------------------------------------------------------------
+# coordinator SIGKILL in each phase, with and without its state file
+# ---------------------------------------------------------------------------
+
+# Every phase with its state file; without it, the default run keeps running and holding without
+# flush (the rebuild from what participants report), the rest run with --runslow.
+STATE = pytest.mark.parametrize(
+    "keep_state",
+    [pytest.param(True, id="with-state"), pytest.param(False, id="without-state", marks=pytest.mark.slow)],
+)
+STATE_ALWAYS = pytest.mark.parametrize(
+    "keep_state", [pytest.param(True, id="with-state"), pytest.param(False, id="without-state")]
+)
+
+
+@STATE
+def test_coordinator_kill_while_starting(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"coordinator-kill-starting-{'state' if keep_state else 'nostate'}",
+        f"coordinator SIGKILL while starting, {'with' if keep_state else 'without'} its state file",
+        how="kill before the trainer attaches, restart 1 s later",
+    ) as sc:
+        sc.until_phase("starting")
+        assert sc.kill_coordinator(keep_state=keep_state) == "starting"
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+
+
+@STATE_ALWAYS
+def test_coordinator_kill_while_running(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"coordinator-kill-running-{'state' if keep_state else 'nostate'}",
+        f"coordinator SIGKILL while running, {'with' if keep_state else 'without'} its state file",
+        how="kill at step 8, restart 1 s later",
+    ) as sc:
+        sc.until_step(8)
+        assert sc.kill_coordinator(keep_state=keep_state) == "running"
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+
+
+@pytest.mark.parametrize(
+    ("flush", "keep_state"),
+    [
+        pytest.param(True, True, id="flush-with-state"),
+        pytest.param(True, False, id="flush-without-state", marks=pytest.mark.slow),
+        pytest.param(False, True, id="no-flush-with-state"),
+        pytest.param(False, False, id="no-flush-without-state"),
+    ],
+)
+def test_coordinator_kill_while_holding(
+    outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool, flush: bool
+) -> None:
+    """A host dies; the coordinator is killed while its hold waits for the trainer's step boundary."""
+    # min -1: the hold waits for the replacement and flushes; min 2: the survivors go on from memory.
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"coordinator-kill-holding-{'flush' if flush else 'noflush'}-{'state' if keep_state else 'nostate'}",
+        f"coordinator SIGKILL while holding {'with' if flush else 'without'} flush, "
+        f"{'with' if keep_state else 'without'} its state file",
+        "--min-slices",
+        "-1" if flush else "2",
+        "--step-seconds",
+        "0.5",
+        steps=14,
+        how="steps of 0.5 s; host 1.0 SIGKILLed at step 6, so the hold waits for the step boundary; "
+        "the coordinator is killed once /status says holding",
+    ) as sc:
+        sc.until_step(6)
+        sc.fault("kill:1.0@6")
+        st = sc.until_phase("holding", timeout=5.0)
+        sc.notes["hold_flush"] = st.get("hold_flush")
+        sc.kill_coordinator(keep_state=keep_state)
+        sc.finish()
+        sc.check()
+        sc.retries(1, state_kept=keep_state)
+
+
+@STATE
+def test_coordinator_kill_while_waiting(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"coordinator-kill-waiting-{'state' if keep_state else 'nostate'}",
+        f"coordinator SIGKILL while waiting for slices, {'with' if keep_state else 'without'} its state file",
+        "--min-slices",
+        "-1",
+        "--replacement-delay",
+        "5",
+        how="min slices -1, host 1.0 SIGKILLed at step 8 (replacement after 5 s); kill once /status says waiting",
+    ) as sc:
+        sc.until_step(8)
+        sc.fault("kill:1.0@8")
+        sc.until_phase("waiting", timeout=10.0)
+        sc.kill_coordinator(keep_state=keep_state)
+        sc.finish()
+        sc.check()
+        sc.retries(1, state_kept=keep_state)
+
+
+@STATE
+def test_coordinator_kill_when_failed(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"coordinator-kill-failed-{'state' if keep_state else 'nostate'}",
+        f"coordinator SIGKILL after the job failed, {'with' if keep_state else 'without'} its state file",
+        "--min-slices",
+        "-1",
+        "--no-replacement",
+        "--timeout",
+        "4",
+        expect="exit42",
+        how="min slices -1, no replacement, timeout 4 s: host 1.0 SIGKILLed at step 8; "
+        "the coordinator is killed (or found exited) in FAILED and started again 1 s later",
+    ) as sc:
+        sc.until_step(8)
+        sc.fault("kill:1.0@8")
+        sc.until(
+            "phase failed or the coordinator's exit",
+            lambda: sc.phase() == "failed" or sc.demo.job.coordinator.poll() is not None,  # type: ignore[union-attr]
+            timeout=20.0,
+        )
+        sc.kill_coordinator(keep_state=keep_state)
+        sc.finish()
+        # The restarted coordinator must not start the failed job again: it exits 42 too.
+        sc.check()
+
+
+# ---------------------------------------------------------------------------
+# the coordinator's own machinery
+# ---------------------------------------------------------------------------
+
+
+def _mount_tmpfs(where: Path, size: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"the ENOSPC scenario needs a small tmpfs for the state directory and `mount -t tmpfs` failed "
+            f"(exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}); run the suite as root "
+            "or with CAP_SYS_ADMIN"
+        )
+
+
+def _fill(where: Path) -> Path:
+    """Fill the file system at ``where`` to the last byte."""
+    filler = where / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (65536, 4096, 512, 1):
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_state_writes_fail_then_recover(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    state_dir = tmp_path / "state-tmpfs"
+    _mount_tmpfs(state_dir, "1m")
+    try:
+        with scenario(
+            outcomes,
+            tmp_path,
+            "state-writes-enospc",
+            "state-file writes fail (ENOSPC) for 3 s, then recover",
+            "--state-dir",
+            str(state_dir),
+            how="state dir on a 1 MiB tmpfs filled up at step 8, host 1.0 SIGKILLed 0.2 s later; "
+            "the filler is deleted 3 s after that",
+        ) as sc:
+            sc.until_step(8)
+            sc.mark_fault()
+            filler = _fill(state_dir)
+            time.sleep(0.2)
+            sc.fault("kill:1.0@8")
+            t_full = time.time()
+            sc.until("3 s of ENOSPC", lambda: time.time() - t_full >= 3.0, timeout=10)
+            filler.unlink()
+            sc.finish()
+            sc.check()
+            log = (sc.demo.workdir / "logs" / "coordinator.log").read_text()  # type: ignore[union-attr]
+            said = [ln for ln in log.splitlines() if "No space left" in ln or "ENOSPC" in ln or "durab" in ln.lower()]
+            sc.notes["coordinator_said"] = _said(said[0]) if said else None
+            assert said, "the coordinator never said its state writes failed"
+            state = json.loads(sc.demo.job.state_path.read_text())  # type: ignore[union-attr]
+            gens = [j["generation"] for j in sc.journal()]
+            assert state["generation"] == max(gens), (
+                f"state file at generation {state['generation']}, journal {max(gens)}"
+            )
+    finally:
+        subprocess.run(["umount", "-l", str(state_dir)], check=False)
+
+
+def test_coordinator_stall(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "coordinator-stall-3s",
+        "coordinator stalled 3 s (SIGSTOP, SIGCONT)",
+        how="coordinator-stall:3@8",
+    ) as sc:
+        sc.until_step(8)
+        sc.fault("coordinator-stall:3@8")
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+
+
+def test_two_coordinators_on_one_state_dir(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "two-coordinators-same-state-dir",
+        "a second coordinator starts on the same state directory",
+        how="at step 8 a second coordinator (own ports) starts on the same state dir",
+    ) as sc:
+        sc.until_step(8)
+        sc.mark_fault()
+        job = sc.demo.job  # type: ignore[union-attr]
+        epoch_before = json.loads(job.state_path.read_text()).get("epoch")
+        second = job.spawn_coordinator(
+            name="coordinator-2",
+            listen=f"127.0.0.1:{free_port()}",
+            trainer_listen=f"127.0.0.1:{free_port()}",
+            admin_listen=f"127.0.0.1:{free_port()}",
+            http_listen=f"127.0.0.1:{free_port()}",
+        )
+        t_second = time.time()
+        sc.until("2 s with two coordinators", lambda: time.time() - t_second >= 2.0, timeout=10)
+        sc.notes["second_exit_while_first_ran"] = second.poll()
+        epoch_during = json.loads(job.state_path.read_text()).get("epoch")
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+        log2 = (job.logs / "coordinator-2.log").read_text()
+        waiting = [ln for ln in log2.splitlines() if "lock" in ln.lower()]
+        sc.notes["second_said"] = _said(waiting[0]) if waiting else None
+        assert "lock" in log2.lower(), f"the second coordinator did not wait on the lock: {log2[-500:]}"
+        # While the first held the lock the second wrote nothing: the state file kept the first's epoch.
+        assert epoch_during == epoch_before, f"state file epoch went {epoch_before} -> {epoch_during}"
+
+
+def test_two_coordinators_older_is_fenced(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """A replacement coordinator on another state dir takes the workers and the trainer; the old one is fenced."""
+    with scenario(
+        outcomes,
+        tmp_path,
+        "two-coordinators-other-state-dir",
+        "a second coordinator on another state directory takes over; the older is fenced",
+        "--via-proxy",
+        steps=80,
+        how="links pass a forwarder; at step 8 coordinator B (new state dir) starts and the forwarder moves every "
+        "link to it; 2 s later the links go back to A (a flap), which must refuse them as older",
+    ) as sc:
+        sc.until_step(8)
+        sc.mark_fault()
+        job = sc.demo.job  # type: ignore[union-attr]
+        b_peer, b_trainer = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        b_http = f"127.0.0.1:{free_port()}"
+        b_dir = tmp_path / "state-b"
+        b_dir.mkdir()
+        b = job.spawn_coordinator(
+            name="coordinator-b",
+            listen=b_peer,
+            trainer_listen=b_trainer,
+            admin_listen=f"127.0.0.1:{free_port()}",
+            http_listen=b_http,
+            state_dir=b_dir,
+        )
+        time.sleep(1.5)
+        assert job.peer_proxy is not None and job.trainer_proxy is not None
+        a_peer, a_trainer = job.peer_proxy.target, job.trainer_proxy.target
+        job.peer_proxy.retarget(b_peer)
+        job.trainer_proxy.retarget(b_trainer)
+        t_b = time.time()
+        sc.until("2 s on coordinator B", lambda: time.time() - t_b >= 2.0, timeout=10)
+        job.peer_proxy.retarget(a_peer)
+        job.trainer_proxy.retarget(a_trainer)
+        t_a = time.time()
+        sc.until("2 s back on coordinator A", lambda: time.time() - t_a >= 2.0, timeout=10)
+        a_log = (job.logs / "coordinator.log").read_text()
+        fenced = [ln for ln in a_log.splitlines() if "fenc" in ln.lower() or "FAILED_PRECONDITION" in ln]
+        sc.notes["older_said"] = _said(fenced[0]) if fenced else None
+        job.peer_proxy.retarget(b_peer)
+        job.trainer_proxy.retarget(b_trainer)
+        sc.finish()
+        sc.notes["b_exit"] = b.returncode
+        assert fenced, "coordinator A never said it was fenced when the newer participants came back to it"
+        stale = [e for e in sc.events() if e["kind"] in ("stale_command", "fenced")]
+        sc.notes["trainer_refused"] = len(stale)
+        # Training went on to the end (steered by B); A's exit is not the job's.
+        s = sc.summary
+        assert s["final_step"] == sc.steps and s["exit_codes"]["trainer"] == 0, s["process_exits"]
+        assert s["lost_steps"] <= 1, s["rewinds"]
+        assert not sc.ckpt.went_down  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------
+# the trainer and the worker sidecars
+# ---------------------------------------------------------------------------
+
+
+def test_trainer_kill(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "trainer-kill",
+        "trainer SIGKILL (started again, as the JobSet would)",
+        lost_max=CHECKPOINT_PERIOD,
+        restarts_trainer=True,
+        how="trainer-kill@15; the demo starts it again 1 s later with the same arguments",
+    ) as sc:
+        sc.until_step(15)
+        sc.fault("trainer-kill@15")
+        sc.finish()
+        sc.check()
+        again = [e for e in sc.events() if e["kind"] == "resumed"][-1]
+        sc.notes["restored_from"] = again["restored_from"]
+
+
+def test_sidecar_gone_while_trainer_holds(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "sidecar-gone-while-held",
+        "coordinator gone for good while the trainer holds",
+        "--min-slices",
+        "-1",
+        "--no-replacement",
+        "--timeout",
+        "6",
+        expect="exit42",
+        how="min slices -1, no replacement, timeout 6 s: host 1.0 SIGKILLed at step 8, the trainer holds; "
+        "the coordinator is SIGKILLed once /status says waiting and not restarted",
+    ) as sc:
+        sc.until_step(8)
+        sc.fault("kill:1.0@8")
+        sc.until_phase("waiting", timeout=10.0)
+        t_kill = time.time()
+        sc.kill_coordinator(restart=False)
+        sc.finish(timeout=6 + SETTLE + 10)
+        codes = sc.summary["process_exits"]["trainer"]
+        exit_t = max((e["t"] for e in sc.events() if e["kind"] == "abort"), default=None)
+        sc.notes["trainer_exit_after_kill_seconds"] = None if exit_t is None else round(exit_t - t_kill, 3)
+        sc.check()
+        assert exit_t is not None and exit_t - t_kill <= 6 + SETTLE, (exit_t, t_kill, codes)
+        assert sc.ckpt.newest >= 8, f"the hold did not flush: newest committed step {sc.ckpt.newest}"  # type: ignore[union-attr]
+
+
+def test_worker_sidecar_restart_on_healthy_host(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "sidecar-restart-healthy-host",
+        "worker sidecar restart on a healthy host",
+        how="sidecar-restart:1.0@8 (SIGKILL the sidecar alone, a new one 1 s later; Pathways stays up)",
+    ) as sc:
+        sc.until_step(8)
+        sc.fault("sidecar-restart:1.0@8")
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+
+
+def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "stream-blip",
+        "every worker stream cut once (same processes reconnect)",
+        "--via-proxy",
+        how="at step 8 the forwarder resets every worker sidecar's connection to the coordinator",
+    ) as sc:
+        sc.until_step(8)
+        sc.mark_fault()
+        assert sc.demo is not None and sc.demo.job.peer_proxy is not None
+        sc.notes["streams_cut"] = sc.demo.job.peer_proxy.cut()
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
