@@ -101,7 +101,23 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         "--listen",
         default=f"127.0.0.1:{C.COORDINATOR_PORT}",
         type=address,
-        help=f"peer + trainer-link gRPC address (default 127.0.0.1:{C.COORDINATOR_PORT})",
+        help=f"peer gRPC address: worker sidecars register here (default 127.0.0.1:{C.COORDINATOR_PORT}; "
+        f"the manifests use 0.0.0.0:{C.COORDINATOR_PORT} with --peer-token-file)",
+    )
+    _add(
+        p,
+        "--trainer-listen",
+        default=f"127.0.0.1:{C.TRAINER_PORT}",
+        type=address,
+        help=f"gRPC address of the trainer link (default 127.0.0.1:{C.TRAINER_PORT}: the trainer runs in the same "
+        "pod). A non-loopback address needs --trainer-token-file",
+    )
+    _add(
+        p,
+        "--trainer-token-file",
+        default=None,
+        help="file holding the token the trainer hooks must present (they read ELASTIC_SIDECAR_TOKEN_FILE); "
+        "none: the trainer link is not authenticated, so it must stay on loopback",
     )
     _add(p, "--num-slices", type=int, required=_env("--num-slices", None) is None, help="slices in the job")
     _add(p, "--hosts-per-slice", default=1, type=int, help="TPU hosts (worker sidecars) per slice")
@@ -147,8 +163,54 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="after a coordinator restart, seconds known hosts get to re-register (default 10)",
     )
-    _add(p, "--state-file", type=Path, default=None, help="where the coordinator keeps its state across restarts")
+    _add(
+        p,
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the coordinator keeps what must survive its restart: state.json (written before any action "
+        "of a decision runs), journal.jsonl and a lock that keeps a second coordinator out (default: none)",
+    )
+    _add(p, "--state-file", type=Path, default=None, help="the state file alone, outside --state-dir")
     _add(p, "--journal", type=Path, default=None, help="append every decision as a JSON line here")
+    _add(
+        p,
+        "--journal-max-bytes",
+        default=16 * 1024 * 1024,
+        type=nonneg_int,
+        help="rotate the journal to journal.jsonl.1 past this size, keeping one old file (default 16 MiB)",
+    )
+    _add(
+        p,
+        "--durability-bound",
+        default=2.0,
+        type=positive_float,
+        help="seconds a decision waits for its state write to succeed before it is carried out from memory "
+        "anyway, flagged not durable (default 2)",
+    )
+    _add(
+        p,
+        "--restart-attempt",
+        default=0,
+        type=nonneg_int,
+        help="the JobSet restart attempt (label jobset.sigs.k8s.io/restart-attempt, env ES_RESTART_ATTEMPT): a "
+        "state file from an earlier attempt does not make this one failed (default 0)",
+    )
+    _add(
+        p,
+        "--flush-timeout-seconds",
+        default=600.0,
+        type=positive_float,
+        help="how long a flush may take; a hold that flushes is acknowledged within elastic_timeout_seconds plus "
+        "this (default 600)",
+    )
+    _add(
+        p,
+        "--settle-seconds",
+        default=1.0,
+        type=float,
+        help="a lost slice's replacement counts once it has stayed registered and healthy this long (default 1)",
+    )
     _add(
         p,
         "--pubsub-subscription",
@@ -275,6 +337,13 @@ class CoordinatorConfig:
     journal: Path | None
     log_format: str
     log_level: str
+    trainer_listen: str = "127.0.0.1:0"
+    """The trainer link; the command line defaults to 127.0.0.1:29313, a config built in code to a free port."""
+    trainer_token: BearerToken | None = None
+    state_dir: Path | None = None
+    journal_max_bytes: int = 16 * 1024 * 1024
+    durability_bound: float = 2.0
+    restart_attempt: int = 0
     pubsub_subscription: str | None = None
     cluster_name: str | None = None
     pubsub_project: str | None = None
@@ -297,6 +366,8 @@ class CoordinatorConfig:
                 elastic_timeout_seconds=float(ns.elastic_timeout_seconds),
                 elastic_max_retries=int(ns.elastic_max_retries),
                 rejoin_grace_seconds=float(ns.rejoin_grace),
+                flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
+                settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
             )
         except ValueError as e:
             raise ConfigError(str(e)) from e
@@ -313,6 +384,21 @@ class CoordinatorConfig:
                 f"--admin-listen {admin_listen} is not a loopback address: give --admin-token-file too "
                 "(and --tls-cert-file/--tls-key-file), or keep it on 127.0.0.1"
             )
+        trainer_listen = getattr(ns, "trainer_listen", None) or f"127.0.0.1:{C.TRAINER_PORT}"
+        trainer_token = _token(ns, "trainer_token_file")
+        if trainer_token is None and not is_loopback(trainer_listen):
+            raise ConfigError(
+                f"--trainer-listen {trainer_listen} is not a loopback address: give --trainer-token-file too, or "
+                "keep the trainer link on 127.0.0.1 (the trainer runs in the coordinator's pod)"
+            )
+        if trainer_listen == ns.listen:
+            raise ConfigError(f"--trainer-listen and --listen are both {trainer_listen}: give them different ports")
+        state_dir = Path(ns.state_dir) if getattr(ns, "state_dir", None) else None
+        state_file = Path(ns.state_file) if ns.state_file else None
+        journal = Path(ns.journal) if ns.journal else None
+        if state_dir is not None:
+            state_file = state_file or state_dir / "state.json"
+            journal = journal or state_dir / "journal.jsonl"
         tls_cert, tls_key = _tls(ns)
         return cls(
             job=ns.job,
@@ -320,8 +406,14 @@ class CoordinatorConfig:
             policy=policy,
             heartbeat_interval=hb,
             heartbeat_timeout=hbt,
-            state_file=Path(ns.state_file) if ns.state_file else None,
-            journal=Path(ns.journal) if ns.journal else None,
+            state_file=state_file,
+            journal=journal,
+            trainer_listen=trainer_listen,
+            trainer_token=trainer_token,
+            state_dir=state_dir,
+            journal_max_bytes=int(getattr(ns, "journal_max_bytes", 16 * 1024 * 1024)),
+            durability_bound=float(getattr(ns, "durability_bound", 2.0)),
+            restart_attempt=int(getattr(ns, "restart_attempt", 0)),
             log_format=ns.log_format,
             log_level=ns.log_level,
             pubsub_subscription=sub or None,

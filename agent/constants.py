@@ -9,7 +9,9 @@ from __future__ import annotations
 
 # --- ports ---------------------------------------------------------------
 COORDINATOR_PORT = 29310
-"""Peer + trainer-link gRPC port of the coordinator sidecar."""
+"""Peer gRPC port of the coordinator sidecar (worker sidecars register here)."""
+TRAINER_PORT = 29313
+"""The trainer link (trainer hooks -> coordinator), on loopback inside the coordinator's pod."""
 ADMIN_PORT = 29311
 """Admin gRPC port (loopback unless configured otherwise)."""
 HTTP_PORT = 29312

@@ -14,8 +14,32 @@ Sources -> decision core -> executors:
 Beside them it serves operators (:mod:`agent.servers`): the admin gRPC API on
 ``--admin-listen`` (its commands are events for the same loop) and HTTP
 health, readiness, metrics and a status page on ``--http-listen``. Worker
-registrations need the peer token when ``--peer-token-file`` is given; the
-TrainerLink on the same port is never authenticated (see :mod:`agent.auth`).
+registrations need the peer token when ``--peer-token-file`` is given. The
+trainer link has a listener of its own, ``--trainer-listen``, on loopback by
+default (the trainer runs in this pod), with ``--trainer-token-file`` required
+for any other address (see :mod:`agent.auth`).
+
+Trust under its own failures (docs/reliability.md):
+
+* **write-ahead**: a decision's state reaches the state file before any of its
+  actions runs (:mod:`agent.statefile` says what is kept). A failed write is
+  retried; after ``--durability-bound`` seconds the decision is carried out
+  from memory anyway, flagged not durable (ERROR log, metric, /status,
+  readiness), and the file catches up at the next write that succeeds: a job
+  is never left unprotected waiting for a disk.
+* **fencing**: every start takes a new epoch, above the last one on file and
+  the wall clock in milliseconds, durable before it serves. Every command
+  carries it; trainers and workers ignore commands from an older epoch and say
+  which epoch they have seen when they connect, and a coordinator that learns
+  of a newer epoch stops steering (it refuses every stream, reports itself
+  fenced and not ready). Two coordinators on one state directory cannot run at
+  once: the second waits for the first's lock (``flock``).
+* **liveness**: a worker is late by the time since its last message was read,
+  counted from the end of any event-loop stall (a stalled loop is measured
+  and logged, and never by itself declares anyone lost). When a worker's stream
+  closes, the coordinator checks that host's Pathways worker itself before it
+  declares the host lost: a sidecar that restarts on a healthy host, or a
+  stream blip, is neither a loss nor a repair.
 
 Every decision line of a recovery carries Cloud Logging's operation
 ``recovery-<generation>`` (the generation of the hold that began it), with
@@ -27,11 +51,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import json
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import grpc
@@ -41,7 +68,7 @@ from agent import constants as C
 from agent import log as logmod
 from agent import statefile
 from agent.auth import BearerAuthInterceptor
-from agent.config import CoordinatorConfig
+from agent.config import CoordinatorConfig, is_loopback
 from agent.core import decide, initial_state
 from agent.core.model import (
     AbortTrainer,
@@ -67,19 +94,28 @@ from agent.core.model import (
     TrainerSettings,
     TrainerSliceError,
     TrainerStepped,
+    WorkerAway,
     WorkerHealth,
     WorkerJoined,
     WorkerLost,
 )
 from agent.metrics import Metrics
+from agent.sources.health import probe_once
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logmod.get("coordinator")
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
+TRAINER_SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerLink"].full_name
 TICK_SECONDS = 0.2
 """Deadlines (start, hold, wait, rejoin) are seconds to minutes long: a coarse tick
 is enough, and an idle coordinator should cost next to nothing."""
 EOF_GRACE_SECONDS = 0.05
+STALL_SECONDS = 0.5
+"""A tick this late means the event loop was blocked: liveness deadlines restart from its end."""
+PROBE_TIMEOUT_SECONDS = 0.3
+"""How long the coordinator's own check of a host's Pathways worker may take."""
+AWAY_PROBE_SECONDS = 0.25
+"""How often a host whose sidecar is away is checked until the sidecar is back."""
 
 
 @dataclass
@@ -90,6 +126,11 @@ class _Conn:
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     last_seen: float = field(default_factory=time.monotonic)
     """When the peer last sent a message (tells a hung peer from a killed one)."""
+    cause: str = ""
+    """Why the coordinator ended the stream ("heartbeat_timeout", "replaced", "fenced")."""
+    incarnation: str = ""
+    health_address: str = ""
+    health_check: str = ""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -140,10 +181,13 @@ class Coordinator:
         self.trainer: _Conn | None = None
         self.exit_code: asyncio.Future[int] | None = None
         self.state: State = initial_state(cfg.policy, time.monotonic())
-        self._persisted: dict[str, Any] | None = None
+        self._persisted: State | None = None
+        """The newest state on disk (None: nothing written yet)."""
         self._journal: IO[str] | None = None
         self.port: int = 0
+        self.trainer_port: int = 0
         self.server: grpc.aio.Server | None = None
+        self.trainer_server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.serving = False
         """The peer + trainer-link server is up (readiness)."""
@@ -155,6 +199,21 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._recovery: int | None = None
         """Generation of the hold that began the recovery in progress (its log operation id)."""
+        self.epoch = 0
+        """This process's epoch: it grows at every coordinator start (fencing)."""
+        self.fenced_by = 0
+        """A newer coordinator's epoch, once a participant reported one: this one no longer steers."""
+        self.durable = True
+        """Every decision so far reached the state file before its actions ran."""
+        self.durability_problem = ""
+        self.state_file_note = ""
+        """What happened to the state file at start (restored, unreadable and moved aside, ...)."""
+        self._lock_fd: int | None = None
+        self._loop_resumed_at = 0.0
+        """End of the newest event-loop stall: nobody is late for time the loop could not read."""
+        self.stalls: list[float] = []
+        """Durations of event-loop stalls seen (newest last)."""
+        self._probing: set[tuple[int, int]] = set()
 
     # -- sources -------------------------------------------------------------
 
@@ -184,27 +243,137 @@ class Coordinator:
     def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
         self.subscribers.discard(q)
 
-    # -- the loop ------------------------------------------------------------
+    # -- state on disk -------------------------------------------------------
+
+    def _lock_path(self) -> Path | None:
+        if self.cfg.state_dir is not None:
+            return self.cfg.state_dir / "lock"
+        if self.cfg.state_file is not None:
+            return self.cfg.state_file.with_name(self.cfg.state_file.name + ".lock")
+        return None
+
+    async def _acquire_lock(self) -> None:
+        """Keep a second coordinator off this state location while this one runs."""
+        path = self._lock_path()
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        waited = 0.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if waited == 0.0 or waited % 30 < 0.5:
+                    log.warning(
+                        "another coordinator holds the state lock; waiting for it to go",
+                        lock=str(path),
+                        waited_seconds=round(waited, 1),
+                    )
+                await asyncio.sleep(0.5)
+                waited += 0.5
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
 
     def _load_state(self) -> None:
         path = self.cfg.state_file
-        if path is None or not path.exists():
+        now = time.monotonic()
+        file_epoch = 0
+        if path is not None and path.exists():
+            try:
+                raw = statefile.read(path)
+                restored = statefile.restore(raw, self.state, now, restart_attempt=self.cfg.restart_attempt)
+            except statefile.StateFileError as e:
+                moved = statefile.move_aside(path)
+                self.state_file_note = f"{e}; moved aside to {moved}" if moved else f"{e}; could not move it aside"
+                log.error(
+                    "state file unusable; starting without it and rebuilding from what the workers and the trainer "
+                    "report",
+                    state_file=str(path),
+                    error=str(e),
+                    moved_to=str(moved) if moved else None,
+                )
+            else:
+                self.state = restored.state
+                file_epoch = restored.epoch
+                self.state_file_note = restored.note
+                log.info(
+                    "restored coordinator state: " + restored.note,
+                    state_file=str(path),
+                    phase=str(self.state.phase),
+                    generation=self.state.generation,
+                    active=sorted(self.state.active),
+                    epoch_on_file=file_epoch,
+                )
+        self.epoch = max(file_epoch + 1, int(time.time() * 1000))
+        self.metrics.epoch.set(self.epoch)
+        self.metrics.state_durable.set(1)
+
+    def _snapshot(self) -> dict[str, Any]:
+        return statefile.snapshot(self.state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
+
+    def _write_state(self, snap: dict[str, Any]) -> None:
+        assert self.cfg.state_file is not None
+        statefile.write(self.cfg.state_file, snap)
+
+    async def _make_durable(self) -> None:
+        """Write the current state before its actions run (write-ahead); see the module docstring."""
+        path = self.cfg.state_file
+        if path is None:
             return
-        self.state = statefile.restore(path, self.state, time.monotonic())
-        log.info(
-            "restored coordinator state",
-            state_file=str(path),
-            phase=str(self.state.phase),
-            generation=self.state.generation,
-            active=sorted(self.state.active),
-        )
-        self._persisted = statefile.snapshot(self.state)
+        target = self.state
+        deadline = time.monotonic() + (self.cfg.durability_bound if self.durable else 0.0)
+        delay = 0.05
+        while True:
+            try:
+                await asyncio.to_thread(self._write_state, self._snapshot())
+            except OSError as e:
+                self.metrics.state_write_failures.inc()
+                problem = f"state file {path}: {e.strerror or e}"
+                if time.monotonic() >= deadline:
+                    if self.durable:
+                        log.error(
+                            "cannot make decisions durable; carrying them out from memory and retrying the state "
+                            "file (a restart now would forget decisions since the last good write)",
+                            error=problem,
+                            bound_seconds=self.cfg.durability_bound,
+                        )
+                    self.durable = False
+                    self.durability_problem = problem
+                    self.metrics.state_durable.set(0)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            self._persisted = target
+            if not self.durable:
+                log.warning("state file writable again; decisions are durable", state_file=str(path))
+                self.durable = True
+                self.durability_problem = ""
+                self.metrics.state_durable.set(1)
+            return
+
+    def _write_due(self, d: Decision) -> bool:
+        """A write is due when the decision changed intent, or while the file is behind (each event retries it)."""
+        if self.cfg.state_file is None:
+            return False
+        if self._persisted is None or not self.durable:
+            return True
+        return statefile.intent_changed(self._persisted, d.state)
+
+    # -- the loop ------------------------------------------------------------
 
     async def _decision_loop(self) -> None:
         while True:
             ev, fut = await self.events.get()
             try:
                 d = self.apply(ev, time.monotonic())
+                if self._write_due(d):
+                    await self._make_durable()
+                for a in d.actions:
+                    self._execute(a)
             except Exception as e:  # a bug must not take the daemon down with it
                 log.exception("failed to handle event", trigger=type(ev).__name__)
                 if fut is not None and not fut.done():
@@ -214,6 +383,11 @@ class Coordinator:
                 fut.set_result(d)
 
     def apply(self, ev: Event, now: float) -> Decision:
+        """Decide on one event and record the decision (log, journal, feed, metrics).
+
+        Nothing is carried out here: the loop makes the new state durable,
+        then executes the actions (:meth:`_decision_loop`).
+        """
         before = self.state
         d = decide(before, ev, now)
         self.state = d.state
@@ -223,9 +397,6 @@ class Coordinator:
                 if ev.generation >= g and not f.done():
                     f.set_result(ev)
         self._record(ev, d, before)
-        self._persist()
-        for a in d.actions:
-            self._execute(a)
         return d
 
     def _record(self, ev: Event, d: Decision, before: State) -> None:
@@ -266,24 +437,48 @@ class Coordinator:
             except asyncio.QueueFull:
                 self.subscribers.discard(q)  # a reader that cannot keep up is dropped
         if self._journal is not None:
-            rec = {"time": time.time(), "reason": d.reason, **fields, "event_detail": _event_detail(ev)}
-            self._journal.write(json.dumps(rec, default=str) + "\n")
-            self._journal.flush()
+            rec = {
+                "time": time.time(),
+                "reason": d.reason,
+                **fields,
+                "retries_used": s.retries_used,
+                "event_detail": _event_detail(ev),
+            }
+            self._append_journal(json.dumps(rec, default=str) + "\n")
 
-    def _persist(self) -> None:
-        if self.cfg.state_file is None:
-            return
-        snap = statefile.snapshot(self.state)
-        if snap != self._persisted:
-            statefile.write(self.cfg.state_file, self.state)
-            self._persisted = snap
+    def _append_journal(self, line: str) -> None:
+        """The journal is a record for people, not intent: a failed append is counted, never fatal."""
+        j = self._journal
+        assert j is not None
+        try:
+            if self.cfg.journal_max_bytes and j.tell() + len(line) > self.cfg.journal_max_bytes:
+                self._rotate_journal()
+                j = self._journal
+                assert j is not None
+            j.write(line)
+            j.flush()
+        except (OSError, ValueError) as e:
+            self.metrics.journal_write_failures.inc()
+            log.warning("journal append failed; the decision stands", error=str(e))
+
+    def _rotate_journal(self) -> None:
+        path = self.cfg.journal
+        assert path is not None and self._journal is not None
+        self._journal.close()
+        os.replace(path, path.with_name(path.name + ".1"))
+        self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115
 
     # -- executors -----------------------------------------------------------
 
     def _execute(self, a: Action) -> None:
+        if self.fenced_by:
+            log.warning("fenced: not carrying out", action=type(a).__name__, newer_epoch=self.fenced_by)
+            return
         match a:
             case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer():
                 cmd = _to_trainer_command(a)
+                assert cmd is not None
+                cmd.epoch = self.epoch
                 if self.trainer is None:
                     log.warning(
                         "no trainer attached; command will be repeated when it attaches", command=type(a).__name__
@@ -292,7 +487,9 @@ class Coordinator:
                     self.trainer.outbox.put_nowait(cmd)
             case TellWorkers():
                 msg = peer_pb2.CoordinatorMessage(
-                    command=peer_pb2.PeerCommand(generation=a.generation, kind=a.kind, reason=a.reason)
+                    command=peer_pb2.PeerCommand(
+                        generation=a.generation, kind=a.kind, reason=a.reason, epoch=self.epoch
+                    )
                 )
                 for conn in self.workers.values():
                     conn.outbox.put_nowait(msg)
@@ -301,11 +498,86 @@ class Coordinator:
                     # Give the streams a moment to deliver the last commands.
                     asyncio.get_running_loop().call_later(0.5, _set_result, self.exit_code, a.exit_code)
 
+    def fence(self, newer_epoch: int, who: str) -> None:
+        """A participant has seen a newer coordinator: stop steering, say so."""
+        if newer_epoch <= self.epoch or newer_epoch <= self.fenced_by:
+            return
+        self.fenced_by = newer_epoch
+        self.metrics.fenced.set(1)
+        log.error(
+            "superseded by a newer coordinator: no longer steering this job",
+            epoch=self.epoch,
+            newer_epoch=newer_epoch,
+            reported_by=who,
+        )
+        for conn in [*self.workers.values(), *([self.trainer] if self.trainer else [])]:
+            conn.cause = "fenced"
+            conn.closed.set()
+
+    # -- liveness --------------------------------------------------------------
+
+    def check_liveness(self, now: float) -> None:
+        """End the streams of workers silent past the heartbeat timeout.
+
+        Lateness counts from the later of the worker's last message and the end
+        of the newest event-loop stall: messages that arrived while the loop was
+        blocked are read only after it, so the stall itself proves nothing.
+        """
+        limit = self.cfg.heartbeat_timeout
+        since = self._loop_resumed_at
+        for conn in self.workers.values():
+            if not conn.closed.is_set() and now - max(conn.last_seen, since) > limit:
+                conn.cause = "heartbeat_timeout"
+                conn.closed.set()
+
+    def _note_stall(self, lag: float, now: float) -> None:
+        self._loop_resumed_at = now
+        self.stalls.append(lag)
+        del self.stalls[:-20]
+        self.metrics.loop_stalls.inc()
+        self.metrics.loop_stall_seconds.inc(lag)
+        log.warning(
+            "event loop was blocked; liveness deadlines restart from now and nobody is judged lost for it",
+            stall_seconds=round(lag, 3),
+        )
+
+    async def probe_host(self, key: tuple[int, int], conn: _Conn, peer: str) -> tuple[bool, str]:
+        """Check a host's Pathways worker from here (its sidecar's stream just closed)."""
+        address = _probe_address(conn.health_address, peer)
+        if not address:
+            return False, "no health address registered"
+        return await probe_once(conn.health_check or "grpc", address, PROBE_TIMEOUT_SECONDS)
+
+    async def watch_away(self, key: tuple[int, int], conn: _Conn, peer: str) -> None:
+        """Keep checking a host whose sidecar is away until the sidecar is back or the host fails."""
+        if key in self._probing:
+            return
+        self._probing.add(key)
+        try:
+            while True:
+                await asyncio.sleep(AWAY_PROBE_SECONDS)
+                rec = self.state.hosts.get(key)
+                if rec is None or rec.incarnation != conn.incarnation or rec.away_since is None:
+                    return  # its sidecar came back (or the record changed otherwise)
+                ok, detail = await self.probe_host(key, conn, peer)
+                if not ok:
+                    self.submit(
+                        WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone_host_down", AWAY_PROBE_SECONDS)
+                    )
+                    log.warning("host of an away sidecar stopped answering", slice=key[0], host=key[1], detail=detail)
+                    return
+        finally:
+            self._probing.discard(key)
+
     # -- lifetime ------------------------------------------------------------
 
     async def start(self) -> None:
         self.exit_code = asyncio.get_running_loop().create_future()
+        await self._acquire_lock()
         self._load_state()
+        if self.cfg.state_file is not None:
+            # The new epoch must be on disk before anyone hears of it.
+            await self._make_durable()
         if self.cfg.journal is not None:
             self.cfg.journal.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.cfg.journal, "a", encoding="utf-8")  # noqa: SIM115
@@ -321,14 +593,32 @@ class Coordinator:
             )
         self.server = grpc.aio.server(options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS), interceptors=interceptors)
         peer_pb2_grpc.add_PeerServicer_to_server(PeerService(self), self.server)
-        trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(self.cfg.listen)
         if self.port == 0:
             raise OSError(f"could not listen on {self.cfg.listen}")
+        trainer_interceptors = []
+        if self.cfg.trainer_token is not None:
+            trainer_interceptors.append(
+                BearerAuthInterceptor(
+                    self.cfg.trainer_token,
+                    [TRAINER_SERVICE],
+                    label="trainer",
+                    on_refused=lambda svc, why: self.metrics.auth_failures.labels(svc, why).inc(),
+                )
+            )
+        self.trainer_server = grpc.aio.server(
+            options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS), interceptors=trainer_interceptors
+        )
+        trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.trainer_server)
+        self.trainer_port = self.trainer_server.add_insecure_port(self.cfg.trainer_listen)
+        if self.trainer_port == 0:
+            raise OSError(f"could not listen on {self.cfg.trainer_listen} (--trainer-listen)")
         await self.server.start()
+        await self.trainer_server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
+        self._loop_resumed_at = time.monotonic()
         self._tasks = [
             asyncio.create_task(self._decision_loop(), name="decisions"),
             asyncio.create_task(self._ticker(), name="ticker"),
@@ -345,15 +635,33 @@ class Coordinator:
             )
             self.intake.start()
         await self._start_operator_servers()
+        if self.state.phase.terminal:
+            self._finish_restored_terminal()
         log.info(
             "coordinator listening",
             address=self.cfg.listen,
             port=self.port,
-            policy=vars(self.cfg.policy),
+            trainer_address=self.cfg.trainer_listen,
+            trainer_port=self.trainer_port,
+            epoch=self.epoch,
+            policy=vars(self.state.policy),
             peer_auth=self.cfg.peer_token is not None,
+            trainer_auth=self.cfg.trainer_token is not None,
             admin=None if self.admin is None else self.admin.address,
             http=None if self.http is None else self.http.address,
         )
+
+    def _finish_restored_terminal(self) -> None:
+        """Restarted after the job ended in this restart attempt: say so, tell a trainer that attaches, exit again."""
+        code = self.state.exit_code if self.state.exit_code is not None else C.EXIT_RESTART
+        wait = self.state.policy.rejoin_grace_seconds
+        log.error(
+            f"the job already ended ({self.state.phase}, exit code {code}) in this restart attempt; exiting again "
+            f"in {wait:g} s after telling any trainer that attaches",
+            exit_code=code,
+        )
+        assert self.exit_code is not None
+        asyncio.get_running_loop().call_later(wait, _set_result, self.exit_code, code)
 
     async def _start_operator_servers(self) -> None:
         cfg = self.cfg
@@ -381,7 +689,7 @@ class Coordinator:
 
     def readiness(self) -> dict[str, bool]:
         """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
-        checks = {"grpc": self.serving}
+        checks = {"grpc": self.serving, "not_fenced": not self.fenced_by, "state_durable": self.durable}
         if self.cfg.pubsub_subscription:
             checks["pubsub"] = self.intake is not None and self.intake.running
         if self.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
@@ -389,8 +697,16 @@ class Coordinator:
         return checks
 
     async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        expected = loop.time() + TICK_SECONDS
         while True:
-            await asyncio.sleep(TICK_SECONDS)
+            await asyncio.sleep(max(0.0, expected - loop.time()))
+            now = time.monotonic()
+            lag = loop.time() - expected
+            if lag > STALL_SECONDS:
+                self._note_stall(lag, now)
+            expected = loop.time() + TICK_SECONDS
+            self.check_liveness(now)
             self.submit(Tick())
 
     async def _on_node_event(self, ev: Any) -> None:
@@ -426,8 +742,13 @@ class Coordinator:
             t.cancel()
         if self.server is not None:
             await self.server.stop(grace)
+        if self.trainer_server is not None:
+            await self.trainer_server.stop(min(grace, 0.5))
         if self._journal is not None:
             self._journal.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -499,51 +820,79 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         if not ident.incarnation:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "identity.incarnation must not be empty")
             return
+        if reg.epoch_seen > self.c.epoch:
+            self.c.fence(reg.epoch_seen, f"worker {ident.slice}.{ident.host}")
+        if self.c.fenced_by:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this coordinator (epoch {self.c.epoch}) was superseded by epoch {self.c.fenced_by}",
+            )
+            return
         key = (ident.slice, ident.host)
-        conn = _Conn()
+        conn = _Conn(incarnation=ident.incarnation, health_address=reg.health_address, health_check=reg.health_check)
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
         if old is not None:
+            old.cause = "replaced"
             old.closed.set()
-        self.c.submit(WorkerJoined(ident.slice, ident.host, ident.incarnation, ident.node, ident.node_pool))
+        self.c.metrics.workers.set(len(self.c.workers))
+        self.c.submit(
+            WorkerJoined(ident.slice, ident.host, ident.incarnation, ident.node, ident.node_pool, reg.generation_seen)
+        )
         await context.write(
             peer_pb2.CoordinatorMessage(
                 registered=peer_pb2.Registered(
-                    generation=self.c.state.generation, heartbeat_interval_seconds=cfg.heartbeat_interval
+                    generation=self.c.state.generation,
+                    heartbeat_interval_seconds=cfg.heartbeat_interval,
+                    epoch=self.c.epoch,
                 )
             )
         )
         cause = "stream_closed"
         reader = asyncio.create_task(self._read(context, ident, conn))
         writer = asyncio.create_task(self._write(context, conn))
+        closer = asyncio.create_task(conn.closed.wait())
+        peer = context.peer()
         try:
-            done, _ = await asyncio.wait(
-                {reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if reader in done and not reader.cancelled() and reader.exception() is None:
+            done, _ = await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
+            if conn.cause:
+                cause = conn.cause
+            elif reader in done and not reader.cancelled() and reader.exception() is None:
                 cause = reader.result()
-            elif conn.closed.is_set():
-                cause = "replaced"
         finally:
+            # This handler is cancelled when the peer dies: what follows runs on its own.
             reader.cancel()
             writer.cancel()
+            closer.cancel()
             if self.c.workers.get(key) is conn:
                 del self.c.workers[key]
+            self.c.metrics.workers.set(len(self.c.workers))
+            if cause not in ("replaced", "fenced"):
+                asyncio.get_running_loop().create_task(self._ended(ident, conn, cause, peer))
+
+    async def _ended(self, ident: peer_pb2.HostIdentity, conn: _Conn, cause: str, peer: str) -> None:
+        """A worker's stream ended: a lost host, or only its sidecar (the host still answers)."""
+        key = (ident.slice, ident.host)
+        silent = time.monotonic() - conn.last_seen
+        if cause in ("stream_closed", "shutdown") and silent > 2 * self.c.cfg.heartbeat_interval:
+            # Already silent when the stream broke: the transport keepalive noticed a hung host first.
+            cause = "heartbeat_timeout"
+        # Before calling the host lost, look at its Pathways worker ourselves:
+        # a sidecar that restarts (or a stream that blips) on a healthy host is no loss.
+        ok, detail = await self.c.probe_host(key, conn, peer)
+        if ok:
+            self.c.submit(WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}"))
+            await self.c.watch_away(key, conn, peer)
+        else:
             silent = time.monotonic() - conn.last_seen
-            if cause in ("stream_closed", "shutdown") and silent > 2 * cfg.heartbeat_interval:
-                # Already silent when the stream broke: the transport keepalive noticed a hung host first.
-                cause = "heartbeat_timeout"
-            if cause != "replaced":
-                silent = time.monotonic() - conn.last_seen
-                self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent))
+            self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent))
 
     async def _read(self, context: grpc.aio.ServicerContext, ident: peer_pb2.HostIdentity, conn: _Conn) -> str:
-        timeout = self.c.cfg.heartbeat_timeout
+        # No read deadline here: lateness is judged by Coordinator.check_liveness
+        # from when messages were read, so a blocked event loop cannot fake it.
         while True:
             try:
-                msg = await asyncio.wait_for(context.read(), timeout=timeout)
-            except TimeoutError:
-                return "heartbeat_timeout"
+                msg = await context.read()
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 return "stream_closed"
             if msg is grpc.aio.EOF:
@@ -573,6 +922,19 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             await context.write(msg)
 
 
+def _probe_address(health_address: str, peer: str) -> str:
+    """Where to check a host's Pathways worker: its registered address, a loopback host replaced by the peer's."""
+    if not health_address:
+        return ""
+    host, _, port = health_address.rpartition(":")
+    # grpc peer strings: "ipv4:10.0.0.5:41234", "ipv6:[::1]:41234"
+    kind, _, rest = peer.partition(":")
+    peer_host = rest.rpartition(":")[0] if kind in ("ipv4", "ipv6") else ""
+    if peer_host and is_loopback(f"{host}:0") and not is_loopback(f"{peer_host}:0"):
+        host = peer_host
+    return f"{host}:{port}"
+
+
 # ---------------------------------------------------------------------------
 # the TrainerLink service: the trainer hooks
 # ---------------------------------------------------------------------------
@@ -596,26 +958,44 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
                 f"job {hello.job!r} is not this coordinator's job {self.c.cfg.job!r}",
             )
             return
+        if hello.epoch > self.c.epoch:
+            self.c.fence(hello.epoch, "the trainer")
+        if self.c.fenced_by:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this coordinator (epoch {self.c.epoch}) was superseded by epoch {self.c.fenced_by}",
+            )
+            return
         conn = _Conn()
         old = self.c.trainer
         self.c.trainer = conn
         if old is not None:
+            old.cause = "replaced"
             old.closed.set()
         settings = None
         if hello.has_elastic_settings:
             settings = TrainerSettings(
                 hello.elastic_min_slice_count, hello.elastic_timeout_seconds, hello.elastic_max_retries
             )
-        self.c.submit(TrainerAttached(hello.generation, hello.step_in_memory, frozenset(hello.active_slices), settings))
+        self.c.submit(
+            TrainerAttached(
+                hello.generation,
+                hello.step_in_memory,
+                frozenset(hello.active_slices),
+                settings,
+                committed_step=hello.committed_step,
+                held=hello.held,
+            )
+        )
         reader = asyncio.create_task(self._read(context))
         writer = asyncio.create_task(self._write(context, conn))
+        closer = asyncio.create_task(conn.closed.wait())
         try:
-            await asyncio.wait(
-                {reader, writer, asyncio.create_task(conn.closed.wait())}, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             reader.cancel()
             writer.cancel()
+            closer.cancel()
             if self.c.trainer is conn:
                 self.c.trainer = None
                 self.c.submit(TrainerDetached())
@@ -647,13 +1027,13 @@ def _trainer_event(msg: trainer_pb2.TrainerMessage) -> Event | None:
             return TrainerSliceError(frozenset(e.slices), e.message, e.step, e.generation)
         case "held":
             h = msg.held
-            return TrainerHeld(h.generation, h.step, h.committed_step, h.flush_seconds, h.flush_bytes)
+            return TrainerHeld(h.generation, h.step, h.committed_step, h.flush_seconds, h.flush_bytes, h.flush_error)
         case "resumed":
             r = msg.resumed
             return TrainerResumed(r.generation, r.step, frozenset(r.active_slices), r.restored_from)
         case "flushed":
             f = msg.flushed
-            return TrainerFlushed(f.generation, f.committed_step, f.flush_seconds, f.flush_bytes)
+            return TrainerFlushed(f.generation, f.committed_step, f.flush_seconds, f.flush_bytes, f.flush_error)
         case "finished":
             return TrainerFinished(msg.finished.step)
     log.warning("unexpected trainer message ignored", kind=msg.WhichOneof("msg"))

@@ -117,6 +117,25 @@ class Metrics(ServerMetrics):
         self.messages = Counter(
             f"{PREFIX}_pubsub_messages_total", "Pub/Sub messages by outcome", ["outcome"], registry=r
         )
+        self.state_durable = Gauge(
+            f"{PREFIX}_state_durable", "1 while every decision is on disk before its actions run", registry=r
+        )
+        self.state_write_failures = Counter(
+            f"{PREFIX}_state_write_failures_total", "State file writes that failed (retried)", registry=r
+        )
+        self.journal_write_failures = Counter(
+            f"{PREFIX}_journal_write_failures_total", "Journal appends that failed (the decision stands)", registry=r
+        )
+        self.loop_stalls = Counter(
+            f"{PREFIX}_event_loop_stalls_total", "Times the event loop was blocked past the stall threshold", registry=r
+        )
+        self.loop_stall_seconds = Counter(
+            f"{PREFIX}_event_loop_stall_seconds_total", "Seconds the event loop was blocked in stalls", registry=r
+        )
+        self.epoch = Gauge(f"{PREFIX}_coordinator_epoch", "This coordinator's epoch (grows at every start)", registry=r)
+        self.fenced = Gauge(
+            f"{PREFIX}_coordinator_fenced", "1 when a newer coordinator has superseded this one", registry=r
+        )
         self._hold_started: float | None = None
         self._hold_cause = ""
         self._step_seconds = 0.0

@@ -1,11 +1,33 @@
-"""The coordinator's small state file, so a restart of its own process resumes.
+"""What the coordinator remembers across a restart of its own process, and the rule for it.
 
-Only what cannot be re-learnt is kept: the generation (it must never go
-backwards), the phase, the active slices, the retries used, the hosts it knew
-(they get a grace period to re-register) and the newest committed step the
-trainer reported. The Orbax checkpoint directory stays the ground truth for
-what is committed; this file is a hint. Written atomically: temp file, fsync,
-rename, fsync of the directory.
+**The rule (write-ahead).** A decision's new state is made durable here
+*before* any of its actions runs (see ``Coordinator._decision_loop``). The
+state is the record of intent: everything that a restarted coordinator must
+carry on with, and everything it must send again, can be read from it:
+
+* ``phase`` (FAILED with its exit code, for the same JobSet restart attempt),
+  ``generation``, the policy the job runs with (trainer settings adopted at
+  start included), ``retries_used``;
+* the pending hold (``hold_*``) or the unacknowledged resume
+  (``trainer.resume_pending``): sent again when the trainer re-attaches;
+* an operator hold, drains (with their notices' deadlines), slice errors and
+  the newest notice time per node: a restart neither lifts a drain nor grows
+  back onto a lost slice nor forgets that a notice was already handled;
+* the hosts it knew with their incarnation, node and node pool (the node
+  map), which get a rejoin grace, so a restart never judges anyone lost;
+* the trainer's committed step and step in memory.
+
+What is *not* kept is re-learnt from the participants: live links,
+heartbeats, step timings (a step count is not intent: it is written only
+along with something that is), and, if this file is gone altogether, the
+trainer's and the workers' own reports (generation, slices, held step;
+:mod:`agent.core.decide`).
+
+Times in the state are on the decision clock (``time.monotonic()``); here they
+are stored as wall-clock seconds and mapped back on restore. Writes are
+atomic: temp file, fsync, rename, fsync of the directory. A file that cannot
+be read is moved aside (``state.json.unreadable-<time>``) and the coordinator
+starts as if it had none, saying so; it never crash-loops on it.
 """
 
 from __future__ import annotations
@@ -13,39 +35,129 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import replace
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.core.model import Phase, State, TrainerView
+from agent.core.model import Drain, HostRecord, Phase, State, TrainerView, _frozen
 
-VERSION = 1
+VERSION = 2
+"""Version 1 (before the write-ahead rule) is still read; older or newer is not."""
+
+INTENT_FIELDS = (
+    "phase",
+    "generation",
+    "active",
+    "hosts",
+    "slice_errors",
+    "drains",
+    "notice_times",
+    "operator_hold",
+    "expected_rejoin",
+    "retries_used",
+    "hold_flush",
+    "hold_reason",
+    "hold_down",
+    "exit_code",
+    "policy",
+)
+TRAINER_INTENT_FIELDS = ("committed_step", "resume_pending", "generation", "active", "surviving", "step_in_memory")
 
 
-def snapshot(state: State) -> dict[str, Any]:
-    """The persisted projection of a state (compare two to see if a write is due)."""
+def intent_changed(a: State, b: State) -> bool:
+    """Whether ``b`` carries intent that ``a`` does not (a write is due).
+
+    Unchanged parts of a state are shared between states, so this is mostly
+    identity checks: cheap even with 10,000 hosts on record.
+    """
+    if a is b:
+        return False
+    for f in INTENT_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        if x is not y and x != y:
+            return True
+    ta, tb = a.trainer, b.trainer
+    return any(getattr(ta, f) != getattr(tb, f) for f in TRAINER_INTENT_FIELDS)
+
+
+def _wall(t: float | None, offset: float) -> float | None:
+    return None if t is None else round(t + offset, 6)
+
+
+def snapshot(state: State, *, epoch: int = 0, restart_attempt: int = 0, offset: float | None = None) -> dict[str, Any]:
+    """The persisted form of a state. ``offset`` maps the decision clock to wall-clock seconds."""
+    off = time.time() - time.monotonic() if offset is None else offset
+    p = state.policy
+    t = state.trainer
     return {
         "version": VERSION,
+        "epoch": epoch,
+        "restart_attempt": restart_attempt,
+        "written_at": round(time.time(), 3),
         "phase": str(state.phase),
+        "exit_code": state.exit_code,
         "generation": state.generation,
+        "policy": {
+            "elastic_min_slice_count": p.elastic_min_slice_count,
+            "elastic_timeout_seconds": p.elastic_timeout_seconds,
+            "elastic_max_retries": p.elastic_max_retries,
+        },
         "active": sorted(state.active),
         "retries_used": state.retries_used,
-        "hosts": sorted([list(k) for k in state.hosts] + [list(k) for k in state.expected_rejoin]),
-        "committed_step": state.trainer.committed_step,
-        "last_step": state.trainer.last_step,
+        "operator_hold": state.operator_hold,
         "hold_flush": state.hold_flush,
         "hold_reason": state.hold_reason,
         "hold_down": sorted(state.hold_down),
+        "hosts": [
+            {
+                "slice": s,
+                "host": h,
+                "incarnation": r.incarnation,
+                "node": r.node,
+                "node_pool": r.node_pool,
+                "registered_at": _wall(r.registered_at, off),
+                "healthy": r.healthy,
+                "settled": r.settled,
+                "away": r.away_since is not None,
+            }
+            for (s, h), r in sorted(state.hosts.items())
+        ],
+        "expected_rejoin": sorted([list(k) for k in state.expected_rejoin]),
+        "slice_errors": {str(s): _wall(v, off) for s, v in sorted(state.slice_errors.items())},
+        "drains": {
+            str(s): {
+                "since": _wall(d.since, off),
+                "kind": d.kind,
+                "source": d.source,
+                "reason": d.reason,
+                "deadline": _wall(d.deadline, off),
+                "node": d.node,
+            }
+            for s, d in sorted(state.drains.items())
+        },
+        "notice_times": dict(sorted(state.notice_times.items())),
+        "trainer": {
+            "generation": t.generation,
+            "committed_step": t.committed_step,
+            "last_step": t.last_step,
+            "step_in_memory": t.step_in_memory,
+            "active": sorted(t.active),
+            "surviving": sorted(t.surviving),
+            "resume_pending": t.resume_pending,
+        },
     }
 
 
-def write(path: Path, state: State) -> None:
-    data = json.dumps(snapshot(state), indent=1).encode()
+def write(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` (a :func:`snapshot`) to ``path`` atomically and durably; OSError on failure."""
+    raw = json.dumps(data, indent=1).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -60,56 +172,201 @@ def write(path: Path, state: State) -> None:
 
 
 class StateFileError(ValueError):
-    pass
+    """The file exists but cannot be used; the message says why and what was done."""
 
 
-def restore(path: Path, fresh: State, now: float) -> State:
-    """Merge a saved file into a freshly initialised state.
+@dataclass(frozen=True)
+class Restored:
+    state: State
+    epoch: int
+    """The epoch of the coordinator that wrote the file (0: none)."""
+    note: str
+    """One sentence for the log: what was restored and how."""
 
-    A file from a finished or failed job is not resumed from. A job that was
-    running keeps running on the same slices while its hosts get
-    ``rejoin_grace_seconds`` to re-register; one that was holding or waiting
-    repeats its hold, which the trainer acknowledges again.
+
+def read(path: Path) -> dict[str, Any]:
+    """The file's contents as a version-2 dict; StateFileError when it is unreadable."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateFileError(f"state file {path} cannot be read ({e})") from e
+    if not isinstance(raw, dict):
+        raise StateFileError(f"state file {path} holds {type(raw).__name__}, expected a JSON object")
+    version = raw.get("version")
+    if version == 1:
+        return _from_v1(raw)
+    if version != VERSION:
+        raise StateFileError(f"state file {path} has version {version!r}; this coordinator reads 1 and {VERSION}")
+    return raw
+
+
+def _from_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 kept the phase, generation, slices, retries, host keys and steps."""
+    return {
+        "version": VERSION,
+        "epoch": 0,
+        "restart_attempt": 0,
+        "phase": raw.get("phase"),
+        "exit_code": None,
+        "generation": raw.get("generation"),
+        "active": raw.get("active", []),
+        "retries_used": raw.get("retries_used", 0),
+        "hold_flush": raw.get("hold_flush", False),
+        "hold_reason": raw.get("hold_reason", ""),
+        "hold_down": raw.get("hold_down", []),
+        "hosts": [],
+        "expected_rejoin": raw.get("hosts", []),
+        "trainer": {"committed_step": raw.get("committed_step", -1), "last_step": raw.get("last_step", 0)},
+    }
+
+
+def restore(
+    raw: Mapping[str, Any], fresh: State, now: float, *, restart_attempt: int = 0, offset: float | None = None
+) -> Restored:
+    """Merge a read file into a freshly initialised state (whose policy comes from the command line).
+
+    * RUNNING stays RUNNING; HOLDING repeats its hold when the trainer
+      re-attaches; WAITING keeps waiting (a pending resume goes out again).
+      In each, every known host gets ``rejoin_grace_seconds`` before anyone is
+      judged lost, and the phase deadline starts again from now.
+    * FAILED or COMPLETED of the same JobSet restart attempt stays so (the
+      coordinator tells a trainer that attaches, then exits with the same
+      code). From an earlier attempt, the job starts fresh with its retries
+      back (xpk restarted it on exit 42), but its generation never goes
+      backwards and its committed step is kept.
     """
+    off = time.time() - time.monotonic() if offset is None else offset
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StateFileError(f"state file {path} is not valid JSON ({e}); move it aside to start fresh") from e
-    if raw.get("version") != VERSION:
-        raise StateFileError(f"state file {path} has version {raw.get('version')!r}, expected {VERSION}")
-    try:
-        phase = Phase(raw["phase"])
-        policy = fresh.policy
-        hosts = frozenset(
-            (int(s), int(h))
-            for s, h in raw["hosts"]
-            if 0 <= int(s) < policy.num_slices and 0 <= int(h) < policy.hosts_per_slice
-        )
-        trainer = TrainerView(committed_step=int(raw["committed_step"]), last_step=int(raw["last_step"]))
-        base = replace(fresh, generation=int(raw["generation"]), retries_used=int(raw["retries_used"]), trainer=trainer)
-    except (KeyError, TypeError, ValueError) as e:
-        raise StateFileError(f"state file {path} is malformed: {e!r}") from e
-    if phase.terminal:
-        # A restarted job (xpk restarts on exit 42) gets its retries back; the
-        # generation still never goes backwards.
-        return replace(base, retries_used=0)
-    if phase == Phase.STARTING:
-        return base
-    active = frozenset(int(s) for s in raw["active"]) & policy.all_slices
-    if phase == Phase.RUNNING:
-        return replace(
+        return _restore(raw, fresh, now, restart_attempt, off)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise StateFileError(f"state file is malformed: {type(e).__name__}: {e}") from e
+
+
+def _mono(t: Any, off: float) -> float | None:
+    return None if t is None else float(t) - off
+
+
+def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off: float) -> Restored:
+    policy = fresh.policy
+    phase = Phase(raw["phase"])
+    generation = int(raw["generation"])
+    epoch = int(raw.get("epoch") or 0)
+    tr = raw.get("trainer") or {}
+    committed = int(tr.get("committed_step", -1))
+    same_attempt = int(raw.get("restart_attempt") or 0) == attempt
+    saved_policy = raw.get("policy")
+    if saved_policy:
+        try:
+            policy = policy.with_trainer_settings(
+                int(saved_policy["elastic_min_slice_count"]),
+                float(saved_policy["elastic_timeout_seconds"]),
+                int(saved_policy["elastic_max_retries"]),
+            )
+        except ValueError:
+            pass  # the file's settings no longer fit this job's shape: the command line's stand
+
+    def in_job(s: int, h: int = 0) -> bool:
+        return 0 <= s < policy.num_slices and 0 <= h < policy.hosts_per_slice
+
+    base = replace(fresh, policy=policy, generation=generation)
+    base = replace(base, trainer=replace(base.trainer, committed_step=committed, last_step=int(tr.get("last_step", 0))))
+    if phase.terminal and not same_attempt:
+        return Restored(
             base,
-            phase=Phase.RUNNING,
-            active=active,
-            expected_rejoin=hosts,
-            deadline=now + policy.rejoin_grace_seconds,
+            epoch,
+            f"the file is from an earlier restart attempt ({phase}); starting fresh at generation {generation}, "
+            f"committed step {committed}",
         )
-    return replace(
-        base,
-        phase=Phase.HOLDING,
-        active=active,
-        hold_flush=bool(raw["hold_flush"]),
-        hold_reason=str(raw["hold_reason"]),
-        hold_down=frozenset(int(s) for s in raw["hold_down"]),
-        deadline=now + policy.elastic_timeout_seconds,
+    if phase.terminal:
+        code = raw.get("exit_code")
+        done = replace(
+            base,
+            phase=phase,
+            exit_code=int(code) if code is not None else None,
+            deadline=None,
+            retries_used=int(raw.get("retries_used", 0)),
+        )
+        return Restored(done, epoch, f"the job already {'failed' if phase == Phase.FAILED else 'completed'}")
+    hosts: dict[tuple[int, int], HostRecord] = {}
+    for r in raw.get("hosts", []):
+        s, h = int(r["slice"]), int(r["host"])
+        if in_job(s, h):
+            t_reg = _mono(r.get("registered_at"), off) or 0.0
+            hosts[(s, h)] = HostRecord(
+                str(r["incarnation"]),
+                str(r.get("node", "")),
+                str(r.get("node_pool", "")),
+                t_reg,
+                bool(r.get("healthy", True)),
+                t_reg,
+                bool(r.get("settled", True)),
+                None,
+            )
+    expected = frozenset(hosts) | frozenset(
+        (int(s), int(h)) for s, h in raw.get("expected_rejoin", []) if in_job(int(s), int(h))
     )
+    errors = {int(s): _mono(v, off) for s, v in (raw.get("slice_errors") or {}).items() if in_job(int(s))}
+    drains = {
+        int(s): Drain(
+            since=_mono(d["since"], off) or now,
+            kind=str(d["kind"]),
+            source=str(d["source"]),
+            reason=str(d.get("reason", "")),
+            deadline=_mono(d.get("deadline"), off),
+            node=str(d.get("node", "")),
+        )
+        for s, d in (raw.get("drains") or {}).items()
+        if in_job(int(s))
+    }
+    trainer = TrainerView(
+        generation=int(tr.get("generation", 0)),
+        committed_step=committed,
+        last_step=int(tr.get("last_step", 0)),
+        step_in_memory=int(tr.get("step_in_memory", -1)),
+        active=frozenset(int(s) for s in tr.get("active", [])) & policy.all_slices,
+        surviving=frozenset(int(s) for s in tr.get("surviving", [])) & policy.all_slices,
+        resume_pending=bool(tr.get("resume_pending", False)),
+        detached_since=now,
+    )
+    state = replace(
+        base,
+        trainer=trainer,
+        active=frozenset(int(s) for s in raw.get("active", [])) & policy.all_slices,
+        retries_used=int(raw.get("retries_used", 0)),
+        operator_hold=bool(raw.get("operator_hold", False)),
+        # The records are kept so that a host that re-registers with the same
+        # incarnation is known; they count only once it has.
+        hosts=_frozen(hosts),
+        slice_errors=_frozen({s: t for s, t in errors.items() if t is not None}),
+        drains=_frozen(drains),
+        notice_times=_frozen({str(k): float(v) for k, v in (raw.get("notice_times") or {}).items()}),
+        expected_rejoin=expected,
+        rejoin_deadline=now + policy.rejoin_grace_seconds if expected else None,
+        hold_flush=bool(raw.get("hold_flush", False)),
+        hold_reason=str(raw.get("hold_reason", "")),
+        hold_down=frozenset(int(s) for s in raw.get("hold_down", [])) & policy.all_slices,
+    )
+    if phase == Phase.STARTING:
+        # Not started: nothing to protect; hosts simply register again.
+        starting = replace(
+            state, phase=Phase.STARTING, hosts=_frozen(), expected_rejoin=frozenset(), rejoin_deadline=None
+        )
+        return Restored(starting, epoch, "restored a job that had not started yet")
+    if phase == Phase.RUNNING:
+        return Restored(replace(state, phase=Phase.RUNNING, deadline=None), epoch, "restored a running job")
+    if phase == Phase.WAITING:
+        waiting = replace(state, phase=Phase.WAITING, deadline=now + policy.elastic_timeout_seconds)
+        return Restored(waiting, epoch, "restored a held job waiting for slices")
+    ack = policy.elastic_timeout_seconds + (policy.flush_timeout_seconds if state.hold_flush else 0.0)
+    holding = replace(state, phase=Phase.HOLDING, deadline=now + ack)
+    return Restored(holding, epoch, "restored a pending hold; it is sent again when the trainer attaches")
+
+
+def move_aside(path: Path) -> Path | None:
+    """Rename an unusable state file so that it is kept for a person but no longer read."""
+    target = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+    try:
+        os.replace(path, target)
+    except OSError:
+        return None
+    return target

@@ -45,6 +45,8 @@ class Worker:
         self._health_changed = asyncio.Event()
         self.registered = asyncio.Event()
         self.generation = 0
+        self.epoch_seen = 0
+        """Newest coordinator epoch this worker accepted (fencing: older ones are refused)."""
         self._stopping = False
         self._was_unhealthy = False
         self._recovery: asyncio.TimerHandle | None = None
@@ -132,11 +134,28 @@ class Worker:
             token = self.cfg.peer_token
             call = peer_pb2_grpc.PeerStub(ch).Join(metadata=token.metadata() if token is not None else None)
             await call.write(
-                peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=self._identity(), job=self.cfg.job))
+                peer_pb2.WorkerMessage(
+                    register=peer_pb2.Register(
+                        identity=self._identity(),
+                        job=self.cfg.job,
+                        epoch_seen=self.epoch_seen,
+                        generation_seen=self.generation,
+                        local_healthy=self.healthy and not self._was_unhealthy,
+                        health_address=self.cfg.health_target or "",
+                        health_check=self.cfg.health_check if self.cfg.health_target else "",
+                    )
+                )
             )
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 raise ConnectionError("coordinator closed the stream before acknowledging the registration")
+            if first.registered.epoch < self.epoch_seen:
+                # An older coordinator than one this worker already followed: it may
+                # not steer. Try again; the newer one (or a fresh start) will answer.
+                raise ConnectionError(
+                    f"coordinator epoch {first.registered.epoch} is older than epoch {self.epoch_seen} already seen"
+                )
+            self.epoch_seen = max(self.epoch_seen, first.registered.epoch)
             interval = first.registered.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
             self.generation = first.registered.generation
             self.registered.set()
@@ -189,6 +208,9 @@ class Worker:
                 raise ConnectionError("coordinator ended the stream")
             if msg.HasField("command"):
                 cmd = msg.command
+                if cmd.epoch < self.epoch_seen:
+                    log.warning("command from a superseded coordinator ignored", epoch=cmd.epoch, seen=self.epoch_seen)
+                    continue
                 if cmd.generation >= self.generation:
                     self.generation = cmd.generation
                     self.metrics.generation.set(cmd.generation)

@@ -214,6 +214,9 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
     hosts = dict(state.hosts)
     hosts[key] = record
     new = replace(state, hosts=_frozen(hosts), slice_errors=errors, expected_rejoin=state.expected_rejoin - {key})
+    if state.phase == Phase.STARTING and ev.generation_seen > state.generation:
+        # A coordinator that starts blind learns from the workers where the job was.
+        new = replace(new, generation=ev.generation_seen)
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} ({ev.node or '?'}) {what}")
 
 
@@ -416,7 +419,21 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
             if state.phase == Phase.HOLDING and state.deadline is not None and now >= state.deadline:
                 return _fail(state, f"{prefix}trainer did not acknowledge the hold in time")
             return Decision(state, (), f"{prefix}waiting for {len(state.expected_rejoin)} host(s) to rejoin")
-        state = replace(state, expected_rejoin=frozenset(), rejoin_deadline=None)
+        # Hosts that did not come back in time are lost, like any other.
+        gone = state.expected_rejoin & set(state.hosts)
+        hosts = {k: r for k, r in state.hosts.items() if k not in gone}
+        errors = dict(state.slice_errors)
+        for sl, _ in gone:
+            errors[sl] = now
+        state = replace(
+            state,
+            hosts=_frozen(hosts),
+            slice_errors=_frozen(errors),
+            expected_rejoin=frozenset(),
+            rejoin_deadline=None,
+        )
+        if gone:
+            prefix += f"{len(gone)} host(s) did not rejoin within the grace; "
         up = state.up_slices()
 
     if state.phase == Phase.STARTING:

@@ -260,6 +260,8 @@ class WorkerJoined:
     incarnation: str
     node: str = ""
     node_pool: str = ""
+    generation_seen: int = 0
+    """Newest generation this worker saw from any coordinator (a blind one starts above it)."""
 
 
 @dataclass(frozen=True)

@@ -97,3 +97,31 @@ class TcpConnectCheck(HealthChecker, kind="tcp"):
             except (OSError, TimeoutError) as e:
                 self._set(False, f"{self.target} connect failed: {e or type(e).__name__}")
             await asyncio.sleep(self.interval)
+
+
+async def probe_once(kind: str, target: str, timeout: float) -> tuple[bool, str]:
+    """One check of ``target`` (a "grpc" health Check or a "tcp" connect): (healthy, detail).
+
+    The coordinator asks this itself when a worker sidecar's stream closes, to
+    tell a dead host from a sidecar that restarts on a healthy one. It never
+    answers healthy when it cannot see: any error or a passed deadline is unhealthy.
+    """
+    host, _, port = target.rpartition(":")
+    if kind == "tcp":
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+            w.close()
+            return True, f"{target} accepts connections"
+        except (OSError, TimeoutError, ValueError) as e:
+            return False, f"{target} connect failed: {e or type(e).__name__}"
+    if kind != "grpc":
+        return False, f"unknown health check kind {kind!r}"
+    try:
+        async with grpc.aio.insecure_channel(target) as ch:
+            resp = await health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+    except grpc.aio.AioRpcError as e:
+        return False, f"{target} {e.code().name}"
+    ok = resp.status == health_pb2.HealthCheckResponse.SERVING
+    return ok, f"{target} {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"

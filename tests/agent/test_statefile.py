@@ -1,7 +1,12 @@
-"""The coordinator's state file: round trips, refusals, atomic writes, and a restart."""
+"""The coordinator's state file: what survives a restart, refusals, atomic writes, write-ahead, fencing.
+
+Pure round trips first (snapshot -> file -> restore), then real coordinators
+on loopback restarted on the same state directory.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -9,13 +14,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agent import statefile
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import (
+    Drain,
     HostRecord,
+    OperatorCommand,
     Phase,
     Policy,
     State,
@@ -29,9 +37,12 @@ from agent.core.model import (
     _frozen,
     initial_state,
 )
+from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 POLICY = Policy(num_slices=3, hosts_per_slice=2, elastic_timeout_seconds=30.0, rejoin_grace_seconds=7.0)
-HOSTS = {(s, h): HostRecord(f"inc-{s}-{h}", registered_at=1.0) for s in range(3) for h in range(2)}
+HOSTS = {(s, h): HostRecord(f"inc-{s}-{h}", registered_at=1.0, settled=True) for s in range(3) for h in range(2)}
+OFFSET = 1_700_000_000.0
+"""Decision clock -> wall clock, fixed so that round trips are exact."""
 
 
 def saved_state(phase: Phase, **kw: object) -> State:
@@ -48,160 +59,158 @@ def saved_state(phase: Phase, **kw: object) -> State:
     return replace(base, **kw)
 
 
-def roundtrip(tmp_path: Path, state: State, now: float = 1000.0) -> State:
+def roundtrip(tmp_path: Path, state: State, now: float = 1000.0, attempt: int = 0, saved_attempt: int = 0) -> State:
     path = tmp_path / "state.json"
-    statefile.write(path, state)
-    return statefile.restore(path, initial_state(POLICY, now), now)
+    statefile.write(path, statefile.snapshot(state, epoch=7, restart_attempt=saved_attempt, offset=OFFSET))
+    raw = statefile.read(path)
+    r = statefile.restore(raw, initial_state(POLICY, now), now, restart_attempt=attempt, offset=OFFSET)
+    assert r.epoch == 7
+    return r.state
 
 
-def test_snapshot_is_what_gets_written(tmp_path: Path) -> None:
-    st = saved_state(Phase.RUNNING)
-    path = tmp_path / "sub" / "state.json"  # the directory is created
-    statefile.write(path, st)
-    on_disk = json.loads(path.read_text())
-    assert on_disk == statefile.snapshot(st)
-    assert on_disk["version"] == statefile.VERSION
-    assert on_disk["generation"] == 5
-    assert on_disk["hosts"] == sorted([list(k) for k in HOSTS])
-
-
-def test_running_restores_running_with_rejoin_grace(tmp_path: Path) -> None:
+def test_running_restores_running_with_its_hosts_on_a_rejoin_grace(tmp_path: Path) -> None:
     r = roundtrip(tmp_path, saved_state(Phase.RUNNING), now=1000.0)
-    assert r.phase == Phase.RUNNING
-    assert r.generation == 5
-    assert r.retries_used == 2
+    assert r.phase == Phase.RUNNING and r.generation == 5 and r.retries_used == 2
     assert r.active == frozenset({0, 2})
     assert r.expected_rejoin == frozenset(HOSTS)
-    assert r.deadline == pytest.approx(1000.0 + POLICY.rejoin_grace_seconds)
-    # Live membership is re-learnt, never restored.
-    assert dict(r.hosts) == {}
-    assert r.trainer.committed_step == 30
-    assert r.trainer.last_step == 41
-    assert not r.trainer.attached
+    assert r.rejoin_deadline == pytest.approx(1000.0 + POLICY.rejoin_grace_seconds)
+    # The node map and incarnations come back, so the same process re-registering is known.
+    assert {k: v.incarnation for k, v in r.hosts.items()} == {k: v.incarnation for k, v in HOSTS.items()}
+    assert r.hosts[(0, 0)].registered_at == pytest.approx(1.0)
+    assert r.trainer.committed_step == 30 and r.trainer.last_step == 41 and r.trainer.step_in_memory == 40
+    assert not r.trainer.attached and r.trainer.detached_since == 1000.0
     assert r.policy == POLICY
 
 
-def test_running_includes_hosts_still_expected_and_drops_unknown_ones(tmp_path: Path) -> None:
-    st = saved_state(
-        Phase.RUNNING,
-        hosts=_frozen({(0, 0): HOSTS[(0, 0)]}),
-        expected_rejoin=frozenset({(1, 1), (9, 0), (0, 5)}),  # the last two are outside the policy
+def test_everything_that_carries_intent_survives(tmp_path: Path) -> None:
+    drain = Drain(
+        since=50.0, kind="terminate_on_host_maintenance", source="pubsub", reason="r", deadline=90.0, node="n"
     )
-    r = roundtrip(tmp_path, st)
-    assert r.expected_rejoin == frozenset({(0, 0), (1, 1)})
-
-
-@pytest.mark.parametrize("phase", [Phase.HOLDING, Phase.WAITING])
-def test_holding_and_waiting_restore_as_holding(tmp_path: Path, phase: Phase) -> None:
-    st = saved_state(phase, hold_flush=True, hold_reason="active slice(s) [1] down", hold_down=frozenset({1}))
+    st = saved_state(
+        Phase.WAITING,
+        operator_hold=True,
+        drains=_frozen({1: drain}),
+        slice_errors=_frozen({2: 60.0}),
+        notice_times=_frozen({"node-a": 1234.5}),
+        hold_flush=True,
+        hold_reason="why",
+        hold_down=frozenset({1}),
+        trainer=TrainerView(step_in_memory=40, committed_step=30, resume_pending=True, surviving=frozenset({0})),
+        policy=replace(POLICY, elastic_min_slice_count=2, elastic_max_retries=4),
+    )
     r = roundtrip(tmp_path, st, now=500.0)
-    assert r.phase == Phase.HOLDING
-    assert r.generation == 5
-    assert r.retries_used == 2
-    assert r.active == frozenset({0, 2})
-    assert r.hold_flush is True
-    assert r.hold_reason == "active slice(s) [1] down"
-    assert r.hold_down == frozenset({1})
+    assert r.phase == Phase.WAITING and r.operator_hold
     assert r.deadline == pytest.approx(500.0 + POLICY.elastic_timeout_seconds)
-    assert r.expected_rejoin == frozenset()
-    assert r.trainer.committed_step == 30
+    assert dict(r.drains) == {1: drain}
+    assert dict(r.slice_errors) == {2: pytest.approx(60.0)}
+    assert dict(r.notice_times) == {"node-a": 1234.5}
+    assert (r.hold_flush, r.hold_reason, r.hold_down) == (True, "why", frozenset({1}))
+    assert r.trainer.resume_pending and r.trainer.surviving == frozenset({0})
+    assert r.policy.elastic_min_slice_count == 2 and r.policy.elastic_max_retries == 4  # adopted settings kept
 
 
-@pytest.mark.parametrize("phase", [Phase.FAILED, Phase.COMPLETED, Phase.STARTING])
-def test_terminal_or_starting_gives_a_fresh_state_keeping_the_generation(tmp_path: Path, phase: Phase) -> None:
-    r = roundtrip(tmp_path, saved_state(phase, exit_code=42 if phase == Phase.FAILED else None), now=200.0)
-    fresh = initial_state(POLICY, 200.0)
-    assert r.phase == Phase.STARTING
-    assert r.generation == 5  # never goes backwards
-    assert r.active == frozenset()
-    assert r.expected_rejoin == frozenset()
-    assert r.deadline == fresh.deadline
-    assert r.exit_code is None
-    assert dict(r.hosts) == {} and r.hold_down == frozenset() and not r.hold_flush
+def test_holding_restores_its_hold_with_a_fresh_deadline_and_grace(tmp_path: Path) -> None:
+    st = saved_state(Phase.HOLDING, hold_flush=True, hold_reason="active slice(s) [1] down", hold_down=frozenset({1}))
+    r = roundtrip(tmp_path, st, now=500.0)
+    assert r.phase == Phase.HOLDING and r.generation == 5
+    assert r.hold_flush and r.hold_down == frozenset({1})
+    assert r.deadline == pytest.approx(500.0 + POLICY.elastic_timeout_seconds + POLICY.flush_timeout_seconds)
+    assert r.expected_rejoin == frozenset(HOSTS)
+
+
+def test_failed_stays_failed_in_the_same_restart_attempt(tmp_path: Path) -> None:
+    r = roundtrip(tmp_path, saved_state(Phase.FAILED, exit_code=42), now=200.0, attempt=3, saved_attempt=3)
+    assert r.phase == Phase.FAILED and r.exit_code == 42 and r.retries_used == 2
+
+
+@pytest.mark.parametrize("phase", [Phase.FAILED, Phase.COMPLETED])
+def test_a_new_restart_attempt_starts_fresh_keeping_generation_and_commit(tmp_path: Path, phase: Phase) -> None:
+    r = roundtrip(tmp_path, saved_state(phase, exit_code=42), now=200.0, attempt=1, saved_attempt=0)
+    assert r.phase == Phase.STARTING and r.generation == 5 and r.retries_used == 0
+    assert r.trainer.committed_step == 30 and r.exit_code is None
+    assert r.deadline == initial_state(POLICY, 200.0).deadline
+
+
+def test_version_1_files_are_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    v1 = {
+        "version": 1,
+        "phase": "running",
+        "generation": 4,
+        "active": [0, 1],
+        "retries_used": 1,
+        "hosts": [[0, 0], [1, 1]],
+        "committed_step": 9,
+        "last_step": 11,
+        "hold_flush": False,
+        "hold_reason": "",
+        "hold_down": [],
+    }
+    path.write_text(json.dumps(v1))
+    r = statefile.restore(statefile.read(path), initial_state(POLICY, 10.0), 10.0).state
+    assert r.phase == Phase.RUNNING and r.generation == 4 and r.retries_used == 1
+    assert r.expected_rejoin == frozenset({(0, 0), (1, 1)}) and r.trainer.committed_step == 9
 
 
 @pytest.mark.parametrize(
     ("content", "words"),
     [
-        ("{not json", ["not valid JSON"]),
-        ("", ["not valid JSON"]),
-        (json.dumps({"version": 99, "phase": "running"}), ["version 99", "expected 1"]),
+        ("{not json", ["cannot be read"]),
+        ("", ["cannot be read"]),
+        ("[1, 2]", ["expected a JSON object"]),
+        (json.dumps({"version": 99, "phase": "running"}), ["version 99", "reads 1 and 2"]),
         (json.dumps({"phase": "running"}), ["version None"]),
-        (json.dumps({"version": 1, "phase": "running"}), ["malformed"]),
-        (
-            json.dumps(
-                {
-                    "version": 1,
-                    "phase": "bogus",
-                    "hosts": [],
-                    "committed_step": 0,
-                    "last_step": 0,
-                    "generation": 1,
-                    "retries_used": 0,
-                }
-            ),
-            ["malformed", "bogus"],
-        ),
-        (
-            json.dumps(
-                {
-                    "version": 1,
-                    "phase": "running",
-                    "hosts": [[0]],
-                    "committed_step": 0,
-                    "last_step": 0,
-                    "generation": 1,
-                    "retries_used": 0,
-                }
-            ),
-            ["malformed"],
-        ),
-        (
-            json.dumps(
-                {
-                    "version": 1,
-                    "phase": "running",
-                    "hosts": [],
-                    "committed_step": "x",
-                    "last_step": 0,
-                    "generation": 1,
-                    "retries_used": 0,
-                }
-            ),
-            ["malformed"],
-        ),
     ],
-    ids=["garbage", "empty", "wrong-version", "no-version", "missing-keys", "bad-phase", "bad-host", "bad-number"],
+    ids=["garbage", "empty", "list", "newer-version", "no-version"],
 )
-def test_bad_files_raise_statefileerror_naming_the_file(tmp_path: Path, content: str, words: list[str]) -> None:
+def test_unreadable_files_raise_statefileerror_naming_the_file(tmp_path: Path, content: str, words: list[str]) -> None:
     path = tmp_path / "coordinator-state.json"
     path.write_text(content)
     with pytest.raises(statefile.StateFileError) as ei:
-        statefile.restore(path, initial_state(POLICY, 0.0), 0.0)
+        statefile.read(path)
     msg = str(ei.value)
     assert str(path) in msg
     for w in words:
         assert w in msg, msg
-    assert isinstance(ei.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [{"phase": "bogus"}, {"generation": "x"}, {"hosts": [{"slice": 0}]}, {"drains": {"0": {"kind": "k"}}}],
+    ids=["bad-phase", "bad-number", "bad-host", "bad-drain"],
+)
+def test_malformed_content_is_a_statefileerror(tmp_path: Path, broken: dict) -> None:
+    raw = {**statefile.snapshot(saved_state(Phase.RUNNING), offset=OFFSET), **broken}
+    with pytest.raises(statefile.StateFileError, match="malformed"):
+        statefile.restore(raw, initial_state(POLICY, 0.0), 0.0, offset=OFFSET)
+
+
+def test_intent_changed_ignores_step_counts_and_sees_everything_else() -> None:
+    a = saved_state(Phase.RUNNING)
+    assert not statefile.intent_changed(a, replace(a, trainer=replace(a.trainer, last_step=99, last_step_at=5.0)))
+    assert statefile.intent_changed(a, replace(a, operator_hold=True))
+    assert statefile.intent_changed(a, replace(a, trainer=replace(a.trainer, resume_pending=True)))
+    assert statefile.intent_changed(a, replace(a, drains=_frozen({0: Drain(1.0, "k", "s", "r")})))
 
 
 def test_write_leaves_no_temp_files_and_replaces_in_place(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     for g in range(1, 6):
-        statefile.write(path, saved_state(Phase.RUNNING, generation=g))
+        statefile.write(path, statefile.snapshot(saved_state(Phase.RUNNING, generation=g)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
     assert json.loads(path.read_text())["generation"] == 5
 
 
 def test_a_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    # Big enough that a non-atomic write would be visible half-done.
     many = _frozen({(s, h): HostRecord(f"x{s}-{h}") for s in range(3) for h in range(2)})
-    states = [
-        saved_state(Phase.HOLDING, generation=g, hosts=many, hold_reason="r" * (1000 + 5000 * (g % 2)))
+    snaps = [
+        statefile.snapshot(
+            saved_state(Phase.HOLDING, generation=g, hosts=many, hold_reason="r" * (1000 + 5000 * (g % 2)))
+        )
         for g in range(1, 200)
     ]
-    statefile.write(path, states[0])
+    statefile.write(path, snaps[0])
     stop = threading.Event()
     seen: list[int] = []
     errors: list[str] = []
@@ -217,13 +226,13 @@ def test_a_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     t = threading.Thread(target=reader)
     t.start()
     try:
-        for st in states:
-            statefile.write(path, st)
+        for snap in snaps:
+            statefile.write(path, snap)
     finally:
         stop.set()
         t.join()
     assert not errors, errors[:3]
-    assert seen and seen == sorted(seen)  # generations only ever go up
+    assert seen and seen == sorted(seen)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
 
@@ -232,7 +241,7 @@ def test_a_failed_write_keeps_the_old_file_and_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
     path = tmp_path / "state.json"
-    statefile.write(path, saved_state(Phase.RUNNING, generation=3))
+    statefile.write(path, statefile.snapshot(saved_state(Phase.RUNNING, generation=3)))
     before = path.read_bytes()
 
     def boom(*a: object, **k: object) -> None:
@@ -240,90 +249,220 @@ def test_a_failed_write_keeps_the_old_file_and_cleans_up(
 
     monkeypatch.setattr(statefile.os, failing, boom)
     with pytest.raises(OSError, match="No space left"):
-        statefile.write(path, saved_state(Phase.RUNNING, generation=4))
+        statefile.write(path, statefile.snapshot(saved_state(Phase.RUNNING, generation=4)))
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
 
 # ---------------------------------------------------------------------------
-# a coordinator restart
+# real coordinators on one state directory
 # ---------------------------------------------------------------------------
 
 
-def coordinator_config(state_file: Path, journal: Path | None = None) -> CoordinatorConfig:
-    return CoordinatorConfig(
+def coordinator_config(state_dir: Path, **kw: object) -> CoordinatorConfig:
+    args: dict = dict(
         job="restart-job",
         listen="127.0.0.1:0",
-        policy=Policy(num_slices=2, rejoin_grace_seconds=10.0),
+        policy=Policy(num_slices=2, rejoin_grace_seconds=10.0, settle_seconds=0.0),
         heartbeat_interval=0.25,
         heartbeat_timeout=1.2,
-        state_file=state_file,
-        journal=journal,
+        state_file=state_dir / "state.json",
+        journal=state_dir / "journal.jsonl",
+        state_dir=state_dir,
         log_format="json",
         log_level="warning",
+        admin_listen=None,
+        http_listen=None,
     )
+    args.update(kw)
+    return CoordinatorConfig(**args)
 
 
 async def test_coordinator_restart_resumes_running_and_never_lowers_the_generation(tmp_path: Path) -> None:
-    path = tmp_path / "state" / "coordinator.json"
-    journal = tmp_path / "journal.jsonl"
-    coord = Coordinator(coordinator_config(path, journal))
+    state_dir = tmp_path / "state"
+    coord = Coordinator(coordinator_config(state_dir))
     await coord.start()
+    first_epoch = coord.epoch
     try:
-        now = time.monotonic
-        coord.apply(WorkerJoined(0, 0, "a"), now())
-        coord.apply(WorkerJoined(1, 0, "b"), now())
-        d = coord.apply(TrainerAttached(0, -1, frozenset()), now())
+        await coord.request(WorkerJoined(0, 0, "a"))
+        await coord.request(WorkerJoined(1, 0, "b"))
+        d = await coord.request(TrainerAttached(0, -1, frozenset()))
         assert d.state.phase == Phase.RUNNING and d.state.generation == 1
-        coord.apply(TrainerResumed(1, 0, frozenset({0, 1}), "fresh"), now())
-        coord.apply(TrainerStepped(12, 1), now())
-        d = coord.apply(WorkerLost(1, 0, "b", "stream_closed"), now())
+        await coord.request(TrainerResumed(1, 0, frozenset({0, 1}), "fresh"))
+        await coord.request(TrainerStepped(12, 1))
+        d = await coord.request(WorkerLost(1, 0, "b", "stream_closed"))
         assert d.state.phase == Phase.HOLDING and d.state.generation == 2
-        assert json.loads(path.read_text())["phase"] == "holding"  # every change is persisted at once
-        coord.apply(TrainerHeld(2, 12, 10), now())
-        d = coord.apply(WorkerJoined(1, 0, "b2"), now())
+        on_disk = json.loads((state_dir / "state.json").read_text())
+        assert on_disk["phase"] == "holding"  # written before the hold went out
+        await coord.request(TrainerHeld(2, 12, 10))
+        d = await coord.request(WorkerJoined(1, 0, "b2"))
         assert d.state.phase == Phase.RUNNING and d.state.generation == 2
+        d = await coord.request(OperatorCommand("drain", "maintenance", slice=0))
         before = coord.state
     finally:
         await coord.stop(grace=0.1)
 
-    on_disk = json.loads(path.read_text())
-    assert (on_disk["phase"], on_disk["generation"]) == ("running", 2)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
-    assert journal.exists() and len(journal.read_text().splitlines()) >= 7
+    on_disk = json.loads((state_dir / "state.json").read_text())
+    assert (on_disk["phase"], on_disk["epoch"]) == ("holding", first_epoch)
+    assert len((state_dir / "journal.jsonl").read_text().splitlines()) >= 7
 
-    t0 = time.monotonic()
-    again = Coordinator(coordinator_config(path))
+    again = Coordinator(coordinator_config(state_dir))
     await again.start()
     try:
+        assert again.epoch > first_epoch
         st = again.state
-        assert st.generation == before.generation == 2
-        assert st.phase == Phase.RUNNING
-        assert st.active == frozenset({0, 1})
+        assert st.generation == before.generation
+        assert st.phase == Phase.HOLDING and 0 in st.drains  # the drain is not forgotten
         assert st.expected_rejoin == frozenset({(0, 0), (1, 0)})
-        assert dict(st.hosts) == {}
         assert st.retries_used == before.retries_used == 1
         assert st.trainer.committed_step == 10
-        assert st.trainer.last_step == 12
-        assert st.deadline is not None and t0 + 10.0 <= st.deadline <= time.monotonic() + 10.0
-        # A known host re-registering is no longer expected; nothing else changes.
-        d = again.apply(WorkerJoined(0, 0, "a"), time.monotonic())
+        # A known host re-registering with its incarnation is no longer expected.
+        d = await again.request(WorkerJoined(0, 0, "a"))
         assert d.state.expected_rejoin == frozenset({(1, 0)})
-        assert d.state.phase == Phase.RUNNING and d.state.generation == 2
-        assert not d.actions
+        assert json.loads((state_dir / "state.json").read_text())["epoch"] == again.epoch
     finally:
         await again.stop(grace=0.1)
-    assert json.loads(path.read_text())["generation"] == 2
 
 
-async def test_coordinator_refuses_to_start_on_a_corrupt_state_file(tmp_path: Path) -> None:
-    path = tmp_path / "coordinator.json"
-    path.write_text('{"version": 1, "phase": "running"')
-    coord = Coordinator(coordinator_config(path))
-    with pytest.raises(statefile.StateFileError, match=str(path)):
-        await coord.start()
-    assert coord.server is None  # nothing started listening
+async def test_a_corrupt_state_file_is_moved_aside_and_the_coordinator_starts(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "state.json").write_text('{"version": 2, "phase": "running"')
+    coord = Coordinator(coordinator_config(state_dir))
+    await coord.start()
+    try:
+        assert coord.state.phase == Phase.STARTING
+        assert "cannot be read" in coord.state_file_note
+        aside = [p.name for p in state_dir.iterdir() if ".unreadable-" in p.name]
+        assert len(aside) == 1
+        assert json.loads((state_dir / "state.json").read_text())["epoch"] == coord.epoch
+    finally:
+        await coord.stop(grace=0.1)
+
+
+async def test_a_second_coordinator_on_the_same_state_dir_waits_for_the_lock(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    first = Coordinator(coordinator_config(state_dir))
+    await first.start()
+    second = Coordinator(coordinator_config(state_dir))
+    starting = asyncio.create_task(second.start())
+    try:
+        await asyncio.sleep(1.2)
+        assert not starting.done() and second.server is None  # it waits; it does not steer
+        await first.stop(grace=0.1)
+        await asyncio.wait_for(starting, 5)
+        assert second.epoch > first.epoch
+    finally:
+        await first.stop(grace=0.1)
+        if starting.done():
+            await second.stop(grace=0.1)
+        else:
+            starting.cancel()
+
+
+async def test_writes_failing_hold_actions_until_the_bound_then_act_and_catch_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state_dir = tmp_path / "state"
+    coord = Coordinator(coordinator_config(state_dir, durability_bound=0.6))
+    await coord.start()
+    sent: list[str] = []
+    real_execute = coord._execute
+
+    def spy(a):  # noqa: ANN001
+        sent.append(type(a).__name__)
+        real_execute(a)
+
+    coord._execute = spy  # type: ignore[method-assign]
+    try:
+        await coord.request(WorkerJoined(0, 0, "a"))
+        await coord.request(WorkerJoined(1, 0, "b"))
+        real_write = statefile.write
+        failing = {"on": True}
+
+        def write(path: Path, data: dict) -> None:
+            if failing["on"]:
+                raise OSError(28, "No space left on device")
+            real_write(path, data)
+
+        monkeypatch.setattr(statefile, "write", write)
+        t0 = time.monotonic()
+        d = await coord.request(TrainerAttached(0, -1, frozenset()))
+        waited = time.monotonic() - t0
+        assert "ResumeTrainer" in sent and waited >= 0.5  # carried out only after the bound
+        assert d.state.phase == Phase.RUNNING
+        assert not coord.durable and "No space left" in coord.durability_problem
+        assert coord.readiness()["state_durable"] is False
+        assert json.loads((state_dir / "state.json").read_text())["phase"] == "starting"  # the file is behind
+        failing["on"] = False
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if coord.durable:
+                break
+        assert coord.durable and coord.readiness()["state_durable"]
+        assert json.loads((state_dir / "state.json").read_text())["phase"] == "running"
+    finally:
+        await coord.stop(grace=0.1)
+
+
+async def test_participants_with_a_newer_epoch_fence_the_older_coordinator(tmp_path: Path) -> None:
+    coord = Coordinator(coordinator_config(tmp_path / "state"))
+    await coord.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.port}") as ch:
+            call = peer_pb2_grpc.PeerStub(ch).Join()
+            ident = peer_pb2.HostIdentity(slice=0, host=0, incarnation="w")
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await call.write(
+                    peer_pb2.WorkerMessage(
+                        register=peer_pb2.Register(identity=ident, job="restart-job", epoch_seen=coord.epoch + 5)
+                    )
+                )
+                await call.read()
+            assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"superseded by epoch {coord.epoch + 5}" in (ei.value.details() or "")
+        assert coord.fenced_by == coord.epoch + 5 and coord.readiness()["not_fenced"] is False
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.trainer_port}") as ch:
+            call = trainer_pb2_grpc.TrainerLinkStub(ch).Attach()
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await call.write(trainer_pb2.TrainerMessage(hello=trainer_pb2.TrainerHello(job="restart-job")))
+                await call.read()
+            assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await coord.stop(grace=0.1)
+
+
+async def test_the_trainer_link_is_not_on_the_peer_port_and_checks_its_token(tmp_path: Path) -> None:
+    from agent.auth import BearerToken
+
+    coord = Coordinator(coordinator_config(tmp_path / "state", trainer_token=BearerToken("s3cret", "test")))
+    await coord.start()
+    try:
+        hello = trainer_pb2.TrainerMessage(hello=trainer_pb2.TrainerHello(job="restart-job"))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.port}") as ch:
+            call = trainer_pb2_grpc.TrainerLinkStub(ch).Attach()
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await call.write(hello)
+                await call.read()
+            assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.trainer_port}") as ch:
+            call = trainer_pb2_grpc.TrainerLinkStub(ch).Attach()
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await call.write(hello)
+                await call.read()
+            assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.trainer_port}") as ch:
+            call = trainer_pb2_grpc.TrainerLinkStub(ch).Attach(metadata=(("authorization", "Bearer s3cret"),))
+            await call.write(hello)
+            for _ in range(50):
+                if coord.state.trainer.attached:
+                    break
+                await asyncio.sleep(0.05)
+            assert coord.state.trainer.attached
+            call.cancel()
+    finally:
+        await coord.stop(grace=0.1)
 
 
 def test_write_is_a_rename_over_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,7 +475,7 @@ def test_write_is_a_rename_over_the_target(tmp_path: Path, monkeypatch: pytest.M
         real(src, dst)
 
     monkeypatch.setattr(statefile.os, "replace", spy)
-    statefile.write(path, saved_state(Phase.RUNNING))
+    statefile.write(path, statefile.snapshot(saved_state(Phase.RUNNING)))
     assert len(calls) == 1
     src, dst = calls[0]
     assert dst == str(path)
