@@ -983,7 +983,7 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
                 hello.step_in_memory,
                 frozenset(hello.active_slices),
                 settings,
-                committed_step=hello.committed_step,
+                committed_step=hello.committed_step if hello.HasField("committed_step") else -1,
                 held=hello.held,
             )
         )

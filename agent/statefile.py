@@ -52,6 +52,7 @@ INTENT_FIELDS = (
     "active",
     "hosts",
     "slice_errors",
+    "lost_incarnations",
     "drains",
     "notice_times",
     "operator_hold",
@@ -126,6 +127,7 @@ def snapshot(state: State, *, epoch: int = 0, restart_attempt: int = 0, offset: 
         ],
         "expected_rejoin": sorted([list(k) for k in state.expected_rejoin]),
         "slice_errors": {str(s): _wall(v, off) for s, v in sorted(state.slice_errors.items())},
+        "lost_incarnations": [[s, h, inc] for (s, h), inc in sorted(state.lost_incarnations.items())],
         "drains": {
             str(s): {
                 "since": _wall(d.since, off),
@@ -338,6 +340,9 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
         # incarnation is known; they count only once it has.
         hosts=_frozen(hosts),
         slice_errors=_frozen({s: t for s, t in errors.items() if t is not None}),
+        lost_incarnations=_frozen(
+            {(int(s), int(h)): str(inc) for s, h, inc in raw.get("lost_incarnations", []) if in_job(int(s), int(h))}
+        ),
         drains=_frozen(drains),
         notice_times=_frozen({str(k): float(v) for k, v in (raw.get("notice_times") or {}).items()}),
         expected_rejoin=expected,

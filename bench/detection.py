@@ -214,6 +214,7 @@ class Rig:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.journal = workdir / "journal.jsonl"
         self.addr = f"127.0.0.1:{free_port()}"
+        self.trainer_addr = f"127.0.0.1:{free_port()}"
         self.pw_ports = {(s, 0): free_port() for s in range(SLICES)}
         self.metadata_ports: dict[tuple[int, int], int] = {}
         self.hosts: dict[tuple[int, int], HostProcs] = {}
@@ -249,6 +250,8 @@ class Rig:
             JOB,
             "--listen",
             self.addr,
+            "--trainer-listen",
+            self.trainer_addr,
             "--num-slices",
             str(SLICES),
             "--hosts-per-slice",
@@ -355,7 +358,7 @@ class Rig:
     def _trainer(self) -> None:
         from trainer_hooks import ElasticSession
 
-        self.session = ElasticSession.connect(self.addr, job=JOB)
+        self.session = ElasticSession.connect(self.trainer_addr, job=JOB)
         d = self.session.start()
         self.session.resumed(d, 0, "fresh", 0.0)
         while not self._stop.is_set():

@@ -286,7 +286,8 @@ def run_size(
     prof = ["-m", "cProfile", "-o", str(wd / "coordinator.prof")] if profile else []
     module = "bench.coordinator_variant" if what_if else "agent"
     cenv = env(**WHAT_IF_ENV) if what_if else env()
-    cmd = [PY, *prof, "-m", module, "coordinator", "--job", JOB, "--listen", addr]
+    trainer_addr = f"127.0.0.1:{free_port()}"
+    cmd = [PY, *prof, "-m", module, "coordinator", "--job", JOB, "--listen", addr, "--trainer-listen", trainer_addr]
     cmd += ["--num-slices", str(num_slices), "--hosts-per-slice", str(hosts)]
     cmd += ["--heartbeat-interval", "1", "--heartbeat-timeout", "3", "--elastic-timeout-seconds", "1800"]
     cmd += ["--elastic-max-retries", "100000"]
@@ -299,7 +300,7 @@ def run_size(
         if not wait_until(lambda: _health_serving(addr), 30, 0.05):
             raise RuntimeError("coordinator did not serve")
         sampler = CpuSampler(coord.pid)
-        trainer = FakeTrainer(addr)
+        trainer = FakeTrainer(trainer_addr)
         t0 = time.time()
         cpu0 = sampler.cpu_seconds()
         ng = max(1, math.ceil(n / PER_GENERATOR))

@@ -200,6 +200,12 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         # the same host, so no loss and no repair.
         record = replace(old, incarnation=ev.incarnation, node=ev.node, node_pool=ev.node_pool, away_since=None)
         what = f"sidecar restarted (was incarnation {old.incarnation}; the host stayed up)"
+    elif state.lost_incarnations.get(key) == ev.incarnation:
+        # The very process declared lost (a hung host that woke up): it may
+        # serve again, but it repairs nothing; only a new incarnation does.
+        mark = state.slice_errors.get(ev.slice, now)
+        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, mark - 1.0, True, now, settle)
+        what = "came back after it was declared lost (the same process: not a repair)"
     else:
         record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle)
         what = "registered"
@@ -213,7 +219,16 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
             what = f"replaced live incarnation {old.incarnation} (the old one counts as lost)"
     hosts = dict(state.hosts)
     hosts[key] = record
-    new = replace(state, hosts=_frozen(hosts), slice_errors=errors, expected_rejoin=state.expected_rejoin - {key})
+    lost = state.lost_incarnations
+    if key in lost and lost[key] != ev.incarnation:
+        lost = _frozen({k: v for k, v in lost.items() if k != key})
+    new = replace(
+        state,
+        hosts=_frozen(hosts),
+        slice_errors=errors,
+        lost_incarnations=lost,
+        expected_rejoin=state.expected_rejoin - {key},
+    )
     if state.phase == Phase.STARTING and ev.generation_seen > state.generation:
         # A coordinator that starts blind learns from the workers where the job was.
         new = replace(new, generation=ev.generation_seen)
@@ -230,7 +245,9 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
     # Marked lost: only a new incarnation that settles brings the slice back.
     errors = dict(state.slice_errors)
     errors[ev.slice] = now
-    new = replace(state, hosts=_frozen(hosts), slice_errors=_frozen(errors))
+    lost = dict(state.lost_incarnations)
+    lost[key] = ev.incarnation
+    new = replace(state, hosts=_frozen(hosts), slice_errors=_frozen(errors), lost_incarnations=_frozen(lost))
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} lost ({ev.cause})")
 
 

@@ -193,6 +193,9 @@ class State:
     active: frozenset[int] = frozenset()
     """Slices the trainer runs on (RUNNING) or last ran on."""
     hosts: Mapping[HostKey, HostRecord] = field(default_factory=_frozen)
+    lost_incarnations: Mapping[HostKey, str] = field(default_factory=_frozen)
+    """The incarnation each host had when it was declared lost: that process
+    coming back (a hung host waking up) is not a repair."""
     slice_errors: Mapping[int, float] = field(default_factory=_frozen)
     """Slice -> when the trainer reported it lost; cleared by a replacement host."""
     drains: Mapping[int, Drain] = field(default_factory=_frozen)

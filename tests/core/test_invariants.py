@@ -39,12 +39,16 @@ non-RUNNING live phases always carry a deadline.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import random
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, note, settings
+from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 
+from agent import statefile
 from agent.core.decide import _settle, decide
 from agent.core.model import (
     AbortTrainer,
@@ -603,7 +607,8 @@ class FaithfulWorld(World):
         if t.link or t.mode == "gone":
             return
         t.link = True
-        self.apply(TrainerAttached(t.generation, t.step, t.active, trainer_settings), dt)
+        held = t.mode in ("held", "error")
+        self.apply(TrainerAttached(t.generation, t.step, t.active, trainer_settings, held=held), dt)
         queued, t.outbox = t.outbox, []
         for ev in queued:
             self.apply(ev)
@@ -627,6 +632,29 @@ class FaithfulWorld(World):
         self.trainer.link = False
         for (s, h), rec in sorted(hosts.items()):
             self.apply(WorkerJoined(s, h, rec.incarnation))
+
+    def coordinator_restart_durable(self, seed: int, dt: float = 0.0) -> None:
+        """The coordinator process restarts on its state file (agent/statefile.py): the
+        saved state comes back through JSON; every worker re-registers, in any order,
+        with time passing between them; the trainer's link breaks and comes back."""
+        self.now += dt
+        raw = json.loads(json.dumps(statefile.snapshot(self.state, epoch=1, offset=0.0)))
+        restored = statefile.restore(raw, initial_state(self.policy0, self.now), self.now, offset=0.0).state
+        hosts = sorted(self.state.hosts.items())
+        hypothesis_event(f"durable coordinator restart from {self.state.phase}")
+        self.state = restored
+        self.last_hold = self.last_resume = None
+        if restored.phase == Phase.FAILED:
+            code = restored.exit_code or 42
+            # A restarted failed coordinator tells the trainer and exits again.
+            self.last_actions = (AbortTrainer(restored.generation, "restored", code), ExitCoordinator(code, "restored"))
+        else:
+            self.last_actions = ()
+        self.trainer.link = False
+        rng = random.Random(seed)
+        rng.shuffle(hosts)
+        for (s, h), rec in hosts:
+            self.apply(WorkerJoined(s, h, rec.incarnation), rng.choice([0.0, 0.0, 0.3, 2.0]))
 
     def restart(self, dt: float = 0.0) -> None:
         """The trainer process dies and a fresh one starts (nothing in memory)."""
@@ -699,6 +727,9 @@ class FaithfulWorld(World):
             self.link_up(op[1], op[2])
         elif kind == "restart":
             self.restart(op[1])
+        elif kind == "coordinator_restart_durable":
+            if not (self.state.phase == Phase.COMPLETED):
+                self.coordinator_restart_durable(op[1], op[2])
         elif kind == "coordinator_restart":
             if op[1] == 0 and not self.state.phase.terminal:  # after 42 or 0, xpk restarts everything
                 self.coordinator_restart(op[2])
@@ -760,6 +791,8 @@ FAITHFUL_OPS = st.one_of(
     st.tuples(st.just("link_up"), st.none(), DT),
     st.tuples(st.just("restart"), DT),
     st.tuples(st.just("coordinator_restart"), st.integers(0, 2), DT),
+    st.tuples(st.just("coordinator_restart_durable"), st.integers(0, 10_000), DT),
+    st.tuples(st.just("coordinator_restart_durable"), st.integers(0, 10_000), DT),
     st.tuples(st.just("finish"), st.integers(0, 39)),
 )
 

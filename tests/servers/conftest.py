@@ -177,7 +177,7 @@ class Job:
 async def start_job(tmp_path: Path, **kw: Any) -> Job:
     coord = Coordinator(coordinator_config(**kw))
     await coord.start()
-    return Job(coord, FakeTrainer(f"127.0.0.1:{coord.port}"))
+    return Job(coord, FakeTrainer(f"127.0.0.1:{coord.trainer_port}"))
 
 
 @pytest.fixture

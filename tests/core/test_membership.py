@@ -1,0 +1,206 @@
+"""The decision core under the coordinator's own failures and membership edge cases.
+
+Each test pins one defect that was seen before the write-ahead/fencing work:
+it fails on the old rules and passes on the new ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent.core.decide import decide
+from agent.core.model import (
+    HoldTrainer,
+    OperatorCommand,
+    Phase,
+    Policy,
+    ResumeTrainer,
+    Tick,
+    TrainerAttached,
+    TrainerDetached,
+    TrainerHeld,
+    TrainerResumed,
+    TrainerSettings,
+    TrainerStepped,
+    WorkerAway,
+    WorkerHealth,
+    WorkerJoined,
+    WorkerLost,
+    initial_state,
+)
+
+
+class Job:
+    def __init__(self, policy: Policy) -> None:
+        self.now = 0.0
+        self.state = initial_state(policy, 0.0)
+
+    def feed(self, ev, dt: float = 0.0):  # noqa: ANN001, ANN201
+        self.now += dt
+        d = decide(self.state, ev, self.now)
+        self.state = d.state
+        return d
+
+    def start(self) -> None:
+        p = self.state.policy
+        for s in range(p.num_slices):
+            for h in range(p.hosts_per_slice):
+                self.feed(WorkerJoined(s, h, f"a{s}.{h}"))
+        d = self.feed(TrainerAttached(0, -1))
+        (r,) = [a for a in d.actions if isinstance(a, ResumeTrainer)]
+        self.feed(TrainerResumed(r.generation, 0, r.active, "checkpoint"))
+        for step in range(1, 6):
+            self.feed(TrainerStepped(step, r.generation, 0.5), dt=0.5)
+        assert self.state.phase == Phase.RUNNING
+
+
+def holds(d) -> list[HoldTrainer]:  # noqa: ANN001
+    return [a for a in d.actions if isinstance(a, HoldTrainer)]
+
+
+def resumes(d) -> list[ResumeTrainer]:  # noqa: ANN001
+    return [a for a in d.actions if isinstance(a, ResumeTrainer)]
+
+
+def test_a_lost_slice_comes_back_only_after_its_new_incarnation_settles() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=2.0))
+    job.start()
+    job.feed(TrainerHeld(holds(job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"), dt=1))[0].generation, 5, -1))
+    job.feed(TrainerResumed(job.state.generation, 5, frozenset({0, 1}), "memory"))
+    d = job.feed(WorkerJoined(2, 0, "b2.0"), dt=1)
+    assert not holds(d) and 2 not in d.state.up_slices()  # registered, not settled
+    assert not holds(job.feed(Tick(), dt=1.5))
+    assert holds(job.feed(Tick(), dt=0.6))  # settled: grow
+
+
+def test_the_same_process_reconnecting_after_a_loss_is_not_a_repair() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=0.0))
+    job.start()
+    job.feed(TrainerHeld(holds(job.feed(WorkerLost(2, 0, "a2.0", "heartbeat_timeout"), dt=1))[0].generation, 5, -1))
+    job.feed(TrainerResumed(job.state.generation, 5, frozenset({0, 1}), "memory"))
+    d = job.feed(WorkerJoined(2, 0, "a2.0"), dt=1)  # the hung process woke up
+    assert 2 not in d.state.up_slices() and not holds(d)
+    assert 2 in job.feed(WorkerJoined(2, 0, "b2.0"), dt=1).state.up_slices()  # a new incarnation is
+
+
+def test_a_new_incarnation_over_a_live_record_is_the_loss_of_the_old_one() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=1.0))
+    job.start()
+    d = job.feed(WorkerJoined(1, 0, "b1.0"), dt=1)  # the old stream never closed here
+    (hold,) = holds(d)
+    assert 1 in hold.down_slices and d.state.retries_used == 1
+
+
+def test_a_sidecar_restart_on_a_healthy_host_neither_shrinks_nor_spends_a_retry() -> None:
+    job = Job(Policy(num_slices=2, settle_seconds=1.0))
+    job.start()
+    before = job.state
+    d = job.feed(WorkerAway(1, 0, "a1.0", "stream_closed; 127.0.0.1:1 SERVING"), dt=1)
+    assert d.actions == () and d.state.up_slices() == before.up_slices()
+    d = job.feed(WorkerJoined(1, 0, "c1.0"), dt=2)
+    assert d.actions == () and d.state.retries_used == 0 and d.state.phase == Phase.RUNNING
+    assert 1 in d.state.up_slices() and d.state.hosts[(1, 0)].away_since is None
+    # and a host whose sidecar is away and then is found dead is an ordinary loss
+    job.feed(WorkerAway(0, 0, "a0.0"), dt=1)
+    assert holds(job.feed(WorkerLost(0, 0, "a0.0", "sidecar_gone_host_down"), dt=0.25))
+
+
+def test_a_stream_blip_of_the_same_process_is_neither_loss_nor_repair() -> None:
+    job = Job(Policy(num_slices=2))
+    job.start()
+    job.feed(WorkerAway(0, 0, "a0.0"), dt=1)
+    d = job.feed(WorkerJoined(0, 0, "a0.0"), dt=0.1)
+    assert d.actions == () and d.state.hosts[(0, 0)].registered_at == 0.0
+
+
+def test_the_policy_cannot_be_rewritten_after_start() -> None:
+    job = Job(Policy(num_slices=2, elastic_max_retries=10))
+    job.start()
+    job.feed(TrainerDetached(), dt=1)
+    d = job.feed(TrainerAttached(1, 5, frozenset({0, 1}), TrainerSettings(1, 5.0, 1)), dt=1)
+    assert d.state.policy.elastic_max_retries == 10 and "refused the trainer's settings" in d.reason
+
+
+def test_a_hung_trainer_is_held_then_failed_by_the_policy() -> None:
+    job = Job(Policy(num_slices=2, hang_min_seconds=10.0, hang_step_factor=20.0, elastic_timeout_seconds=30))
+    job.start()
+    assert not holds(job.feed(Tick(), dt=9.0))
+    d = job.feed(Tick(), dt=2.0)  # 11 s without a step; median 0.5 s -> limit max(10, 10)
+    (hold,) = holds(d)
+    assert hold.flush and "suspected hang" in d.reason and d.state.retries_used == 1
+    assert job.feed(Tick(), dt=30 + 600).state.phase == Phase.FAILED
+
+
+def test_a_trainer_gone_for_good_fails_the_job() -> None:
+    job = Job(Policy(num_slices=2, start_timeout_seconds=60, elastic_timeout_seconds=30))
+    job.start()
+    job.feed(TrainerDetached(), dt=1)
+    assert job.feed(Tick(), dt=59).state.phase == Phase.RUNNING
+    d = job.feed(Tick(), dt=1.5)
+    assert d.state.phase == Phase.FAILED and d.state.exit_code == 42
+
+
+def test_a_second_loss_while_held_without_flush_flushes() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=0.0))
+    job.start()
+    d = job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"), dt=1)
+    (first,) = holds(d)
+    assert not first.flush
+    d = job.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=0.01)  # before the trainer held
+    (second,) = holds(d)
+    assert second.flush and second.down_slices == frozenset({1, 2})
+    # and in WAITING too: held without flush on 2 slices of 3 with min 2, a resume pending...
+    job2 = Job(Policy(num_slices=3, elastic_min_slice_count=3, settle_seconds=0.0))
+    job2.start()
+    job2.feed(OperatorCommand("hold", "look"), dt=1)
+    job2.state = replace(job2.state, hold_flush=False)
+    job2.feed(TrainerHeld(job2.state.generation, 5, -1), dt=0.1)
+    d = job2.feed(WorkerLost(0, 0, "a0.0", "stream_closed"), dt=1)
+    (h,) = holds(d)
+    assert h.flush
+
+
+def test_restored_waiting_gives_the_rejoin_grace_and_repeats_a_pending_resume() -> None:
+    p = Policy(num_slices=2, rejoin_grace_seconds=5.0, settle_seconds=0.0)
+    job = Job(p)
+    job.start()
+    # As agent/statefile.restore leaves it: RUNNING with a resume decided and
+    # not acknowledged, every host expected back.
+    job.state = replace(
+        job.state,
+        trainer=replace(job.state.trainer, attached=False, resume_pending=True),
+        expected_rejoin=frozenset(job.state.hosts),
+        rejoin_deadline=job.now + 5.0,
+    )
+    d = job.feed(TrainerAttached(job.state.generation, 5, job.state.active, held=True), dt=0.5)
+    # nobody has rejoined yet, but the restored records count: no one is judged during the grace
+    assert d.state.phase == Phase.RUNNING and not holds(d)
+    job.feed(WorkerJoined(0, 0, "a0.0"), dt=0.5)
+    d = job.feed(Tick(), dt=5)  # grace over: host 1.0 never came back
+    assert holds(d) and 1 in holds(d)[0].down_slices
+
+
+def test_a_pending_resume_goes_out_again_once_the_trainer_says_it_is_held() -> None:
+    job = Job(Policy(num_slices=2, settle_seconds=0.0))
+    job.start()
+    job.feed(OperatorCommand("hold", "look"), dt=1)
+    job.feed(TrainerHeld(job.state.generation, 5, 5), dt=0.1)
+    d = job.feed(OperatorCommand("resume", "go"), dt=1)
+    (r,) = resumes(d)
+    # the coordinator restarted before the resume left: the trainer re-attaches, held
+    job.feed(TrainerDetached(), dt=0.1)
+    d = job.feed(TrainerAttached(r.generation, 5, frozenset({0, 1}), held=True), dt=0.1)
+    assert [a.generation for a in resumes(d)] == [r.generation]
+    assert resumes(job.feed(Tick(), dt=0.2)) == []  # once per report of being held
+
+
+def test_an_unhealthy_then_healthy_replacement_settles_again() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=1.0))
+    job.start()
+    job.feed(TrainerHeld(holds(job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"), dt=1))[0].generation, 5, -1))
+    job.feed(TrainerResumed(job.state.generation, 5, frozenset({0, 1}), "memory"))
+    job.feed(WorkerJoined(2, 0, "b2.0"), dt=1)
+    job.feed(WorkerHealth(2, 0, "b2.0", False), dt=0.5)
+    job.feed(WorkerHealth(2, 0, "b2.0", True), dt=0.5)
+    assert not holds(job.feed(Tick(), dt=0.6))  # only 0.6 s healthy since
+    assert holds(job.feed(Tick(), dt=0.5))
