@@ -26,7 +26,7 @@ import pytest
 
 from agent.config import CoordinatorConfig, WorkerConfig
 from agent.coordinator import Coordinator
-from agent.core.model import Decision, Event, Policy, WorkerHealth, WorkerJoined, WorkerLost
+from agent.core.model import Decision, Event, Policy, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
 from agent.worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -442,3 +442,77 @@ async def test_sigterm_is_graceful(coordinator: Observed, procs: Procs) -> None:
     print(f"[liveness] sigterm cause: {lost[0].event.cause}")
     assert (1, 0) not in obs.coord.state.hosts
     assert any(rec.get("message") == "worker stopping" for rec in log_lines(ps[1]))
+
+
+# ---------------------------------------------------------------------------
+# the coordinator's own failures: a blocked loop, a sidecar that restarts
+# ---------------------------------------------------------------------------
+
+
+async def test_a_blocked_event_loop_declares_nobody_lost(coordinator: Observed, procs: Procs) -> None:
+    """A 1.5 s stall of the coordinator's loop (longer than the 1.2 s heartbeat timeout) loses no one."""
+    obs = coordinator
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+    await asyncio.sleep(0.5)
+    time.sleep(1.5)  # blocks the event loop, as a long synchronous call would
+    await asyncio.sleep(2 * HEARTBEAT_TIMEOUT)
+    assert not obs.events(WorkerLost), obs.reasons()
+    assert obs.coord.stalls and max(obs.coord.stalls) >= 1.0
+    assert obs.coord.metrics.loop_stalls._value.get() >= 1  # noqa: SLF001
+    # and a worker that really hangs afterwards is still found
+    ps[1].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the hung worker to be lost", ps)
+    record("hang_detection_after_stall", lost[0].at - t0)
+    assert lost[0].event.cause == "heartbeat_timeout" and lost[0].at - t0 < 2.0
+
+
+async def test_a_sidecar_restart_on_a_healthy_host_is_not_a_loss(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    pw, pw_port = await start_pathways(procs)
+    target = ("--health-target", f"127.0.0.1:{pw_port}")
+    ps = [procs.worker(obs.coord.port, 0, extra=target), procs.worker(obs.coord.port, 1)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, [pw, *ps])
+    old = obs.coord.state.hosts[(0, 0)].incarnation
+    ps[0].kill()  # the sidecar alone: its Pathways worker keeps serving
+    away = await obs.wait_for(lambda: obs.events(WorkerAway), 5.0, "the coordinator to find the host still up", ps)
+    assert (away[0].event.slice, away[0].event.incarnation) == (0, old)
+    assert obs.coord.state.up_slices() == frozenset({0, 1})
+    again = procs.worker(obs.coord.port, 0, extra=target)
+    await obs.wait_for(
+        lambda: obs.coord.state.hosts.get((0, 0)) is not None and obs.coord.state.hosts[(0, 0)].incarnation != old,
+        START_TIMEOUT,
+        "the new sidecar to register",
+        [again],
+    )
+    assert not obs.events(WorkerLost), obs.reasons()
+    assert obs.coord.state.up_slices() == frozenset({0, 1}) and obs.coord.state.retries_used == 0
+    assert obs.coord.state.hosts[(0, 0)].away_since is None
+
+
+async def test_a_dead_host_is_lost_at_once_even_with_a_health_address(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    pw, pw_port = await start_pathways(procs)
+    ps = [procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{pw_port}"))]
+    await wait_registered(obs, {(0, 0)}, [pw, *ps])
+    t0 = time.monotonic()
+    pw.kill()
+    ps[0].kill()  # the whole host: sidecar and Pathways worker
+    lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the dead host to be lost", ps)
+    record("host_kill_detection_with_probe", lost[0].at - t0)
+    assert lost[0].at - t0 < 0.5
+    assert not obs.events(WorkerAway)
+
+
+async def test_a_host_found_dead_while_its_sidecar_is_away_is_lost(coordinator: Observed, procs: Procs) -> None:
+    obs = coordinator
+    pw, pw_port = await start_pathways(procs)
+    ps = [procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{pw_port}"))]
+    await wait_registered(obs, {(0, 0)}, [pw, *ps])
+    ps[0].kill()
+    await obs.wait_for(lambda: obs.events(WorkerAway), 5.0, "the sidecar to be away", ps)
+    t0 = time.monotonic()
+    pw.kill()
+    lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the host to be lost", ps)
+    assert lost[0].event.cause == "sidecar_gone_host_down" and lost[0].at - t0 < 1.5
