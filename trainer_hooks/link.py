@@ -125,11 +125,12 @@ class SidecarLink:
             return self.inbox.popleft()
 
     def close(self) -> None:
-        """Stop for good: end the stream (or the wait for a sidecar) and let the thread go."""
+        """Stop for good: half-close the stream (what is queued still leaves), or give up
+        waiting for a sidecar that is not there, so the link never attaches later."""
         self._closed.set()
         self._q.put(_CLOSE)
         call = self._call
-        if call is not None:
+        if call is not None and not self.connected.is_set():
             call.cancel()
 
     def flush_outbox(self, timeout: float = 2.0) -> None:
