@@ -208,6 +208,8 @@ class Coordinator:
         self.durability_problem = ""
         self.state_file_note = ""
         """What happened to the state file at start (restored, unreadable and moved aside, ...)."""
+        self.state_file_problem = ""
+        """Set when the state file found at start could not be used (it was moved aside)."""
         self._lock_fd: int | None = None
         self._loop_resumed_at = 0.0
         """End of the newest event-loop stall: nobody is late for time the loop could not read."""
@@ -288,6 +290,7 @@ class Coordinator:
             except statefile.StateFileError as e:
                 moved = statefile.move_aside(path)
                 self.state_file_note = f"{e}; moved aside to {moved}" if moved else f"{e}; could not move it aside"
+                self.state_file_problem = self.state_file_note
                 log.error(
                     "state file unusable; starting without it and rebuilding from what the workers and the trainer "
                     "report",

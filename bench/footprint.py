@@ -61,6 +61,7 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         addr = f"127.0.0.1:{free_port()}"
+        trainer_addr = f"127.0.0.1:{free_port()}"
         f = open(root / "coordinator.log", "wb")  # noqa: SIM115
         files.append(f)
         cmd = [
@@ -72,6 +73,8 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
             JOB,
             "--listen",
             addr,
+            "--trainer-listen",
+            trainer_addr,
             "--num-slices",
             str(WORKERS),
             "--hosts-per-slice",
@@ -137,7 +140,7 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
         reg = [_registered_time(root / f"worker-{i}.log") for i in range(WORKERS)]
         out["worker_startup_s_all"] = [rnd(r - s, 3) if r else None for r, s in zip(reg, starts, strict=True)]
         out["worker_startup_s"] = rnd(median(out["worker_startup_s_all"]), 3)
-        trainer = FakeTrainer(addr)
+        trainer = FakeTrainer(trainer_addr)
         if not trainer.running.wait(30):
             raise RuntimeError("job did not start")
         time.sleep(settle_s)

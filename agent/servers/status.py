@@ -65,6 +65,7 @@ def coordinator_status(c: Coordinator) -> admin_pb2.Status:
                     node=r.node if r else "",
                     node_pool=r.node_pool if r else "",
                     incarnation=r.incarnation if r else "",
+                    sidecar_away=r is not None and r.away_since is not None,
                 )
             )
         state, detail = slice_state(s, i)
@@ -99,6 +100,10 @@ def coordinator_status(c: Coordinator) -> admin_pb2.Status:
         trainer_attached=s.trainer.attached,
         operator_hold=s.operator_hold,
         last_reason=c.last_reason,
+        epoch=c.epoch,
+        fenced_by_epoch=c.fenced_by,
+        state_durable=c.durable,
+        state_problem=c.durability_problem or c.state_file_problem,
     )
 
 

@@ -105,13 +105,13 @@ async def test_healthz_and_metrics_of_the_coordinator(job: Job) -> None:
 async def test_coordinator_readyz_does_not_wait_for_workers_but_for_the_trainer_once_running(job: Job) -> None:
     url = job.http_url + "/readyz"
     # Fresh: no worker has joined and no trainer attached, yet ready (the head pod starts first).
-    assert await get_json(url) == (200, {"ready": True, "checks": {"grpc": True}})
+    assert await get_json(url) == (200, {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True}})
     await job.running()
-    assert await get_json(url) == (200, {"ready": True, "checks": {"grpc": True, "trainer": True}})
+    assert await get_json(url) == (200, {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "trainer": True}})
     await job.trainer.close()
     await wait_for(lambda: not job.coord.state.trainer.attached, 5.0, "the trainer link to close")
     assert job.coord.state.phase == Phase.RUNNING
-    assert await get_json(url) == (503, {"ready": False, "checks": {"grpc": True, "trainer": False}})
+    assert await get_json(url) == (503, {"ready": False, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "trainer": False}})
 
 
 async def test_coordinator_readyz_checks_the_pubsub_intake_when_configured(tmp_path: Path) -> None:
@@ -124,9 +124,9 @@ async def test_coordinator_readyz_checks_the_pubsub_intake_when_configured(tmp_p
         j.coord.cfg = replace(j.coord.cfg, pubsub_subscription="projects/p/subscriptions/s")
         j.coord.intake = Intake()
         url = j.http_url + "/readyz"
-        assert await get_json(url) == (503, {"ready": False, "checks": {"grpc": True, "pubsub": False}})
+        assert await get_json(url) == (503, {"ready": False, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "pubsub": False}})
         j.coord.intake.running = True
-        assert await get_json(url) == (200, {"ready": True, "checks": {"grpc": True, "pubsub": True}})
+        assert await get_json(url) == (200, {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "pubsub": True}})
         j.coord.serving = False
         status, body = await get_json(url)
         assert status == 503 and body["checks"]["grpc"] is False
@@ -151,8 +151,11 @@ async def test_status_json_is_getstatus_plus_recent_decisions(job: Job) -> None:
             "node": "node-2",
             "node_pool": "pool-2",
             "incarnation": "inc-2",
+            "sidecar_away": False,
         }
     ]
+    assert doc["epoch"] == job.coord.epoch and doc["fenced_by_epoch"] == 0
+    assert doc["state_durable"] is True and doc["state_problem"] == ""
     assert doc["last_committed_step"] == -1 and doc["pending_notices"] == [] and doc["operator_hold"] is False
     reasons = [d["reason"] for d in doc["recent_decisions"]]
     assert reasons == [r["reason"] for r in job.coord.recent][-len(reasons) :]

@@ -74,13 +74,14 @@ async def test_every_line_is_cloud_logging_json_and_a_recovery_is_one_operation(
     write_token(peer)
     admin_token = tmp_path / "admin-token"
     write_token(admin_token)
-    port, admin_port = free_port(), free_port()
+    port, admin_port, trainer_port = free_port(), free_port(), free_port()
     coord = spawn(
         tmp_path,
         "coordinator",
         "coordinator",
         f"--job={JOB}",
         f"--listen=127.0.0.1:{port}",
+        f"--trainer-listen=127.0.0.1:{trainer_port}",
         "--num-slices=2",
         "--elastic-min-slice-count=1",
         f"--admin-listen=127.0.0.1:{admin_port}",
@@ -90,7 +91,7 @@ async def test_every_line_is_cloud_logging_json_and_a_recovery_is_one_operation(
         "--log-format=json",
     )
     procs = [coord]
-    trainer = FakeTrainer(f"127.0.0.1:{port}", job=JOB)
+    trainer = FakeTrainer(f"127.0.0.1:{trainer_port}", job=JOB)
     cout = tmp_path / "coordinator.stdout"
     try:
         await wait_for(

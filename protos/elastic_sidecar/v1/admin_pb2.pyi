@@ -11,20 +11,22 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HostStatus(_message.Message):
-    __slots__ = ("host", "registered", "healthy", "node", "node_pool", "incarnation")
+    __slots__ = ("host", "registered", "healthy", "node", "node_pool", "incarnation", "sidecar_away")
     HOST_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     NODE_POOL_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_AWAY_FIELD_NUMBER: _ClassVar[int]
     host: int
     registered: bool
     healthy: bool
     node: str
     node_pool: str
     incarnation: str
-    def __init__(self, host: _Optional[int] = ..., registered: _Optional[bool] = ..., healthy: _Optional[bool] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    sidecar_away: bool
+    def __init__(self, host: _Optional[int] = ..., registered: _Optional[bool] = ..., healthy: _Optional[bool] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., incarnation: _Optional[str] = ..., sidecar_away: _Optional[bool] = ...) -> None: ...
 
 class SliceStatus(_message.Message):
     __slots__ = ("slice", "state", "hosts", "detail")
@@ -55,7 +57,7 @@ class PendingNotice(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected")
+    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected", "epoch", "fenced_by_epoch", "state_durable", "state_problem")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +78,10 @@ class Status(_message.Message):
     SLICE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FENCED_BY_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_DURABLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     role: str
     job: str
     generation: int
@@ -96,7 +102,11 @@ class Status(_message.Message):
     slice: int
     host: int
     coordinator_connected: bool
-    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    fenced_by_epoch: int
+    state_durable: bool
+    state_problem: str
+    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ..., epoch: _Optional[int] = ..., fenced_by_epoch: _Optional[int] = ..., state_durable: _Optional[bool] = ..., state_problem: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("backlog",)
