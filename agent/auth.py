@@ -11,11 +11,13 @@ What each port checks:
   server reflection stay open so probes and ``grpcurl list`` work without it.
 * coordinator port (``--listen``): ``elastic_sidecar.v1.Peer/Join`` needs the
   peer token (when ``--peer-token-file`` is given); ``grpc.health.v1`` stays open
-  for kubelet probes. The ``TrainerLink`` service on the same port is *not*
-  authenticated: the trainer reaches it over loopback inside the pod
-  (``127.0.0.1:29310``), and the trainer hooks must stay free of secrets and of
-  the daemon's configuration. Anyone who can reach that port from inside the
-  pod can already signal the trainer directly.
+  for kubelet probes.
+* trainer port (``--trainer-listen``, ``127.0.0.1:29313`` by default): the
+  ``TrainerLink`` lives on a listener of its own, on loopback, since the trainer
+  runs in the coordinator's pod. Any other address needs ``--trainer-token-file``;
+  the trainer hooks then present the token from the file named by
+  ``ELASTIC_SIDECAR_TOKEN_FILE``. Without either, nobody outside the pod can
+  evict the trainer's link, report ``Finished`` or rewrite the policy.
 
 A refused call is logged with the method, the peer address and whether the
 token was missing or wrong; the token itself is never logged.

@@ -969,6 +969,8 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
                 f"this coordinator (epoch {self.c.epoch}) was superseded by epoch {self.c.fenced_by}",
             )
             return
+        # Headers now: the trainer counts its link as up once the sidecar has accepted it.
+        await context.send_initial_metadata(())
         conn = _Conn()
         old = self.c.trainer
         self.c.trainer = conn

@@ -113,7 +113,7 @@ def test_timeout_with_too_few_slices_aborts_42_and_keeps_checkpoint(tmp_path: Pa
     # The coordinator's state file: state.json in its --state-dir (the work directory), or the older name.
     state_file = next(p for p in (tmp_path / "job" / n for n in ("state.json", "coordinator-state.json")) if p.exists())
     state = json.loads(state_file.read_text())
-    assert state["phase"] == "failed" and state["committed_step"] == step
+    assert state["phase"] == "failed" and state["trainer"]["committed_step"] == step
 
 
 def test_retries_exhausted_aborts_42(tmp_path: Path) -> None:
