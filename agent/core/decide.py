@@ -708,6 +708,16 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
                 return refuse(f"slice {s} is not in this job (slices 0..{state.policy.num_slices - 1})")
             if s in state.drains:
                 return Decision(state, (), f"{why}; slice {s} is already draining", outcome="duplicate")
+            left = state.up_slices() - {s}
+            p = state.policy
+            if len(left) < p.min_slices:
+                # Its hosts stay healthy, so no replacement would ever come: the
+                # job would hold until elastic_timeout_seconds and then fail.
+                return refuse(
+                    f"draining slice {s} would leave {len(left)} slice(s) up, fewer than the {p.min_slices} that "
+                    f"elastic_min_slice_count={p.elastic_min_slice_count} requires; a drained host stays healthy, so "
+                    "no replacement would come. Lower elastic_min_slice_count, or drain once a spare slice is up"
+                )
             drains = dict(state.drains)
             drains[s] = Drain(now, "operator_drain", "operator", ev.reason)
             return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; draining slice {s}")

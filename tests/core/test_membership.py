@@ -204,3 +204,14 @@ def test_an_unhealthy_then_healthy_replacement_settles_again() -> None:
     job.feed(WorkerHealth(2, 0, "b2.0", True), dt=0.5)
     assert not holds(job.feed(Tick(), dt=0.6))  # only 0.6 s healthy since
     assert holds(job.feed(Tick(), dt=0.5))
+
+
+def test_a_drain_the_policy_cannot_absorb_is_refused_naming_the_setting() -> None:
+    job = Job(Policy(num_slices=2))  # elastic_min_slice_count=-1: every slice
+    job.start()
+    d = job.feed(OperatorCommand("drain", "kernel upgrade", slice=1), dt=1)
+    assert d.rejected and "elastic_min_slice_count=-1" in d.rejected and d.actions == ()
+    assert d.state == job.state and d.state.drains == {}
+    ok = Job(Policy(num_slices=3, elastic_min_slice_count=2))
+    ok.start()
+    assert holds(ok.feed(OperatorCommand("drain", "kernel upgrade", slice=1), dt=1))
