@@ -113,6 +113,7 @@ class Job:
         self.trainer: subprocess.Popen[bytes] | None = None
         self.extra_procs: list[subprocess.Popen[bytes]] = []
         self.coordinator_flags = _coordinator_flags()
+        self.trainer_flags = _trainer_flags()
         # The trainer link has its own listener once the coordinator offers --trainer-listen.
         self.trainer_addr = f"127.0.0.1:{free_port()}" if "--trainer-listen" in self.coordinator_flags else None
         # --via-proxy: the worker sidecars' and the trainer's links pass a loopback forwarder.
@@ -336,6 +337,9 @@ class Job:
             step_seconds=ns.step_seconds,
             events=self.workdir / "trainer-events.jsonl",
         )
+        if "--elastic-timeout-seconds" in self.trainer_flags:
+            # The hooks' self-guard: with the sidecar gone this long, flush and exit 42.
+            cmd += _flags(elastic_timeout_seconds=ns.timeout)
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
         # The hooks read the sidecar's address from the environment too (trainer_hooks.maxtext does).
@@ -410,6 +414,19 @@ def _coordinator_flags() -> set[str]:
     ap = build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     return {o for a in sub.choices["coordinator"]._actions for o in a.option_strings}
+
+
+def _trainer_flags() -> set[str]:
+    """The options the example trainer accepts (read from its --help)."""
+    import contextlib
+    import io
+
+    from simjob import trainer
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        trainer.parse_args(["--help"])
+    return {w.rstrip(",") for w in out.getvalue().split() if w.startswith("--")}
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -47,7 +47,8 @@ pytestmark = pytest.mark.e2e
 TIMEOUT = 10.0
 """elastic_timeout_seconds of every scenario but the ones that wait for it to pass."""
 STARTUP = 8.0
-"""Allowance for a process the scenario starts again (a trainer imports JAX and compiles: ~6 s here)."""
+"""Allowance for a process the scenario starts again (a trainer imports JAX and compiles: ~6 s here;
+a coordinator starts in 1-2 s, then gives known hosts their rejoin grace)."""
 SETTLE = 4.0
 """Allowance for the normal machinery around a fault (a flush, a mesh rebuild, the replacement delay's rounding)."""
 STEPS = 30
@@ -147,6 +148,7 @@ class Scenario:
     expect: str = "complete"  # "complete" or "exit42"
     lost_max: int = 1
     restarts_trainer: bool = False
+    restarts_coordinator: bool = False
     steps: int = STEPS
     how: str = ""
     demo: Demo | None = None
@@ -245,6 +247,7 @@ class Scenario:
         phase = None if st is None else st.get("phase")
         self.notes.setdefault("phase_at_kill", phase)
         self.mark_fault()
+        self.restarts_coordinator = self.restarts_coordinator or restart
 
         def drop_state() -> None:
             job.state_path.unlink(missing_ok=True)
@@ -257,10 +260,12 @@ class Scenario:
         )
         return str(phase)
 
-    def finish(self, timeout: float = 90.0) -> dict[str, Any]:
-        """Run to the end; stop everything; the summary."""
+    def finish(self, timeout: float | None = None) -> dict[str, Any]:
+        """Run to the end (a run still going well past every allowance counts as hung); stop everything."""
         assert self.demo is not None and self.ckpt is not None
         demo = self.demo
+        if timeout is None:
+            timeout = self.timeout + SETTLE + STARTUP + 20.0
         try:
             ended = demo.run(timeout=timeout)
             self.notes["run_ended"] = ended
@@ -313,7 +318,8 @@ class Scenario:
         s = self.summary
         assert self.ckpt is not None and self.demo is not None
         assert self.notes.get("run_ended"), f"the run did not end on its own (hung?); exits {s.get('process_exits')}"
-        allowance = self.timeout + SETTLE + (STARTUP if self.restarts_trainer else 0.0)
+        restarted = self.restarts_trainer or self.restarts_coordinator
+        allowance = self.timeout + SETTLE + (STARTUP if restarted else 0.0)
         stall = self.longest_stall()
         self.notes["longest_stall_seconds"] = round(stall, 3)
         assert stall <= allowance, f"no progress for {stall:.1f} s after the fault (allowed {allowance:g} s)"
@@ -431,8 +437,8 @@ def scenario(
 # coordinator SIGKILL in each phase, with and without its state file
 # ---------------------------------------------------------------------------
 
-# Every phase with its state file; without it, the default run keeps running and holding without
-# flush (the rebuild from what participants report), the rest run with --runslow.
+# Every phase with its state file; without it, the default run keeps the running phase (a blind
+# coordinator adopting a training trainer), the rest run with --runslow.
 STATE = pytest.mark.parametrize(
     "keep_state",
     [pytest.param(True, id="with-state"), pytest.param(False, id="without-state", marks=pytest.mark.slow)],
@@ -482,7 +488,7 @@ def test_coordinator_kill_while_running(outcomes: list[dict[str, Any]], tmp_path
         pytest.param(True, True, id="flush-with-state"),
         pytest.param(True, False, id="flush-without-state", marks=pytest.mark.slow),
         pytest.param(False, True, id="no-flush-with-state"),
-        pytest.param(False, False, id="no-flush-without-state"),
+        pytest.param(False, False, id="no-flush-without-state", marks=pytest.mark.slow),
     ],
 )
 def test_coordinator_kill_while_holding(
@@ -514,18 +520,34 @@ def test_coordinator_kill_while_holding(
         sc.retries(1, state_kept=keep_state)
 
 
-@STATE
-def test_coordinator_kill_while_waiting(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+@pytest.mark.parametrize(
+    ("keep_state", "replaced"),
+    [
+        pytest.param(True, True, id="with-state"),
+        pytest.param(False, True, id="without-state", marks=pytest.mark.slow),
+        pytest.param(True, False, id="with-state-never-replaced", marks=pytest.mark.slow),
+        pytest.param(False, False, id="without-state-never-replaced"),
+    ],
+)
+def test_coordinator_kill_while_waiting(
+    outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool, replaced: bool
+) -> None:
+    """Replaced: the slice comes back 5 s after the loss and training goes on. Never replaced: the
+    restarted coordinator must still end the wait at the timeout (4 s) with exit 42."""
+    state = "state" if keep_state else "nostate"
     with scenario(
         outcomes,
         tmp_path,
-        f"coordinator-kill-waiting-{'state' if keep_state else 'nostate'}",
-        f"coordinator SIGKILL while waiting for slices, {'with' if keep_state else 'without'} its state file",
+        f"coordinator-kill-waiting-{state}" + ("" if replaced else "-never-replaced"),
+        f"coordinator SIGKILL while waiting for slices, {'with' if keep_state else 'without'} its state file"
+        + ("" if replaced else ", the slice never comes back"),
         "--min-slices",
         "-1",
-        "--replacement-delay",
-        "5",
-        how="min slices -1, host 1.0 SIGKILLed at step 8 (replacement after 5 s); kill once /status says waiting",
+        *(["--replacement-delay", "5"] if replaced else ["--no-replacement", "--timeout", "4"]),
+        expect="complete" if replaced else "exit42",
+        how="min slices -1, host 1.0 SIGKILLed at step 8 "
+        + ("(replacement after 5 s)" if replaced else "(no replacement, timeout 4 s)")
+        + "; kill once /status says waiting",
     ) as sc:
         sc.until_step(8)
         sc.fault("kill:1.0@8")
@@ -783,7 +805,7 @@ def test_sidecar_gone_while_trainer_holds(outcomes: list[dict[str, Any]], tmp_pa
         sc.until_phase("waiting", timeout=10.0)
         t_kill = time.time()
         sc.kill_coordinator(restart=False)
-        sc.finish(timeout=6 + SETTLE + 10)
+        sc.finish()
         codes = sc.summary["process_exits"]["trainer"]
         exit_t = max((e["t"] for e in sc.events() if e["kind"] == "abort"), default=None)
         sc.notes["trainer_exit_after_kill_seconds"] = None if exit_t is None else round(exit_t - t_kill, 3)
