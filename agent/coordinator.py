@@ -114,6 +114,8 @@ STALL_SECONDS = 0.5
 """A tick this late means the event loop was blocked: liveness deadlines restart from its end."""
 PROBE_TIMEOUT_SECONDS = 0.3
 """How long the coordinator's own check of a host's Pathways worker may take."""
+GROUP_COMMIT_MAX = 1024
+"""Most events decided before one state write (write-ahead still holds: all are durable before any acts)."""
 AWAY_PROBE_SECONDS = 0.25
 """How often a host whose sidecar is away is checked until the sidecar is back."""
 
@@ -369,21 +371,35 @@ class Coordinator:
     # -- the loop ------------------------------------------------------------
 
     async def _decision_loop(self) -> None:
+        """Decide, make durable, then act: events that queued up meanwhile are decided
+        together and share one write (group commit), so a registration storm of
+        thousands of workers costs a few writes, not one each."""
         while True:
-            ev, fut = await self.events.get()
-            try:
-                d = self.apply(ev, time.monotonic())
-                if self._write_due(d):
-                    await self._make_durable()
+            batch = [await self.events.get()]
+            while len(batch) < GROUP_COMMIT_MAX and not self.events.empty():
+                batch.append(self.events.get_nowait())
+            decided: list[tuple[Decision, asyncio.Future[Decision] | None]] = []
+            write_due = False
+            for ev, fut in batch:
+                try:
+                    d = self.apply(ev, time.monotonic())
+                except Exception as e:  # a bug must not take the daemon down with it
+                    log.exception("failed to handle event", trigger=type(ev).__name__)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                    continue
+                write_due = write_due or self._write_due(d)
+                decided.append((d, fut))
+            if write_due:
+                await self._make_durable()
+            for d, fut in decided:
                 for a in d.actions:
-                    self._execute(a)
-            except Exception as e:  # a bug must not take the daemon down with it
-                log.exception("failed to handle event", trigger=type(ev).__name__)
+                    try:
+                        self._execute(a)
+                    except Exception:
+                        log.exception("failed to carry out an action", action=type(a).__name__)
                 if fut is not None and not fut.done():
-                    fut.set_exception(e)
-                continue
-            if fut is not None and not fut.done():
-                fut.set_result(d)
+                    fut.set_result(d)
 
     def apply(self, ev: Event, now: float) -> Decision:
         """Decide on one event and record the decision (log, journal, feed, metrics).

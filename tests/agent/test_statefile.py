@@ -298,7 +298,7 @@ async def test_coordinator_restart_resumes_running_and_never_lowers_the_generati
         await coord.request(TrainerHeld(2, 12, 10))
         d = await coord.request(WorkerJoined(1, 0, "b2"))
         assert d.state.phase == Phase.RUNNING and d.state.generation == 2
-        d = await coord.request(OperatorCommand("drain", "maintenance", slice=0))
+        d = await coord.request(OperatorCommand("hold", "look at the loss curve"))
         before = coord.state
     finally:
         await coord.stop(grace=0.1)
@@ -313,7 +313,7 @@ async def test_coordinator_restart_resumes_running_and_never_lowers_the_generati
         assert again.epoch > first_epoch
         st = again.state
         assert st.generation == before.generation
-        assert st.phase == Phase.HOLDING and 0 in st.drains  # the drain is not forgotten
+        assert st.phase == Phase.HOLDING and st.operator_hold  # the operator's hold is not forgotten
         assert st.expected_rejoin == frozenset({(0, 0), (1, 0)})
         assert st.retries_used == before.retries_used == 1
         assert st.trainer.committed_step == 10
