@@ -316,11 +316,10 @@ class Coordinator:
         self.metrics.epoch.set(self.epoch)
         self.metrics.state_durable.set(1)
 
-    def _snapshot(self) -> dict[str, Any]:
-        return statefile.snapshot(self.state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
-
-    def _write_state(self, snap: dict[str, Any]) -> None:
+    def _write_state(self, state: State) -> None:
+        """Serialise and write ``state`` (runs in a thread: states are immutable)."""
         assert self.cfg.state_file is not None
+        snap = statefile.snapshot(state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
         statefile.write(self.cfg.state_file, snap)
 
     async def _make_durable(self) -> None:
@@ -333,7 +332,7 @@ class Coordinator:
         delay = 0.05
         while True:
             try:
-                await asyncio.to_thread(self._write_state, self._snapshot())
+                await asyncio.to_thread(self._write_state, target)
             except OSError as e:
                 self.metrics.state_write_failures.inc()
                 problem = f"state file {path}: {e.strerror or e}"
