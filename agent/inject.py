@@ -64,6 +64,7 @@ SIDECAR_NAME = "elastic-sidecar"
 COORDINATOR_JOB = "es-coordinator"
 PATHWAYS_HEAD = "pathways-head"
 TPU_RESOURCE = "google.com/tpu"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 SERVICE_ACCOUNT = "elastic-sidecar"
 ADMIN_SECRET = "elastic-sidecar-admin-token"
 PEER_SECRET = "elastic-sidecar-peer-token"
@@ -738,6 +739,11 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
             )
     else:
         _prepend_items(t, spec_node, "replicatedJobs", [_coordinator_job(job, opts, first_tpu)])  # type: ignore[arg-type]
+        if EXCLUSIVE_TOPOLOGY in ((data.get("metadata") or {}).get("annotations") or {}):
+            warnings.append(
+                f"the JobSet-wide annotation {EXCLUSIVE_TOPOLOGY} also applies to {COORDINATOR_JOB}: its pod takes a "
+                "CPU node pool to itself against other jobs with that annotation (see deploy/README.md)"
+            )
         if "successPolicy" not in spec:
             # Without it the JobSet would wait for the coordinator to complete too.
             _add_fields(

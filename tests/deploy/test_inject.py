@@ -300,6 +300,13 @@ def test_abort_fails_the_jobset_and_42_restarts_it(mode: str) -> None:
     )
 
 
+def test_warnings_name_what_inject_cannot_fix() -> None:
+    pw = inject.inject(XPK[inject.PATHWAYS].read_text())
+    assert any("hostNetwork" in w and "Workload Identity" in w for w in pw.warnings), pw.warnings
+    mc = inject.inject(XPK[inject.MULTI_CONTROLLER].read_text())
+    assert any(inject.EXCLUSIVE_TOPOLOGY in w for w in mc.warnings), mc.warnings
+
+
 def test_restart_codes_are_xpks() -> None:
     src = XPK[inject.MULTI_CONTROLLER].read_text()
     values = yaml.safe_load(src)["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"][0]
