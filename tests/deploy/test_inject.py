@@ -491,3 +491,22 @@ def test_network_policy_keeps_the_http_port_to_the_job() -> None:
     open_tcp = [p for r in np["spec"]["ingress"] if "from" not in r for p in r["ports"] if p["protocol"] == "TCP"]
     for port in (C.COORDINATOR_PORT, C.TRAINER_PORT, 29000, 29001):
         assert any(p["port"] <= port <= p.get("endPort", p["port"]) for p in open_tcp), port
+
+
+def test_existing_native_sidecars_stay_after_ours() -> None:
+    """xpk --colocated-python-sidecar-image gives the Pathways workers a native sidecar of their own."""
+    src = XPK[inject.PATHWAYS].read_text()
+    colocated = (
+        "            initContainers:\n"
+        "              - name: colocated-python-sidecar\n"
+        "                image: colocated-python:latest\n"
+        "                restartPolicy: Always\n"
+        "            containers:\n"
+        "              - name: pathways-worker\n"
+    )
+    src = src.replace("            containers:\n              - name: pathways-worker\n", colocated, 1)
+    assert colocated in src
+    doc = yaml.safe_load(inject.inject(src).text)
+    validate_jobset(doc)
+    worker = pod_specs(doc)["worker"]
+    assert [c["name"] for c in worker["initContainers"]] == ["elastic-sidecar", "colocated-python-sidecar"]
