@@ -76,7 +76,7 @@ def xpk_cluster_queue(pathways: bool, cpu_memory_in_tpu_group: bool = False) -> 
     groups = [
         ResourceGroup(
             frozenset(tpu_covered),
-            "2xtpu7x-8",
+            "2xv6e-16",
             {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "4x4"},
         )
     ]
