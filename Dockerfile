@@ -49,8 +49,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
-# 29310 peers + trainer link, 29311 admin (loopback by default), 29312 HTTP.
-EXPOSE 29310 29312
+# 29310 peers, 29311 admin (loopback by default), 29312 HTTP, 29313 trainer link
+# (loopback by default; with a token when not). The image also runs
+# `elastic-sidecar inject - < jobset.yaml` (deploy/README.md).
+EXPOSE 29310 29312 29313
 
 USER 65532:65532
 

@@ -3,6 +3,7 @@
     elastic-sidecar coordinator --num-slices 4 ...   # beside the trainer
     elastic-sidecar worker --slice 2 --host 0 ...    # beside each TPU host
     elastic-sidecar admin status                     # look at a running job and steer it
+    elastic-sidecar inject job.yaml > elastic.yaml   # add the sidecars to a JobSet from xpk
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
 
 Exit codes: 0 done, 2 bad usage or configuration, 3 aborted by an operator, 42 the job must be
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,demo}")
+    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,demo}")
     sub.required = True
     add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
@@ -37,6 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
             "admin",
             help="status, decisions, hold/resume/drain/checkpoint/abort through the coordinator's admin API",
             description=admin_cli.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    from agent import inject
+
+    inject.add_inject_args(
+        sub.add_parser(
+            "inject",
+            help="print a JobSet (xpk's Pathways or multi-controller shape) with elastic-sidecar added",
+            description=inject.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
@@ -68,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             from agent import admin_cli
 
             return admin_cli.run(ns)
+        if ns.role == "inject":
+            from agent import inject
+
+            return inject.run(ns)
         from simjob.harness import run_demo
 
         return run_demo(ns)

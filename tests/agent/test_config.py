@@ -79,7 +79,7 @@ def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: 
         (["worker", "--slice", "-1"], ["--slice", "'-1'"]),
         (["worker"], ["--slice"]),
         (["worker", "--slice", "0", "--coordinator", "localhost"], ["--coordinator", "'localhost'"]),
-        ([], ["coordinator,worker,admin,demo"]),
+        ([], ["coordinator,worker,admin,inject,demo"]),
     ],
     ids=[
         "listen-nonsense",

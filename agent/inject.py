@@ -1,0 +1,982 @@
+"""``elastic-sidecar inject``: add elastic-sidecar to a JobSet that xpk (or anyone) made.
+
+    xpk workload create ... --output-manifest-file job.yaml   # or any JobSet of that shape
+    elastic-sidecar inject job.yaml > job-elastic.yaml
+    elastic-sidecar inject --companions-only --jobset-name NAME | kubectl apply -f -
+
+Two shapes are understood (xpk's templates, ``src/xpk/templates/pathways_workload_create.yaml.j2``
+and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
+
+* ``pathways``: a replicated job ``pathways-head`` whose pod has exactly one main container
+  (the trainer, with ``JAX_PLATFORMS=proxy``), and one or more replicated jobs whose pods ask
+  for ``google.com/tpu`` (xpk's ``worker``: ``pathways-worker`` on every TPU host). The
+  coordinator becomes a native sidecar of the head pod; the trainer reaches it on loopback.
+* ``multi-controller``: no ``pathways-head`` and exactly one replicated job whose pods ask for
+  ``google.com/tpu`` in one container (the trainer on every TPU host). The coordinator gets a
+  replicated job of its own (``es-coordinator``), so losing a slice never takes it along; the
+  trainer reaches it over the pod network with a bearer token.
+
+In both, every TPU pod gets a worker native sidecar (an ``initContainers`` entry with
+``restartPolicy: Always``), the trainer's MaxText entry point (``python3 -m MaxText.train``,
+``python3 -m maxtext.trainers.pre_train.train`` or their ``train.py`` paths) is replaced by
+``python3 -m trainer_hooks.maxtext`` with the same arguments, and the trainer gets
+``ELASTIC_SIDECAR_ADDRESS``, ``ELASTIC_SIDECAR_JOB`` and ``ELASTIC_SIDECAR_TOKEN_FILE``.
+
+How the text is changed: the input is parsed only to find positions; the output is the
+input's own text with lines inserted, plus three kinds of in-place edits (the entry point in
+the trainer's command, an empty ``env:``/``volumes:`` turned into a list, nothing else). Every
+other byte, comments and odd indentation included, stays as it was. A JobSet that already has
+an ``elastic-sidecar`` container comes back unchanged (injecting twice equals injecting once).
+
+Kueue: xpk's ClusterQueue covers only ``google.com/tpu`` in the TPU resource group (cpu and
+memory only with ``xpk cluster create --cpu-limit/--memory-limit``); Pathways clusters add a
+``cpu-user`` flavor (node pool ``cpu-np``) for cpu and memory. A cpu or memory request on a TPU
+pod would be assigned ``cpu-user`` (whose node label then pins the TPU pod to the CPU pool) or,
+without that flavor, make the workload inadmissible. A zero request is no way out: Kueue still
+assigns a flavor to a zero request of a resource its ClusterQueue covers (it skips it only when
+no resource group covers it), and a limit without a request defaults the request to the limit.
+So, unless ``--cpu-memory-quota`` says the queue covers them, the sidecars in TPU pods and the
+multi-controller coordinator carry no cpu/memory requests or limits at all; the Pathways
+coordinator sits in the head pod, which the ``cpu-user`` flavor already covers, and gets a
+1 GiB memory request and limit (596 MiB measured at 10,000 workers, docs/benchmarks.md).
+
+Exit codes follow xpk (``get_restart_exit_codes``): the trainer restarts the JobSet on 42 and
+127-255 and fails it on every other code, so ``admin abort`` (exit 3) ends the job.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from agent import constants as C
+
+PATHWAYS = "pathways"
+MULTI_CONTROLLER = "multi-controller"
+MODES = (PATHWAYS, MULTI_CONTROLLER)
+
+SIDECAR_NAME = "elastic-sidecar"
+COORDINATOR_JOB = "es-coordinator"
+PATHWAYS_HEAD = "pathways-head"
+TPU_RESOURCE = "google.com/tpu"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+SERVICE_ACCOUNT = "elastic-sidecar"
+ADMIN_SECRET = "elastic-sidecar-admin-token"
+PEER_SECRET = "elastic-sidecar-peer-token"
+TRAINER_SECRET = "elastic-sidecar-trainer-token"
+TOKEN_DIR = "/var/run/elastic-sidecar"
+STATE_DIR = "/var/lib/elastic-sidecar"
+TRAINER_MODULE = "trainer_hooks.maxtext"
+PATHWAYS_WORKER_PORT = 29005
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+
+RESTART_EXIT_CODES = (C.EXIT_RESTART, *range(127, 256))
+"""xpk restarts a workload on these trainer exit codes and fails it on any other."""
+
+COORDINATOR_MEMORY = "1Gi"
+"""596 MiB RSS measured at 10,000 workers, 265 MiB at 4,000 (docs/benchmarks.md)."""
+COORDINATOR_CPU = "500m"
+"""0.35 cores measured at 4,000 workers; no cpu limit, so a burst is never throttled."""
+
+# MaxText's elastic flags and their defaults (src/maxtext/configs/base.yml).
+MAXTEXT_ELASTIC_DEFAULTS = {"elastic_min_slice_count": -1, "elastic_timeout_seconds": 300, "elastic_max_retries": 10}
+
+_ENTRY_POINT = re.compile(
+    r"(?P<py>\bpython(?:3(?:\.\d+)?)?)\s+"
+    r"(?:-m\s+(?:MaxText\.train|maxtext\.trainers\.pre_train\.train)(?![\w.])"
+    r"|(?:[\w./-]*/)?(?:MaxText/train\.py|maxtext/trainers/pre_train/train\.py)(?![\w.]))"
+)
+_MODULES = frozenset({"MaxText.train", "maxtext.trainers.pre_train.train"})
+
+
+class InjectError(Exception):
+    """The input is not a JobSet this command understands; the message says what it expected."""
+
+
+@dataclass(frozen=True)
+class InjectOptions:
+    """What ``inject`` adds beyond the input itself."""
+
+    mode: str | None = None
+    """``pathways``, ``multi-controller`` or None (decided from the shape)."""
+    image: str = SIDECAR_NAME
+    pubsub_subscription: str | None = None
+    cluster_name: str | None = None
+    cpu_memory_quota: bool = False
+    """The ClusterQueue covers cpu and memory for these pods: give the sidecars requests and limits."""
+    max_restarts: int = 3
+    """Used only where the JobSet names no ``failurePolicy.maxRestarts``."""
+    health_check: str = "tcp"
+
+
+@dataclass
+class Result:
+    text: str
+    mode: str
+    jobset_name: str
+    namespace: str
+    changed: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+# --- positions in the source text ------------------------------------------------
+
+
+@dataclass
+class _Edit:
+    line: int
+    seq: int
+    replace: bool
+    lines: list[str]
+
+
+class _Text:
+    """The input's lines and the edits to make to them, applied bottom-up at the end."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines(keepends=True)
+        if self.lines and not self.lines[-1].endswith("\n"):
+            self.lines[-1] += "\n"
+        self._edits: list[_Edit] = []
+
+    def insert(self, line: int, block: list[str]) -> None:
+        self._edits.append(_Edit(line, len(self._edits), False, block))
+
+    def replace(self, line: int, new: list[str]) -> None:
+        if any(e.replace and e.line == line for e in self._edits):
+            raise AssertionError(f"line {line + 1} edited twice")
+        self._edits.append(_Edit(line, len(self._edits), True, new))
+
+    def comment_start(self, line: int) -> int:
+        """The first of the comment lines right above ``line`` (they belong to it)."""
+        while line > 0 and self.lines[line - 1].lstrip().startswith("#"):
+            line -= 1
+        return line
+
+    def render(self) -> str:
+        out = list(self.lines)
+        # Bottom-up so earlier line numbers stay valid; at one line the replacement first, then the
+        # inserts, last-made first, so they end up in the order they were made.
+        for e in sorted(self._edits, key=lambda e: (e.line, e.replace, e.seq), reverse=True):
+            if e.replace:
+                out[e.line : e.line + 1] = e.lines
+            else:
+                out[e.line : e.line] = e.lines
+        return "".join(out)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except lists of numbers (exit codes) on one line."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    numbers = bool(data) and all(isinstance(x, int) and not isinstance(x, bool) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=numbers)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def _dump(obj: Any, indent: int) -> list[str]:
+    text = yaml.dump(
+        obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1_000_000, allow_unicode=True
+    )
+    pad = " " * indent
+    return [pad + ln + "\n" if ln else "\n" for ln in text.splitlines()]
+
+
+def _get(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == key:
+            return v
+    return None
+
+
+def _key(node: yaml.MappingNode, key: str) -> yaml.ScalarNode:
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == key:
+            return k
+    raise KeyError(key)
+
+
+def _is_null(node: yaml.Node | None) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+
+def _own_line_key(t: _Text, m: yaml.MappingNode) -> yaml.ScalarNode:
+    """A key of ``m`` that starts its own line (not after a sequence dash)."""
+    for k, _ in m.value:
+        ln, col = k.start_mark.line, k.start_mark.column
+        if t.lines[ln][:col].strip() == "":
+            return k
+    raise InjectError(f"line {m.start_mark.line + 1}: cannot add a field to a mapping written on one line")
+
+
+def _add_fields(t: _Text, m: yaml.MappingNode, fields: dict[str, Any]) -> None:
+    """Add keys to a block mapping, above its first key that has a line of its own."""
+    if m.flow_style:
+        raise InjectError(f"line {m.start_mark.line + 1}: cannot add to a mapping in flow style {{...}}")
+    anchor = _own_line_key(t, m)
+    t.insert(t.comment_start(anchor.start_mark.line), _dump(fields, anchor.start_mark.column))
+
+
+def _prepend_items(t: _Text, parent: yaml.MappingNode, key: str, items: list[Any]) -> None:
+    """Put ``items`` first in the list ``parent[key]``, creating the list if there is none."""
+    node = _get(parent, key)
+    if node is None:
+        _add_fields(t, parent, {key: items})
+        return
+    if isinstance(node, yaml.SequenceNode) and not node.flow_style and node.value:
+        first = node.value[0]
+        dash_line = first.start_mark.line
+        line = t.lines[dash_line]
+        dash_col = line.rfind("-", 0, first.start_mark.column)
+        if dash_col < 0 or line[:dash_col].strip():
+            raise InjectError(f"line {dash_line + 1}: expected a block list item ('- ...') for {key!r}")
+        t.insert(t.comment_start(dash_line), _dump(items, dash_col))
+        return
+    if _is_null(node) or (isinstance(node, yaml.SequenceNode) and not node.value):
+        k = _key(parent, key)
+        ln = k.start_mark.line
+        head = t.lines[ln]
+        m = re.match(rf"^(\s*{re.escape(key)}:)\s*(\[\s*\])?\s*(#.*)?$", head.rstrip("\n"))
+        if m is None or node.start_mark.line != ln and not _is_null(node):
+            raise InjectError(f"line {ln + 1}: expected {key}: to be a list, empty, or absent")
+        block = _dump(items, k.start_mark.column + 2)
+        if m.group(2) is None:  # `key:` with nothing after it: the line stays as it is
+            t.insert(ln + 1, block)
+        else:
+            t.replace(ln, [m.group(1) + (" " + m.group(3) if m.group(3) else "") + "\n", *block])
+        return
+    raise InjectError(f"line {node.start_mark.line + 1}: expected {key}: to be a block list")
+
+
+# --- the input's shape -------------------------------------------------------------
+
+
+@dataclass
+class _Pod:
+    rj_name: str
+    rj: yaml.MappingNode
+    job_spec: yaml.MappingNode
+    spec: yaml.MappingNode
+    data: dict[str, Any]
+
+    def containers(self) -> list[dict[str, Any]]:
+        return list(self.data.get("containers") or [])
+
+    def container_node(self, name: str) -> yaml.MappingNode:
+        for c in _get(self.spec, "containers").value:  # type: ignore[union-attr]
+            n = _get(c, "name")
+            if isinstance(n, yaml.ScalarNode) and n.value == name:
+                return c  # type: ignore[return-value]
+        raise KeyError(name)
+
+
+def _asks_for_tpu(container: dict[str, Any]) -> bool:
+    res = container.get("resources") or {}
+    return any(TPU_RESOURCE in (res.get(k) or {}) for k in ("limits", "requests"))
+
+
+def _has_sidecar(pod: _Pod) -> bool:
+    names = {c.get("name") for c in [*(pod.data.get("initContainers") or []), *pod.containers()]}
+    return SIDECAR_NAME in names
+
+
+def _load(text: str) -> tuple[yaml.MappingNode, dict[str, Any]]:
+    try:
+        nodes = [n for n in yaml.compose_all(text, Loader=yaml.SafeLoader) if n is not None]
+        datas = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise InjectError(f"not YAML: {e}") from None
+    if len(nodes) != 1:
+        raise InjectError(f"expected one YAML document (a JobSet), found {len(nodes)}")
+    data = datas[0]
+    if not isinstance(data, dict) or data.get("kind") != "JobSet":
+        kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
+        raise InjectError(f"expected kind: JobSet (apiVersion jobset.x-k8s.io/v1alpha2), found {kind!r}")
+    if data.get("apiVersion") != "jobset.x-k8s.io/v1alpha2":
+        raise InjectError(f"expected apiVersion: jobset.x-k8s.io/v1alpha2, found {data.get('apiVersion')!r}")
+    return nodes[0], data  # type: ignore[return-value]
+
+
+def _pods(root: yaml.MappingNode, data: dict[str, Any]) -> list[_Pod]:
+    rj_nodes = _get(_get(root, "spec"), "replicatedJobs")
+    rjs = (data.get("spec") or {}).get("replicatedJobs")
+    if not isinstance(rj_nodes, yaml.SequenceNode) or not isinstance(rjs, list) or not rjs:
+        raise InjectError("expected spec.replicatedJobs: a non-empty list")
+    pods = []
+    for node, rj in zip(rj_nodes.value, rjs, strict=True):
+        job_spec = _get(_get(node, "template"), "spec")
+        spec = _get(_get(job_spec, "template"), "spec")
+        pod = ((((rj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
+        if not isinstance(spec, yaml.MappingNode) or not pod.get("containers"):
+            raise InjectError(
+                f"replicated job {rj.get('name')!r}: expected template.spec.template.spec.containers (a Job's pod)"
+            )
+        pods.append(_Pod(str(rj.get("name")), node, job_spec, spec, pod))  # type: ignore[arg-type]
+    return pods
+
+
+def _detect(pods: list[_Pod], wanted: str | None) -> tuple[str, _Pod | None, list[_Pod]]:
+    head = next((p for p in pods if p.rj_name == PATHWAYS_HEAD), None)
+    tpu = [p for p in pods if any(_asks_for_tpu(c) for c in p.containers())]
+    names = [p.rj_name for p in pods]
+    mode = wanted or (PATHWAYS if head is not None else MULTI_CONTROLLER)
+    if mode == PATHWAYS:
+        if head is None:
+            raise InjectError(
+                f"--mode pathways expects a replicated job named {PATHWAYS_HEAD!r} (xpk's Pathways JobSet); found {names}"
+            )
+        if len(head.containers()) != 1:
+            raise InjectError(
+                f"expected exactly one main container (the trainer) in {PATHWAYS_HEAD}, found "
+                f"{[c.get('name') for c in head.containers()]} (a headless Pathways job has no trainer to serve)"
+            )
+        if not tpu:
+            raise InjectError(
+                f"expected a replicated job whose pods ask for {TPU_RESOURCE} (Pathways workers); found none"
+            )
+        return mode, head, tpu
+    if mode != MULTI_CONTROLLER:
+        raise InjectError(f"--mode must be one of {list(MODES)}, got {mode!r}")
+    if head is not None:
+        raise InjectError(f"--mode multi-controller expects no {PATHWAYS_HEAD!r} replicated job; use --mode pathways")
+    if len(tpu) != 1:
+        raise InjectError(
+            f"expected exactly one replicated job whose pods ask for {TPU_RESOURCE} (xpk's 'slice-job'), "
+            f"found {[p.rj_name for p in tpu] or 'none'} among {names}"
+        )
+    trainers = [c.get("name") for c in tpu[0].containers() if _asks_for_tpu(c)]
+    if len(trainers) != 1:
+        raise InjectError(f"expected one container asking for {TPU_RESOURCE} in {tpu[0].rj_name}, found {trainers}")
+    if COORDINATOR_JOB in names:
+        raise InjectError(f"a replicated job is already named {COORDINATOR_JOB!r}")
+    return mode, None, tpu
+
+
+def _int_field(d: dict[str, Any], key: str, where: str) -> int:
+    v = d.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise InjectError(f"{where}.{key}: expected a positive integer, found {v!r}")
+    return v
+
+
+# --- what gets added -----------------------------------------------------------------
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _label(key: str) -> str:
+    return f"metadata.labels['{key}']"
+
+
+def _security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _secret_volume(name: str, secret: str) -> dict[str, Any]:
+    # 0444: the sidecar runs as uid 65532 and the pods get no fsGroup from us; only the
+    # containers that mount the volume see the file.
+    return {"name": name, "secret": {"secretName": secret, "defaultMode": 0o444}}
+
+
+def _mount(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "mountPath": path, "readOnly": True}
+
+
+def _http_probe(path: str, period: int, failures: int, timeout: int = 1) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": C.HTTP_PORT},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _coordinator_resources(opts: InjectOptions, in_head: bool) -> dict[str, Any] | None:
+    if in_head or opts.cpu_memory_quota:
+        return {
+            "requests": {"cpu": COORDINATOR_CPU, "memory": COORDINATOR_MEMORY},
+            "limits": {"memory": COORDINATOR_MEMORY},
+        }
+    return None
+
+
+def _worker_resources(opts: InjectOptions) -> dict[str, Any] | None:
+    if opts.cpu_memory_quota:
+        return {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+    return None
+
+
+@dataclass(frozen=True)
+class _Job:
+    mode: str
+    num_slices: int
+    hosts_per_slice: int
+    policy: dict[str, int]
+    coordinator_host: str
+    """``$(ES_JOB)``-relative DNS name of the coordinator's pod."""
+
+
+def _coordinator_container(job: _Job, opts: InjectOptions, in_head: bool) -> dict[str, Any]:
+    trainer_listen = (
+        f"127.0.0.1:{C.TRAINER_PORT}" if job.mode == PATHWAYS else f"0.0.0.0:{C.TRAINER_PORT}"  # noqa: S104
+    )
+    args = [
+        "coordinator",
+        f"--listen=0.0.0.0:{C.COORDINATOR_PORT}",
+        f"--trainer-listen={trainer_listen}",
+        f"--trainer-token-file={TOKEN_DIR}/trainer/token",
+        f"--num-slices={job.num_slices}",
+        f"--hosts-per-slice={job.hosts_per_slice}",
+        f"--elastic-min-slice-count={job.policy['elastic_min_slice_count']}",
+        f"--elastic-timeout-seconds={job.policy['elastic_timeout_seconds']}",
+        f"--elastic-max-retries={job.policy['elastic_max_retries']}",
+        f"--state-dir={STATE_DIR}",
+        f"--admin-listen=127.0.0.1:{C.ADMIN_PORT}",
+        f"--http-listen=0.0.0.0:{C.HTTP_PORT}",
+        f"--peer-token-file={TOKEN_DIR}/peer/token",
+        "--log-format=json",
+    ]
+    if opts.pubsub_subscription:
+        args.append(f"--pubsub-subscription={opts.pubsub_subscription}")
+    if opts.cluster_name:
+        args.append(f"--cluster-name={opts.cluster_name}")
+    c: dict[str, Any] = {"name": SIDECAR_NAME, "image": opts.image, "imagePullPolicy": "IfNotPresent"}
+    if in_head:
+        c["restartPolicy"] = "Always"
+    c["args"] = args
+    c["env"] = [
+        _field_env("ES_JOB", _label(C.LABEL_JOBSET_NAME)),
+        _field_env("ES_POD", "metadata.name"),
+        _field_env("ES_NODE", "spec.nodeName"),
+        # The coordinator reads it as --admin-token-file, and so does `kubectl exec ... elastic-sidecar admin`.
+        {"name": "ES_ADMIN_TOKEN_FILE", "value": f"{TOKEN_DIR}/admin/token"},
+    ]
+    c["ports"] = [
+        {"name": "es-peer", "containerPort": C.COORDINATOR_PORT, "protocol": "TCP"},
+        {"name": "es-http", "containerPort": C.HTTP_PORT, "protocol": "TCP"},
+    ]
+    if job.mode == MULTI_CONTROLLER:
+        c["ports"].insert(1, {"name": "es-trainer", "containerPort": C.TRAINER_PORT, "protocol": "TCP"})
+    # The startupProbe holds the trainer (a later container of the head pod) until peers are served.
+    c["startupProbe"] = {"grpc": {"port": C.COORDINATOR_PORT}, "periodSeconds": 1, "failureThreshold": 60}
+    c["livenessProbe"] = {"grpc": {"port": C.COORDINATOR_PORT}, "periodSeconds": 5, "timeoutSeconds": 2}
+    c["livenessProbe"]["failureThreshold"] = 3
+    c["readinessProbe"] = _http_probe("/readyz", 2, 3)
+    res = _coordinator_resources(opts, in_head)
+    if res is not None:
+        c["resources"] = res
+    c["securityContext"] = _security_context()
+    c["volumeMounts"] = [
+        {"name": "elastic-sidecar-state", "mountPath": STATE_DIR},
+        {"name": "elastic-sidecar-tmp", "mountPath": "/tmp"},
+        _mount("elastic-sidecar-admin-token", f"{TOKEN_DIR}/admin"),
+        _mount("elastic-sidecar-peer-token", f"{TOKEN_DIR}/peer"),
+        _mount("elastic-sidecar-trainer-token", f"{TOKEN_DIR}/trainer"),
+    ]
+    return c
+
+
+def _coordinator_volumes() -> list[dict[str, Any]]:
+    return [
+        # emptyDir lives as long as the pod: a coordinator container restart (crash, OOM,
+        # liveness) finds its state and journal again. A new pod starts empty and rebuilds
+        # its view from what the workers and the trainer report when they re-register.
+        {"name": "elastic-sidecar-state", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "elastic-sidecar-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+        _secret_volume("elastic-sidecar-admin-token", ADMIN_SECRET),
+        _secret_volume("elastic-sidecar-peer-token", PEER_SECRET),
+        _secret_volume("elastic-sidecar-trainer-token", TRAINER_SECRET),
+    ]
+
+
+def _worker_container(job: _Job, opts: InjectOptions) -> dict[str, Any]:
+    args = ["worker", f"--coordinator=$(ES_COORDINATOR_HOST):{C.COORDINATOR_PORT}"]
+    if job.mode == PATHWAYS:
+        args += [f"--health-target=127.0.0.1:{PATHWAYS_WORKER_PORT}", f"--health-check={opts.health_check}"]
+    args += [
+        f"--http-listen=0.0.0.0:{C.HTTP_PORT}",
+        f"--peer-token-file={TOKEN_DIR}/peer/token",
+        f"--metadata-url={METADATA_URL}",
+        "--log-format=json",
+    ]
+    c: dict[str, Any] = {
+        "name": SIDECAR_NAME,
+        "image": opts.image,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "args": args,
+        "env": [
+            _field_env("ES_JOB", _label(C.LABEL_JOBSET_NAME)),
+            _field_env("ES_SLICE", _label(C.LABEL_JOB_INDEX)),
+            _field_env("ES_HOST", "metadata.annotations['batch.kubernetes.io/job-completion-index']"),
+            _field_env("ES_NODE", "spec.nodeName"),
+            _field_env("ES_POD", "metadata.name"),
+            {"name": "ES_COORDINATOR_HOST", "value": job.coordinator_host},
+        ],
+        "ports": [{"name": "es-http", "containerPort": C.HTTP_PORT, "protocol": "TCP"}],
+        # Only the process: it must not wait for the Pathways worker (started after it) or the coordinator.
+        "startupProbe": _http_probe("/healthz", 1, 60),
+        "livenessProbe": _http_probe("/healthz", 5, 3, timeout=2),
+        "readinessProbe": _http_probe("/readyz", 2, 3),
+    }
+    res = _worker_resources(opts)
+    if res is not None:
+        c["resources"] = res
+    c["securityContext"] = _security_context()
+    c["volumeMounts"] = [
+        {"name": "elastic-sidecar-tmp", "mountPath": "/tmp"},
+        _mount("elastic-sidecar-peer-token", f"{TOKEN_DIR}/peer"),
+    ]
+    return c
+
+
+def _worker_volumes() -> list[dict[str, Any]]:
+    return [
+        {"name": "elastic-sidecar-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+        _secret_volume("elastic-sidecar-peer-token", PEER_SECRET),
+    ]
+
+
+def _trainer_env(job: _Job) -> list[dict[str, Any]]:
+    address = (
+        f"127.0.0.1:{C.TRAINER_PORT}"
+        if job.mode == PATHWAYS
+        else job.coordinator_host.replace("$(ES_JOB)", "$(ELASTIC_SIDECAR_JOB)") + f":{C.TRAINER_PORT}"
+    )
+    return [
+        _field_env("ELASTIC_SIDECAR_JOB", _label(C.LABEL_JOBSET_NAME)),
+        {"name": "ELASTIC_SIDECAR_ADDRESS", "value": address},
+        {"name": "ELASTIC_SIDECAR_TOKEN_FILE", "value": f"{TOKEN_DIR}/trainer/token"},
+    ]
+
+
+def _trainer_pod_failure_policy(trainer: str) -> dict[str, Any]:
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": trainer, "operator": "NotIn", "values": list(RESTART_EXIT_CODES)},
+            }
+        ]
+    }
+
+
+def pod_failure_action(policy: dict[str, Any] | None, container: str, code: int) -> str | None:
+    """The action a Job's podFailurePolicy takes when ``container`` exits ``code`` (None: no rule matches)."""
+    for rule in (policy or {}).get("rules") or []:
+        on = rule.get("onExitCodes")
+        if not on or on.get("containerName") not in (None, container):
+            continue
+        values = set(on.get("values") or [])
+        if (on.get("operator") == "In") == (code in values):
+            return str(rule.get("action"))
+    return None
+
+
+def _rewrite_entry_point(t: _Text, container: yaml.MappingNode, where: str) -> None:
+    found = False
+    for key in ("command", "args"):
+        node = _get(container, key)
+        if node is None:
+            continue
+        scalars = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        prev = None
+        for s in scalars:
+            if not isinstance(s, yaml.ScalarNode):
+                continue
+            if TRAINER_MODULE in s.value:
+                found = True
+            if s.value in _MODULES and prev == "-m":
+                ln = s.start_mark.line
+                t.replace(ln, [t.lines[ln].replace(s.value, TRAINER_MODULE, 1)])
+                found = True
+            elif _ENTRY_POINT.search(s.value):
+                for ln in range(s.start_mark.line, s.end_mark.line + 1):
+                    new = _ENTRY_POINT.sub(lambda m: f"{m.group('py')} -m {TRAINER_MODULE}", t.lines[ln])
+                    if new != t.lines[ln]:
+                        t.replace(ln, [new])
+                        found = True
+            prev = s.value
+    if not found:
+        raise InjectError(
+            f"{where}: expected the trainer's command to start MaxText's pre-training "
+            "(python3 -m MaxText.train ..., python3 -m maxtext.trainers.pre_train.train ..., or a path to "
+            "MaxText/train.py) so it can be started through python3 -m trainer_hooks.maxtext; found none"
+        )
+
+
+def _policy(container: dict[str, Any], mode: str) -> dict[str, int]:
+    text = " ".join(str(x) for x in [*(container.get("command") or []), *(container.get("args") or [])])
+    policy = dict(MAXTEXT_ELASTIC_DEFAULTS)
+    for key in policy:
+        m = re.search(rf"(?<![\w.]){key}=(-?\d+)", text)
+        if m:
+            policy[key] = int(m.group(1))
+    if mode == MULTI_CONTROLLER:
+        # MaxText's elastic training needs Pathways: without it the job cannot run on fewer slices.
+        policy["elastic_min_slice_count"] = -1
+    return policy
+
+
+def inject(text: str, opts: InjectOptions | None = None) -> Result:
+    """The JobSet in ``text`` with elastic-sidecar added (see the module docstring)."""
+    opts = opts or InjectOptions()
+    root, data = _load(text)
+    name = str((data.get("metadata") or {}).get("name") or "")
+    if not name:
+        raise InjectError("expected metadata.name")
+    namespace = str((data.get("metadata") or {}).get("namespace") or "default")
+    pods = _pods(root, data)
+    if any(_has_sidecar(p) for p in pods) or COORDINATOR_JOB in {p.rj_name for p in pods}:
+        mode = opts.mode or (PATHWAYS if any(p.rj_name == PATHWAYS_HEAD for p in pods) else MULTI_CONTROLLER)
+        return Result(text, mode, name, namespace, changed=False, warnings=["already injected: output = input"])
+    mode, head, tpu_pods = _detect(pods, opts.mode)
+    warnings: list[str] = []
+    t = _Text(text)
+    spec_node = _get(root, "spec")
+    spec = data["spec"]
+    subdomain = (spec.get("network") or {}).get("subdomain") or "$(ES_JOB)"
+    coordinator_rj = PATHWAYS_HEAD if mode == PATHWAYS else COORDINATOR_JOB
+    first_tpu = tpu_pods[0]
+    rj_data = next(rj for rj in spec["replicatedJobs"] if rj.get("name") == first_tpu.rj_name)
+    job_spec = rj_data["template"]["spec"]
+    trainer_pod = head if head is not None else first_tpu
+    trainer = next(
+        c for c in trainer_pod.containers() if mode == PATHWAYS or _asks_for_tpu(c)
+    )  # _detect checked there is one
+    job = _Job(
+        mode=mode,
+        num_slices=_int_field(rj_data, "replicas", f"replicatedJobs[{first_tpu.rj_name}]"),
+        hosts_per_slice=_int_field(job_spec, "parallelism", f"replicatedJobs[{first_tpu.rj_name}].template.spec"),
+        policy=_policy(trainer, mode),
+        coordinator_host=f"$(ES_JOB)-{coordinator_rj}-0-0.{subdomain}",
+    )
+
+    # Worker sidecars in every TPU pod.
+    for pod in tpu_pods:
+        _prepend_items(t, pod.spec, "initContainers", [_worker_container(job, opts)])
+        _prepend_items(t, pod.spec, "volumes", _worker_volumes())
+
+    # The trainer: entry point, env, token.
+    trainer_name = str(trainer.get("name"))
+    trainer_node = trainer_pod.container_node(trainer_name)
+    _rewrite_entry_point(t, trainer_node, f"{trainer_pod.rj_name}/{trainer_name}")
+    _prepend_items(t, trainer_node, "env", _trainer_env(job))
+    _prepend_items(t, trainer_node, "volumeMounts", [_mount("elastic-sidecar-trainer-token", f"{TOKEN_DIR}/trainer")])
+
+    # Exit codes: restart on 42 and 127-255, fail on the rest (exit 3: operator abort).
+    trainer_rj = next(rj for rj in spec["replicatedJobs"] if rj.get("name") == trainer_pod.rj_name)
+    pfp = trainer_rj["template"]["spec"].get("podFailurePolicy")
+    if pfp is None:
+        _add_fields(t, trainer_pod.job_spec, {"podFailurePolicy": _trainer_pod_failure_policy(trainer_name)})
+    else:
+        for code, want in ((C.EXIT_ABORTED, "FailJob"), (C.EXIT_USAGE, "FailJob")):
+            if pod_failure_action(pfp, trainer_name, code) != want:
+                raise InjectError(
+                    f"{trainer_pod.rj_name}: podFailurePolicy must fail the Job when {trainer_name} exits {code} "
+                    "(xpk: FailJob unless the exit code is 42 or 127-255); it does not"
+                )
+        if pod_failure_action(pfp, trainer_name, C.EXIT_RESTART) == "FailJob":
+            raise InjectError(f"{trainer_pod.rj_name}: podFailurePolicy fails the Job on exit 42 (must restart)")
+    fp = spec.get("failurePolicy")
+    fp_node = _get(spec_node, "failurePolicy")
+    rule: dict[str, Any] = {
+        "name": "ElasticSidecarFailOnTrainerExit",
+        "action": "FailJobSet",
+        "onJobFailureReasons": ["PodFailurePolicy"],
+    }
+    if mode == PATHWAYS:
+        rule["targetReplicatedJobs"] = [PATHWAYS_HEAD]
+    if fp is None:
+        _add_fields(t, spec_node, {"failurePolicy": {"maxRestarts": opts.max_restarts, "rules": [rule]}})  # type: ignore[arg-type]
+    else:
+        if not isinstance(fp_node, yaml.MappingNode):
+            raise InjectError("expected spec.failurePolicy to be a mapping")
+        rules = fp.get("rules") or []
+        if not any(
+            r.get("action") == "FailJobSet" and "PodFailurePolicy" in (r.get("onJobFailureReasons") or [])
+            for r in rules
+        ):
+            _prepend_items(t, fp_node, "rules", [rule])
+        if "maxRestarts" not in fp:
+            _add_fields(t, fp_node, {"maxRestarts": opts.max_restarts})
+        elif not fp.get("maxRestarts"):
+            warnings.append(
+                "spec.failurePolicy.maxRestarts is 0: an exit 42 (restart) will fail the JobSet; "
+                "give xpk --max-restarts N"
+            )
+
+    if mode == PATHWAYS:
+        assert head is not None
+        _prepend_items(t, head.spec, "initContainers", [_coordinator_container(job, opts, in_head=True)])
+        _prepend_items(t, head.spec, "volumes", _coordinator_volumes())
+        if "serviceAccountName" not in head.data:
+            _add_fields(t, head.spec, {"serviceAccountName": SERVICE_ACCOUNT})
+        if head.data.get("hostNetwork"):
+            warnings.append(
+                f"{PATHWAYS_HEAD} uses hostNetwork: Workload Identity does not serve host-network pods, so the "
+                "coordinator's Pub/Sub pull runs as the node's service account (see deploy/README.md)"
+            )
+    else:
+        _prepend_items(t, spec_node, "replicatedJobs", [_coordinator_job(job, opts, first_tpu)])  # type: ignore[arg-type]
+        if EXCLUSIVE_TOPOLOGY in ((data.get("metadata") or {}).get("annotations") or {}):
+            warnings.append(
+                f"the JobSet-wide annotation {EXCLUSIVE_TOPOLOGY} also applies to {COORDINATOR_JOB}: its pod takes a "
+                "CPU node pool to itself against other jobs with that annotation (see deploy/README.md)"
+            )
+        if "successPolicy" not in spec:
+            # Without it the JobSet would wait for the coordinator to complete too.
+            _add_fields(
+                t,
+                spec_node,  # type: ignore[arg-type]
+                {"successPolicy": {"operator": "All", "targetReplicatedJobs": [first_tpu.rj_name]}},
+            )
+        elif not (spec["successPolicy"] or {}).get("targetReplicatedJobs"):
+            raise InjectError(
+                "spec.successPolicy has no targetReplicatedJobs: it would wait for the coordinator's job; "
+                f"expected none or one naming {first_tpu.rj_name!r}"
+            )
+    out = t.render()
+    return Result(out, mode, name, namespace, changed=True, warnings=warnings)
+
+
+def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        # A crashed coordinator restarts in place (same pod, same emptyDir state).
+        "restartPolicy": "OnFailure",
+        "terminationGracePeriodSeconds": 30,
+    }
+    if tpu_pod.data.get("priorityClassName"):
+        pod["priorityClassName"] = tpu_pod.data["priorityClassName"]
+    pod["containers"] = [_coordinator_container(job, opts, in_head=False)]
+    pod["volumes"] = _coordinator_volumes()
+    return {
+        "name": COORDINATOR_JOB,
+        "replicas": 1,
+        "template": {
+            "spec": {
+                "backoffLimit": 6,
+                "completionMode": "Indexed",
+                "completions": 1,
+                "parallelism": 1,
+                "template": {
+                    "metadata": {
+                        "labels": {
+                            "app.kubernetes.io/name": SIDECAR_NAME,
+                            "app.kubernetes.io/component": "coordinator",
+                        }
+                    },
+                    "spec": pod,
+                },
+            }
+        },
+    }
+
+
+# --- companions -------------------------------------------------------------------------
+
+
+def companions(jobset_name: str, namespace: str = "default", *, podmonitoring: bool = False) -> str:
+    """ServiceAccount, RBAC, the three token Secrets (fresh random tokens) and a NetworkPolicy.
+
+    Apply the Secrets once (``kubectl create``): applying them again rotates the tokens under a
+    running job. The PodMonitoring (Managed Prometheus) only with ``podmonitoring``.
+    """
+    labels = {"app.kubernetes.io/name": SIDECAR_NAME, "app.kubernetes.io/part-of": SIDECAR_NAME}
+    meta = lambda n: {"name": n, "namespace": namespace, "labels": dict(labels)}  # noqa: E731
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(SERVICE_ACCOUNT)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(SIDECAR_NAME),
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(SIDECAR_NAME),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SIDECAR_NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "elastic-sidecar-read-nodes", "labels": dict(labels)},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"elastic-sidecar-read-nodes-{namespace}", "labels": dict(labels)},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "elastic-sidecar-read-nodes",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
+        },
+    ]
+    for secret in (ADMIN_SECRET, PEER_SECRET, TRAINER_SECRET):
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": meta(secret),
+                "type": "Opaque",
+                "stringData": {"token": secrets.token_urlsafe(32)},
+            }
+        )
+    docs.append(network_policy(jobset_name, namespace))
+    if podmonitoring:
+        docs.append(
+            {
+                "apiVersion": "monitoring.googleapis.com/v1",
+                "kind": "PodMonitoring",
+                "metadata": meta(SIDECAR_NAME),
+                "spec": {
+                    "selector": {"matchLabels": {C.LABEL_JOBSET_NAME: jobset_name}},
+                    "endpoints": [{"port": C.HTTP_PORT, "path": "/metrics", "interval": "30s", "timeout": "10s"}],
+                },
+            }
+        )
+    return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+
+
+def network_policy(jobset_name: str, namespace: str) -> dict[str, Any]:
+    """The sidecars' unauthenticated HTTP port (/status, /metrics) only for the job's own pods.
+
+    Peers (29310) and the trainer link (29313) carry bearer tokens and must stay reachable from
+    the TPU pods, which run on the host network and so arrive from node addresses that no
+    podSelector names; every other port the pods serve (Pathways' own) stays as open as before.
+    Kubelet probes are always let through. A NetworkPolicy does not govern host-network pods at
+    all: it protects the coordinator's pod where that pod is on the pod network (this project's
+    deploy/ manifests, the multi-controller es-coordinator); for host-network pods use a VPC
+    firewall rule (deploy/README.md).
+    """
+    job_pods = {C.LABEL_JOBSET_NAME: jobset_name}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{jobset_name}-elastic-sidecar",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": SIDECAR_NAME, "app.kubernetes.io/part-of": SIDECAR_NAME},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": dict(job_pods)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": dict(job_pods)}},
+                        # Managed Prometheus' collectors (PodMonitoring).
+                        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}}},
+                    ],
+                    "ports": [{"protocol": "TCP", "port": C.HTTP_PORT}],
+                },
+                {
+                    "ports": [
+                        {"protocol": "TCP", "port": 1, "endPort": C.HTTP_PORT - 1},
+                        {"protocol": "TCP", "port": C.HTTP_PORT + 1, "endPort": 65535},
+                        {"protocol": "UDP", "port": 1, "endPort": 65535},
+                    ]
+                },
+            ],
+        },
+    }
+
+
+def run(ns: Any) -> int:
+    """The ``inject`` subcommand: print the injected JobSet (and the companions) on stdout."""
+    opts = InjectOptions(
+        mode=ns.mode,
+        image=ns.image,
+        pubsub_subscription=ns.pubsub_subscription,
+        cluster_name=ns.cluster_name,
+        cpu_memory_quota=ns.cpu_memory_quota,
+        max_restarts=ns.max_restarts,
+        health_check=ns.health_check,
+    )
+    if ns.companions_only:
+        if not ns.jobset_name:
+            print("elastic-sidecar inject: --companions-only needs --jobset-name", file=sys.stderr)
+            return C.EXIT_USAGE
+        sys.stdout.write(companions(ns.jobset_name, ns.namespace or "default", podmonitoring=ns.podmonitoring))
+        return C.EXIT_OK
+    if ns.file is None:
+        print("elastic-sidecar inject: give a FILE or - for standard input", file=sys.stderr)
+        return C.EXIT_USAGE
+    try:
+        if ns.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(ns.file, encoding="utf-8") as f:
+                text = f.read()
+    except OSError as e:
+        print(f"elastic-sidecar inject: cannot read {ns.file!r}: {e.strerror}", file=sys.stderr)
+        return C.EXIT_USAGE
+    try:
+        r = inject(text, opts)
+    except InjectError as e:
+        print(f"elastic-sidecar inject: {ns.file}: {e}", file=sys.stderr)
+        return C.EXIT_USAGE
+    for w in r.warnings:
+        print(f"elastic-sidecar inject: warning: {w}", file=sys.stderr)
+    sys.stdout.write(r.text)
+    if ns.companions:
+        sys.stdout.write(
+            "---\n" + companions(r.jobset_name, ns.namespace or r.namespace, podmonitoring=ns.podmonitoring)
+        )
+    return C.EXIT_OK
+
+
+def add_inject_args(p: Any) -> None:
+    p.add_argument("file", nargs="?", metavar="FILE|-", help="the JobSet (YAML); - reads standard input")
+    p.add_argument("--mode", choices=MODES, default=None, help="default: pathways if there is a pathways-head job")
+    p.add_argument("--image", default=SIDECAR_NAME, help="the elastic-sidecar image (default: %(default)s)")
+    p.add_argument("--pubsub-subscription", default=None, help="projects/P/subscriptions/S for the coordinator")
+    p.add_argument("--cluster-name", default=None, help="only GKE notices for this cluster count")
+    p.add_argument(
+        "--cpu-memory-quota",
+        action="store_true",
+        help="the Kueue ClusterQueue covers cpu and memory for the TPU pods (xpk --cpu-limit/--memory-limit): "
+        "give the sidecars requests and limits (default: none, see deploy/README.md, Kueue)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="failurePolicy.maxRestarts where the JobSet names none (default: %(default)s)",
+    )
+    p.add_argument("--health-check", choices=("tcp", "grpc"), default="tcp", help="how workers probe Pathways")
+    p.add_argument("--companions", action="store_true", help="also print RBAC, token Secrets and a NetworkPolicy")
+    p.add_argument("--companions-only", action="store_true", help="print only the companions (needs --jobset-name)")
+    p.add_argument("--jobset-name", default=None, help="the JobSet's name, for --companions-only")
+    p.add_argument("--namespace", default=None, help="namespace of the companions (default: the JobSet's)")
+    p.add_argument("--podmonitoring", action="store_true", help="add a PodMonitoring (needs Managed Prometheus)")
