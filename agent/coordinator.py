@@ -341,7 +341,8 @@ class Coordinator:
                 self._on_node_event,
                 cluster=self.cfg.cluster_name,
                 project=self.cfg.pubsub_project,
-                on_count=lambda key: self.metrics.messages.labels(key).inc(),
+                on_count=self.metrics.count_pubsub,
+                on_state=lambda up: self.metrics.pubsub_streaming.set(1 if up else 0),
             )
             self.intake.start()
         await self._start_operator_servers()
@@ -372,18 +373,24 @@ class Coordinator:
             from agent.servers.http import start_http_server
             from agent.servers.status import coordinator_status, status_document
 
+            def status() -> dict[str, Any]:
+                doc = status_document(coordinator_status(self), self)
+                if self.intake is not None:
+                    doc["notice_intake"] = self.intake.status()
+                return doc
+
             self.http = await start_http_server(
                 cfg.http_listen,
-                status=lambda: status_document(coordinator_status(self), self),
+                status=status,
                 ready=self.readiness,
                 registry=self.metrics.registry,
             )
 
     def readiness(self) -> dict[str, bool]:
         """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
+        # Not the Pub/Sub intake: notices are an optimisation, and a subscription or
+        # permission mistake must not keep the job from starting (it shows in /status).
         checks = {"grpc": self.serving}
-        if self.cfg.pubsub_subscription:
-            checks["pubsub"] = self.intake is not None and self.intake.running
         if self.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
             checks["trainer"] = self.state.trainer.attached
         return checks
@@ -394,18 +401,23 @@ class Coordinator:
             self.submit(Tick())
 
     async def _on_node_event(self, ev: Any) -> None:
-        """A parsed Pub/Sub notice: decide on it; the intake acks once this returns."""
+        """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake
+        acks once this returns. Wall-clock times become decision-clock (monotonic) times here."""
         wall, mono = time.time(), time.monotonic()
-        deadline = None if ev.deadline is None else mono + (ev.deadline.timestamp() - wall)
+
+        def clock(t: Any) -> float | None:
+            return None if t is None else mono + (t.timestamp() - wall)
+
         notice = NodeNotice(
-            kind=str(ev.kind),
+            kind=ev.what,
             source="pubsub",
             node=ev.node,
             node_pool=ev.node_pool,
-            deadline=deadline,
+            deadline=clock(ev.start if ev.start is not None else ev.end),
             event_time=None if ev.event_time is None else ev.event_time.timestamp(),
             cleared=ev.cleared,
             reason=ev.summary,
+            starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
         )
         d = await self.request(notice)
         if not d.outcome:
@@ -503,6 +515,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         conn = _Conn()
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
+        self.c.metrics.workers.set(len(self.c.workers))
         if old is not None:
             old.closed.set()
         self.c.submit(WorkerJoined(ident.slice, ident.host, ident.incarnation, ident.node, ident.node_pool))
@@ -529,6 +542,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             writer.cancel()
             if self.c.workers.get(key) is conn:
                 del self.c.workers[key]
+            self.c.metrics.workers.set(len(self.c.workers))
             silent = time.monotonic() - conn.last_seen
             if cause in ("stream_closed", "shutdown") and silent > 2 * cfg.heartbeat_interval:
                 # Already silent when the stream broke: the transport keepalive noticed a hung host first.
