@@ -58,6 +58,8 @@ class Worker:
         self.last_reason = ""
         self.admin: Any = None
         self.http: Any = None
+        self.node_pool = cfg.node_pool
+        """The node's GKE node pool: the flag, or what :meth:`learn_node_pool` found."""
 
     def _note(self, trigger: str, reason: str) -> None:
         """Record a local event for the read-only admin API and the status page."""
@@ -123,7 +125,7 @@ class Worker:
     def _identity(self) -> peer_pb2.HostIdentity:
         c = self.cfg
         return peer_pb2.HostIdentity(
-            slice=c.slice, host=c.host, node=c.node, node_pool=c.node_pool, pod=c.pod, incarnation=self.incarnation
+            slice=c.slice, host=c.host, node=c.node, node_pool=self.node_pool, pod=c.pod, incarnation=self.incarnation
         )
 
     async def _session(self) -> None:
@@ -235,7 +237,24 @@ class Worker:
             await self.admin.stop()
             self.admin = None
 
+    async def learn_node_pool(self) -> None:
+        """Ask the Kubernetes API for the node's pool when the flag left it empty (``--node-pool-source``)."""
+        c = self.cfg
+        if self.node_pool or c.node_pool_source != "kubernetes":
+            return
+        if not c.kubernetes_api:
+            log.error(
+                "--node-pool-source kubernetes needs --kubernetes-api (KUBERNETES_SERVICE_HOST is unset: not in a pod?); "
+                "registering without a node pool, so node-pool notices will not reach this slice"
+            )
+            return
+        from agent.sources.node_pool import KubernetesAPI, lookup_with_retries
+
+        api = KubernetesAPI(c.kubernetes_api, c.kubernetes_token_file, c.kubernetes_ca_file)
+        self.node_pool = await lookup_with_retries(api, c.node)
+
     async def _run(self, stop: asyncio.Event) -> int:
+        await self.learn_node_pool()
         checker_task = None
         if self.cfg.health_target:
             checker = HealthChecker.create(self.cfg.health_check, self.cfg.health_target, self._on_health)

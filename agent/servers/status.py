@@ -116,7 +116,7 @@ def worker_status(w: Worker) -> admin_pb2.Status:
         registered=registered,
         healthy=w.healthy,
         node=cfg.node,
-        node_pool=cfg.node_pool,
+        node_pool=w.node_pool,
         incarnation=w.incarnation,
     )
     notices = [
