@@ -10,7 +10,8 @@
 #   3. a Cloud Logging sink (default: CLUSTER-elastic-sidecar) sending to the topic:
 #        - Compute Engine system events of TPU VMs: compute.instances.preempted,
 #          hostError, terminateOnHostMaintenance, upcomingMaintenance,
-#          automaticRestart, guestTerminate
+#          upcomingInfraMaintenance, automaticRestart, guestTerminate
+#          (docs/notices.md: what each means and what the daemon does)
 #        - Kubernetes node events of this cluster from NodeTerminationHandler
 #          (MaintenanceWindowScheduled/Started/Cleared, ...) and node deletion
 #   4. roles/pubsub.publisher on the topic for the sink's writer identity
@@ -29,6 +30,7 @@ readonly EVENT_METHODS=(
   compute.instances.hostError
   compute.instances.terminateOnHostMaintenance
   compute.instances.upcomingMaintenance
+  compute.instances.upcomingInfraMaintenance
   compute.instances.automaticRestart
   compute.instances.guestTerminate
 )
