@@ -517,17 +517,15 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
         return _evaluate(new_state, now, f"{label}: {', '.join(parts)}")
     lead = state.policy.notice_lead_seconds
     begin = None if ev.starts_at is None else ev.starts_at - lead
-    if begin is not None and begin > now:
+    if ev.starts_at is not None and begin is not None and begin > now:
         # Announced for later: keep training until the lead time before it starts.
+        starts_at = ev.starts_at
         changed = {s for s in slices if s not in planned or planned[s].since != begin}
         # A window moved later than a drain it already started: that drain waits too.
         moved_out = {
             s
             for s in slices
-            if s in drains
-            and drains[s].source != "operator"
-            and drains[s].starts_at is not None
-            and drains[s].starts_at < ev.starts_at
+            if s in drains and drains[s].source != "operator" and (drains[s].starts_at or starts_at) < starts_at
         }
         if not changed and not moved_out:
             return Decision(state, (), f"{label}: drain of {_fmt(slices)} already planned", outcome="duplicate")
@@ -537,7 +535,7 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
             del drains[s]
         note = f"; drain of {_fmt(moved_out)} lifted until then" if moved_out else ""
         why = (
-            f"{label}: starts in {ev.starts_at - now:.0f} s; draining slice(s) {_fmt(slices)} "
+            f"{label}: starts in {starts_at - now:.0f} s; draining slice(s) {_fmt(slices)} "
             f"in {begin - now:.0f} s ({lead:g} s before){note}"
         )
         return _evaluate(replace(state, drains=_frozen(drains), planned=_frozen(planned)), now, why)
