@@ -436,6 +436,12 @@ class Coordinator:
         await self.health.enter_graceful_shutdown()
         for t in self._tasks:
             t.cancel()
+        # End the open Join and Attach streams from our side first: a handler still running
+        # when server.stop() cancels it is logged by grpc as a raw CancelledError traceback.
+        for conn in [*self.workers.values(), *([self.trainer] if self.trainer is not None else [])]:
+            conn.closed.set()
+        if self.workers or self.trainer is not None:
+            await asyncio.sleep(EOF_GRACE_SECONDS)
         if self.server is not None:
             await self.server.stop(grace)
         if self._journal is not None:
