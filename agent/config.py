@@ -279,6 +279,15 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     )
     _add(
         p,
+        "--node-watch-seconds",
+        default=30.0,
+        type=nonneg_float,
+        help="with --node-pool-source kubernetes: poll the node's GKE maintenance label and taints "
+        "(cloud.google.com/scheduled-maintenance-time, impending-node-termination, maintenance-window-started) "
+        "this often; 0 turns it off (default 30)",
+    )
+    _add(
+        p,
         "--kubernetes-api",
         default=_in_cluster_api(),
         help="Kubernetes API base URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
@@ -477,6 +486,8 @@ class WorkerConfig:
     kubernetes_api: str | None = None
     kubernetes_token_file: str | None = None
     kubernetes_ca_file: str | None = None
+    node_watch_seconds: float = 30.0
+    """How often to poll the node's maintenance label and taints (0: off)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> WorkerConfig:
@@ -506,4 +517,5 @@ class WorkerConfig:
             kubernetes_api=api,
             kubernetes_token_file=getattr(ns, "kubernetes_token_file", None),
             kubernetes_ca_file=getattr(ns, "kubernetes_ca_file", None),
+            node_watch_seconds=float(getattr(ns, "node_watch_seconds", 30.0)),
         )

@@ -690,13 +690,18 @@ def _metadata_notice(ident: peer_pb2.HostIdentity, report: peer_pb2.LocalReport)
     key, _, value = report.detail.partition("=")
     cleared = value in ("NONE", "FALSE")
     left = report.deadline_unix - time.time() if report.deadline_unix else None
+    # The node label cloud.google.com/scheduled-maintenance-time names a window's start: plan the
+    # drain for it (agent.sources.node_pool) instead of draining now.
+    scheduled = key == "node/scheduled-maintenance-time" and left is not None and not cleared
     return NodeNotice(
-        kind=f"{key.rsplit('/', 1)[-1]}:{value}",
+        kind=key.rsplit("/", 1)[-1] + ("" if value.isdigit() else f":{value}"),  # no timestamps in metric labels
         source="metadata",
         node=ident.node,
         slice=ident.slice,
         deadline=None if left is None else time.monotonic() + left,
         event_time=report.event_time_unix or None,
         cleared=cleared,
-        reason=f"metadata server on {ident.node or f'host {ident.slice}.{ident.host}'}: {key} = {value}",
+        reason=f"{'node' if key.startswith('node/') else 'metadata server'} "
+        f"{ident.node or f'host {ident.slice}.{ident.host}'}: {key} = {value}",
+        starts_at=time.monotonic() + left if scheduled and left is not None else None,
     )

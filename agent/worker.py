@@ -99,6 +99,26 @@ class Worker:
         log.warning("metadata server notice", key=change.key, value=change.value)
         self._note("MetadataNotice", f"metadata server: {change.key} = {change.value}")
 
+    def _on_node_signal(self, sig: Any) -> None:
+        """A GKE maintenance label or taint on this node changed (:class:`agent.sources.node_pool.NodeSignal`).
+
+        Reported like a metadata-server notice; the coordinator plans a drain for a scheduled
+        time (the label) and drains at once for the taints.
+        """
+        clear = sig.value in ("NONE", "FALSE")
+        now = time.time()
+        self.notices[sig.key] = peer_pb2.LocalReport(
+            kind="metadata_notice",
+            detail=f"{sig.key}={sig.value}",
+            deadline_unix=0.0 if clear else (sig.starts_unix or now + self.cfg.maintenance_notice_seconds),
+            event_time_unix=now,
+        )
+        self._unsent.add(sig.key)
+        self._health_changed.set()
+        self.metrics.notices.labels(sig.key.rsplit("/", 1)[-1]).inc()
+        log.info("node maintenance signal", key=sig.key, value=sig.value)
+        self._note("NodeSignal", f"node {self.cfg.node}: {sig.key} = {sig.value}")
+
     def _on_health(self, healthy: bool, detail: str) -> None:
         """A checker's verdict. Going unhealthy is reported at once; coming back
         after a failure only once it has held for ``HEALTH_STABLE_SECONDS``, so a
@@ -259,6 +279,15 @@ class Worker:
         if self.cfg.health_target:
             checker = HealthChecker.create(self.cfg.health_check, self.cfg.health_target, self._on_health)
             checker_task = asyncio.create_task(checker.run())
+        node_task = None
+        c = self.cfg
+        if c.node_pool_source == "kubernetes" and c.kubernetes_api and c.node_watch_seconds > 0:
+            from agent.sources.node_pool import KubernetesAPI, NodeSignalWatcher
+
+            api = KubernetesAPI(c.kubernetes_api, c.kubernetes_token_file, c.kubernetes_ca_file)
+            node_task = asyncio.create_task(
+                NodeSignalWatcher(api, c.node, self._on_node_signal, c.node_watch_seconds).run()
+            )
         metadata_task = None
         if self.cfg.metadata_url:
             watcher = MetadataWatcher(self.cfg.metadata_url, self._on_metadata)
@@ -300,7 +329,7 @@ class Worker:
                 log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-        for task in (checker_task, metadata_task):
+        for task in (checker_task, metadata_task, node_task):
             if task is not None:
                 task.cancel()
         log.info("worker stopping")

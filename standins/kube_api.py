@@ -6,7 +6,9 @@ object shape (Kubernetes API reference, Node v1: ``kind``, ``apiVersion``,
 unknown node, a ``Status`` object with ``reason: NotFound`` and HTTP 404, as the
 real server does. When built with a token it refuses other bearers with 401,
 and it answers 403 (``reason: Forbidden``) for nodes listed in ``forbidden``, to
-mimic missing RBAC. Nothing else of the API is served.
+mimic missing RBAC. A test may put GKE's maintenance label and taints on a node
+(``labels``, ``taints``; shapes from GKE "Monitor maintenance events" and the Node
+``spec.taints`` schema). Nothing else of the API is served.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from aiohttp import web
 from agent.sources.node_pool import NODE_POOL_LABEL
 
 
-def node_object(name: str, pool: str, extra_labels: Mapping[str, str] | None = None) -> dict:
+def node_object(
+    name: str, pool: str, extra_labels: Mapping[str, str] | None = None, taints: list[dict] | None = None
+) -> dict:
     labels = {
         "kubernetes.io/hostname": name,
         NODE_POOL_LABEL: pool,
@@ -30,7 +34,7 @@ def node_object(name: str, pool: str, extra_labels: Mapping[str, str] | None = N
         "kind": "Node",
         "apiVersion": "v1",
         "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels},
-        "spec": {"providerID": f"gce://tpu-proj/us-east5-a/{name}"},
+        "spec": {"providerID": f"gce://tpu-proj/us-east5-a/{name}", **({"taints": taints} if taints else {})},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
 
@@ -55,6 +59,10 @@ class KubeAPIStandIn:
         self.token = token
         self.forbidden = set(forbidden or ())
         self.requests: list[str] = []
+        self.labels: dict[str, dict[str, str]] = {}
+        """Extra labels per node (e.g. cloud.google.com/scheduled-maintenance-time), set by a test."""
+        self.taints: dict[str, list[dict]] = {}
+        """Taints per node (``{"key": ..., "effect": "NoSchedule"}``), set by a test."""
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -68,7 +76,7 @@ class KubeAPIStandIn:
         pool = self.nodes.get(name)
         if pool is None:
             return _status(404, "NotFound", f'nodes "{name}" not found')
-        return web.json_response(node_object(name, pool))
+        return web.json_response(node_object(name, pool, self.labels.get(name), self.taints.get(name)))
 
     async def start(self) -> str:
         app = web.Application()

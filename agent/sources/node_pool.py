@@ -20,6 +20,7 @@ import asyncio
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -115,3 +116,83 @@ async def lookup_with_retries(api: KubernetesAPI, node: str, attempts: int = 5, 
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
     return ""
+
+
+# --------------------------------------------------------------------------
+# the node's own maintenance signals (same GET, polled)
+# --------------------------------------------------------------------------
+
+SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+"""Unix seconds of the next host maintenance window (GKE "Monitor maintenance events")."""
+IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+MAINTENANCE_STARTED_TAINT = "cloud.google.com/maintenance-window-started"
+
+SIGNAL_SCHEDULED = "node/scheduled-maintenance-time"
+SIGNAL_TERMINATION = "node/impending-node-termination"
+SIGNAL_STARTED = "node/maintenance-window-started"
+
+
+@dataclass(frozen=True)
+class NodeSignal:
+    """One change of a GKE maintenance label or taint on this node.
+
+    ``value`` is the label's unix time (``starts_unix`` too), ``"TRUE"`` for a taint that
+    appeared, ``"NONE"`` / ``"FALSE"`` when the label / taint went away (the disruption is over).
+    """
+
+    key: str
+    value: str
+    starts_unix: float = 0.0
+
+
+def node_signals(body: dict) -> dict[str, NodeSignal]:
+    """The maintenance signals a Node object carries now (absent ones are not listed)."""
+    out: dict[str, NodeSignal] = {}
+    meta = body.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    raw = labels.get(SCHEDULED_MAINTENANCE_LABEL) if isinstance(labels, dict) else None
+    if isinstance(raw, str) and raw.strip().isdigit():
+        out[SIGNAL_SCHEDULED] = NodeSignal(SIGNAL_SCHEDULED, raw.strip(), float(raw))
+    spec = body.get("spec")
+    taints = spec.get("taints") if isinstance(spec, dict) else None
+    keys = {t.get("key") for t in taints if isinstance(t, dict)} if isinstance(taints, list) else set()
+    if IMPENDING_TERMINATION_TAINT in keys:
+        out[SIGNAL_TERMINATION] = NodeSignal(SIGNAL_TERMINATION, "TRUE")
+    if MAINTENANCE_STARTED_TAINT in keys:
+        out[SIGNAL_STARTED] = NodeSignal(SIGNAL_STARTED, "TRUE")
+    return out
+
+
+class NodeSignalWatcher:
+    """Polls the node every ``interval`` s and reports each signal that appears, changes or goes away.
+
+    A failed GET is *unknown*, never *clear*: nothing is reported and the next poll retries.
+    """
+
+    def __init__(self, api: KubernetesAPI, node: str, on_signal: Any, interval: float = 30.0) -> None:
+        self.api = api
+        self.node = node
+        self.on_signal = on_signal
+        self.interval = interval
+        self.current: dict[str, NodeSignal] = {}
+        self.errors = 0
+
+    async def poll_once(self) -> None:
+        try:
+            body = await self.api.get_node(self.node)
+        except NodeLookupError as e:
+            self.errors += 1
+            log.warning("node maintenance signals unknown", node=self.node, error=str(e))
+            return
+        now = node_signals(body)
+        for key, sig in now.items():
+            if self.current.get(key) != sig:
+                self.on_signal(sig)
+        for key in set(self.current) - set(now):
+            self.on_signal(NodeSignal(key, "NONE" if key == SIGNAL_SCHEDULED else "FALSE"))
+        self.current = now
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval)

@@ -11,8 +11,10 @@ slice in a running coordinator.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -111,5 +113,43 @@ async def test_a_node_pool_upgrade_reaches_the_slice_whose_worker_read_that_pool
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         publisher.transport.close()
+        await trainer.close()
+        await coord.stop(grace=0.1)
+
+
+async def test_gke_maintenance_label_plans_a_drain_and_the_taint_drains_now(
+    kube: tuple[KubeAPIStandIn, KubernetesAPI],
+) -> None:
+    """The worker polls its node: scheduled-maintenance-time (unix seconds) plans the drain for
+    start - lead; the label going away lifts the plan; impending-node-termination drains now."""
+    standin, api = kube
+    cfg = coordinator_config(4, admin=False, http=False, min_slices=2)
+    cfg = replace(cfg, policy=replace(cfg.policy, notice_lead_seconds=60.0))
+    coord = Coordinator(cfg)
+    await coord.start()
+    trainer = FakeTrainer(f"127.0.0.1:{coord.port}")
+    stop = asyncio.Event()
+    workers = [
+        Worker(replace(worker_config(coord.port, s, node, api), node_watch_seconds=0.1)) for s, node in enumerate(NODES)
+    ]
+    tasks = [asyncio.create_task(w._run(stop)) for w in workers]  # noqa: SLF001
+    n1, n3 = list(NODES)[1], list(NODES)[3]
+    try:
+        await trainer.attach()
+        await wait_for(lambda: coord.state.phase == Phase.RUNNING, 20, "the job to run on 4 slices")
+        start = time.time() + 3600
+        standin.labels[n1] = {"cloud.google.com/scheduled-maintenance-time": str(int(start))}
+        await wait_for(lambda: 1 in coord.state.planned, 10, "a planned drain of slice 1")
+        begins_in = coord.state.planned[1].since - time.monotonic()
+        assert 3600 - 60 - 5 < begins_in < 3600 - 60 + 5, begins_in
+        assert not coord.state.drains and coord.state.active == frozenset(range(4))
+        standin.labels[n1] = {}
+        await wait_for(lambda: 1 not in coord.state.planned, 10, "the plan lifted with the label")
+        standin.taints[n3] = [{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}]
+        await wait_for(lambda: 3 in coord.state.drains, 10, "slice 3 drained")
+        assert coord.state.retries_used == 0 and not coord.state.slice_errors
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await trainer.close()
         await coord.stop(grace=0.1)
