@@ -81,6 +81,17 @@ def coordinator_status(c: Coordinator) -> admin_pb2.Status:
         for i, d in sorted(s.drains.items())
         if not s.slice_up(i)  # a replacement host lifted it
     ]
+    notices += [
+        admin_pb2.PendingNotice(
+            slice=i,
+            node=d.node,
+            kind=f"{d.kind} (planned)",
+            source=d.source,
+            deadline_unix=0.0 if d.starts_at is None else d.starts_at + to_unix,
+            reason=f"drain begins in {max(0.0, d.since - time.monotonic()):.0f} s: {d.reason}",
+        )
+        for i, d in sorted(s.planned.items())
+    ]
     return admin_pb2.Status(
         role="coordinator",
         job=c.cfg.job,

@@ -22,6 +22,7 @@ import pytest
 from agent.config import WorkerConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Phase
+from agent.servers.status import coordinator_status
 from agent.sources.node_pool import KubernetesAPI, NodeLookupError, node_pool_of
 from agent.worker import Worker
 from simjob import notice_samples as S
@@ -143,6 +144,8 @@ async def test_gke_maintenance_label_plans_a_drain_and_the_taint_drains_now(
         begins_in = coord.state.planned[1].since - time.monotonic()
         assert 3600 - 60 - 5 < begins_in < 3600 - 60 + 5, begins_in
         assert not coord.state.drains and coord.state.active == frozenset(range(4))
+        (pending,) = coordinator_status(coord).pending_notices
+        assert pending.slice == 1 and "(planned)" in pending.kind and abs(pending.deadline_unix - start) < 5
         standin.labels[n1] = {}
         await wait_for(lambda: 1 not in coord.state.planned, 10, "the plan lifted with the label")
         standin.taints[n3] = [{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}]
