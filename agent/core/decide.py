@@ -376,7 +376,11 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         newly_down = (p.all_slices - up) - state.hold_down
         if newly_down:
             # Tell the trainer not to read its state from these slices either.
-            return _start_hold(state, now, f"{prefix}slice(s) {_fmt(newly_down)} also down", failure=False)
+            # A slice drained by a notice while a hold is pending flushes like one drained while running.
+            announced = bool(newly_down & _draining(state)) or None
+            return _start_hold(
+                state, now, f"{prefix}slice(s) {_fmt(newly_down)} also down", failure=False, flush=announced
+            )
         return Decision(state, (), f"{prefix}waiting for the trainer to hold")
 
     if state.phase == Phase.WAITING:

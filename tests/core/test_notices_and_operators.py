@@ -239,3 +239,11 @@ def test_a_replaced_slice_can_be_drained_again_and_its_loss_is_a_failure() -> No
     assert 1 in job.state.active
     again = _one(job.notice(node="node-1b"), HoldTrainer)
     assert 1 in again.down_slices and job.state.drains[1].node == "node-1b"
+
+
+def test_a_second_notice_while_a_hold_is_pending_also_flushes() -> None:
+    job = Job(min_slices=1)
+    first = _one(job.notice(node="node-1"), HoldTrainer)
+    assert first.flush and job.state.phase == Phase.HOLDING
+    second = _one(job.notice(node="node-2"), HoldTrainer)  # before the trainer acknowledged the first
+    assert second.flush and second.down_slices == frozenset({1, 2}) and job.state.retries_used == 0
