@@ -134,6 +134,12 @@ def configure(fmt: str = "json", level: str = "info", **labels: Any) -> None:
     root.addHandler(_StdlibBridge())
     # Libraries only speak up for warnings unless this daemon runs at debug level.
     root.setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
+    # google-api-core turns propagation of the "google" logger off the first time a client is
+    # built, unless that logger is already configured: then the Pub/Sub client's records would
+    # bypass these JSON lines. Configure it (a level of its own) and keep it propagating.
+    google = logging.getLogger("google")
+    google.setLevel(root.level)
+    google.propagate = True
     quiet_cancelled_rpcs()
 
 
