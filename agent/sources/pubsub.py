@@ -206,6 +206,16 @@ class PubSubIntake:
         if self._subscriber is None:
             self._subscriber = pubsub_v1.SubscriberClient()
         self._stopping = False
+        numbers = {p for p in self.projects if p.isdigit()}
+        if self.projects and (not numbers or numbers == self.projects):
+            have, missing, flag = (
+                ("number", "id", "--pubsub-project") if numbers else ("id", "number", "--pubsub-project-number")
+            )
+            log.warning(
+                f"only a project {have} is given: notices that carry the project {missing} will be filtered out; "
+                f"add {flag} (GKE cluster notifications carry the number, GCE log entries the id)",
+                projects=sorted(self.projects),
+            )
         self._open()
         log.info(
             "pubsub intake started",

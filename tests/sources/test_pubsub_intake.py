@@ -460,3 +460,15 @@ async def test_missing_subscription_is_reported_with_its_fix_and_the_intake_reco
         assert st["streaming"] and not st["degraded"] and st["hint"] == "" and states[-1] is True
     finally:
         await asyncio.to_thread(intake.stop)
+
+
+def test_stream_error_hints_name_the_fix() -> None:
+    from agent.sources.pubsub import stream_error_hint
+
+    sub = "projects/p/subscriptions/s"
+    assert "roles/pubsub.subscriber" in stream_error_hint("PERMISSION_DENIED", sub) and sub in stream_error_hint(
+        "PERMISSION_DENIED", sub
+    )
+    assert "Workload Identity" in stream_error_hint("UNAUTHENTICATED", sub)
+    assert "does not exist" in stream_error_hint("NOT_FOUND", sub)
+    assert stream_error_hint("UNAVAILABLE", sub) == ""  # transient: retried quietly
