@@ -72,6 +72,33 @@ def positive_float(value: str) -> float:
     return f
 
 
+def nonneg_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not f >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value!r}")
+    return f
+
+
+def project_list(values: list[str] | None, flag: str, *, digits: bool) -> tuple[str, ...]:
+    """Project ids (or numbers) from a repeatable, comma-separated flag or its ES_ variable."""
+    raw = values if values else [_env(flag, "") or ""]
+    out: list[str] = []
+    for v in raw:
+        for item in v.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if digits and not item.isdigit():
+                raise ConfigError(f"{flag} {item!r} is not a project number (digits only, e.g. 123456789012)")
+            if not digits and item.isdigit():
+                raise ConfigError(f"{flag} {item!r} looks like a project number: give it as --pubsub-project-number")
+            out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
 def nonneg_int(value: str) -> int:
     try:
         i = int(value)
@@ -86,6 +113,17 @@ def _add(p: argparse.ArgumentParser, flag: str, *, default: object = None, **kw:
     env = _env(flag, None)
     d = env if env is not None else default
     p.add_argument(flag, default=d, **kw)  # type: ignore[arg-type]
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _in_cluster_api() -> str | None:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port or 443}"
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -218,7 +256,27 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         help="projects/P/subscriptions/S to pull GKE and Cloud Logging notices from (none: no Pub/Sub intake)",
     )
     _add(p, "--cluster-name", default=None, help="only GKE notices for this cluster count (default: any)")
-    _add(p, "--pubsub-project", default=None, help="only notices for this project id or number count (default: any)")
+    p.add_argument(
+        "--pubsub-project",
+        action="append",
+        default=None,
+        help="only notices for these projects count: a project id (GCE log entries carry it), repeatable or "
+        "comma-separated (env ES_PUBSUB_PROJECT); with neither this nor --pubsub-project-number, any project",
+    )
+    p.add_argument(
+        "--pubsub-project-number",
+        action="append",
+        default=None,
+        help="the project number too (GKE cluster notifications carry it), repeatable or comma-separated "
+        "(env ES_PUBSUB_PROJECT_NUMBER)",
+    )
+    _add(
+        p,
+        "--notice-lead-seconds",
+        default=120.0,
+        type=nonneg_float,
+        help="drain a slice this long before an announced maintenance window starts: a step and a flush (default 120)",
+    )
     _add(
         p,
         "--admin-listen",
@@ -272,13 +330,48 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     )
     _add(p, "--host", type=nonneg_int, default=0, help="host index within the slice (JOB_COMPLETION_INDEX)")
     _add(p, "--node", default=os.environ.get("NODE_NAME", ""), help="Kubernetes node name (env ES_NODE or NODE_NAME)")
-    _add(p, "--node-pool", default="", help="the node's GKE node pool")
+    _add(p, "--node-pool", default="", help="the node's GKE node pool (empty: see --node-pool-source)")
+    _add(
+        p,
+        "--node-pool-source",
+        default="none",
+        choices=["none", "kubernetes"],
+        help="where to learn the node pool when --node-pool is empty: kubernetes reads the node's "
+        "cloud.google.com/gke-nodepool label through the Kubernetes API (RBAC: get nodes); default none",
+    )
+    _add(
+        p,
+        "--node-watch-seconds",
+        default=30.0,
+        type=nonneg_float,
+        help="with --node-pool-source kubernetes: poll the node's GKE maintenance label and taints "
+        "(cloud.google.com/scheduled-maintenance-time, impending-node-termination, maintenance-window-started) "
+        "this often; 0 turns it off (default 30)",
+    )
+    _add(
+        p,
+        "--kubernetes-api",
+        default=_in_cluster_api(),
+        help="Kubernetes API base URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+    )
+    _add(
+        p,
+        "--kubernetes-token-file",
+        default=SERVICE_ACCOUNT_DIR + "/token",
+        help="bearer token for the Kubernetes API (default: the pod's service account token)",
+    )
+    _add(
+        p,
+        "--kubernetes-ca-file",
+        default=SERVICE_ACCOUNT_DIR + "/ca.crt",
+        help="CA bundle of the Kubernetes API (default: the pod's service account CA)",
+    )
     _add(p, "--pod", default=os.environ.get("POD_NAME", ""), help="pod name, for operators")
     _add(
         p,
         "--health-target",
         default=None,
-        type=address,
+        type=listen_address,
         help="local Pathways worker to watch with grpc.health.v1 (HOST:PORT); none = always healthy",
     )
     _add(
@@ -346,7 +439,8 @@ class CoordinatorConfig:
     restart_attempt: int = 0
     pubsub_subscription: str | None = None
     cluster_name: str | None = None
-    pubsub_project: str | None = None
+    pubsub_project: tuple[str, ...] = ()
+    """Project ids and numbers a notice may name (empty: any)."""
     admin_listen: str | None = None
     """Admin gRPC address; None: no admin API (the command line defaults to 127.0.0.1:29311)."""
     http_listen: str | None = None
@@ -368,6 +462,7 @@ class CoordinatorConfig:
                 rejoin_grace_seconds=float(ns.rejoin_grace),
                 flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
                 settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
+                notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
             )
         except ValueError as e:
             raise ConfigError(str(e)) from e
@@ -418,7 +513,8 @@ class CoordinatorConfig:
             log_level=ns.log_level,
             pubsub_subscription=sub or None,
             cluster_name=getattr(ns, "cluster_name", None),
-            pubsub_project=getattr(ns, "pubsub_project", None),
+            pubsub_project=project_list(getattr(ns, "pubsub_project", None), "--pubsub-project", digits=False)
+            + project_list(getattr(ns, "pubsub_project_number", None), "--pubsub-project-number", digits=True),
             admin_listen=admin_listen,
             http_listen=getattr(ns, "http_listen", None),
             admin_token=admin_token,
@@ -477,9 +573,20 @@ class WorkerConfig:
     """HTTP address; None: no HTTP server (the command line defaults to 127.0.0.1:29312)."""
     admin_listen: str | None = None
     """Read-only admin gRPC address; None: off (the default)."""
+    node_pool_source: str = "none"
+    """Where to learn ``node_pool`` when it is empty: "none" or "kubernetes"."""
+    kubernetes_api: str | None = None
+    kubernetes_token_file: str | None = None
+    kubernetes_ca_file: str | None = None
+    node_watch_seconds: float = 30.0
+    """How often to poll the node's maintenance label and taints (0: off)."""
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> WorkerConfig:
+        source = getattr(ns, "node_pool_source", "none") or "none"
+        api = getattr(ns, "kubernetes_api", None)
+        if api and not api.startswith(("https://", "http://")):
+            raise ConfigError(f"--kubernetes-api must be an http(s):// URL, got {api!r}")
         return cls(
             job=ns.job,
             coordinator=ns.coordinator,
@@ -498,4 +605,9 @@ class WorkerConfig:
             peer_token=_token(ns, "peer_token_file"),
             http_listen=getattr(ns, "http_listen", None),
             admin_listen=getattr(ns, "admin_listen", None),
+            node_pool_source=source,
+            kubernetes_api=api,
+            kubernetes_token_file=getattr(ns, "kubernetes_token_file", None),
+            kubernetes_ca_file=getattr(ns, "kubernetes_ca_file", None),
+            node_watch_seconds=float(getattr(ns, "node_watch_seconds", 30.0)),
         )

@@ -11,13 +11,11 @@ from __future__ import annotations
 COORDINATOR_PORT = 29310
 """Peer gRPC port of the coordinator sidecar (worker sidecars register here)."""
 TRAINER_PORT = 29313
-"""The trainer link (trainer hooks -> coordinator), on loopback inside the coordinator's pod."""
+"""The trainer link's own listener (trainer hooks -> coordinator): loopback by default, a token when it is not."""
 ADMIN_PORT = 29311
 """Admin gRPC port (loopback unless configured otherwise)."""
 HTTP_PORT = 29312
 """/healthz, /readyz, /metrics, /status."""
-TRAINER_PORT = 29313
-"""The trainer link's own listener (loopback by default; a token when it is not)."""
 PATHWAYS_RESERVED_PORTS = frozenset({8080, 8471, 29000, 29001, 29002, 29003, 29004, 29005, 29006, 50051})
 
 # --- exit codes ------------------------------------------------------------

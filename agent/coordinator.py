@@ -649,7 +649,8 @@ class Coordinator:
                 self._on_node_event,
                 cluster=self.cfg.cluster_name,
                 project=self.cfg.pubsub_project,
-                on_count=lambda key: self.metrics.messages.labels(key).inc(),
+                on_count=self.metrics.count_pubsub,
+                on_state=lambda up: self.metrics.pubsub_streaming.set(1 if up else 0),
             )
             self.intake.start()
         await self._start_operator_servers()
@@ -698,18 +699,24 @@ class Coordinator:
             from agent.servers.http import start_http_server
             from agent.servers.status import coordinator_status, status_document
 
+            def status() -> dict[str, Any]:
+                doc = status_document(coordinator_status(self), self)
+                if self.intake is not None:
+                    doc["notice_intake"] = self.intake.status()
+                return doc
+
             self.http = await start_http_server(
                 cfg.http_listen,
-                status=lambda: status_document(coordinator_status(self), self),
+                status=status,
                 ready=self.readiness,
                 registry=self.metrics.registry,
             )
 
     def readiness(self) -> dict[str, bool]:
         """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
+        # Not the Pub/Sub intake: notices are an optimisation, and a subscription or
+        # permission mistake must not keep the job from starting (it shows in /status).
         checks = {"grpc": self.serving, "not_fenced": not self.fenced_by, "state_durable": self.durable}
-        if self.cfg.pubsub_subscription:
-            checks["pubsub"] = self.intake is not None and self.intake.running
         if self.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
             checks["trainer"] = self.state.trainer.attached
         return checks
@@ -728,18 +735,23 @@ class Coordinator:
             self.submit(Tick())
 
     async def _on_node_event(self, ev: Any) -> None:
-        """A parsed Pub/Sub notice: decide on it; the intake acks once this returns."""
+        """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake
+        acks once this returns. Wall-clock times become decision-clock (monotonic) times here."""
         wall, mono = time.time(), time.monotonic()
-        deadline = None if ev.deadline is None else mono + (ev.deadline.timestamp() - wall)
+
+        def clock(t: Any) -> float | None:
+            return None if t is None else mono + (t.timestamp() - wall)
+
         notice = NodeNotice(
-            kind=str(ev.kind),
+            kind=ev.what,
             source="pubsub",
             node=ev.node,
             node_pool=ev.node_pool,
-            deadline=deadline,
+            deadline=clock(ev.start if ev.start is not None else ev.end),
             event_time=None if ev.event_time is None else ev.event_time.timestamp(),
             cleared=ev.cleared,
             reason=ev.summary,
+            starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
         )
         d = await self.request(notice)
         if not d.outcome:
@@ -758,6 +770,12 @@ class Coordinator:
         await self.health.enter_graceful_shutdown()
         for t in self._tasks:
             t.cancel()
+        # End the open Join and Attach streams from our side first: a handler still running
+        # when server.stop() cancels it is logged by grpc as a raw CancelledError traceback.
+        for conn in [*self.workers.values(), *([self.trainer] if self.trainer is not None else [])]:
+            conn.closed.set()
+        if self.workers or self.trainer is not None:
+            await asyncio.sleep(EOF_GRACE_SECONDS)
         if self.server is not None:
             await self.server.stop(grace)
         if self.trainer_server is not None:
@@ -850,6 +868,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         conn = _Conn(incarnation=ident.incarnation, health_address=reg.health_address, health_check=reg.health_check)
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
+        self.c.metrics.workers.set(len(self.c.workers))
         if old is not None:
             old.cause = "replaced"
             old.closed.set()
@@ -1070,13 +1089,18 @@ def _metadata_notice(ident: peer_pb2.HostIdentity, report: peer_pb2.LocalReport)
     key, _, value = report.detail.partition("=")
     cleared = value in ("NONE", "FALSE")
     left = report.deadline_unix - time.time() if report.deadline_unix else None
+    # The node label cloud.google.com/scheduled-maintenance-time names a window's start: plan the
+    # drain for it (agent.sources.node_pool) instead of draining now.
+    scheduled = key == "node/scheduled-maintenance-time" and left is not None and not cleared
     return NodeNotice(
-        kind=f"{key.rsplit('/', 1)[-1]}:{value}",
+        kind=key.rsplit("/", 1)[-1] + ("" if value.isdigit() else f":{value}"),  # no timestamps in metric labels
         source="metadata",
         node=ident.node,
         slice=ident.slice,
         deadline=None if left is None else time.monotonic() + left,
         event_time=report.event_time_unix or None,
         cleared=cleared,
-        reason=f"metadata server on {ident.node or f'host {ident.slice}.{ident.host}'}: {key} = {value}",
+        reason=f"{'node' if key.startswith('node/') else 'metadata server'} "
+        f"{ident.node or f'host {ident.slice}.{ident.host}'}: {key} = {value}",
+        starts_at=time.monotonic() + left if scheduled and left is not None else None,
     )

@@ -16,6 +16,7 @@ through the same renderer, so stdout holds nothing but these JSON lines.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from datetime import UTC, datetime
@@ -133,6 +134,29 @@ def configure(fmt: str = "json", level: str = "info", **labels: Any) -> None:
     root.addHandler(_StdlibBridge())
     # Libraries only speak up for warnings unless this daemon runs at debug level.
     root.setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
+    # google-api-core turns propagation of the "google" logger off the first time a client is
+    # built, unless that logger is already configured: then the Pub/Sub client's records would
+    # bypass these JSON lines. Configure it (a level of its own) and keep it propagating.
+    google = logging.getLogger("google")
+    google.setLevel(root.level)
+    google.propagate = True
+    quiet_cancelled_rpcs()
+
+
+def _not_a_cancelled_rpc(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, asyncio.CancelledError)
+
+
+def quiet_cancelled_rpcs() -> None:
+    """Drop grpc.aio's ERROR record (with a multi-line traceback) for a handler cancelled at shutdown.
+
+    ``server.stop()`` cancels the streams still open (a worker's Join, a health Watch);
+    that is how a server ends, not an error.
+    """
+    lg = logging.getLogger("grpc._cython.cygrpc")
+    if _not_a_cancelled_rpc not in lg.filters:
+        lg.addFilter(_not_a_cancelled_rpc)
 
 
 def get(name: str = "elastic-sidecar") -> Any:

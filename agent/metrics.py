@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.core.model import (
@@ -26,6 +27,10 @@ from agent.core.model import (
     TrainerStepped,
     WorkerLost,
 )
+
+# A `_created` series per counter and histogram doubles the series count and tells
+# a dashboard nothing it needs: turn them off for every registry of the process.
+prometheus_client.disable_created_metrics()
 
 PREFIX = "elastic_sidecar"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
@@ -114,8 +119,26 @@ class Metrics(ServerMetrics):
             f"{PREFIX}_goodput_ratio", "Reported step time over wall time since the first step", registry=r
         )
         self.workers = Gauge(f"{PREFIX}_workers_connected", "Worker sidecars with an open stream", registry=r)
-        self.messages = Counter(
-            f"{PREFIX}_pubsub_messages_total", "Pub/Sub messages by outcome", ["outcome"], registry=r
+        self.messages_received = Counter(
+            f"{PREFIX}_pubsub_messages_received_total", "Pub/Sub messages received (redeliveries included)", registry=r
+        )
+        self.message_outcomes = Counter(
+            f"{PREFIX}_pubsub_message_outcomes_total",
+            "What became of each Pub/Sub message: exactly one outcome per message received",
+            ["outcome"],
+            registry=r,
+        )
+        self.message_settlements = Counter(
+            f"{PREFIX}_pubsub_settlements_total", "Pub/Sub messages ACKed or NACKed", ["result"], registry=r
+        )
+        self.pubsub_stream_errors = Counter(
+            f"{PREFIX}_pubsub_stream_errors_total",
+            "Times the Pub/Sub stream ended on its own, by gRPC status (it is reopened with backoff)",
+            ["code"],
+            registry=r,
+        )
+        self.pubsub_streaming = Gauge(
+            f"{PREFIX}_pubsub_streaming", "1 while the Pub/Sub intake's stream is open", registry=r
         )
         self.state_durable = Gauge(
             f"{PREFIX}_state_durable", "1 while every decision is on disk before its actions run", registry=r
@@ -186,6 +209,17 @@ class Metrics(ServerMetrics):
         if before.phase != s.phase or not self.phase._metrics:  # noqa: SLF001
             for p in Phase:
                 self.phase.labels(str(p)).set(1 if p == s.phase else 0)
+
+    def count_pubsub(self, key: str) -> None:
+        """One of :class:`agent.sources.pubsub.PubSubIntake`'s counter keys, into its own metric."""
+        if key == "received":
+            self.messages_received.inc()
+        elif key in ("acked", "nacked"):
+            self.message_settlements.labels(key[:-2]).inc()
+        elif key.startswith("stream_error:"):
+            self.pubsub_stream_errors.labels(key.partition(":")[2]).inc()
+        else:
+            self.message_outcomes.labels(key.replace(":", "_")).inc()
 
     def observe_notice_delivery(self, source: str, seconds: float) -> None:
         self.detection_seconds.labels(source).observe(max(0.0, seconds))

@@ -60,6 +60,8 @@ class Worker:
         self.last_reason = ""
         self.admin: Any = None
         self.http: Any = None
+        self.node_pool = cfg.node_pool
+        """The node's GKE node pool: the flag, or what :meth:`learn_node_pool` found."""
 
     def _note(self, trigger: str, reason: str) -> None:
         """Record a local event for the read-only admin API and the status page."""
@@ -99,6 +101,26 @@ class Worker:
         log.warning("metadata server notice", key=change.key, value=change.value)
         self._note("MetadataNotice", f"metadata server: {change.key} = {change.value}")
 
+    def _on_node_signal(self, sig: Any) -> None:
+        """A GKE maintenance label or taint on this node changed (:class:`agent.sources.node_pool.NodeSignal`).
+
+        Reported like a metadata-server notice; the coordinator plans a drain for a scheduled
+        time (the label) and drains at once for the taints.
+        """
+        clear = sig.value in ("NONE", "FALSE")
+        now = time.time()
+        self.notices[sig.key] = peer_pb2.LocalReport(
+            kind="metadata_notice",
+            detail=f"{sig.key}={sig.value}",
+            deadline_unix=0.0 if clear else (sig.starts_unix or now + self.cfg.maintenance_notice_seconds),
+            event_time_unix=now,
+        )
+        self._unsent.add(sig.key)
+        self._health_changed.set()
+        self.metrics.notices.labels(sig.key.rsplit("/", 1)[-1]).inc()
+        log.info("node maintenance signal", key=sig.key, value=sig.value)
+        self._note("NodeSignal", f"node {self.cfg.node}: {sig.key} = {sig.value}")
+
     def _on_health(self, healthy: bool, detail: str) -> None:
         """A checker's verdict. Going unhealthy is reported at once; coming back
         after a failure only once it has held for ``HEALTH_STABLE_SECONDS``, so a
@@ -125,7 +147,7 @@ class Worker:
     def _identity(self) -> peer_pb2.HostIdentity:
         c = self.cfg
         return peer_pb2.HostIdentity(
-            slice=c.slice, host=c.host, node=c.node, node_pool=c.node_pool, pod=c.pod, incarnation=self.incarnation
+            slice=c.slice, host=c.host, node=c.node, node_pool=self.node_pool, pod=c.pod, incarnation=self.incarnation
         )
 
     async def _session(self) -> None:
@@ -257,11 +279,37 @@ class Worker:
             await self.admin.stop()
             self.admin = None
 
+    async def learn_node_pool(self) -> None:
+        """Ask the Kubernetes API for the node's pool when the flag left it empty (``--node-pool-source``)."""
+        c = self.cfg
+        if self.node_pool or c.node_pool_source != "kubernetes":
+            return
+        if not c.kubernetes_api:
+            log.error(
+                "--node-pool-source kubernetes needs --kubernetes-api (KUBERNETES_SERVICE_HOST is unset: not in a pod?); "
+                "registering without a node pool, so node-pool notices will not reach this slice"
+            )
+            return
+        from agent.sources.node_pool import KubernetesAPI, lookup_with_retries
+
+        api = KubernetesAPI(c.kubernetes_api, c.kubernetes_token_file, c.kubernetes_ca_file)
+        self.node_pool = await lookup_with_retries(api, c.node)
+
     async def _run(self, stop: asyncio.Event) -> int:
+        await self.learn_node_pool()
         checker_task = None
         if self.cfg.health_target:
             checker = HealthChecker.create(self.cfg.health_check, self.cfg.health_target, self._on_health)
             checker_task = asyncio.create_task(checker.run())
+        node_task = None
+        c = self.cfg
+        if c.node_pool_source == "kubernetes" and c.kubernetes_api and c.node_watch_seconds > 0:
+            from agent.sources.node_pool import KubernetesAPI, NodeSignalWatcher
+
+            api = KubernetesAPI(c.kubernetes_api, c.kubernetes_token_file, c.kubernetes_ca_file)
+            node_task = asyncio.create_task(
+                NodeSignalWatcher(api, c.node, self._on_node_signal, c.node_watch_seconds).run()
+            )
         metadata_task = None
         if self.cfg.metadata_url:
             watcher = MetadataWatcher(self.cfg.metadata_url, self._on_metadata)
@@ -303,7 +351,7 @@ class Worker:
                 log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-        for task in (checker_task, metadata_task):
+        for task in (checker_task, metadata_task, node_task):
             if task is not None:
                 task.cancel()
         log.info("worker stopping")

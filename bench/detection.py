@@ -153,7 +153,7 @@ def _pubsub_coordinator_env(rig: Rig) -> dict[str, str]:
 
 
 def _pubsub_deliver(rig: Rig, s: int) -> float:
-    from agent.sources.gke_samples import gce_system_event
+    from simjob.notice_samples import gce_system_event
 
     data, attrs = gce_system_event("terminateOnHostMaintenance", rig.node_name(s, 0), project=PUBSUB_PROJECT)
     t = time.time()

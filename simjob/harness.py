@@ -185,7 +185,7 @@ class Job:
     def announce(self, kind: str, s: int, h: int) -> None:
         """Tell the world a host is about to go, the way the cloud would."""
         if kind == "notice":
-            from agent.sources.gke_samples import gce_system_event
+            from simjob.notice_samples import gce_system_event
 
             data, attrs = gce_system_event(
                 "terminateOnHostMaintenance", self.node(s, h), project=DEMO_PROJECT, zone=DEMO_ZONE

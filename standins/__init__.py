@@ -9,6 +9,8 @@ daemon anything the real system would not:
 * :mod:`standins.pathways_runtime` - the trainer-side view Pathways gives a
   JAX program: when a worker disappears, computations touching its devices
   fail with ``DATA_LOSS`` (raised by pathwaysutils' own fault injection).
+* :mod:`standins.kube_api` - the Kubernetes API server's ``GET /api/v1/nodes/{name}``
+  (a node's labels, hence its GKE node pool), nothing else.
 * :mod:`standins.provisioner` - Kueue/JobSet/GKE recreating a lost slice
   after a delay.
 """

@@ -37,6 +37,11 @@ States and transitions::
   earlier coordinator process, restarted without its state file, sent it) is
   brought onto a generation above it: a fresh start starts there, anything
   else holds again.
+* A notice is never a failure: only a host actually lost is. A disruption due
+  now drains its slice at the step boundary with a flush; one announced for
+  later is planned for its start minus ``notice_lead_seconds`` and begins on
+  the Tick that reaches it; a newer notice moves the plan, a completed or
+  cancelled one lifts the drain or the plan.
 * Terminal failure: the trainer is told to abort with exit code 42 (xpk
   restarts on it) after flushing, and the coordinator exits 42 too. The Orbax
   directory keeps the last committed checkpoint for the restart to restore.
@@ -421,6 +426,9 @@ def _trainer_resumed(state: State, ev: TrainerResumed, now: float) -> Decision:
 def _evaluate(state: State, now: float, why: str) -> Decision:
     """Given membership as it stands, what must happen now."""
     state = _settle(_forget_repaired(state), now)
+    state, began = _begin_planned(state, now)
+    if began:
+        why = f"{why}; {began}" if why else began
     p = state.policy
     up = state.up_slices()
     prefix = f"{why}; " if why else ""
@@ -504,7 +512,11 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         newly_down = (p.all_slices - up) - state.hold_down
         if newly_down:
             # Tell the trainer not to read its state from these slices either.
-            return _start_hold(state, now, f"{prefix}slice(s) {_fmt(newly_down)} also down", failure=False)
+            # A slice drained by a notice while a hold is pending flushes like one drained while running.
+            announced = bool(newly_down & _draining(state)) or None
+            return _start_hold(
+                state, now, f"{prefix}slice(s) {_fmt(newly_down)} also down", failure=False, flush=announced
+            )
         return Decision(state, (), f"{prefix}waiting for the trainer to hold")
 
     if state.phase == Phase.WAITING:
@@ -644,6 +656,13 @@ def _notice_slices(state: State, ev: NodeNotice) -> frozenset[int]:
 
 
 def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
+    """A notice never counts as a failure: only a host actually lost does.
+
+    Due now (imminent, in progress, or arriving after its window began while the
+    node is still up): drain at the step boundary with a flush. Due later: plan
+    the drain for ``starts_at - notice_lead_seconds``; a newer notice for the
+    same slice moves that plan, a cleared one (completed, cancelled) lifts it.
+    """
     what = ev.node or ev.node_pool or (f"slice {ev.slice}" if ev.slice is not None else "?")
     label = f"{ev.kind} for {what} from {ev.source}"
     slices = _notice_slices(state, ev)
@@ -657,27 +676,81 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
             return Decision(state, (), f"{label} ignored: older than a notice already handled", outcome="out_of_order")
         times[key] = ev.event_time
     state = replace(state, notice_times=_frozen(times))
-    drains = dict(state.drains)
+    drains, planned = dict(state.drains), dict(state.planned)
     if ev.cleared:
         lifted = {s for s in slices if s in drains and drains[s].source != "operator"}
+        unplanned = {s for s in slices if s in planned}
         for s in lifted:
             del drains[s]
-        if not lifted:
+        for s in unplanned:
+            del planned[s]
+        if not lifted and not unplanned:
             return Decision(state, (), f"{label}: nothing was draining", outcome="duplicate")
-        return _evaluate(replace(state, drains=_frozen(drains)), now, f"{label}: drain of {_fmt(lifted)} lifted")
-    if ev.deadline is not None and ev.deadline <= now:
-        # Too late to drain: the host is going or gone. Handle it as a failure.
-        errors = dict(state.slice_errors)
+        parts = [f"drain of {_fmt(lifted)} lifted"] if lifted else []
+        parts += [f"planned drain of {_fmt(unplanned)} cancelled"] if unplanned else []
+        new_state = replace(state, drains=_frozen(drains), planned=_frozen(planned))
+        return _evaluate(new_state, now, f"{label}: {', '.join(parts)}")
+    lead = state.policy.notice_lead_seconds
+    begin = None if ev.starts_at is None else ev.starts_at - lead
+    if ev.starts_at is not None and begin is not None and begin > now:
+        # Announced for later: keep training until the lead time before it starts.
+        starts_at = ev.starts_at
+        changed = {s for s in slices if s not in planned or planned[s].since != begin}
+        # A window moved later than a drain it already started: that drain waits too.
+        moved_out = {
+            s
+            for s in slices
+            if s in drains and drains[s].source != "operator" and (drains[s].starts_at or starts_at) < starts_at
+        }
+        if not changed and not moved_out:
+            return Decision(state, (), f"{label}: drain of {_fmt(slices)} already planned", outcome="duplicate")
         for s in slices:
-            errors[s] = now
-        return _evaluate(replace(state, slice_errors=_frozen(errors)), now, f"{label}: deadline already passed")
+            planned[s] = Drain(begin, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at)
+        for s in moved_out:
+            del drains[s]
+        note = f"; drain of {_fmt(moved_out)} lifted until then" if moved_out else ""
+        why = (
+            f"{label}: starts in {starts_at - now:.0f} s; draining slice(s) {_fmt(slices)} "
+            f"in {begin - now:.0f} s ({lead:g} s before){note}"
+        )
+        return _evaluate(replace(state, drains=_frozen(drains), planned=_frozen(planned)), now, why)
     new = {s for s in slices if s not in drains}
+    for s in slices:
+        planned.pop(s, None)
     if not new:
-        return Decision(state, (), f"{label}: slice(s) {_fmt(slices)} already draining", outcome="duplicate")
+        return Decision(
+            replace(state, planned=_frozen(planned)),
+            (),
+            f"{label}: slice(s) {_fmt(slices)} already draining",
+            outcome="duplicate",
+        )
     for s in new:
-        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node)
-    left = f" ({ev.deadline - now:.0f} s before the deadline)" if ev.deadline is not None else ""
-    return _evaluate(replace(state, drains=_frozen(drains)), now, f"{label}: draining slice(s) {_fmt(new)}{left}")
+        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at)
+    if ev.starts_at is not None and ev.starts_at <= now:
+        left = f" (its window began {now - ev.starts_at:.0f} s ago; the node is still up)"
+    elif ev.deadline is not None:
+        left = f" ({ev.deadline - now:.0f} s before the deadline)" if ev.deadline > now else " (deadline passed)"
+    else:
+        left = ""
+    new_state = replace(state, drains=_frozen(drains), planned=_frozen(planned))
+    return _evaluate(new_state, now, f"{label}: draining slice(s) {_fmt(new)}{left}")
+
+
+def _begin_planned(state: State, now: float) -> tuple[State, str]:
+    """Move planned drains whose time has come into ``drains``; say which."""
+    due = {s: d for s, d in state.planned.items() if d.since <= now}
+    if not due:
+        return state, ""
+    drains, planned = dict(state.drains), dict(state.planned)
+    for s, d in due.items():
+        del planned[s]
+        if s not in drains:
+            drains[s] = replace(d, since=now)
+    starts = min((d.starts_at for d in due.values() if d.starts_at is not None), default=None)
+    when = f", {starts - now:.0f} s before the window starts" if starts is not None else ""
+    return replace(state, drains=_frozen(drains), planned=_frozen(planned)), (
+        f"planned drain of slice(s) {_fmt(set(due))} begins{when}"
+    )
 
 
 def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:

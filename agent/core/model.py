@@ -61,6 +61,9 @@ class Policy:
     """RUNNING with no step report for this many times the median step time
     (and at least ``hang_min_seconds``) is a suspected hang."""
     hang_min_seconds: float = 60.0
+    notice_lead_seconds: float = 120.0
+    """How long before an announced disruption starts its slice is drained: enough
+    for the trainer to reach a step boundary and flush a checkpoint."""
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout_seconds", "hang_step_factor", "hang_min_seconds"):
@@ -82,6 +85,8 @@ class Policy:
             raise ValueError(f"elastic_timeout_seconds must be > 0, got {self.elastic_timeout_seconds}")
         if self.elastic_max_retries < 1:
             raise ValueError(f"elastic_max_retries must be >= 1, got {self.elastic_max_retries}")
+        if not self.notice_lead_seconds >= 0:
+            raise ValueError(f"notice_lead_seconds must be >= 0, got {self.notice_lead_seconds}")
 
     @property
     def min_slices(self) -> int:
@@ -183,6 +188,8 @@ class Drain:
     reason: str
     deadline: float | None = None
     node: str = ""
+    starts_at: float | None = None
+    """When the announced disruption begins (decision clock), if the notice said."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +207,9 @@ class State:
     """Slice -> when the trainer reported it lost; cleared by a replacement host."""
     drains: Mapping[int, Drain] = field(default_factory=_frozen)
     """Slices excluded by a notice or an operator; a replacement host lifts it."""
+    planned: Mapping[int, Drain] = field(default_factory=_frozen)
+    """Drains announced for later: ``since`` is when each begins (its window's start
+    minus ``notice_lead_seconds``); a Tick at or after it moves it to ``drains``."""
     notice_times: Mapping[str, float] = field(default_factory=_frozen)
     """Newest event time seen per node or node pool, to drop out-of-order notices."""
     operator_hold: bool = False
@@ -395,7 +405,12 @@ class NodeNotice:
     event_time: float | None = None
     """Wall-clock time of the event, only to order notices for one node."""
     cleared: bool = False
+    """The disruption is over or cancelled: lift what an earlier notice started or planned."""
     reason: str = ""
+    starts_at: float | None = None
+    """When a scheduled disruption begins (decision clock). Later than
+    ``now + notice_lead_seconds``: the drain is planned for ``starts_at - lead``;
+    otherwise, or None (imminent, in progress), the slice drains now."""
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,13 @@ class WorkerAdmin(admin_pb2_grpc.AdminServicer):
         return await self._refuse(context)
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """Request bytes that are not the method's message (stands in for the request)."""
+
+    error: str
+
+
 class _CallCounter(grpc.aio.ServerInterceptor):
     """Counts admin calls by method and final status code (``elastic_sidecar_admin_requests_total``)."""
 
@@ -233,12 +240,30 @@ class _CallCounter(grpc.aio.ServerInterceptor):
                 return code.name
             return "OK" if code in (None, 0) else str(code)
 
+        decode = handler.request_deserializer
+
+        def tolerant_decode(raw: bytes) -> Any:
+            # Undecodable bytes would otherwise end the call as UNKNOWN with a traceback in
+            # the log, before any handler (and this counter) sees it.
+            try:
+                return decode(raw) if decode is not None else raw
+            except Exception as e:
+                return _Undecodable(f"{type(e).__name__}: {e}")
+
+        async def refuse_corrupt(request: Any, context: grpc.aio.ServicerContext) -> None:
+            if isinstance(request, _Undecodable):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the request is not a valid {SERVICE}.{name} request message ({request.error[:200]})",
+                )
+
         if handler.response_streaming:
             inner_stream = handler.unary_stream
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 cancelled = False
                 try:
+                    await refuse_corrupt(request, context)
                     async for item in inner_stream(request, context):
                         yield item
                 except (asyncio.CancelledError, GeneratorExit):
@@ -249,20 +274,21 @@ class _CallCounter(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=tolerant_decode,
                 response_serializer=handler.response_serializer,
             )
         inner = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
+                await refuse_corrupt(request, context)
                 return await inner(request, context)
             finally:
                 counter.labels(name, code_of(context)).inc()
 
         return grpc.unary_unary_rpc_method_handler(
             unary,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=tolerant_decode,
             response_serializer=handler.response_serializer,
         )
 

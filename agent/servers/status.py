@@ -82,6 +82,17 @@ def coordinator_status(c: Coordinator) -> admin_pb2.Status:
         for i, d in sorted(s.drains.items())
         if not s.slice_up(i)  # a replacement host lifted it
     ]
+    notices += [
+        admin_pb2.PendingNotice(
+            slice=i,
+            node=d.node,
+            kind=f"{d.kind} (planned)",
+            source=d.source,
+            deadline_unix=0.0 if d.starts_at is None else d.starts_at + to_unix,
+            reason=f"drain begins in {max(0.0, d.since - time.monotonic()):.0f} s: {d.reason}",
+        )
+        for i, d in sorted(s.planned.items())
+    ]
     return admin_pb2.Status(
         role="coordinator",
         job=c.cfg.job,
@@ -121,7 +132,7 @@ def worker_status(w: Worker) -> admin_pb2.Status:
         registered=registered,
         healthy=w.healthy,
         node=cfg.node,
-        node_pool=cfg.node_pool,
+        node_pool=w.node_pool,
         incarnation=w.incarnation,
     )
     notices = [

@@ -1,34 +1,36 @@
-"""Turn one Pub/Sub message about GKE or GCE into a typed node event.
+"""Turn one Pub/Sub message about GKE or GCE into a typed notice with real semantics.
 
-Two kinds of message reach the job's subscription (FACTS section 4):
+Two kinds of message reach the job's subscription (FACTS section 4; each source,
+its fields and what the daemon does with it are in ``docs/notices.md``):
 
 * **GKE cluster notifications** (``source="gke_notification"``). The facts are
   in the attributes: ``project_id`` (the project *number*), ``cluster_location``,
   ``cluster_name``, ``type_url`` and ``payload`` (camelCase JSON); ``data`` is only
-  a sentence for people and is ignored. Of the four types GKE sends, only a
-  ``UpgradeEvent`` or ``UpgradeInfoEvent`` about a ``NODE_POOL`` concerns us: the
-  upgrade of a TPU slice's node pool recreates the whole slice.
+  a sentence for people and is ignored.
 * **Cloud Logging sink entries** (``source="log_sink"``): ``data`` is a LogEntry
-  in JSON. We read GCE system events (``resource.type="gce_instance"`` in the
-  ``cloudaudit.googleapis.com%2Fsystem_event`` log, one per
-  ``compute.instances.*`` method in :data:`GCE_METHODS`) and Kubernetes Events
-  about nodes (``resource.type="k8s_node"``, one per reason in :data:`K8S_REASONS`).
+  in JSON carrying the project *id*. We read GCE system events
+  (``resource.type="gce_instance"`` in the ``cloudaudit.googleapis.com%2Fsystem_event``
+  log) and Kubernetes Events about nodes (``resource.type="k8s_node"``).
+
+A :class:`NodeEvent` says what a notice *means*, not only what it is called:
+
+* :class:`Kind`: ``imminent`` (the VM is being stopped now, e.g. preempted),
+  ``scheduled`` (a window with a start and perhaps an end, not begun yet),
+  ``in_progress`` (the disruption is under way: an upgrade recreating the pool,
+  an ongoing maintenance window, a node being drained), ``completed`` (over: lift
+  what it started), ``cancelled`` (it will not happen) and ``informational``
+  (nothing happens to any node: end-of-support notices, control-plane upgrades,
+  security bulletins, available upgrades).
+* :class:`Target`: a ``node``, a ``node_pool`` (a TPU slice) or the ``cluster``.
+* ``start`` / ``end``: the window, when the source names one. GKE's
+  ``operationStartTime`` / ``startTime`` is when an operation *began* (already
+  past on arrival): it is ``event_time``, never a deadline.
+* ``key``: which notice this is for rescheduling: a later notice with the same key
+  (the same node's maintenance, the same upgrade operation) supersedes it.
 
 :func:`parse` is pure and total: no I/O, no clock, and every input, however
 broken, gives a :class:`NodeEvent` or a :class:`Rejected` whose ``reason`` is one of
 :data:`REJECT_REASONS` (a metric label). It never raises.
-
-Deadlines. ``NodeEvent.deadline`` is when the node is expected to be gone. For a
-maintenance notice an explicit start time in the payload wins (the earliest of
-:data:`EXPLICIT_DEADLINE_KEYS` found anywhere in the payload, or an RFC 3339
-time in a Kubernetes Event's message). Where exactly GCE and GKE put that time in
-these log entries is unverified, so the search is deliberately broad and an
-unreadable explicit time falls back to the default instead of dropping the
-notice. Otherwise ``deadline = event_time + DEFAULT_NOTICE[kind]``: 60 s for host
-maintenance (the metadata server's notice), 30 s for a Spot/preemptible VM,
-zero for what is already happening (host error, guest terminate, node deletion,
-a started maintenance window, an upgrade in progress), and none for a cleared
-window or an informational upgrade notice.
 """
 
 from __future__ import annotations
@@ -44,21 +46,26 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 
-class NoticeKind(enum.StrEnum):
-    """What happened (or is about to happen) to a node or node pool."""
+class Kind(enum.StrEnum):
+    """What a notice means for the node(s) it names."""
 
-    TERMINATE_ON_HOST_MAINTENANCE = "terminate_on_host_maintenance"
-    UPCOMING_MAINTENANCE = "upcoming_maintenance"
-    PREEMPTED = "preempted"
-    HOST_ERROR = "host_error"
-    AUTOMATIC_RESTART = "automatic_restart"
-    GUEST_TERMINATE = "guest_terminate"
-    MAINTENANCE_WINDOW_SCHEDULED = "maintenance_window_scheduled"
-    MAINTENANCE_WINDOW_STARTED = "maintenance_window_started"
-    MAINTENANCE_WINDOW_CLEARED = "maintenance_window_cleared"
-    NODE_DELETING = "node_deleting"
-    NODE_POOL_UPGRADE = "node_pool_upgrade"
-    NODE_POOL_UPGRADE_INFO = "node_pool_upgrade_info"
+    IMMINENT = "imminent"
+    SCHEDULED = "scheduled"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    INFORMATIONAL = "informational"
+
+    @property
+    def lifts(self) -> bool:
+        """True when the notice ends an earlier one (its drain is lifted)."""
+        return self in (Kind.COMPLETED, Kind.CANCELLED)
+
+
+class Target(enum.StrEnum):
+    NODE = "node"
+    NODE_POOL = "node_pool"
+    CLUSTER = "cluster"
 
 
 Source = Literal["gke_notification", "log_sink"]
@@ -66,26 +73,40 @@ Source = Literal["gke_notification", "log_sink"]
 
 @dataclass(frozen=True)
 class NodeEvent:
-    """A notice about one GKE node (``node``) or a whole node pool (``node == ""``).
+    """A notice about one node, one node pool, or the cluster.
 
+    ``what`` names the source's own type (``compute.instances.upcomingMaintenance``,
+    ``UpgradeInfoEvent/DISRUPTION_EVENT``): a metric label and a log field.
     ``identity`` names the underlying event, not the Pub/Sub message: the same
     LogEntry published twice, or redelivered, has the same identity, so the
     intake can drop the copies. Times are timezone-aware UTC or ``None``.
     """
 
-    kind: NoticeKind
+    kind: Kind
+    target: Target
+    what: str
     node: str
     node_pool: str
     cluster: str
     location: str
     project: str
     event_time: datetime | None
-    deadline: datetime | None
-    cleared: bool
+    start: datetime | None
+    """When the disruption begins, if the source says (a window's start, a forced eviction)."""
+    end: datetime | None
+    """When the window closes, if the source says."""
+    key: str
     source: Source
     identity: str
     summary: str
+    maintenance_type: str = ""
+    """GCE ``type``: SCHEDULED or UNSCHEDULED (empty when not given)."""
+    can_reschedule: bool | None = None
     message_id: str = ""
+
+    @property
+    def cleared(self) -> bool:
+        return self.kind.lifts
 
 
 @dataclass(frozen=True)
@@ -100,11 +121,11 @@ REJECT_REASONS: Final = frozenset(
     {
         "not_json",  # data (or a GKE payload attribute) is not JSON
         "not_utf8",  # data is not UTF-8
-        "unknown_type",  # a message type or log we do not read (other GKE notification types, other logs)
+        "unknown_type",  # a message type or log we do not read (other logs, other message types)
         "unknown_method",  # a GCE method or Kubernetes Event reason we do not read
         "missing_field",  # a field we need is absent
         "bad_field",  # a field has the wrong type or an unreadable value
-        "unsupported_resource",  # a resource we do not read (MASTER upgrades, other monitored resources)
+        "unsupported_resource",  # a monitored resource we do not read
         "empty",  # nothing to read
     }
 )
@@ -114,68 +135,72 @@ PARSER_ERROR_PREFIX: Final = "parser error"
 
 Seeing it means the parser has a bug; the tests assert it never appears."""
 
-GCE_METHODS: Final[Mapping[str, NoticeKind]] = MappingProxyType(
+MAINTENANCE_COMPLETED_TEXT: Final = "Maintenance window has completed"
+"""What ``protoPayload.status.message`` of an upcomingMaintenance entry says once the window is over
+(the same test as NVIDIA NVSentinel's csp-health-monitor ``gcp_normalizer.go``)."""
+
+GCE_METHODS: Final[Mapping[str, Kind | None]] = MappingProxyType(
     {
-        "compute.instances.preempted": NoticeKind.PREEMPTED,
-        "compute.instances.hostError": NoticeKind.HOST_ERROR,
-        "compute.instances.terminateOnHostMaintenance": NoticeKind.TERMINATE_ON_HOST_MAINTENANCE,
-        "compute.instances.upcomingMaintenance": NoticeKind.UPCOMING_MAINTENANCE,
-        "compute.instances.automaticRestart": NoticeKind.AUTOMATIC_RESTART,
-        "compute.instances.guestTerminate": NoticeKind.GUEST_TERMINATE,
+        # Spot / preemptible VM stopped: about 30 s before the VM is gone.
+        "compute.instances.preempted": Kind.IMMINENT,
+        # The VM is being stopped for host maintenance (TPU VMs cannot live-migrate).
+        "compute.instances.terminateOnHostMaintenance": Kind.IMMINENT,
+        # The host failed; the VM is restarted elsewhere. The loss itself is learnt
+        # from the worker's stream and the trainer, not from this entry.
+        "compute.instances.hostError": Kind.IN_PROGRESS,
+        "compute.instances.guestTerminate": Kind.IN_PROGRESS,
+        # The VM is running again after a host error.
+        "compute.instances.automaticRestart": Kind.COMPLETED,
+        # A live migration keeps the VM running: nothing to drain.
+        "compute.instances.migrateOnHostMaintenance": Kind.INFORMATIONAL,
+        # Read from protoPayload.metadata (maintenanceStatus, window, completion text).
+        "compute.instances.upcomingMaintenance": None,
+        "compute.instances.upcomingInfraMaintenance": None,
+    }
+)
+"""GCE system-event methods: their meaning, or ``None`` where the entry's metadata decides."""
+
+DEFAULT_NOTICE: Final[Mapping[str, timedelta]] = MappingProxyType(
+    {
+        "compute.instances.preempted": timedelta(seconds=30),
+        "compute.instances.terminateOnHostMaintenance": timedelta(seconds=60),
+    }
+)
+"""How long after ``event_time`` an imminent VM stop completes (Spot: 30 s; host maintenance: 60 s)."""
+
+K8S_REASONS: Final[Mapping[str, Kind]] = MappingProxyType(
+    {
+        # Unverified reason strings (FACTS section 4): kept as a plug-in point.
+        "MaintenanceWindowScheduled": Kind.SCHEDULED,
+        "MaintenanceWindowStarted": Kind.IN_PROGRESS,
+        "MaintenanceWindowCleared": Kind.COMPLETED,
+        # node-controller: the node's VM no longer exists.
+        "DeletingNode": Kind.IN_PROGRESS,
     }
 )
 
-K8S_REASONS: Final[Mapping[str, NoticeKind]] = MappingProxyType(
+GKE_INFORMATIONAL_TYPES: Final = frozenset({"UpgradeAvailableEvent", "SecurityBulletinEvent"})
+"""GKE notification types that never disrupt a node by themselves."""
+
+UPGRADE_INFO_STATES: Final[Mapping[str, Kind]] = MappingProxyType(
     {
-        "MaintenanceWindowScheduled": NoticeKind.MAINTENANCE_WINDOW_SCHEDULED,
-        "MaintenanceWindowStarted": NoticeKind.MAINTENANCE_WINDOW_STARTED,
-        "MaintenanceWindowCleared": NoticeKind.MAINTENANCE_WINDOW_CLEARED,
-        "DeletingNode": NoticeKind.NODE_DELETING,
+        "STARTED": Kind.IN_PROGRESS,
+        "SUCCEEDED": Kind.COMPLETED,
+        "FAILED": Kind.COMPLETED,
+        "CANCELED": Kind.COMPLETED,
     }
 )
+"""UpgradeInfoEvent ``state`` of a node-pool UPGRADE_LIFECYCLE event; anything else is informational."""
 
-GKE_NOTIFICATION_TYPES: Final[Mapping[str, NoticeKind]] = MappingProxyType(
-    {"UpgradeEvent": NoticeKind.NODE_POOL_UPGRADE, "UpgradeInfoEvent": NoticeKind.NODE_POOL_UPGRADE_INFO}
-)
-
-_S = timedelta(seconds=1)
-DEFAULT_NOTICE: Final[Mapping[NoticeKind, timedelta | None]] = MappingProxyType(
+GCE_MAINTENANCE_STATUS: Final[Mapping[str, Kind]] = MappingProxyType(
     {
-        NoticeKind.TERMINATE_ON_HOST_MAINTENANCE: 60 * _S,
-        NoticeKind.UPCOMING_MAINTENANCE: 60 * _S,
-        NoticeKind.PREEMPTED: 30 * _S,
-        NoticeKind.HOST_ERROR: timedelta(0),
-        NoticeKind.AUTOMATIC_RESTART: timedelta(0),
-        NoticeKind.GUEST_TERMINATE: timedelta(0),
-        NoticeKind.MAINTENANCE_WINDOW_SCHEDULED: 60 * _S,
-        NoticeKind.MAINTENANCE_WINDOW_STARTED: timedelta(0),
-        NoticeKind.MAINTENANCE_WINDOW_CLEARED: None,
-        NoticeKind.NODE_DELETING: timedelta(0),
-        NoticeKind.NODE_POOL_UPGRADE: timedelta(0),
-        NoticeKind.NODE_POOL_UPGRADE_INFO: None,
+        "PENDING": Kind.SCHEDULED,
+        "ONGOING": Kind.IN_PROGRESS,
+        # Not in Google's documents seen so far; read in case GCE sends them.
+        "COMPLETED": Kind.COMPLETED,
+        "CANCELLED": Kind.CANCELLED,
+        "CANCELED": Kind.CANCELLED,
     }
-)
-"""How long after ``event_time`` the node is expected to go when the payload names no time.
-
-``None``: no deadline (nothing is going away, or the notice is informational)."""
-
-EXPLICIT_DEADLINE_KINDS: Final = frozenset(
-    {
-        NoticeKind.UPCOMING_MAINTENANCE,
-        NoticeKind.TERMINATE_ON_HOST_MAINTENANCE,
-        NoticeKind.MAINTENANCE_WINDOW_SCHEDULED,
-    }
-)
-"""Kinds whose payload may name when the maintenance starts."""
-
-EXPLICIT_DEADLINE_KEYS: Final = (
-    "windowStartTime",  # GCE UpcomingMaintenance
-    "latestWindowStartTime",
-    "maintenanceScheduledStartTime",  # Unified Maintenance
-    "maintenanceStartTime",
-    "scheduledMaintenanceTime",
-    "notBefore",
-    "cloud.google.com/scheduled-maintenance-time",  # GKE node label (unix seconds)
 )
 
 SYSTEM_EVENT_LOG_SUFFIXES: Final = (
@@ -186,16 +211,16 @@ LOG_TIMESTAMP_ATTRIBUTE: Final = "logging.googleapis.com/timestamp"
 
 _GKE_TYPE_URL = re.compile(r"type\.googleapis\.com/google\.container\.v1(?:beta1|alpha1)?\.([A-Za-z]+)")
 _NODE_POOL_RESOURCE = re.compile(r"projects/([^/]+)/(?:locations|zones)/([^/]+)/clusters/([^/]+)/nodePools/([^/]+)")
+_CLUSTER_RESOURCE = re.compile(r"projects/([^/]+)/(?:locations|zones)/([^/]+)/clusters/([^/]+)")
 _INSTANCE_RESOURCE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 _METHOD_VERSION_PREFIX = re.compile(r"(?:v1|beta|alpha)\.")
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
-_UNIX_SECONDS = re.compile(r"[0-9]{9,11}")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)s")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _NODE_POOL_KEYS = ("node_pool_name", "nodepool_name", "goog-k8s-node-pool-name", "cloud.google.com/gke-nodepool")
 _CLUSTER_KEYS = ("cluster_name", "goog-k8s-cluster-name")
-_WALK_LIMIT = 2000
 
 
 class _Reject(Exception):
@@ -220,15 +245,11 @@ def parse(
             ev = _from_gke_notification(attrs, pt)
         else:
             ev = _from_log_entry(data, attrs, pt)
-        return _with_message_id(ev, message_id)
+        return replace(ev, message_id=message_id if isinstance(message_id, str) else "")
     except _Reject as r:
         return Rejected(r.reason, r.detail)
     except Exception as e:  # last line of defence: one odd message must never stall the stream
         return Rejected("bad_field", f"{PARSER_ERROR_PREFIX} {type(e).__name__}: {e}")
-
-
-def _with_message_id(ev: NodeEvent, message_id: str) -> NodeEvent:
-    return replace(ev, message_id=message_id if isinstance(message_id, str) else "")
 
 
 # --------------------------------------------------------------------------
@@ -241,73 +262,151 @@ def _from_gke_notification(attrs: Mapping[str, Any], publish_time: datetime | No
     m = _GKE_TYPE_URL.fullmatch(type_url)
     if m is None:
         raise _Reject("unknown_type", f"type_url {type_url!r} is not a GKE cluster notification type")
-    kind = GKE_NOTIFICATION_TYPES.get(m.group(1))
-    if kind is None:
-        raise _Reject(
-            "unknown_type",
-            f"GKE notification {m.group(1)} carries no node event (only UpgradeEvent and UpgradeInfoEvent do)",
-        )
+    type_name = m.group(1)
     raw = _attr(attrs, "payload", required=True)
     try:
         payload = json.loads(raw)
     except (ValueError, RecursionError) as e:
-        raise _Reject("not_json", f"payload attribute of {m.group(1)} is not JSON: {e}") from None
+        raise _Reject("not_json", f"payload attribute of {type_name} is not JSON: {e}") from None
     if not isinstance(payload, dict):
-        raise _Reject("bad_field", f"payload of {m.group(1)} must be a JSON object, got {type(payload).__name__}")
-    resource_type = _field(payload, "resourceType", "payload", required=True)
-    if resource_type != "NODE_POOL":
+        raise _Reject("bad_field", f"payload of {type_name} must be a JSON object, got {type(payload).__name__}")
+    cluster = _attr(attrs, "cluster_name")
+    location = _attr(attrs, "cluster_location")
+    project = _attr(attrs, "project_id")
+    if type_name in GKE_INFORMATIONAL_TYPES:
+        return _gke_info(type_name, type_name, payload, cluster, location, project, publish_time, type_url)
+    if type_name not in ("UpgradeEvent", "UpgradeInfoEvent"):
         raise _Reject(
-            "unsupported_resource", f"{m.group(1)} for resourceType {resource_type!r}: only NODE_POOL recreates nodes"
+            "unknown_type",
+            f"GKE notification {type_name} is not one of UpgradeEvent, UpgradeInfoEvent, "
+            f"{', '.join(sorted(GKE_INFORMATIONAL_TYPES))}",
         )
-    resource = _field(payload, "resource", "payload", required=True)
+    resource_type = _field(payload, "resourceType", "payload")
+    resource = _field(payload, "resource", "payload")
+    operation = _field(payload, "operation", "payload")
+    started = _time_field(payload, "operationStartTime" if type_name == "UpgradeEvent" else "startTime", "payload")
+    event_time = started or publish_time
+    event_type = _field(payload, "eventType", "payload") if type_name == "UpgradeInfoEvent" else ""
+    what = f"{type_name}/{event_type}" if event_type else type_name
+
+    if event_type == "DISRUPTION_EVENT":
+        return _gke_disruption(payload, what, cluster, location, project, event_time, type_url, resource, operation)
+    if resource_type != "NODE_POOL":
+        # Control-plane upgrades, end-of-support and COS notices touch no node.
+        return _gke_info(type_name, what, payload, cluster, location, project, event_time, type_url)
     rm = _NODE_POOL_RESOURCE.fullmatch(resource)
     if rm is None:
         raise _Reject(
             "bad_field", f"payload.resource {resource!r} is not projects/P/locations/L/clusters/C/nodePools/NP"
         )
     r_project, r_location, r_cluster, node_pool = rm.groups()
-    cluster = _attr(attrs, "cluster_name") or r_cluster
-    if cluster != r_cluster:
+    if cluster and cluster != r_cluster:
         raise _Reject("bad_field", f"cluster_name attribute {cluster!r} does not match payload.resource {resource!r}")
-    location = _attr(attrs, "cluster_location") or r_location
-    project = _attr(attrs, "project_id") or r_project
-    operation = _field(payload, "operation", "payload")
-    start_key = "operationStartTime" if kind is NoticeKind.NODE_POOL_UPGRADE else "startTime"
-    started = _time_field(payload, start_key, "payload") or _time_field(payload, "operationStartTime", "payload")
-    event_time = started or publish_time
     current = _field(payload, "currentVersion", "payload")
-    target = _field(payload, "targetVersion", "payload")
-    state = _field(payload, "state", "payload")
-    event_type = _field(payload, "eventType", "payload")
-
-    if kind is NoticeKind.NODE_POOL_UPGRADE:
-        deadline = event_time
-        what = "is being upgraded"
+    target_v = _field(payload, "targetVersion", "payload")
+    versions = f" from {current or '?'} to {target_v or '?'}" if (current or target_v) else ""
+    if type_name == "UpgradeEvent":
+        kind = Kind.IN_PROGRESS
+        state = "STARTED"
+        how = "is being upgraded (its nodes are recreated)"
     else:
-        # An info event is a heads-up; only one naming a start time has a deadline.
-        deadline = started if state in ("", "STARTED") else None
-        what = f"upgrade info ({', '.join(x for x in (event_type, state) if x) or 'no state'})"
-    versions = f" from {current or '?'} to {target or '?'}" if (current or target) else ""
-    parts = [type_url, resource, operation]
-    if kind is NoticeKind.NODE_POOL_UPGRADE_INFO:
-        parts += [state, event_type]
+        state = _field(payload, "state", "payload")
+        if event_type not in ("", "EVENT_TYPE_UNSPECIFIED", "UPGRADE_LIFECYCLE"):
+            return _gke_info(type_name, what, payload, cluster, location, project, event_time, type_url)
+        kind = UPGRADE_INFO_STATES.get(state, Kind.INFORMATIONAL)
+        how = f"upgrade {state.lower() or 'state unspecified'}"
+    parts = [type_url, resource, operation, state]
     if not operation:
-        parts += [target, _iso(started) if started else ""]
-    summary = f"Node pool {node_pool} of cluster {cluster} ({location}) {what}{versions}"
+        parts += [target_v, _iso(started)]
+    summary = f"Node pool {node_pool} of cluster {r_cluster} ({location or r_location}) {how}{versions}"
     summary += f", operation {operation}." if operation else "."
     return NodeEvent(
         kind=kind,
+        target=Target.NODE_POOL,
+        what=what,
         node="",
+        node_pool=node_pool,
+        cluster=cluster or r_cluster,
+        location=location or r_location,
+        project=project or r_project,
+        event_time=event_time,
+        start=None,
+        end=_time_field(payload, "endTime", "payload") if type_name == "UpgradeInfoEvent" else None,
+        key=f"upgrade:{node_pool}:{operation}",
+        source="gke_notification",
+        identity="gke:" + "|".join(parts),
+        summary=summary,
+    )
+
+
+def _gke_disruption(
+    payload: dict[str, Any],
+    what: str,
+    cluster: str,
+    location: str,
+    project: str,
+    event_time: datetime | None,
+    type_url: str,
+    resource: str,
+    operation: str,
+) -> NodeEvent:
+    """A node whose drain is blocked by a PodDisruptionBudget: that one node is going."""
+    dis = _obj(payload, "disruptionEvent", "payload")
+    node = _name(_field(dis, "pdbBlockedNode", "payload.disruptionEvent", required=True), "pdbBlockedNode")
+    dtype = _field(dis, "disruptionType", "payload.disruptionEvent")
+    timeout = _duration(dis, "pdbViolationTimeout", "payload.disruptionEvent")
+    forced = _plus(event_time, timeout) if timeout is not None else None
+    rm = _NODE_POOL_RESOURCE.fullmatch(resource)
+    node_pool = rm.group(4) if rm else ""
+    when = f"; pods are evicted regardless at {_iso(forced)}" if forced else ""
+    return NodeEvent(
+        kind=Kind.IN_PROGRESS,
+        target=Target.NODE,
+        what=what,
+        node=node,
         node_pool=node_pool,
         cluster=cluster,
         location=location,
         project=project,
         event_time=event_time,
-        deadline=deadline,
-        cleared=False,
+        start=None,
+        end=forced,
+        key=f"disruption:{node}",
         source="gke_notification",
-        identity="gke:" + "|".join(parts),
-        summary=summary,
+        identity="gke:" + "|".join([type_url, resource, operation, node, dtype, _iso(event_time)]),
+        summary=f"Node {node} is being drained by GKE ({dtype or 'disruption'}), blocked by a PodDisruptionBudget{when}.",
+    )
+
+
+def _gke_info(
+    type_name: str,
+    what: str,
+    payload: dict[str, Any],
+    cluster: str,
+    location: str,
+    project: str,
+    event_time: datetime | None,
+    type_url: str,
+) -> NodeEvent:
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    desc = payload.get("description") or payload.get("briefDescription") or ""
+    desc = f": {desc[:160]}" if isinstance(desc, str) and desc else ""
+    return NodeEvent(
+        kind=Kind.INFORMATIONAL,
+        target=Target.CLUSTER,
+        what=what,
+        node="",
+        node_pool="",
+        cluster=cluster,
+        location=location,
+        project=project,
+        event_time=event_time,
+        start=None,
+        end=None,
+        key=f"info:{what}",
+        source="gke_notification",
+        identity=f"gke:{type_url}|{digest}",
+        summary=f"GKE {what} for cluster {cluster or '?'} (informational, no node is disrupted){desc}.",
     )
 
 
@@ -366,10 +465,10 @@ def _gce_system_event(
     if not log_name.endswith(SYSTEM_EVENT_LOG_SUFFIXES):
         raise _Reject("unknown_type", f"logName {log_name!r} is not the GCE system_event audit log")
     proto = _obj(entry, "protoPayload", "LogEntry")
-    method = _field(proto, "methodName", "protoPayload", required=True)
-    kind = GCE_METHODS.get(_METHOD_VERSION_PREFIX.sub("", method, count=1))
-    if kind is None:
-        raise _Reject("unknown_method", f"protoPayload.methodName {method!r} is not one of {sorted(GCE_METHODS)}")
+    raw_method = _field(proto, "methodName", "protoPayload", required=True)
+    method = _METHOD_VERSION_PREFIX.sub("", raw_method, count=1)
+    if method not in GCE_METHODS:
+        raise _Reject("unknown_method", f"protoPayload.methodName {raw_method!r} is not one of {sorted(GCE_METHODS)}")
     resource_name = _field(proto, "resourceName", "protoPayload", required=True)
     m = _INSTANCE_RESOURCE.fullmatch(resource_name)
     if m is None:
@@ -378,26 +477,66 @@ def _gce_system_event(
     node = _name(instance, "protoPayload.resourceName instance")
     project = _field(labels, "project_id", "resource.labels") or r_project
     zone = _field(labels, "zone", "resource.labels") or r_zone
-    node_pool = _first_label(_NODE_POOL_KEYS, labels, entry_labels)
-    cluster = _first_label(_CLUSTER_KEYS, labels, entry_labels)
-    deadline, note = _deadline(kind, event_time, proto, "")
     status = proto.get("status")
     status_msg = status.get("message") if isinstance(status, dict) else None
-    said = f' ("{status_msg[:160]}")' if isinstance(status_msg, str) and status_msg else ""
-    summary = f"GCE system event {method.rsplit('.', 1)[-1]} on node {node} in {zone}{said}{_by(deadline, kind)}{note}."
+    status_msg = status_msg if isinstance(status_msg, str) else ""
+    short = method.rsplit(".", 1)[-1]
+    start = end = None
+    mtype = ""
+    can_reschedule: bool | None = None
+    fixed = GCE_METHODS[method]
+    if fixed is None:  # upcomingMaintenance / upcomingInfraMaintenance
+        md = _obj(proto, "metadata", "protoPayload", required=False)
+        nested = md.get("upcomingMaintenance")
+        if isinstance(nested, dict):  # the Compute API's UpcomingMaintenance object, if a sink nests it
+            md = nested
+        maint_status = _field(md, "maintenanceStatus", "protoPayload.metadata")
+        mtype = _field(md, "type", "protoPayload.metadata")
+        start = _time_field(md, "windowStartTime", "protoPayload.metadata")
+        end = _time_field(md, "windowEndTime", "protoPayload.metadata")
+        cr = md.get("canReschedule")
+        can_reschedule = cr if isinstance(cr, bool) else None
+        if MAINTENANCE_COMPLETED_TEXT.lower() in status_msg.lower():
+            kind = Kind.COMPLETED
+        elif maint_status:
+            kind = GCE_MAINTENANCE_STATUS.get(maint_status.upper(), Kind.SCHEDULED)
+        else:
+            kind = Kind.SCHEDULED
+        if kind is Kind.SCHEDULED and start is None:
+            # Pending with no window: all we know is that it is coming; treat it like the
+            # metadata server's notice (about 60 s).
+            kind = Kind.IMMINENT
+            start = _plus(event_time, timedelta(seconds=60))
+        key = f"maintenance:{node}"
+    else:
+        kind = fixed
+        notice = DEFAULT_NOTICE.get(method)
+        if notice is not None:
+            start = _plus(event_time, notice)
+        key = f"vm:{node}"
+    said = f' ("{status_msg[:160]}")' if status_msg else ""
+    window = ""
+    if start is not None and kind is Kind.SCHEDULED:
+        window = f"; window {_iso(start)} to {_iso(end) or '?'}"
+    summary = f"GCE {short} on node {node} in {zone}: {kind}{window}{said}."
     return NodeEvent(
         kind=kind,
+        target=Target.NODE,
+        what=method,
         node=node,
-        node_pool=node_pool,
-        cluster=cluster,
+        node_pool=_first_label(_NODE_POOL_KEYS, labels, entry_labels),
+        cluster=_first_label(_CLUSTER_KEYS, labels, entry_labels),
         location=zone,
         project=project,
         event_time=event_time,
-        deadline=deadline,
-        cleared=False,
+        start=start,
+        end=end,
+        key=key,
         source="log_sink",
         identity=identity,
         summary=summary,
+        maintenance_type=mtype,
+        can_reschedule=can_reschedule,
     )
 
 
@@ -424,84 +563,32 @@ def _k8s_node_event(
         )
     raw_message = payload.get("message")
     message = raw_message if isinstance(raw_message, str) else ""
-    src = payload.get("source")
-    component = src.get("component") if isinstance(src, dict) and isinstance(src.get("component"), str) else ""
-    deadline, note = _deadline(kind, event_time, payload, message)
-    summary = f"Kubernetes {reason} on node {node}"
-    summary += f" from {component}" if component else ""
-    summary += f': "{message[:160]}"' if message else ""
-    summary += f"{_by(deadline, kind)}{note}."
-    cluster = _field(labels, "cluster_name", "resource.labels")
+    start = None
+    if kind is Kind.SCHEDULED:
+        found = _RFC3339.search(message)
+        start = _rfc3339(found.group(0)) if found else None
+        if start is None:
+            kind = Kind.IMMINENT
+            start = _plus(event_time, timedelta(seconds=60))
+    summary = f"Kubernetes {reason} on node {node}: {kind}"
+    summary += f' ("{message[:160]}")' if message else ""
     return NodeEvent(
         kind=kind,
+        target=Target.NODE,
+        what=f"k8s/{reason}",
         node=node,
         node_pool=_first_label(_NODE_POOL_KEYS, labels, entry_labels),
-        cluster=cluster or _first_label(_CLUSTER_KEYS, {}, entry_labels),
+        cluster=_field(labels, "cluster_name", "resource.labels") or _first_label(_CLUSTER_KEYS, {}, entry_labels),
         location=_field(labels, "location", "resource.labels"),
         project=_field(labels, "project_id", "resource.labels"),
         event_time=event_time,
-        deadline=deadline,
-        cleared=kind is NoticeKind.MAINTENANCE_WINDOW_CLEARED,
+        start=start,
+        end=None,
+        key=f"maintenance:{node}" if reason.startswith("Maintenance") else f"vm:{node}",
         source="log_sink",
         identity=identity,
-        summary=summary,
+        summary=summary + ".",
     )
-
-
-# --------------------------------------------------------------------------
-# deadlines
-# --------------------------------------------------------------------------
-
-
-def _deadline(kind: NoticeKind, event_time: datetime | None, payload: Any, text: str) -> tuple[datetime | None, str]:
-    """(deadline, note for the summary). See the module docstring."""
-    note = ""
-    if kind in EXPLICIT_DEADLINE_KINDS:
-        explicit, bad = _explicit_time(payload)
-        if explicit is None and text:
-            m = _RFC3339.search(text)
-            explicit = _rfc3339(m.group(0)) if m else None
-        if explicit is not None:
-            return explicit, ""
-        if bad:
-            note = f" (unreadable {bad} ignored)"
-    notice = DEFAULT_NOTICE[kind]
-    if notice is None or event_time is None:
-        return None, note
-    try:
-        return event_time + notice, note
-    except OverflowError:
-        raise _Reject("bad_field", f"event time {_iso(event_time)} + {notice} is past year 9999") from None
-
-
-def _explicit_time(payload: Any) -> tuple[datetime | None, str]:
-    """Earliest explicit maintenance start found anywhere in ``payload``, and the first unreadable key."""
-    found: list[datetime] = []
-    bad = ""
-    stack: list[Any] = [payload]
-    seen = 0
-    while stack and seen < _WALK_LIMIT:
-        node = stack.pop()
-        seen += 1
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k in EXPLICIT_DEADLINE_KEYS and not isinstance(v, dict | list):
-                    t = _time_value(v)
-                    if t is not None:
-                        found.append(t)
-                    elif not bad:
-                        bad = str(k)
-                elif isinstance(v, dict | list):
-                    stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(x for x in node if isinstance(x, dict | list))
-    return (min(found) if found else None), bad
-
-
-def _by(deadline: datetime | None, kind: NoticeKind) -> str:
-    if kind is NoticeKind.MAINTENANCE_WINDOW_CLEARED:
-        return "; the node is no longer expected to go"
-    return f"; expected gone by {_iso(deadline)}" if deadline else ""
 
 
 # --------------------------------------------------------------------------
@@ -562,23 +649,6 @@ def _time_attr(attrs: Mapping[str, Any], key: str) -> datetime | None:
     return t
 
 
-def _time_value(v: Any) -> datetime | None:
-    """An RFC 3339 string or unix seconds (number or digit string), else None."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, str):
-        if _UNIX_SECONDS.fullmatch(v):
-            v = int(v)
-        else:
-            return _rfc3339(v)
-    if isinstance(v, int | float):
-        try:
-            return datetime.fromtimestamp(v, UTC)
-        except (OverflowError, OSError, ValueError):
-            return None
-    return None
-
-
 def _rfc3339(s: str) -> datetime | None:
     m = _RFC3339.fullmatch(s.strip())
     if m is None:
@@ -622,3 +692,26 @@ def _iso(t: datetime | None) -> str:
 def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _duration(obj: dict[str, Any], key: str, where: str) -> timedelta | None:
+    """A protobuf Duration in JSON ("3600s", "1.5s"), else None; a malformed one is a bad_field."""
+    s = _field(obj, key, where)
+    if not s:
+        return None
+    m = _DURATION.fullmatch(s.strip())
+    if m is None:
+        raise _Reject("bad_field", f"{where}.{key} {_short(s)} is not a protobuf Duration like '3600s'")
+    try:
+        return timedelta(seconds=float(m.group(1)))
+    except OverflowError:
+        raise _Reject("bad_field", f"{where}.{key} {_short(s)} is too large") from None
+
+
+def _plus(t: datetime | None, d: timedelta) -> datetime | None:
+    if t is None:
+        return None
+    try:
+        return t + d
+    except OverflowError:
+        raise _Reject("bad_field", f"time {_iso(t)} + {d} is past year 9999") from None

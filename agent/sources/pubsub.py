@@ -24,11 +24,21 @@ depend on the order of notices anyway. The dedupe memory lives in this process:
 after a restart, redelivered messages reach the handler again, which is why the
 core treats a repeated notice as a no-op.
 
+The intake never blocks the job: the stream is reopened with backoff (1 s
+doubling to 60 s) for as long as the daemon runs, whatever ended it. An error
+that retrying will not cure (the subscription does not exist, the service
+account may not read it) is logged at ERROR with the likely fix, shown by
+:meth:`PubSubIntake.status` (``/status``) and counted; training goes on with
+notices degraded, and the intake recovers by itself once the cause is fixed.
+
 Counters (:attr:`PubSubIntake.stats`, also passed to :attr:`PubSubIntake.on_count`):
-``received``, ``accepted`` (handled and ACKed), ``duplicate`` (same event, other
-message), ``redelivered`` (same message again), ``foreign_cluster``,
-``rejected:<reason>`` (:data:`~agent.sources.gke_events.REJECT_REASONS`),
-``handler_error``, ``internal_error``, ``acked``, ``nacked``.
+``received``; exactly one outcome per message: ``accepted`` (handled and
+ACKed), ``informational`` (a notice that disrupts nothing), ``duplicate`` (same
+event, other message), ``redelivered`` (same message again),
+``foreign_cluster``, ``foreign_project``, ``rejected:<reason>``
+(:data:`~agent.sources.gke_events.REJECT_REASONS`), ``handler_error``,
+``internal_error``; the settlements ``acked`` and ``nacked``; and
+``stream_error:<code>`` each time the stream ends on its own.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent import log as agent_log
-from agent.sources.gke_events import NodeEvent, Rejected, parse
+from agent.sources.gke_events import Kind, NodeEvent, Rejected, parse
 
 if TYPE_CHECKING:
     from google.cloud.pubsub_v1 import SubscriberClient
@@ -55,6 +65,35 @@ Handler = Callable[[NodeEvent], Awaitable[object] | concurrent.futures.Future[An
 return a ``concurrent.futures.Future``, or be a plain function."""
 
 log = agent_log.get("elastic-sidecar.pubsub")
+
+RETRY_FIRST_SECONDS = 1.0
+RETRY_MAX_SECONDS = 60.0
+QUIET_REJECTIONS = frozenset({"unknown_type", "unknown_method", "unsupported_resource"})
+"""Real messages that are simply not for us: INFO, not WARNING."""
+
+
+def stream_error_hint(code: str, subscription: str) -> str:
+    """The likely fix for a stream that ended with ``code`` (a gRPC status name), or ""."""
+    return {
+        "NOT_FOUND": f"subscription {subscription} does not exist: create it (deploy/pubsub/setup.sh) "
+        "or correct --pubsub-subscription",
+        "PERMISSION_DENIED": f"the pod's Google service account may not pull {subscription}: grant it "
+        "roles/pubsub.subscriber on the subscription and check the Workload Identity binding "
+        "(deploy/pubsub/setup.sh)",
+        "UNAUTHENTICATED": "no usable Google credentials: check the Workload Identity annotation on the "
+        "Kubernetes service account (deploy/common/serviceaccount.yaml)",
+        "INVALID_ARGUMENT": f"the subscription name {subscription} is malformed: expected projects/P/subscriptions/S",
+    }.get(code, "")
+
+
+def _code_name(exc: BaseException | None) -> str:
+    """The gRPC status name of a google.api_core error (e.g. NOT_FOUND), else the exception's type name."""
+    if exc is None:
+        return "ENDED"
+    grpc_code = getattr(exc, "grpc_status_code", None)
+    if grpc_code is not None and getattr(grpc_code, "name", None):
+        return str(grpc_code.name)
+    return type(exc).__name__
 
 
 class _LRUSet:
@@ -113,7 +152,10 @@ class PubSubIntake:
         dedupe_size: int = 100_000,
         handler_timeout: float | None = 60.0,
         on_count: Callable[[str], None] | None = None,
+        on_state: Callable[[bool], None] | None = None,
         subscriber: SubscriberClient | None = None,
+        retry_first: float = RETRY_FIRST_SECONDS,
+        retry_max: float = RETRY_MAX_SECONDS,
     ) -> None:
         if not subscription.startswith("projects/") or "/subscriptions/" not in subscription:
             raise ValueError(f"subscription must be 'projects/P/subscriptions/S', got {subscription!r}")
@@ -129,9 +171,19 @@ class PubSubIntake:
         self.handler_timeout = handler_timeout
         self.on_count = on_count
         """Called with each counter key as it is incremented (for the metrics module); must be cheap."""
+        self.on_state = on_state
+        """Called with True when the stream (re)opens and False when it ends on its own."""
         self.stats: Counter[str] = Counter()
         self.error: BaseException | None = None
-        """Why the stream stopped on its own (``None`` while it runs or after :meth:`stop`)."""
+        """Why the stream last stopped on its own (cleared when a reopened stream delivers)."""
+        self.error_code = ""
+        self.hint = ""
+        self.restarts = 0
+        self.retry_first = retry_first
+        self.retry_max = retry_max
+        self._delay = retry_first
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_at: float | None = None
         self._subscriber = subscriber
         self._owns_subscriber = subscriber is None
         self._future: StreamingPullFuture | None = None
@@ -153,11 +205,48 @@ class PubSubIntake:
             self._loop = asyncio.get_running_loop()
         if self._subscriber is None:
             self._subscriber = pubsub_v1.SubscriberClient()
-        flow = pubsub_v1.types.FlowControl(max_messages=self.max_messages, max_bytes=self.max_bytes)
         self._stopping = False
-        self._future = self._subscriber.subscribe(self.subscription, self._callback, flow_control=flow)
+        numbers = {p for p in self.projects if p.isdigit()}
+        if self.projects and (not numbers or numbers == self.projects):
+            have, missing, flag = (
+                ("number", "id", "--pubsub-project") if numbers else ("id", "number", "--pubsub-project-number")
+            )
+            log.warning(
+                f"only a project {have} is given: notices that carry the project {missing} will be filtered out; "
+                f"add {flag} (GKE cluster notifications carry the number, GCE log entries the id)",
+                projects=sorted(self.projects),
+            )
+        self._open()
+        log.info(
+            "pubsub intake started",
+            subscription=self.subscription,
+            cluster=self.cluster,
+            projects=sorted(self.projects),
+        )
+
+    def _open(self) -> None:
+        from google.cloud import pubsub_v1
+
+        assert self._subscriber is not None
+        flow = pubsub_v1.types.FlowControl(max_messages=self.max_messages, max_bytes=self.max_bytes)
+        self._retry = None
+        self._retry_at = None
+        try:
+            self._future = self._subscriber.subscribe(self.subscription, self._callback, flow_control=flow)
+        except Exception as e:  # an error opening the stream is retried like one that ends it
+            self._future = None
+            self._stream_failed(e)
+            return
         self._future.add_done_callback(self._stream_done)
-        log.info("pubsub intake started", subscription=self.subscription, cluster=self.cluster)
+        self._state(True)
+
+    def _state(self, up: bool) -> None:
+        hook = self.on_state
+        if hook is not None:
+            try:
+                hook(up)
+            except Exception:
+                log.exception("pubsub on_state hook failed")
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel the streaming pull, wait up to ``timeout`` s for it to end, close the client.
@@ -167,6 +256,9 @@ class PubSubIntake:
         but their ACKs may not reach Pub/Sub: those messages come back later.
         """
         self._stopping = True
+        retry, self._retry = self._retry, None
+        if retry is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(retry.cancel)
         fut, self._future = self._future, None
         if fut is not None:
             fut.cancel()
@@ -185,6 +277,25 @@ class PubSubIntake:
         fut = self._future
         return fut is not None and not fut.done()
 
+    def status(self) -> dict[str, Any]:
+        """What ``/status`` shows of the intake: is it streaming, and if not, why and what to do."""
+        with self._lock:
+            stats = dict(self.stats)
+        retry_in = None
+        if self._retry_at is not None and self._loop is not None:
+            retry_in = round(max(0.0, self._retry_at - self._loop.time()), 1)
+        return {
+            "subscription": self.subscription,
+            "streaming": self.running,
+            "degraded": self.error is not None,
+            "error_code": self.error_code,
+            "error": "" if self.error is None else str(self.error)[:300],
+            "hint": self.hint,
+            "restarts": self.restarts,
+            "retry_in_seconds": retry_in,
+            "counts": {k.replace(":", "_"): v for k, v in stats.items()},
+        }
+
     def _stream_done(self, fut: StreamingPullFuture) -> None:
         if self._stopping:
             return
@@ -192,8 +303,43 @@ class PubSubIntake:
             exc = fut.exception(timeout=0)
         except BaseException as e:  # cancelled or not done
             exc = e
-        self.error = exc
-        log.error("pubsub stream ended", subscription=self.subscription, error=repr(exc))
+        self._stream_failed(exc)
+
+    def _stream_failed(self, exc: BaseException | None) -> None:
+        """The stream ended on its own: say why, count it, reopen after a backoff (for ever)."""
+        code = _code_name(exc)
+        hint = stream_error_hint(code, self.subscription)
+        self.error, self.error_code, self.hint = exc, code, hint
+        self._count(f"stream_error:{code}")
+        self._state(False)
+        delay = self._delay
+        self._delay = min(self._delay * 2, self.retry_max)
+        fields = {"subscription": self.subscription, "code": code, "error": repr(exc)[:300], "retry_in": delay}
+        if hint:
+            log.error(f"pubsub intake degraded: {hint}; training continues without notices", **fields)
+        else:
+            log.warning("pubsub stream ended; reopening", **fields)
+        loop = self._loop
+        if loop is None or loop.is_closed() or self._stopping:
+            return
+
+        def schedule() -> None:
+            if self._stopping:
+                return
+            self._retry_at = loop.time() + delay
+            self._retry = loop.call_later(delay, self._reopen)
+
+        try:
+            loop.call_soon_threadsafe(schedule)
+        except RuntimeError:  # the loop closed meanwhile: we are shutting down
+            pass
+
+    def _reopen(self) -> None:
+        if self._stopping or self._subscriber is None:
+            return
+        self.restarts += 1
+        log.info("pubsub stream reopening", subscription=self.subscription, attempt=self.restarts)
+        self._open()
 
     # -- per message (callback threads, then the loop) -----------------------
 
@@ -214,19 +360,28 @@ class PubSubIntake:
                 log.debug("pubsub message redelivered", message_id=mid)
                 self._ack(message)
                 return
+        if self.error is not None:  # a reopened stream delivers again: no longer degraded
+            self.error, self.error_code, self.hint = None, "", ""
+            self._delay = self.retry_first
+            log.info("pubsub intake recovered", subscription=self.subscription)
         ev = parse(bytes(message.data), dict(message.attributes), mid, message.publish_time)
         if isinstance(ev, Rejected):
-            log.warning("pubsub message rejected", reason=ev.reason, detail=ev.detail, message_id=mid)
+            level = log.info if ev.reason in QUIET_REJECTIONS else log.warning
+            level("pubsub message rejected", reason=ev.reason, detail=ev.detail, message_id=mid)
             self._settle_ignored(message, f"rejected:{ev.reason}")
             return
-        why = self._foreign(ev)
+        outcome, why = self._foreign(ev)
         if why:
-            log.info("pubsub event for another cluster", detail=why, message_id=mid, identity=ev.identity)
-            self._settle_ignored(message, "foreign_cluster")
+            log.info("pubsub notice filtered out", filter=outcome, detail=why, message_id=mid, identity=ev.identity)
+            self._settle_ignored(message, outcome)
+            return
+        if ev.kind is Kind.INFORMATIONAL:
+            log.info("pubsub informational notice", what=ev.what, summary=ev.summary, message_id=mid)
+            self._settle_ignored(message, "informational")
             return
         with self._lock:
             if ev.identity in self._seen_events:
-                log.debug("pubsub duplicate event", message_id=mid, identity=ev.identity)
+                log.info("pubsub duplicate event", message_id=mid, identity=ev.identity)
                 self._settle_ignored(message, "duplicate")
                 return
             waiting = self._in_flight.get(ev.identity)
@@ -273,10 +428,12 @@ class PubSubIntake:
             log.info(
                 "node event",
                 kind=str(ev.kind),
+                what=ev.what,
                 node=ev.node,
                 node_pool=ev.node_pool,
                 cluster=ev.cluster,
-                deadline=ev.deadline.isoformat() if ev.deadline else None,
+                start=ev.start.isoformat() if ev.start else None,
+                end=ev.end.isoformat() if ev.end else None,
                 identity=ev.identity,
                 message_id=ev.message_id,
                 summary=ev.summary,
@@ -303,12 +460,18 @@ class PubSubIntake:
         self._count(key)
         self._ack(message)
 
-    def _foreign(self, ev: NodeEvent) -> str:
+    def _foreign(self, ev: NodeEvent) -> tuple[str, str]:
+        """(outcome, why) when a filter rejects the event, naming the filter; ("", "") when it passes."""
         if self.cluster and ev.cluster and ev.cluster != self.cluster:
-            return f"cluster {ev.cluster!r} is not {self.cluster!r}"
+            return "foreign_cluster", f"cluster filter (--cluster-name {self.cluster}): the notice names {ev.cluster!r}"
         if self.projects and ev.project and ev.project not in self.projects:
-            return f"project {ev.project!r} is not one of {sorted(self.projects)}"
-        return ""
+            kind = "number" if ev.project.isdigit() else "id"
+            flag = "--pubsub-project-number" if kind == "number" else "--pubsub-project"
+            return "foreign_project", (
+                f"project filter ({', '.join(sorted(self.projects))}): the notice names project {kind} "
+                f"{ev.project!r}; if that is this job's project, add it with {flag}"
+            )
+        return "", ""
 
     # -- counters ------------------------------------------------------------
 

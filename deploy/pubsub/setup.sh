@@ -12,7 +12,8 @@
 #          names start with the node pools' instance-group names, read from
 #          `gcloud container node-pools list`): compute.instances.preempted,
 #          hostError, terminateOnHostMaintenance, upcomingMaintenance,
-#          automaticRestart, guestTerminate
+#          upcomingInfraMaintenance, automaticRestart, guestTerminate
+#          (docs/notices.md: what each means and what the daemon does)
 #        - Kubernetes node events of this cluster (maintenance, node deletion)
 #      Run it again after adding node pools: the filter names the pools it saw.
 #   4. roles/pubsub.publisher on the topic for the sink's writer identity
@@ -36,6 +37,7 @@ readonly EVENT_METHODS=(
   compute.instances.hostError
   compute.instances.terminateOnHostMaintenance
   compute.instances.upcomingMaintenance
+  compute.instances.upcomingInfraMaintenance
   compute.instances.automaticRestart
   compute.instances.guestTerminate
 )

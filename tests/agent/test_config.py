@@ -234,3 +234,56 @@ def test_env_num_slices_starts_a_real_coordinator(tmp_path: Path) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# ---------------------------------------------------------------------------
+# notices: project filters, lead time, node pool source, --health-target none
+# ---------------------------------------------------------------------------
+
+
+def test_pubsub_project_ids_and_numbers_repeatable_or_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = CoordinatorConfig.from_args(
+        parse(
+            "coordinator",
+            "--num-slices=2",
+            "--pubsub-project=tpu-proj,other-proj",
+            "--pubsub-project",
+            "third-proj",
+            "--pubsub-project-number=123456789012",
+        )
+    )
+    assert cfg.pubsub_project == ("tpu-proj", "other-proj", "third-proj", "123456789012")
+    monkeypatch.setenv("ES_PUBSUB_PROJECT", "env-proj")
+    monkeypatch.setenv("ES_PUBSUB_PROJECT_NUMBER", "42,43")
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2")).pubsub_project == (
+        "env-proj",
+        "42",
+        "43",
+    )
+
+
+def test_a_project_number_given_as_an_id_and_the_reverse_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"--pubsub-project '123456789012' looks like a project number"):
+        CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2", "--pubsub-project=123456789012"))
+    with pytest.raises(ConfigError, match=r"--pubsub-project-number 'tpu-proj' is not a project number"):
+        CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2", "--pubsub-project-number=tpu-proj"))
+
+
+def test_notice_lead_seconds() -> None:
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2")).policy.notice_lead_seconds == 120.0
+    cfg = CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2", "--notice-lead-seconds=30"))
+    assert cfg.policy.notice_lead_seconds == 30.0
+    with pytest.raises(SystemExit):
+        parse("coordinator", "--num-slices=2", "--notice-lead-seconds=-1")
+
+
+def test_health_target_none_and_node_pool_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cfg = WorkerConfig.from_args(parse("worker", "--slice=0", "--health-target", "none"))
+    assert cfg.health_target is None and cfg.node_pool_source == "none" and cfg.kubernetes_api is None
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    cfg = WorkerConfig.from_args(parse("worker", "--slice=0", "--node-pool-source=kubernetes"))
+    assert cfg.node_pool_source == "kubernetes" and cfg.kubernetes_api == "https://10.0.0.1:443"
+    with pytest.raises(ConfigError, match="--kubernetes-api must be an http"):
+        WorkerConfig.from_args(parse("worker", "--slice=0", "--kubernetes-api=10.0.0.1"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.core.decide import decide
 from agent.core.model import (
     AbortTrainer,
@@ -14,6 +16,7 @@ from agent.core.model import (
     Phase,
     ResumeTrainer,
     State,
+    Tick,
     TrainerAttached,
     TrainerHeld,
     TrainerResumed,
@@ -83,11 +86,96 @@ def test_notice_with_all_slices_required_waits_for_the_replacement() -> None:
     assert _one(d, ResumeTrainer).active == frozenset(range(4))
 
 
-def test_notice_past_its_deadline_is_a_failure() -> None:
+def test_notice_past_its_deadline_while_the_node_is_up_is_a_drain_with_flush_not_a_failure() -> None:
     job = Job()
     d = job.notice(node="node-1", deadline=job.now - 1.0)
-    assert isinstance(_one(d, HoldTrainer), HoldTrainer)
-    assert job.state.retries_used == 1
+    hold = _one(d, HoldTrainer)
+    assert hold.flush and 1 in hold.down_slices
+    assert job.state.retries_used == 0 and job.state.slice_errors == {}
+
+
+def test_notice_after_its_window_began_is_a_drain_with_flush() -> None:
+    job = Job()
+    d = job.notice(node="node-2", starts_at=job.now - 30.0)
+    hold = _one(d, HoldTrainer)
+    assert hold.flush and hold.down_slices == frozenset({2})
+    assert job.state.retries_used == 0 and "began 30 s ago" in d.reason
+
+
+def scheduled_job(lead: float = 120.0) -> Job:
+    job = Job(min_slices=2)
+    job.state = replace(job.state, policy=replace(job.state.policy, notice_lead_seconds=lead))
+    return job
+
+
+def test_scheduled_window_drains_at_its_start_minus_the_lead_time() -> None:
+    job = scheduled_job(lead=120.0)
+    start = job.now + 1000.0
+    d = job.notice(node="node-1", starts_at=start, event_time=10.0)
+    assert d.actions == () and job.state.phase == Phase.RUNNING
+    assert job.state.planned[1].since == start - 120.0 and 1 not in job.state.drains
+    assert "draining slice(s) [1] in 880 s" in d.reason
+    d = job.step(Tick(), dt=start - 120.0 - job.now - 0.5)  # not yet
+    assert d.actions == () and 1 in job.state.planned
+    d = job.step(Tick(), dt=1.0)  # now: the drain begins before the window
+    hold = _one(d, HoldTrainer)
+    assert hold.flush and hold.down_slices == frozenset({1}) and job.now < start
+    assert job.state.retries_used == 0 and 1 not in job.state.planned and 1 in job.state.drains
+
+
+def test_a_moved_window_moves_the_planned_drain() -> None:
+    job = scheduled_job(lead=100.0)
+    job.notice(node="node-3", starts_at=job.now + 500.0, event_time=1.0)
+    first = job.state.planned[3].since
+    d = job.notice(node="node-3", starts_at=job.now + 5000.0, event_time=2.0)
+    assert d.actions == () and job.state.planned[3].since > first + 4000
+    d = job.step(Tick(), dt=first - job.now + 1.0)  # the old time passes: nothing
+    assert d.actions == () and job.state.phase == Phase.RUNNING
+
+
+def test_the_same_schedule_twice_is_a_duplicate() -> None:
+    job = scheduled_job()
+    start = job.now + 900.0
+    job.notice(node="node-1", starts_at=start, event_time=1.0)
+    assert job.notice(node="node-1", starts_at=start, event_time=1.0).outcome == "duplicate"
+
+
+def test_a_cancelled_window_lifts_the_plan() -> None:
+    job = scheduled_job()
+    job.notice(node="node-1", starts_at=job.now + 900.0, event_time=1.0)
+    d = job.notice(node="node-1", cleared=True, event_time=2.0)
+    assert d.actions == () and job.state.planned == {} and "cancelled" in d.reason
+    assert job.step(Tick(), dt=2000.0).actions == ()
+
+
+def test_a_window_moved_after_its_drain_began_lifts_the_drain_until_the_new_time() -> None:
+    job = scheduled_job(lead=100.0)
+    job.notice(node="node-1", starts_at=job.now + 150.0, event_time=1.0)
+    hold = _one(job.step(Tick(), dt=60.0), HoldTrainer)
+    job.step(TrainerHeld(hold.generation, 9, 9))
+    assert 1 not in job.state.active
+    d = job.notice(node="node-1", starts_at=job.now + 86400.0, event_time=2.0)
+    assert 1 not in job.state.drains and 1 in job.state.planned
+    assert _one(d, HoldTrainer).flush is False  # growing back onto the slice
+
+
+def test_a_completed_window_clears_the_drain() -> None:
+    job = scheduled_job(lead=100.0)
+    job.notice(node="node-2", starts_at=job.now + 101.0, event_time=1.0)
+    hold = _one(job.step(Tick(), dt=2.0), HoldTrainer)
+    job.step(TrainerHeld(hold.generation, 3, 3))
+    d = job.notice(node="node-2", cleared=True, event_time=3.0)
+    assert 2 not in job.state.drains and "lifted" in d.reason
+    assert job.state.retries_used == 0
+
+
+def test_a_notice_never_adds_slice_errors() -> None:
+    job = Job()
+    for i, kw in enumerate(
+        [{"deadline": job.now - 100}, {"starts_at": job.now - 5}, {"deadline": None}, {"starts_at": job.now + 9}]
+    ):
+        job.notice(node=f"node-{i}", event_time=float(i), **kw)
+    assert job.state.slice_errors == {} and job.state.retries_used == 0
 
 
 def test_cleared_notice_lifts_the_drain_and_grows_back() -> None:
@@ -160,3 +248,11 @@ def test_a_replaced_slice_can_be_drained_again_and_its_loss_is_a_failure() -> No
     assert 1 in job.state.active
     again = _one(job.notice(node="node-1b"), HoldTrainer)
     assert 1 in again.down_slices and job.state.drains[1].node == "node-1b"
+
+
+def test_a_second_notice_while_a_hold_is_pending_also_flushes() -> None:
+    job = Job(min_slices=1)
+    first = _one(job.notice(node="node-1"), HoldTrainer)
+    assert first.flush and job.state.phase == Phase.HOLDING
+    second = _one(job.notice(node="node-2"), HoldTrainer)  # before the trainer acknowledged the first
+    assert second.flush and second.down_slices == frozenset({1, 2}) and job.state.retries_used == 0

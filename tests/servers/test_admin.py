@@ -395,3 +395,12 @@ async def test_peer_token_is_required_on_join_but_not_for_health_or_the_trainer(
     finally:
         await j.trainer.close()
         await j.coord.stop(grace=0.1)
+
+
+async def test_corrupt_request_bytes_are_invalid_argument_and_counted(job: Job, admin_token: BearerToken) -> None:
+    async with grpc.aio.insecure_channel(job.admin_address) as ch:
+        raw = ch.unary_unary("/elastic_sidecar.v1.Admin/Hold")  # no serializers: bytes on the wire as given
+        code, detail = await call_code(raw(b"\xff\xff\xff\xff garbage", metadata=admin_token.metadata()))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, detail)
+    assert "not a valid elastic_sidecar.v1.Admin.Hold request" in detail
+    assert counter(job, "elastic_sidecar_admin_requests_total", method="Hold", code="INVALID_ARGUMENT") == 1

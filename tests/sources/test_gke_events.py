@@ -12,18 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.sources import gke_samples as S
 from agent.sources.gke_events import (
-    DEFAULT_NOTICE,
     GCE_METHODS,
     K8S_REASONS,
     PARSER_ERROR_PREFIX,
     REJECT_REASONS,
+    Kind,
     NodeEvent,
-    NoticeKind,
     Rejected,
+    Target,
     parse,
 )
+from simjob import notice_samples as S
 
 T0 = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 PUBLISHED = T0 + timedelta(seconds=7)
@@ -56,16 +56,20 @@ def _with_entry(msg: tuple[bytes, dict[str, str]], entry: Any) -> tuple[bytes, d
 
 
 # --------------------------------------------------------------------------
-# GCE system events
+# GCE system events (shapes: Cloud Audit Logs system_event entries; maintenance
+# metadata as NVIDIA NVSentinel csp-health-monitor gcp_normalizer.go reads it)
 # --------------------------------------------------------------------------
 
-GCE_EXPECT = {
-    "compute.instances.preempted": (NoticeKind.PREEMPTED, timedelta(seconds=30)),
-    "compute.instances.hostError": (NoticeKind.HOST_ERROR, timedelta(0)),
-    "compute.instances.terminateOnHostMaintenance": (NoticeKind.TERMINATE_ON_HOST_MAINTENANCE, timedelta(seconds=60)),
-    "compute.instances.upcomingMaintenance": (NoticeKind.UPCOMING_MAINTENANCE, timedelta(seconds=60)),
-    "compute.instances.automaticRestart": (NoticeKind.AUTOMATIC_RESTART, timedelta(0)),
-    "compute.instances.guestTerminate": (NoticeKind.GUEST_TERMINATE, timedelta(0)),
+GCE_EXPECT: dict[str, tuple[Kind, timedelta | None]] = {
+    "compute.instances.preempted": (Kind.IMMINENT, timedelta(seconds=30)),
+    "compute.instances.terminateOnHostMaintenance": (Kind.IMMINENT, timedelta(seconds=60)),
+    "compute.instances.hostError": (Kind.IN_PROGRESS, None),
+    "compute.instances.guestTerminate": (Kind.IN_PROGRESS, None),
+    "compute.instances.automaticRestart": (Kind.COMPLETED, None),
+    "compute.instances.migrateOnHostMaintenance": (Kind.INFORMATIONAL, None),
+    # Pending with no window: about the metadata server's 60 s.
+    "compute.instances.upcomingMaintenance": (Kind.IMMINENT, timedelta(seconds=60)),
+    "compute.instances.upcomingInfraMaintenance": (Kind.IMMINENT, timedelta(seconds=60)),
 }
 
 
@@ -78,61 +82,72 @@ def test_gce_system_event(method: str) -> None:
     msg = S.gce_system_event(method, "gke-tpu-np-0-a1b2-x7k2", project="proj-a", zone="us-east5-b", timestamp=T0)
     ev = _event(msg, mid="42")
     kind, notice = GCE_EXPECT[method]
-    assert ev.kind is kind
-    assert (ev.node, ev.node_pool, ev.cluster) == ("gke-tpu-np-0-a1b2-x7k2", "", "")
-    assert (ev.location, ev.project) == ("us-east5-b", "proj-a")
-    assert ev.event_time == T0
-    assert ev.deadline == T0 + notice
-    assert not ev.cleared
-    assert ev.source == "log_sink"
-    assert ev.message_id == "42"
-    entry = _entry(msg)
-    assert ev.identity == f"log:{entry['logName']}|{entry['insertId']}"
-    assert "gke-tpu-np-0-a1b2-x7k2" in ev.summary and method.rsplit(".", 1)[-1] in ev.summary
+    assert ev.kind is kind and ev.target is Target.NODE and ev.what == method
+    assert ev.node == "gke-tpu-np-0-a1b2-x7k2" and ev.project == "proj-a" and ev.location == "us-east5-b"
+    assert ev.event_time == T0 and ev.message_id == "42" and ev.source == "log_sink"
+    assert ev.start == (None if notice is None else T0 + notice)
+    assert ev.cleared is (kind is Kind.COMPLETED)
 
 
-def test_gce_upcoming_maintenance_uses_the_window_start() -> None:
-    window = T0 + timedelta(hours=6)
-    ev = _event(S.gce_system_event("upcomingMaintenance", "n-1", timestamp=T0, window_start=window))
-    assert ev.deadline == window
-    assert "2026-05-01T18:00:00Z" in ev.summary
+@pytest.mark.parametrize("method", ["upcomingMaintenance", "upcomingInfraMaintenance"])
+def test_gce_maintenance_scheduled_a_week_ahead_is_scheduled_with_its_window(method: str) -> None:
+    start, end = T0 + timedelta(days=7), T0 + timedelta(days=7, hours=4)
+    ev = _event(
+        S.gce_system_event(method, "n-1", timestamp=T0, window_start=start, window_end=end, can_reschedule=False)
+    )
+    assert ev.kind is Kind.SCHEDULED and ev.start == start and ev.end == end
+    assert ev.maintenance_type == "SCHEDULED" and ev.can_reschedule is False
+    assert ev.key == "maintenance:n-1"
 
 
-def test_gce_explicit_time_anywhere_in_payload_and_unix_seconds() -> None:
-    msg = S.gce_system_event("terminateOnHostMaintenance", "n-1", timestamp=T0)
-    entry = _entry(msg)
-    at = T0 + timedelta(minutes=3)
-    entry["protoPayload"]["request"]["notBefore"] = str(int(at.timestamp()))
-    assert _event(_with_entry(msg, entry)).deadline == at
+def test_gce_maintenance_ongoing_is_in_progress() -> None:
+    start = T0 - timedelta(minutes=5)
+    ev = _event(
+        S.gce_system_event("upcomingMaintenance", "n-1", timestamp=T0, window_start=start, maintenance_status="ONGOING")
+    )
+    assert ev.kind is Kind.IN_PROGRESS and ev.start == start
 
 
-def test_gce_unreadable_explicit_time_falls_back_to_default_notice() -> None:
+def test_gce_maintenance_completion_message_completes_it() -> None:
+    msg = S.gce_system_event(
+        "upcomingMaintenance", "n-1", timestamp=T0, window_start=T0 - timedelta(hours=1), completed=True
+    )
+    ev = _event(msg)
+    assert ev.kind is Kind.COMPLETED and ev.cleared
+
+
+def test_gce_maintenance_cancelled_status() -> None:
+    msg = S.gce_system_event(
+        "upcomingMaintenance", "n-1", timestamp=T0, window_start=T0 + timedelta(days=1), maintenance_status="CANCELLED"
+    )
+    assert _event(msg).kind is Kind.CANCELLED
+
+
+def test_gce_unreadable_window_start_is_a_bad_field() -> None:
     msg = S.gce_system_event("upcomingMaintenance", "n-1", timestamp=T0, window_start=T0)
     entry = _entry(msg)
-    entry["protoPayload"]["metadata"]["upcomingMaintenance"]["windowStartTime"] = "soon"
-    ev = _event(_with_entry(msg, entry))
-    assert ev.deadline == T0 + timedelta(seconds=60)
-    assert "windowStartTime" in ev.summary
+    entry["protoPayload"]["metadata"]["windowStartTime"] = "next tuesday"
+    _rejected(_with_entry(msg, entry), "bad_field", mentions="windowStartTime")
 
 
 def test_gce_node_pool_and_cluster_from_labels_when_present() -> None:
     msg = S.gce_system_event("preempted", "n-1", timestamp=T0)
     entry = _entry(msg)
-    entry["labels"] = {"goog-k8s-node-pool-name": "np-3", "goog-k8s-cluster-name": "c-1"}
+    entry["labels"] = {"goog-k8s-node-pool-name": "np-7", "goog-k8s-cluster-name": "c-1"}
     ev = _event(_with_entry(msg, entry))
-    assert (ev.node_pool, ev.cluster) == ("np-3", "c-1")
+    assert ev.node_pool == "np-7" and ev.cluster == "c-1"
 
 
 def test_gce_versioned_method_name() -> None:
     msg = S.gce_system_event("preempted", "n-1", timestamp=T0)
     entry = _entry(msg)
     entry["protoPayload"]["methodName"] = "v1.compute.instances.preempted"
-    assert _event(_with_entry(msg, entry)).kind is NoticeKind.PREEMPTED
+    assert _event(_with_entry(msg, entry)).kind is Kind.IMMINENT
 
 
 def test_gce_unknown_method() -> None:
-    msg = S.gce_system_event("compute.instances.insert", "n-1", timestamp=T0)
-    _rejected(msg, "unknown_method", mentions="compute.instances.insert")
+    msg = S.gce_system_event("compute.instances.setMetadata", "n-1", timestamp=T0)
+    _rejected(msg, "unknown_method", mentions="setMetadata")
 
 
 def test_gce_entry_from_another_log() -> None:
@@ -146,159 +161,150 @@ def test_event_time_falls_back_to_attribute_then_publish_time() -> None:
     msg = S.gce_system_event("hostError", "n-1", timestamp=T0)
     entry = _entry(msg)
     del entry["timestamp"]
-    attr_time = T0 + timedelta(seconds=2)
-    data = json.dumps(entry).encode()
-    ev = parse(data, {"logging.googleapis.com/timestamp": S.rfc3339(attr_time)}, "1", PUBLISHED)
-    assert isinstance(ev, NodeEvent) and ev.event_time == attr_time
-    ev = parse(data, {}, "1", PUBLISHED)
-    assert isinstance(ev, NodeEvent) and ev.event_time == PUBLISHED
-    naive = parse(data, {}, "1", PUBLISHED.replace(tzinfo=None))
-    assert isinstance(naive, NodeEvent) and naive.event_time == PUBLISHED
-    ev = parse(data, {}, "1", None)
-    assert isinstance(ev, NodeEvent) and ev.event_time is None and ev.deadline is None
+    ev = _event(_with_entry(msg, entry))
+    assert ev.event_time == T0  # from the logging.googleapis.com/timestamp attribute
+    ev = _event((json.dumps(entry).encode(), {}))
+    assert ev.event_time == PUBLISHED
+    ev = parse(json.dumps(entry).encode(), {}, "m", None)
+    assert isinstance(ev, NodeEvent) and ev.event_time is None
 
 
 def test_nanosecond_and_offset_timestamps() -> None:
-    msg = S.gce_system_event("preempted", "n-1", timestamp="2026-05-01T14:00:00.123456789+02:00")
-    assert _event(msg).event_time == T0 + timedelta(microseconds=123456)
+    ev = _event(S.gce_system_event("preempted", "n-1", timestamp="2026-05-01T14:00:00.123456789+02:00"))
+    assert ev.event_time == T0 + timedelta(microseconds=123456)
 
 
 def test_identity_is_stable_across_publishes_and_distinct_across_entries() -> None:
     a = S.gce_system_event("preempted", "n-1", timestamp=T0, insert_id="abc")
-    b = S.gce_system_event("preempted", "n-1", timestamp=T0 + timedelta(seconds=1), insert_id="abc")
-    c = S.gce_system_event("preempted", "n-1", timestamp=T0, insert_id="abd")
-    ia, ib, ic = (_event(m, mid=str(i)).identity for i, m in enumerate((a, b, c)))
-    assert ia == ib != ic
+    b = S.gce_system_event("preempted", "n-1", timestamp=T0, insert_id="abd")
+    assert _event(a).identity == _event(a, mid="other").identity
+    assert _event(a).identity != _event(b).identity
     entry = _entry(a)
     del entry["insertId"]
-    no_id = _with_entry(a, entry)
-    assert _event(no_id, mid="1").identity == _event(no_id, mid="2").identity
+    assert _event(_with_entry(a, entry)).identity.startswith("sha256:")
 
 
 # --------------------------------------------------------------------------
-# Kubernetes node events
+# Kubernetes node Events (reason strings unverified, FACTS section 4)
 # --------------------------------------------------------------------------
-
-K8S_EXPECT = {
-    "MaintenanceWindowScheduled": NoticeKind.MAINTENANCE_WINDOW_SCHEDULED,
-    "MaintenanceWindowStarted": NoticeKind.MAINTENANCE_WINDOW_STARTED,
-    "MaintenanceWindowCleared": NoticeKind.MAINTENANCE_WINDOW_CLEARED,
-    "DeletingNode": NoticeKind.NODE_DELETING,
-}
 
 
 def test_every_k8s_reason_is_covered() -> None:
-    assert set(K8S_EXPECT) == set(K8S_REASONS)
-
-
-@pytest.mark.parametrize("reason", sorted(K8S_EXPECT))
-def test_k8s_node_event(reason: str) -> None:
-    msg = S.k8s_node_event(
-        reason, "gke-tpu-np-1-ffff-abcd", "train-c", project="proj-b", location="us-central2", timestamp=T0
-    )
-    ev = _event(msg)
-    kind = K8S_EXPECT[reason]
-    assert ev.kind is kind
-    assert (ev.node, ev.cluster, ev.location, ev.project) == (
-        "gke-tpu-np-1-ffff-abcd",
-        "train-c",
-        "us-central2",
-        "proj-b",
-    )
-    assert ev.cleared is (kind is NoticeKind.MAINTENANCE_WINDOW_CLEARED)
-    assert ev.event_time == T0
-    if kind is NoticeKind.MAINTENANCE_WINDOW_SCHEDULED:
-        assert ev.deadline == T0  # the sample message names the event time as the window start
-    else:
-        notice = DEFAULT_NOTICE[kind]
-        assert ev.deadline == (None if notice is None else T0 + notice)
-    assert reason in ev.summary
-
-
-def test_k8s_scheduled_window_time_from_message() -> None:
-    at = T0 + timedelta(minutes=10)
-    ev = _event(S.k8s_node_event("MaintenanceWindowScheduled", "n-1", timestamp=T0, scheduled_time=at))
-    assert ev.deadline == at
-
-
-def test_k8s_scheduled_without_time_gets_default_notice() -> None:
-    ev = _event(S.k8s_node_event("MaintenanceWindowScheduled", "n-1", timestamp=T0, message="Maintenance soon"))
-    assert ev.deadline == T0 + timedelta(seconds=60)
-
-
-def test_k8s_scheduled_time_from_node_label_style_field() -> None:
-    msg = S.k8s_node_event("MaintenanceWindowScheduled", "n-1", timestamp=T0, message="scheduled")
-    entry = _entry(msg)
-    at = T0 + timedelta(hours=1)
-    entry["jsonPayload"]["metadata"]["annotations"] = {
-        "cloud.google.com/scheduled-maintenance-time": str(int(at.timestamp()))
+    assert set(K8S_REASONS) == {
+        "MaintenanceWindowScheduled",
+        "MaintenanceWindowStarted",
+        "MaintenanceWindowCleared",
+        "DeletingNode",
     }
-    assert _event(_with_entry(msg, entry)).deadline == at
+
+
+def test_k8s_node_events() -> None:
+    at = T0 + timedelta(hours=3)
+    ev = _event(S.k8s_node_event("MaintenanceWindowScheduled", "n-2", "c", timestamp=T0, scheduled_time=at))
+    assert ev.kind is Kind.SCHEDULED and ev.start == at and ev.node == "n-2" and ev.cluster == "c"
+    assert _event(S.k8s_node_event("MaintenanceWindowStarted", "n-2", timestamp=T0)).kind is Kind.IN_PROGRESS
+    assert _event(S.k8s_node_event("MaintenanceWindowCleared", "n-2", timestamp=T0)).cleared
+    assert _event(S.k8s_node_event("DeletingNode", "n-2", timestamp=T0)).kind is Kind.IN_PROGRESS
+    no_time = S.k8s_node_event("MaintenanceWindowScheduled", "n-2", timestamp=T0, message="soon")
+    ev = _event(no_time)
+    assert ev.kind is Kind.IMMINENT and ev.start == T0 + timedelta(seconds=60)
 
 
 def test_k8s_node_name_from_involved_object() -> None:
-    msg = S.k8s_node_event("DeletingNode", "n-7", timestamp=T0)
+    msg = S.k8s_node_event("DeletingNode", "n-3", timestamp=T0)
     entry = _entry(msg)
     del entry["resource"]["labels"]["node_name"]
-    assert _event(_with_entry(msg, entry)).node == "n-7"
-    del entry["jsonPayload"]["involvedObject"]
-    _rejected(_with_entry(msg, entry), "missing_field", mentions="node_name")
+    assert _event(_with_entry(msg, entry)).node == "n-3"
 
 
 def test_k8s_other_reason() -> None:
-    _rejected(S.k8s_node_event("NodeNotReady", "n-1", timestamp=T0), "unknown_method", mentions="NodeNotReady")
+    _rejected(S.k8s_node_event("NodeReady", "n-1"), "unknown_method", mentions="NodeReady")
 
 
 # --------------------------------------------------------------------------
-# GKE cluster notifications
+# GKE cluster notifications (shapes: GKE "Cluster notifications" attributes and
+# the GKE REST reference for UpgradeEvent, UpgradeInfoEvent, DisruptionEvent)
 # --------------------------------------------------------------------------
 
 
-def test_gke_node_pool_upgrade_event() -> None:
-    msg = S.gke_upgrade_event(
-        "tpu-np-2", "train-a", project="proj-a", location="us-east5", start_time=T0, operation="op-1"
-    )
-    ev = _event(msg)
-    assert ev.kind is NoticeKind.NODE_POOL_UPGRADE
-    assert (ev.node, ev.node_pool, ev.cluster, ev.location) == ("", "tpu-np-2", "train-a", "us-east5")
-    assert ev.project == S.DEFAULT_PROJECT_NUMBER
-    assert ev.event_time == T0 and ev.deadline == T0
-    assert ev.source == "gke_notification"
-    assert "op-1" in ev.identity and "tpu-np-2" in ev.summary
-    again = _event(
-        S.gke_upgrade_event(
-            "tpu-np-2", "train-a", project="proj-a", location="us-east5", start_time=T0, operation="op-1"
+def test_gke_node_pool_upgrade_is_in_progress_and_operation_start_is_not_a_deadline() -> None:
+    ev = _event(S.gke_upgrade_event("np-1", "c-1", start_time=T0, operation="op-1"))
+    assert ev.kind is Kind.IN_PROGRESS and ev.target is Target.NODE_POOL
+    assert ev.node_pool == "np-1" and ev.cluster == "c-1" and ev.node == ""
+    assert ev.event_time == T0 and ev.start is None and ev.end is None
+    assert ev.project == S.DEFAULT_PROJECT_NUMBER and ev.source == "gke_notification"
+    assert "op-1" in ev.summary and ev.key == "upgrade:np-1:op-1"
+
+
+@pytest.mark.parametrize(
+    ("state", "kind"),
+    [
+        ("STARTED", Kind.IN_PROGRESS),
+        ("SUCCEEDED", Kind.COMPLETED),
+        ("FAILED", Kind.COMPLETED),
+        ("CANCELED", Kind.COMPLETED),
+        ("STATE_UNSPECIFIED", Kind.INFORMATIONAL),
+    ],
+)
+def test_gke_upgrade_info_lifecycle_by_state(state: str, kind: Kind) -> None:
+    ev = _event(S.gke_upgrade_event("np", "c", start_time=T0, info=True, state=state))
+    assert ev.kind is kind and ev.node_pool == "np" and ev.start is None
+
+
+@pytest.mark.parametrize("event_type", ["END_OF_SUPPORT", "COS_MILESTONE_VERSION_UPDATE", "SOMETHING_NEW"])
+def test_gke_informational_upgrade_info_types_do_nothing(event_type: str) -> None:
+    for msg in (S.gke_upgrade_info(event_type, "c"), S.gke_upgrade_info(event_type, "c", node_pool="np")):
+        ev = _event(msg)
+        assert ev.kind is Kind.INFORMATIONAL and ev.target is Target.CLUSTER and ev.node_pool == ""
+        assert ev.what == f"UpgradeInfoEvent/{event_type}"
+
+
+def test_gke_disruption_event_names_one_node_and_its_pdb_timeout() -> None:
+    ev = _event(
+        S.gke_upgrade_info(
+            "DISRUPTION_EVENT",
+            "c",
+            node_pool="np",
+            start_time=T0,
+            disrupted_node="gke-np-n7",
+            pdb_violation_timeout="600s",
         )
     )
-    assert again.identity == ev.identity
-
-
-def test_gke_node_pool_upgrade_info_event() -> None:
-    started = _event(S.gke_upgrade_event("np", "c", start_time=T0, info=True, operation="op-9"))
-    assert started.kind is NoticeKind.NODE_POOL_UPGRADE_INFO
-    assert started.deadline == T0 and started.node_pool == "np"
-    done = _event(S.gke_upgrade_event("np", "c", start_time=T0, info=True, operation="op-9", state="SUCCEEDED"))
-    assert done.deadline is None
-    assert done.identity != started.identity
+    assert ev.kind is Kind.IN_PROGRESS and ev.target is Target.NODE
+    assert ev.node == "gke-np-n7" and ev.node_pool == "np"  # the node, not its whole pool
+    assert ev.end == T0 + timedelta(seconds=600)
+    bad = S.gke_upgrade_info("DISRUPTION_EVENT", "c", node_pool="np", disrupted_node="")
+    _rejected(bad, "missing_field", mentions="pdbBlockedNode")
+    worse = S.gke_upgrade_info("DISRUPTION_EVENT", "c", node_pool="np", disrupted_node="n", pdb_violation_timeout="1h")
+    _rejected(worse, "bad_field", mentions="pdbViolationTimeout")
 
 
 def test_gke_v1_type_url_and_publish_time_fallback() -> None:
     data, attrs = S.gke_upgrade_event("np", "c", start_time=T0)
-    attrs["type_url"] = attrs["type_url"].replace("v1beta1", "v1")
     payload = json.loads(attrs["payload"])
     del payload["operationStartTime"]
-    attrs["payload"] = json.dumps(payload)
+    attrs = {**attrs, "payload": json.dumps(payload), "type_url": attrs["type_url"].replace("v1beta1", "v1")}
     ev = _event((data, attrs))
-    assert ev.event_time == PUBLISHED
+    assert ev.event_time == PUBLISHED and ev.kind is Kind.IN_PROGRESS
 
 
-def test_gke_master_upgrade_is_rejected() -> None:
-    _rejected(S.gke_upgrade_event("", "c", resource_type="MASTER"), "unsupported_resource", mentions="MASTER")
+def test_gke_master_upgrade_bulletins_and_available_upgrades_are_informational() -> None:
+    for msg in (
+        S.gke_upgrade_event("", "c", resource_type="MASTER"),
+        S.gke_security_bulletin(),
+        S.gke_upgrade_available(),
+    ):
+        ev = _event(msg)
+        assert ev.kind is Kind.INFORMATIONAL and not ev.node and not ev.node_pool
 
 
-def test_gke_security_bulletin_and_upgrade_available_are_rejected() -> None:
-    _rejected(S.gke_security_bulletin(), "unknown_type", mentions="SecurityBulletinEvent")
-    _rejected(S.gke_upgrade_available(), "unknown_type", mentions="UpgradeAvailableEvent")
+def test_gke_other_notification_type_is_unknown() -> None:
+    data, attrs = S.gke_security_bulletin()
+    _rejected(
+        (data, {**attrs, "type_url": attrs["type_url"].replace("SecurityBulletinEvent", "FancyEvent")}),
+        "unknown_type",
+        mentions="FancyEvent",
+    )
 
 
 def test_gke_notification_bad_fields() -> None:
@@ -312,7 +318,6 @@ def test_gke_notification_bad_fields() -> None:
     for key, value, reason in [
         ("resource", "projects/p/locations/l/clusters/c", "bad_field"),
         ("resource", 7, "bad_field"),
-        ("resourceType", None, "missing_field"),
         ("operationStartTime", "yesterday", "bad_field"),
         ("operationStartTime", 1714564800, "bad_field"),
     ]:
@@ -414,6 +419,10 @@ _VALID: list[tuple[bytes, dict[str, str]]] = (
     + [S.k8s_node_event(r, "gke-n-9", timestamp=T0, scheduled_time=T0) for r in K8S_REASONS]
     + [S.gke_upgrade_event("np-1", start_time=T0), S.gke_upgrade_event("np-1", start_time=T0, info=True)]
     + [S.gke_upgrade_event("", resource_type="MASTER"), S.gke_security_bulletin(), S.gke_upgrade_available()]
+    + [
+        S.gke_upgrade_info("DISRUPTION_EVENT", node_pool="np", disrupted_node="n-3"),
+        S.gke_upgrade_info("END_OF_SUPPORT"),
+    ]
 )
 
 _json_leaf = st.one_of(
@@ -509,14 +518,14 @@ def test_parse_never_raises_on_10000_generated_messages() -> None:
             seen[out.reason] = seen.get(out.reason, 0) + 1
         else:
             assert isinstance(out, NodeEvent), out
-            assert isinstance(out.kind, NoticeKind)
-            for t in (out.event_time, out.deadline):
+            assert isinstance(out.kind, Kind) and isinstance(out.target, Target)
+            for t in (out.event_time, out.start, out.end):
                 assert t is None or (isinstance(t, datetime) and t.utcoffset() == timedelta(0))
-            assert out.cleared is (out.kind is NoticeKind.MAINTENANCE_WINDOW_CLEARED)
+            assert out.cleared is out.kind.lifts
             assert out.source in ("gke_notification", "log_sink")
             assert out.identity and out.summary and out.message_id == mid
             assert all(isinstance(x, str) for x in (out.node, out.node_pool, out.cluster, out.location, out.project))
-            assert out.node or out.node_pool
+            assert out.node or out.node_pool or out.kind is Kind.INFORMATIONAL
             seen["event"] = seen.get("event", 0) + 1
 
     started = time.monotonic()

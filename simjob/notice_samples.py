@@ -1,11 +1,23 @@
-"""Realistic Pub/Sub messages in the formats GKE and Cloud Logging publish.
+"""Sample notices for the demo and the tests, in the formats GKE and Cloud Logging publish.
 
 Each builder returns ``(data, attributes)`` exactly as a subscriber receives
 them, so the demo and the tests can publish real-format messages to the
-emulator and feed :func:`agent.sources.gke_events.parse` the same bytes. The
-shapes follow FACTS section 4. Two placements are assumptions, marked below:
-where a GCE ``upcomingMaintenance`` entry carries its window start, and how a
-GKE ``MaintenanceWindowScheduled`` Event states its time.
+emulator and feed :func:`agent.sources.gke_events.parse` the same bytes.
+Where each shape comes from:
+
+* GKE cluster notifications: the attributes and payload of "Cluster
+  notifications" (cloud.google.com/kubernetes-engine/docs/concepts/cluster-notifications)
+  and the GKE REST reference for the payload types (``UpgradeEvent``,
+  ``UpgradeInfoEvent`` with ``EventType``, ``State`` and ``DisruptionEvent``,
+  ``UpgradeAvailableEvent``, ``SecurityBulletinEvent``).
+* GCE system events: the LogEntry / AuditLog JSON of Cloud Logging (Cloud Audit
+  Logs "System Event audit logs" for Compute Engine); the maintenance fields in
+  ``protoPayload.metadata`` (``maintenanceStatus``, ``type``, ``canReschedule``,
+  ``windowStartTime``, ``windowEndTime``) and the completion text in
+  ``protoPayload.status.message`` as NVIDIA NVSentinel's csp-health-monitor
+  reads them (``pkg/event/gcp_normalizer.go``).
+* Kubernetes node Events: the core/v1 Event object as GKE's ``events`` log
+  carries it; the maintenance reason strings are unverified (FACTS section 4).
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ _GCE_STATUS = {
     "hostError": "Instance terminated by Compute Engine due to a host error.",
     "terminateOnHostMaintenance": "Instance terminated during Compute Engine maintenance.",
     "upcomingMaintenance": "Maintenance is scheduled for this instance.",
+    "upcomingInfraMaintenance": "Maintenance is scheduled for this instance.",
+    "migrateOnHostMaintenance": "Instance migrated during Compute Engine maintenance.",
     "automaticRestart": "Instance restarted after a Compute Engine host error.",
     "guestTerminate": "Instance terminated by guest OS shutdown.",
 }
@@ -67,12 +81,18 @@ def gce_system_event(
     insert_id: str | None = None,
     instance_id: str = "4567890123456789012",
     window_start: datetime | None = None,
+    window_end: datetime | None = None,
+    maintenance_status: str | None = None,
+    maintenance_type: str = "SCHEDULED",
+    can_reschedule: bool = True,
+    completed: bool = False,
 ) -> Message:
     """A GCE system-event audit LogEntry as a Logging sink publishes it.
 
-    ``method`` is ``"preempted"`` or ``"compute.instances.preempted"``.
-    ``window_start`` adds ``protoPayload.metadata.upcomingMaintenance`` in the
-    shape of the Compute API's UpcomingMaintenance (assumed placement).
+    ``method`` is ``"preempted"`` or ``"compute.instances.preempted"``. For the
+    maintenance methods, ``window_start`` / ``window_end`` / ``maintenance_status``
+    (PENDING or ONGOING) fill ``protoPayload.metadata``; ``completed`` puts GCE's
+    "Maintenance window has completed" text in ``protoPayload.status.message``.
     """
     full = method if method.startswith("compute.instances.") else f"compute.instances.{method}"
     short = full.rsplit(".", 1)[-1]
@@ -86,16 +106,15 @@ def gce_system_event(
         "resourceName": f"projects/{project}/zones/{zone}/instances/{instance}",
         "request": {"@type": f"type.googleapis.com/{full}"},
     }
-    if window_start is not None:
-        proto["metadata"] = {
-            "upcomingMaintenance": {
-                "type": "SCHEDULED",
-                "canReschedule": True,
-                "windowStartTime": rfc3339(window_start),
-                "windowEndTime": rfc3339(window_start + timedelta(hours=1)),
-                "maintenanceStatus": "PENDING",
-            }
-        }
+    if window_start is not None or maintenance_status is not None:
+        md: dict[str, Any] = {"type": maintenance_type, "canReschedule": can_reschedule}
+        md["maintenanceStatus"] = maintenance_status or "PENDING"
+        if window_start is not None:
+            md["windowStartTime"] = rfc3339(window_start)
+            md["windowEndTime"] = rfc3339(window_end or window_start + timedelta(hours=1))
+        proto["metadata"] = md
+    if completed:
+        proto["status"] = {"message": "Maintenance window has completed for this instance."}
     entry = {
         "protoPayload": proto,
         "insertId": insert_id or f"-{uuid.uuid4().hex[:12]}",
@@ -205,6 +224,7 @@ def gke_upgrade_event(
     info: bool = False,
     state: str = "STARTED",
     resource_type: str = "NODE_POOL",
+    event_type: str = "UPGRADE_LIFECYCLE",
 ) -> Message:
     """A node-pool (or, with ``resource_type="MASTER"``, control-plane) upgrade notification.
 
@@ -223,7 +243,7 @@ def gke_upgrade_event(
         "resource": resource,
     }
     if info:
-        payload |= {"startTime": _time(start_time), "state": state, "eventType": "UPGRADE_LIFECYCLE"}
+        payload |= {"startTime": _time(start_time), "state": state, "eventType": event_type}
         name = "UpgradeInfoEvent"
         data = f"Upgrade of node pool {node_pool} to {target_version}: {state}."
     else:
@@ -254,3 +274,52 @@ def gke_upgrade_available(cluster: str = DEFAULT_CLUSTER, **kw: Any) -> Message:
     """An UpgradeAvailableEvent: GKE sends it, we have no use for it."""
     payload = {"version": "1.31.6-gke.1020000", "resourceType": "MASTER", "releaseChannel": {"channel": "REGULAR"}}
     return gke_notification("UpgradeAvailableEvent", payload, cluster, **kw)
+
+
+def gke_upgrade_info(
+    event_type: str,
+    cluster: str = DEFAULT_CLUSTER,
+    *,
+    node_pool: str = "",
+    project: str = DEFAULT_PROJECT,
+    project_number: str = DEFAULT_PROJECT_NUMBER,
+    location: str = DEFAULT_REGION,
+    description: str = "",
+    start_time: datetime | str | None = None,
+    disrupted_node: str = "",
+    pdb_violation_timeout: str = "3600s",
+    disruption_type: str = "POD_PDB_VIOLATION",
+) -> Message:
+    """An ``UpgradeInfoEvent`` of any ``eventType`` (GKE REST reference: UpgradeInfoEvent, EventType).
+
+    ``END_OF_SUPPORT`` and ``COS_MILESTONE_VERSION_UPDATE`` are about the cluster;
+    ``DISRUPTION_EVENT`` carries ``disruptionEvent`` (DisruptionEvent:
+    ``disruptionType``, ``pdbBlockedNode``, ``pdbBlockedPod``, ``pdbViolationTimeout``).
+    """
+    resource = f"projects/{project}/locations/{location}/clusters/{cluster}"
+    if node_pool:
+        resource += f"/nodePools/{node_pool}"
+    payload: dict[str, Any] = {
+        "resourceType": "NODE_POOL" if node_pool else "MASTER",
+        "operation": f"operation-{uuid.uuid4().int % 10**13}-{uuid.uuid4().hex[:8]}",
+        "startTime": _time(start_time),
+        "currentVersion": "1.31.5-gke.1000000",
+        "targetVersion": "1.31.6-gke.1020000",
+        "resource": resource,
+        "eventType": event_type,
+        "description": description or f"{event_type} for {resource}",
+    }
+    if event_type == "END_OF_SUPPORT":
+        payload["standardSupportEndTime"] = "2027-01-15T00:00:00Z"
+        payload["extendedSupportEndTime"] = "2028-01-15T00:00:00Z"
+    if event_type == "DISRUPTION_EVENT":
+        payload["disruptionEvent"] = {
+            "disruptionType": disruption_type,
+            "pdbBlockedNode": disrupted_node,
+            "pdbBlockedPod": [{"namespace": "default", "name": f"{disrupted_node}-pod"}],
+            "pdbViolationTimeout": pdb_violation_timeout,
+        }
+    data = f"{event_type} for cluster {cluster}."
+    return gke_notification(
+        "UpgradeInfoEvent", payload, cluster, project_number=project_number, location=location, data=data
+    )
