@@ -567,16 +567,32 @@ class Coordinator:
         return await probe_once(conn.health_check or "grpc", address, PROBE_TIMEOUT_SECONDS)
 
     async def watch_away(self, key: tuple[int, int], conn: _Conn, peer: str) -> None:
-        """Keep checking a host whose sidecar is away until the sidecar is back or the host fails."""
+        """Keep checking a host whose sidecar is away until the sidecar is back or the host fails.
+
+        For at most ``rejoin_grace_seconds``: a check from outside cannot see
+        everything its sidecar sees (a TCP connect succeeds on a hung host), so
+        a sidecar that stays away longer counts as a lost host after all.
+        """
         if key in self._probing:
             return
         self._probing.add(key)
+        until = time.monotonic() + self.state.policy.rejoin_grace_seconds
         try:
             while True:
                 await asyncio.sleep(AWAY_PROBE_SECONDS)
                 rec = self.state.hosts.get(key)
                 if rec is None or rec.incarnation != conn.incarnation or rec.away_since is None:
                     return  # its sidecar came back (or the record changed otherwise)
+                if time.monotonic() > until:
+                    gone = self.state.policy.rejoin_grace_seconds
+                    self.submit(WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone", gone))
+                    log.warning(
+                        "sidecar did not come back within the rejoin grace; its host counts as lost",
+                        slice=key[0],
+                        host=key[1],
+                        grace_seconds=gone,
+                    )
+                    return
                 ok, detail = await self.probe_host(key, conn, peer)
                 if not ok:
                     self.submit(
@@ -915,8 +931,10 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             # Already silent when the stream broke: the transport keepalive noticed a hung host first.
             cause = "heartbeat_timeout"
         # Before calling the host lost, look at its Pathways worker ourselves:
-        # a sidecar that restarts (or a stream that blips) on a healthy host is no loss.
-        ok, detail = await self.c.probe_host(key, conn, peer)
+        # a sidecar that restarts (or a stream that blips) on a healthy host is no
+        # loss. Not for a silent worker: a hung host's kernel still accepts TCP
+        # connections for its stopped processes, so a check could mask the hang.
+        ok, detail = (False, "") if cause == "heartbeat_timeout" else await self.c.probe_host(key, conn, peer)
         if ok:
             self.c.submit(WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}"))
             await self.c.watch_away(key, conn, peer)

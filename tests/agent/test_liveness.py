@@ -84,11 +84,11 @@ class Observed:
         return [a.decision.reason for a in self.log if type(a.event).__name__ != "Tick"][-20:]
 
 
-async def start_coordinator(num_slices: int = 2, hosts_per_slice: int = 1) -> Observed:
+async def start_coordinator(num_slices: int = 2, hosts_per_slice: int = 1, **policy: Any) -> Observed:
     cfg = CoordinatorConfig(
         job=JOB,
         listen="127.0.0.1:0",
-        policy=Policy(num_slices=num_slices, hosts_per_slice=hosts_per_slice),
+        policy=Policy(num_slices=num_slices, hosts_per_slice=hosts_per_slice, **policy),
         heartbeat_interval=HEARTBEAT_INTERVAL,
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
         state_file=None,
@@ -516,3 +516,19 @@ async def test_a_host_found_dead_while_its_sidecar_is_away_is_lost(coordinator: 
     pw.kill()
     lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the host to be lost", ps)
     assert lost[0].event.cause == "sidecar_gone_host_down" and lost[0].at - t0 < 1.5
+
+
+async def test_a_sidecar_away_past_the_rejoin_grace_counts_as_a_lost_host(procs: Procs) -> None:
+    """A check from outside cannot see a hung host behind an open TCP port: the away time is bounded."""
+    obs = await start_coordinator(num_slices=1, rejoin_grace_seconds=1.5)
+    try:
+        pw, pw_port = await start_pathways(procs)
+        ps = [procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{pw_port}"))]
+        await wait_registered(obs, {(0, 0)}, [pw, *ps])
+        ps[0].kill()
+        away = await obs.wait_for(lambda: obs.events(WorkerAway), 5.0, "the sidecar to be away", ps)
+        lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the away host to count as lost", ps)
+        assert lost[0].event.cause == "sidecar_gone"
+        assert 1.4 <= lost[0].at - away[0].at <= 3.0
+    finally:
+        await obs.coord.stop(grace=0.1)
