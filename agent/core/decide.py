@@ -352,6 +352,23 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
             rejoin_deadline=now + p.rejoin_grace_seconds if missing else None,
         )
         return _evaluate(running, now, reason + "; adopting the running trainer's generation and slices")
+    if state.phase == Phase.STARTING and ev.generation > 0 and ev.step_in_memory >= 0 and ev.held:
+        # Blind, next to a trainer blocked in a hold: wait with it (above its
+        # generation, so a resume reaches it whatever it waits for) instead of
+        # a full start-up wait.
+        p = policy
+        missing = frozenset((sl, h) for sl in range(p.num_slices) for h in range(p.hosts_per_slice)) - set(state.hosts)
+        waiting = replace(
+            new,
+            phase=Phase.WAITING,
+            generation=max(state.generation, ev.generation) + 1,
+            active=ev.active & p.all_slices,
+            hold_down=p.all_slices - ev.active,
+            deadline=now + p.elastic_timeout_seconds,
+            expected_rejoin=missing,
+            rejoin_deadline=now + p.rejoin_grace_seconds if missing else None,
+        )
+        return _evaluate(waiting, now, reason + "; adopting the held trainer, waiting for its slices")
     if state.phase == Phase.HOLDING:
         # It may not have seen the hold: send it again.
         hold = HoldTrainer(state.generation, state.hold_flush, state.hold_down, state.hold_reason)

@@ -310,6 +310,17 @@ def test_a_fresh_coordinator_starts_above_a_held_trainers_generation():
     assert resume.generation == 8 and resume.source == ResumeSource.MEMORY
 
 
+def test_a_blind_coordinator_waits_with_a_held_trainer_not_for_a_whole_start():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_timeout_seconds=30, rejoin_grace_seconds=5))
+    job.feed(WorkerJoined(0, 0, "a0.0"))
+    d = job.feed(TrainerAttached(7, 120, frozenset({0, 1, 2}), held=True))
+    assert d.state.phase == Phase.WAITING and d.actions == () and d.state.generation == 8
+    job.feed(WorkerJoined(1, 0, "a1.0"), dt=1)
+    d = job.feed(Tick(), dt=5)  # grace over, slice 2 never came back: go on with 2 of 3
+    (resume,) = of(d, ResumeTrainer)
+    assert resume.generation == 8 and resume.active == frozenset({0, 1}) and resume.source == ResumeSource.MEMORY
+
+
 def test_a_blind_coordinator_adopts_a_training_trainer_without_stopping_it():
     job = Job(Policy(num_slices=2))  # restarted without its state file; the trainer keeps training
     job.feed(WorkerJoined(0, 0, "a0.0"))
