@@ -45,6 +45,29 @@ States and transitions::
 * Terminal failure: the trainer is told to abort with exit code 42 (xpk
   restarts on it) after flushing, and the coordinator exits 42 too. The Orbax
   directory keeps the last committed checkpoint for the restart to restore.
+
+Membership and the coordinator's own failures (issue "never make a failure worse"):
+
+* A lost host marks its slice; only a *new* incarnation that has stayed
+  registered and healthy for ``settle_seconds`` repairs it. The same process
+  coming back (a hung host waking, a stream blip) repairs nothing; a new
+  incarnation over a live record is the loss of the old one. A host whose
+  sidecar went away while its Pathways worker still answered the coordinator's
+  own check (``WorkerAway``) stays up, and a new sidecar incarnation replaces it
+  with no loss and no retry.
+* After a coordinator restart (:mod:`agent.statefile`) the hosts it knew get
+  ``rejoin_grace_seconds`` in every phase before anyone is judged; those that
+  did not come back are then lost. A coordinator that starts blind (no state
+  file) adopts a trainer that is training (its generation and slices) or one
+  that is held (waiting with it, above its generation) instead of starting over.
+* Nothing waits for ever: RUNNING with no step report for ``hang_step_factor``
+  times the median step (at least ``hang_min_seconds``) is a suspected hang
+  (a hold with flush, as a failure); a trainer link gone longer than the start
+  timeout fails the job; a flushing hold is acknowledged within
+  ``elastic_timeout_seconds + flush_timeout_seconds``; a second loss while held
+  without a flush re-plans with one when the survivors cannot go on.
+* The policy is the trainer's flags at start and is fixed from then on; an
+  operator drain that would leave fewer than ``min_slices`` is refused.
 """
 
 from __future__ import annotations
