@@ -1,0 +1,107 @@
+"""Property test of notice timing: random scheduled, moved, cleared and imminent notices
+with time passing, on a running job whose hosts never fail.
+
+After every decision: no retry is spent and no slice error recorded (a notice is never a
+failure); no planned drain is already due (a Tick or any decision at or after its time
+begins it); every hold that takes a slice out for a notice flushes; and the general
+invariants of ``test_invariants.check_step`` hold. At the end, when every window is
+cleared and time passes, the job runs on every slice again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from agent.core.decide import decide
+from agent.core.model import (
+    HoldTrainer,
+    NodeNotice,
+    Phase,
+    Policy,
+    ResumeTrainer,
+    State,
+    Tick,
+    TrainerAttached,
+    TrainerHeld,
+    TrainerResumed,
+    WorkerJoined,
+    initial_state,
+)
+from tests.core.test_invariants import PROPERTY, check_step
+
+N = 4
+LEAD = 30.0
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("scheduled"), st.integers(0, N - 1), st.floats(-60, 600)),
+        st.tuples(st.just("now"), st.integers(0, N - 1), st.just(0.0)),
+        st.tuples(st.just("cleared"), st.integers(0, N - 1), st.just(0.0)),
+        st.tuples(st.just("tick"), st.just(0), st.floats(0.05, 120)),
+        st.tuples(st.just("ack"), st.just(0), st.just(0.0)),
+    ),
+    max_size=40,
+)
+
+
+@PROPERTY
+@given(ops=ops, min_slices=st.sampled_from([1, 2, -1]))
+def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> None:
+    now = 0.0
+    state: State = initial_state(
+        Policy(num_slices=N, elastic_min_slice_count=min_slices, notice_lead_seconds=LEAD), now
+    )
+    last: list[object] = []
+
+    def step(ev: object, dt: float = 0.01) -> None:
+        nonlocal now, state
+        now += dt
+        d = decide(state, ev, now)  # type: ignore[arg-type]
+        note(f"t={now:.2f} {ev!r} -> {d.reason}")
+        lifted = isinstance(ev, NodeNotice) and bool(set(state.drains) - set(d.state.drains))
+        # A window moved later lifts the drain it began: for check_step that brings slices up, as a clear does.
+        check_step(state, replace(ev, cleared=True) if lifted else ev, now, d)  # type: ignore[type-var]
+        before, state = state, d.state
+        assert state.retries_used == 0 and not state.slice_errors, "a notice counted as a failure"
+        assert all(p.since > now for p in state.planned.values()), "a due planned drain did not begin"
+        for a in d.actions:
+            if isinstance(a, HoldTrainer) and (a.down_slices - before.hold_down) & set(state.drains):
+                assert a.flush, f"a drain held without a flush: {a}"
+        last[:] = list(d.actions)
+
+    for s in range(N):
+        step(WorkerJoined(s, 0, f"i{s}", node=f"n{s}", node_pool=f"p{s}"))
+    step(TrainerAttached(0, -1))
+    resume = next(a for a in last if isinstance(a, ResumeTrainer))
+    step(TrainerResumed(resume.generation, 0, resume.active, "fresh"))
+    event_time = 0.0
+    for kind, s, x in ops:
+        event_time += 1.0
+        if kind == "scheduled":
+            step(NodeNotice("upcomingMaintenance", "pubsub", node=f"n{s}", starts_at=now + x, event_time=event_time))
+        elif kind == "now":
+            step(NodeNotice("preempted", "pubsub", node=f"n{s}", event_time=event_time))
+        elif kind == "cleared":
+            step(NodeNotice("completed", "pubsub", node=f"n{s}", cleared=True, event_time=event_time))
+        elif kind == "tick":
+            step(Tick(), x)
+        elif state.phase == Phase.HOLDING:
+            step(TrainerHeld(state.generation, 1, 1))
+        elif state.trainer.resume_pending:
+            step(TrainerResumed(state.generation, 1, state.active, "memory"))
+    # Every window ends: the job runs on every slice again, with nothing spent.
+    for s in range(N):
+        event_time += 1.0
+        step(NodeNotice("completed", "pubsub", node=f"n{s}", cleared=True, event_time=event_time))
+    for _ in range(6):
+        if state.phase == Phase.HOLDING:
+            step(TrainerHeld(state.generation, 1, 1))
+        elif state.trainer.resume_pending:
+            step(TrainerResumed(state.generation, 1, state.active, "memory"))
+        else:
+            step(Tick(), 1.0)
+    assert state.phase == Phase.RUNNING and state.active == frozenset(range(N)), (state.phase, state.active)
+    assert not state.drains and not state.planned
