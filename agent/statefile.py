@@ -10,7 +10,8 @@ carry on with, and everything it must send again, can be read from it:
   start included), ``retries_used``;
 * the pending hold (``hold_*``) or the unacknowledged resume
   (``trainer.resume_pending``): sent again when the trainer re-attaches;
-* an operator hold, drains (with their notices' deadlines), slice errors and
+* an operator hold, drains and drains planned for a later window (with their
+  notices' times), slice errors and
   the newest notice time per node: a restart neither lifts a drain nor grows
   back onto a lost slice nor forgets that a notice was already handled;
 * the hosts it knew with their incarnation, node and node pool (the node
@@ -54,6 +55,7 @@ INTENT_FIELDS = (
     "slice_errors",
     "lost_incarnations",
     "drains",
+    "planned",
     "notice_times",
     "operator_hold",
     "expected_rejoin",
@@ -128,17 +130,8 @@ def snapshot(state: State, *, epoch: int = 0, restart_attempt: int = 0, offset: 
         "expected_rejoin": sorted([list(k) for k in state.expected_rejoin]),
         "slice_errors": {str(s): _wall(v, off) for s, v in sorted(state.slice_errors.items())},
         "lost_incarnations": [[s, h, inc] for (s, h), inc in sorted(state.lost_incarnations.items())],
-        "drains": {
-            str(s): {
-                "since": _wall(d.since, off),
-                "kind": d.kind,
-                "source": d.source,
-                "reason": d.reason,
-                "deadline": _wall(d.deadline, off),
-                "node": d.node,
-            }
-            for s, d in sorted(state.drains.items())
-        },
+        "drains": {str(s): _drain_record(d, off) for s, d in sorted(state.drains.items())},
+        "planned": {str(s): _drain_record(d, off) for s, d in sorted(state.planned.items())},
         "notice_times": dict(sorted(state.notice_times.items())),
         "trainer": {
             "generation": t.generation,
@@ -150,6 +143,30 @@ def snapshot(state: State, *, epoch: int = 0, restart_attempt: int = 0, offset: 
             "resume_pending": t.resume_pending,
         },
     }
+
+
+def _drain_record(d: Drain, off: float) -> dict[str, Any]:
+    return {
+        "since": _wall(d.since, off),
+        "kind": d.kind,
+        "source": d.source,
+        "reason": d.reason,
+        "deadline": _wall(d.deadline, off),
+        "node": d.node,
+        "starts_at": _wall(d.starts_at, off),
+    }
+
+
+def _drain(d: Mapping[str, Any], off: float, now: float) -> Drain:
+    return Drain(
+        since=_mono(d["since"], off) or now,
+        kind=str(d["kind"]),
+        source=str(d["source"]),
+        reason=str(d.get("reason", "")),
+        deadline=_mono(d.get("deadline"), off),
+        node=str(d.get("node", "")),
+        starts_at=_mono(d.get("starts_at"), off),
+    )
 
 
 def write(path: Path, data: Mapping[str, Any]) -> None:
@@ -308,18 +325,8 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
         (int(s), int(h)) for s, h in raw.get("expected_rejoin", []) if in_job(int(s), int(h))
     )
     errors = {int(s): _mono(v, off) for s, v in (raw.get("slice_errors") or {}).items() if in_job(int(s))}
-    drains = {
-        int(s): Drain(
-            since=_mono(d["since"], off) or now,
-            kind=str(d["kind"]),
-            source=str(d["source"]),
-            reason=str(d.get("reason", "")),
-            deadline=_mono(d.get("deadline"), off),
-            node=str(d.get("node", "")),
-        )
-        for s, d in (raw.get("drains") or {}).items()
-        if in_job(int(s))
-    }
+    drains = {int(s): _drain(d, off, now) for s, d in (raw.get("drains") or {}).items() if in_job(int(s))}
+    planned = {int(s): _drain(d, off, now) for s, d in (raw.get("planned") or {}).items() if in_job(int(s))}
     trainer = TrainerView(
         generation=int(tr.get("generation", 0)),
         committed_step=committed,
@@ -344,6 +351,7 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
             {(int(s), int(h)): str(inc) for s, h, inc in raw.get("lost_incarnations", []) if in_job(int(s), int(h))}
         ),
         drains=_frozen(drains),
+        planned=_frozen(planned),
         notice_times=_frozen({str(k): float(v) for k, v in (raw.get("notice_times") or {}).items()}),
         expected_rejoin=expected,
         rejoin_deadline=now + policy.rejoin_grace_seconds if expected else None,

@@ -86,10 +86,12 @@ def test_everything_that_carries_intent_survives(tmp_path: Path) -> None:
     drain = Drain(
         since=50.0, kind="terminate_on_host_maintenance", source="pubsub", reason="r", deadline=90.0, node="n"
     )
+    later = Drain(since=5000.0, kind="upcomingMaintenance", source="pubsub", reason="w", node="m", starts_at=5120.0)
     st = saved_state(
         Phase.WAITING,
         operator_hold=True,
         drains=_frozen({1: drain}),
+        planned=_frozen({2: later}),
         slice_errors=_frozen({2: 60.0}),
         notice_times=_frozen({"node-a": 1234.5}),
         hold_flush=True,
@@ -102,6 +104,7 @@ def test_everything_that_carries_intent_survives(tmp_path: Path) -> None:
     assert r.phase == Phase.WAITING and r.operator_hold
     assert r.deadline == pytest.approx(500.0 + POLICY.elastic_timeout_seconds)
     assert dict(r.drains) == {1: drain}
+    assert dict(r.planned) == {2: later}  # a window a week ahead is not forgotten
     assert dict(r.slice_errors) == {2: pytest.approx(60.0)}
     assert dict(r.notice_times) == {"node-a": 1234.5}
     assert (r.hold_flush, r.hold_reason, r.hold_down) == (True, "why", frozenset({1}))
