@@ -2,7 +2,7 @@
 
 One definition each, so the deploy manifests, the daemon and the tests cannot
 drift apart. Ports avoid the ones Pathways and TPU hosts use on hostNetwork
-(8080, 8471, 29000-29006, 50051; ../shared/FACTS.md section 5).
+(8080, 8471, 29000-29006, 50051: the ports in xpk's Pathways JobSets).
 """
 
 from __future__ import annotations
