@@ -536,10 +536,12 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         if up - state.active and t.attached:
             return _start_hold(state, now, f"{prefix}slice(s) {_fmt(up - state.active)} back; growing", failure=False)
         if not t.attached and t.detached_since is not None:
-            gone = now - t.detached_since
+            detached_for = now - t.detached_since
             limit = max(p.start_timeout_seconds, p.elastic_timeout_seconds)
-            if gone >= limit:
-                return _fail(state, f"{prefix}the trainer's link has been gone for {gone:.0f} s (limit {limit:g} s)")
+            if detached_for >= limit:
+                return _fail(
+                    state, f"{prefix}the trainer's link has been gone for {detached_for:.0f} s (limit {limit:g} s)"
+                )
         hang = _suspected_hang(state, now)
         if hang:
             return _start_hold(state, now, f"{prefix}{hang}", failure=True, flush=True)
