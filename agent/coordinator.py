@@ -775,6 +775,10 @@ class Coordinator:
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False
+        # Decide nothing more: what happens from here on is our own teardown
+        # (streams we close, pods the JobSet deletes), not news about the job.
+        for t in self._tasks:
+            t.cancel()
         if self.http is not None:
             await self.http.stop()
             self.http = None
