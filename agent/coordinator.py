@@ -67,7 +67,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent import constants as C
 from agent import log as logmod
 from agent import statefile
-from agent.auth import BearerAuthInterceptor
+from agent.auth import BearerAuthInterceptor, BearerToken
 from agent.config import CoordinatorConfig, is_loopback
 from agent.core import decide, initial_state
 from agent.core.model import (
@@ -615,35 +615,13 @@ class Coordinator:
         if self.cfg.journal is not None:
             self.cfg.journal.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.cfg.journal, "a", encoding="utf-8")  # noqa: SIM115
-        interceptors = []
-        if self.cfg.peer_token is not None:
-            interceptors.append(
-                BearerAuthInterceptor(
-                    self.cfg.peer_token,
-                    [PEER_SERVICE],
-                    label="peer",
-                    on_refused=lambda svc, why: self.metrics.auth_failures.labels(svc, why).inc(),
-                )
-            )
-        self.server = grpc.aio.server(options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS), interceptors=interceptors)
+        self.server = self._grpc_server(self.cfg.peer_token, PEER_SERVICE, "peer")
         peer_pb2_grpc.add_PeerServicer_to_server(PeerService(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(self.cfg.listen)
         if self.port == 0:
             raise OSError(f"could not listen on {self.cfg.listen}")
-        trainer_interceptors = []
-        if self.cfg.trainer_token is not None:
-            trainer_interceptors.append(
-                BearerAuthInterceptor(
-                    self.cfg.trainer_token,
-                    [TRAINER_SERVICE],
-                    label="trainer",
-                    on_refused=lambda svc, why: self.metrics.auth_failures.labels(svc, why).inc(),
-                )
-            )
-        self.trainer_server = grpc.aio.server(
-            options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS), interceptors=trainer_interceptors
-        )
+        self.trainer_server = self._grpc_server(self.cfg.trainer_token, TRAINER_SERVICE, "trainer")
         trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.trainer_server)
         self.trainer_port = self.trainer_server.add_insecure_port(self.cfg.trainer_listen)
         if self.trainer_port == 0:
@@ -685,6 +663,20 @@ class Coordinator:
             admin=None if self.admin is None else self.admin.address,
             http=None if self.http is None else self.http.address,
         )
+
+    def _grpc_server(self, token: BearerToken | None, service: str, label: str) -> grpc.aio.Server:
+        """A gRPC server whose ``service`` needs ``token`` (when given); health stays open."""
+        interceptors = []
+        if token is not None:
+            interceptors.append(
+                BearerAuthInterceptor(
+                    token,
+                    [service],
+                    label=label,
+                    on_refused=lambda svc, why: self.metrics.auth_failures.labels(svc, why).inc(),
+                )
+            )
+        return grpc.aio.server(options=list(C.GRPC_SERVER_KEEPALIVE_OPTIONS), interceptors=interceptors)
 
     def _finish_restored_terminal(self) -> None:
         """Restarted after the job ended in this restart attempt: say so, tell a trainer that attaches, exit again."""
