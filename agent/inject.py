@@ -468,6 +468,8 @@ def _coordinator_container(job: _Job, opts: InjectOptions, in_head: bool) -> dic
         _field_env("ES_JOB", _label(C.LABEL_JOBSET_NAME)),
         _field_env("ES_POD", "metadata.name"),
         _field_env("ES_NODE", "spec.nodeName"),
+        # A FAILED state stays failed only within one JobSet restart attempt (--restart-attempt).
+        _field_env("ES_RESTART_ATTEMPT", _label(C.LABEL_RESTART_ATTEMPT)),
         # The coordinator reads it as --admin-token-file, and so does `kubectl exec ... elastic-sidecar admin`.
         {"name": "ES_ADMIN_TOKEN_FILE", "value": f"{TOKEN_DIR}/admin/token"},
     ]

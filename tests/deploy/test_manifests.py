@@ -837,6 +837,19 @@ def test_admin_cli_in_the_coordinator_finds_its_token() -> None:
     assert seen == 3
 
 
+def test_the_coordinator_knows_the_jobset_restart_attempt() -> None:
+    """A FAILED state file stays failed only within one restart attempt (agent/statefile.py)."""
+    seen = 0
+    for pod, c in sidecars():
+        if role(pod, c) != "coordinator":
+            continue
+        refs = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+        assert refs.get("ES_RESTART_ATTEMPT") == f"metadata.labels['{C.LABEL_RESTART_ATTEMPT}']", pod.where
+        assert pod.env(c)["ES_RESTART_ATTEMPT"] == "0"
+        seen += 1
+    assert seen == 3
+
+
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_network_policy_limits_the_http_port(kustomization: str) -> None:
     docs = render(kustomization)
