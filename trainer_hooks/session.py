@@ -140,6 +140,8 @@ class ElasticSession:
         self._flushed_at = -1
         self._down: frozenset[int] = frozenset()
         self._resumed_ack: trainer_pb2.ResumedAck | None = None
+        self._resumed_for: tuple[int, ...] = ()
+        """The slices the sidecar's resume named, for the acknowledged one (the mesh's may differ)."""
 
     # -- construction ----------------------------------------------------------
 
@@ -249,15 +251,30 @@ class ElasticSession:
         self._on_event("slice_error", {"step": step, "slices": sorted(set(slices)), "error": str(err)[:200]})
         return self._wait_for_resume(step, newer_than=self.generation, what="waiting for an answer to a slice error")
 
-    def resumed(self, d: Directive, step: int, restored_from: str, rebuild_seconds: float) -> None:
-        """Tell the sidecar the new mesh runs (call after rebuilding for a Directive)."""
+    def resumed(
+        self,
+        d: Directive,
+        step: int,
+        restored_from: str,
+        rebuild_seconds: float,
+        *,
+        active_slices: Iterable[int] | None = None,
+    ) -> None:
+        """Tell the sidecar the new mesh runs (call after rebuilding for a Directive).
+
+        ``active_slices``: the slices the mesh actually built spans, when the
+        trainer knows them (the sidecar checks them against its decision);
+        by default the directive's.
+        """
+        slices = tuple(sorted(d.active_slices if active_slices is None else active_slices))
         self.step = step
-        self.active_slices = d.active_slices
+        self.active_slices = slices
         self._down = frozenset()
+        self._resumed_for = tuple(sorted(d.active_slices))
         self._resumed_ack = trainer_pb2.ResumedAck(
             generation=d.generation,
             step=step,
-            active_slices=list(d.active_slices),
+            active_slices=list(slices),
             restored_from=restored_from,
             rebuild_seconds=rebuild_seconds,
         )
@@ -285,6 +302,19 @@ class ElasticSession:
             )
         )
         return self.committed_step
+
+    def committed(self, step: int) -> None:
+        """A step the trainer's own checkpointing committed (not a flush the sidecar asked for).
+
+        Reported as a FlushedAck with no flush time, so the sidecar's newest
+        committed step (``admin status``) includes periodic checkpoints.
+        """
+        if step <= self.committed_step:
+            return
+        self.committed_step = step
+        self._link.send(
+            trainer_pb2.TrainerMessage(flushed=trainer_pb2.FlushedAck(generation=self.generation, committed_step=step))
+        )
 
     def finished(self, step: int) -> None:
         self._link.send(trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step)))
@@ -400,7 +430,7 @@ class ElasticSession:
                 not self.held
                 and ack is not None
                 and body.generation == ack.generation
-                and tuple(body.active_slices) == tuple(ack.active_slices)
+                and tuple(sorted(body.active_slices)) == self._resumed_for
             ):
                 # The same resume again (a restarted coordinator repeating what it did not see
                 # acknowledged): the mesh already runs; acknowledge again instead of rebuilding.

@@ -116,6 +116,31 @@ class Config:
     steps: int = 100
 
 
+class PathwaysManager:
+    """pathwaysutils' ``Manager`` as far as the hook's seam touches it (two CPU slices of two devices)."""
+
+    def __init__(self) -> None:
+        devs = [types.SimpleNamespace(id=i) for i in range(4)]
+        self.slice_to_devices = {0: devs[:2], 1: devs[2:]}
+        self.all_slice_indices = frozenset(self.slice_to_devices)
+        self._active_slice_indices: frozenset[int] = frozenset()
+        self.available_inactive_slices: frozenset[int] = frozenset()
+        self.active_slice_indices = self.all_slice_indices
+        self.retry_kwargs: dict[str, Any] = {}
+
+    @property
+    def active_slice_indices(self) -> frozenset[int]:
+        return self._active_slice_indices
+
+    @active_slice_indices.setter
+    def active_slice_indices(self, value: Any) -> None:
+        self._active_slice_indices = frozenset(value)
+
+    def elastic_retry(self, **kwargs: Any) -> Any:
+        self.retry_kwargs = kwargs
+        return lambda f: f
+
+
 @pytest.fixture
 def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     """``maxtext.common.checkpointing`` and ``maxtext.utils.elastic_utils``, as far as the hook uses them."""
@@ -131,6 +156,13 @@ def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     ckpt.save_checkpoint = save_checkpoint  # type: ignore[attr-defined]
     elastic = types.ModuleType("maxtext.utils.elastic_utils")
     elastic.elastic_enabled = lambda config: config.elastic_enabled  # type: ignore[attr-defined]
+    elastic.elastic_manager = None  # type: ignore[attr-defined]
+
+    def ensure_elastic_manager_initialized(config: Any) -> None:
+        if elastic.elastic_manager is None:  # type: ignore[attr-defined]
+            elastic.elastic_manager = PathwaysManager()  # type: ignore[attr-defined]
+
+    elastic.ensure_elastic_manager_initialized = ensure_elastic_manager_initialized  # type: ignore[attr-defined]
     pkg, common, utils = (types.ModuleType(n) for n in ("maxtext", "maxtext.common", "maxtext.utils"))
     common.checkpointing = ckpt  # type: ignore[attr-defined]
     utils.elastic_utils = elastic  # type: ignore[attr-defined]
@@ -381,3 +413,185 @@ def test_sidecar_gone_during_a_hold_flushes_through_maxtext_then_exits_42(
     assert job.ran == [0, 1, 2]
     abort = _abort_line(capsys.readouterr().err)
     assert abort["committed_step"] == 3 and "while held" in abort["reason"]
+
+
+# ---------------------------------------------------------------------------
+# one retry budget, the slices decided, the lost slice named, truthful flushes
+# ---------------------------------------------------------------------------
+
+
+def test_retries_the_sidecar_decided_spend_nothing_and_pathwaysutils_never_refuses(fake_maxtext: Any) -> None:
+    import jax
+    from pathwaysutils.elastic import manager
+
+    job = Job(Config(elastic_enabled=True, elastic_max_retries=2), start_slices=(0, 1))
+    mgr = fake_maxtext.elastic_utils.elastic_manager
+    mgr.elastic_retry(max_retries=2, timeout=60)
+    policy = mgr.retry_kwargs["retry_policy"]
+    assert "max_retries" not in mgr.retry_kwargs, "pathwaysutils must not count attempts on its own"
+    job.run(0, 1)
+    for cycle in range(5):  # shrink and grow, ten attempts: more than elastic_max_retries=2
+        gen, step = 2 + 2 * cycle, 1 + cycle
+        job.link.inbox.extend([hold(gen), resume(gen, 0)])
+        with pytest.raises(jax.errors.JaxRuntimeError) as shrink:
+            job.step(step)
+        assert policy(2 * cycle + 1, shrink.value) is True
+        job.link.inbox.extend([hold(gen + 1), resume(gen + 1, 0, 1)])
+        with pytest.raises(manager.ScaleUpSignalError) as grow:
+            job.step(step)
+        assert policy(2 * cycle + 2, grow.value) is True
+        job.step(step)
+    assert job.hook.seam is not None and job.hook.seam.decided_attempts == 10
+    assert "slice_error" not in job.link.kinds()
+
+
+def test_a_slice_loss_outside_a_step_goes_to_the_sidecar_whose_abort_exits_42(fake_maxtext: Any) -> None:
+    import jax
+
+    job = Job(Config(elastic_enabled=True), start_slices=(0, 1))
+    job.run(0, 2)
+    retry = fake_maxtext.elastic_utils.elastic_manager
+    seam = job.hook.seam
+    assert seam is not None
+    job.link.when_blocked.extend([hold(2), resume(2, 0)])
+    err = jax.errors.JaxRuntimeError("DATA_LOSS: save failed on slice_index=1")
+    assert seam.retry_policy(1, err) is True  # the sidecar resumed on slice 0
+    sent = job.link.last("slice_error")
+    assert list(sent.slices) == [1] and sent.step == 2
+    assert seam.allowed == frozenset({0}) and seam.reported_failures == 1
+    retry.active_slice_indices = {0, 1}
+    assert retry.active_slice_indices == frozenset({0}), "the next attempt runs on the decided slices only"
+    job.link.when_blocked.append(abort(3, 42))
+    with pytest.raises(SystemExit) as exc:
+        seam.retry_policy(2, jax.errors.JaxRuntimeError("DATA_LOSS: again"))
+    assert exc.value.code == 42
+
+
+def test_a_drained_healthy_slice_stays_out_of_the_mesh_and_never_triggers_a_scale_up(fake_maxtext: Any) -> None:
+    import jax
+    from pathwaysutils.elastic import manager
+
+    job = Job(Config(elastic_enabled=True, elastic_min_slice_count=1), start_slices=(0, 1))
+    mgr = fake_maxtext.elastic_utils.elastic_manager
+    job.run(0, 2)
+    job.link.inbox.extend([hold(2), resume(2, 0)])  # the operator drains slice 1, which stays healthy
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        job.step(2)
+    mgr.active_slice_indices = {0, 1}  # wait_for_slices: Pathways sees both healthy
+    assert mgr.active_slice_indices == frozenset({0})
+    mgr.available_inactive_slices = frozenset({1})  # the monitor thread finds slice 1 up
+    assert mgr.available_inactive_slices == frozenset(), "MaxText would raise ScaleUpSignalError for it"
+    job.link.inbox.extend([hold(3), resume(3, 0, 1)])  # the sidecar grows back: slice 1 allowed again
+    with pytest.raises(manager.ScaleUpSignalError):
+        job.step(2)
+    mgr.active_slice_indices = {0, 1}
+    assert mgr.active_slice_indices == frozenset({0, 1})
+
+
+@pytest.mark.parametrize(
+    ("text", "slices"),
+    [
+        ("DATA_LOSS: Simulated device loss error accessing array on lost device", set()),
+        ("DATA_LOSS: worker for slice_index=3 is gone", {3}),
+        ("INTERNAL: slice 2 unreachable", {2}),
+        ("DEADLINE_EXCEEDED: slices [0, 3] did not answer", {0, 3}),
+        ("DATA_LOSS: slice loss at step 5", set()),
+    ],
+)
+def test_names_the_slices_an_error_message_names(text: str, slices: set[int]) -> None:
+    from trainer_hooks.maxtext.elastic_seam import slices_named_in
+
+    assert slices_named_in(text) == slices
+
+
+def test_the_slice_error_report_names_the_lost_slice(fake_maxtext: Any) -> None:
+    import jax
+
+    job = Job(Config())
+
+    def failing(jds: Any, pv: Any, imm: Any) -> Any:
+        raise jax.errors.JaxRuntimeError("DATA_LOSS: lost the workers of slice_index=1")
+
+    job.run(0, 3)
+    job.link.when_blocked.extend([hold(2), resume(2, 0)])
+    pv = {"step": 3, "checkpoint_manager": job.manager, "data_iterator": None}
+    with pytest.raises(SystemExit):
+        job.hook._iteration(failing, job.device_state, pv, {"config": job.config})
+    assert list(job.link.last("slice_error").slices) == [1]
+
+
+def test_a_flush_of_a_consumed_state_is_acknowledged_as_failed_never_committed(fake_maxtext: Any) -> None:
+    import jax.numpy as jnp
+
+    job = Job(Config(), fail_at=3)
+    job.run(0, 3)
+    w = jnp.zeros(4)
+    w.delete()  # MaxText donated it into the step that failed
+    job.device_state["state"] = {"w": w}
+    job.link.when_blocked.extend([hold(2, flush=True), resume(2, 0)])
+    with pytest.raises(SystemExit):
+        job.step(3)
+    held = job.link.last("held")
+    assert "consumed" in held.flush_error and held.committed_step == -1
+    assert job.manager.labels == []
+
+
+def test_a_flush_that_would_read_a_lost_slice_says_so(fake_maxtext: Any) -> None:
+    import jax.numpy as jnp
+
+    job = Job(Config())
+    job.run(0, 3)
+    job.device_state["state"] = {"w": jnp.zeros(4)}  # on CPU device 0: slice 0 (no slice_index)
+    down = trainer_pb2.SidecarCommand(
+        hold=trainer_pb2.Hold(generation=2, flush=True, reason="slice 0 lost", down_slices=[0])
+    )
+    job.link.inbox.extend([down, abort(3, 42)])
+    with pytest.raises(SystemExit):
+        job.step(3)
+    held = job.link.last("held")
+    assert "lost slice(s) [0]" in held.flush_error and held.committed_step == -1
+    assert job.manager.labels == []
+
+
+def test_maxtexts_own_periodic_checkpoint_is_reported_once_committed(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hook_module, "PERIODIC_POLL_SECONDS", 0.0)
+    cfg = Config()
+    cfg.enable_checkpointing = True  # type: ignore[attr-defined]
+    cfg.checkpoint_period = 5  # type: ignore[attr-defined]
+    cfg.save_checkpoint_on_start = False  # type: ignore[attr-defined]
+    job = Job(cfg)
+    job.run(0, 7)  # MaxText started saving label 5 after step index 5; not committed yet
+    assert "flushed" not in job.link.kinds(), "reported before the save committed"
+    job.manager.labels.append(5)
+    job.run(7, 8)
+    ack = job.link.last("flushed")
+    assert (ack.committed_step, ack.flush_error) == (6, "")
+    job.run(8, 10)
+    job.manager.labels.append(10)
+    job.run(10, 13)
+    assert [m.flushed.committed_step for m in job.link.sent if m.WhichOneof("msg") == "flushed"] == [6, 11]
+
+
+def test_a_terminal_elastic_failure_exits_42_with_its_reason(fake_maxtext: Any) -> None:
+    import jax
+    from pathwaysutils.elastic import manager
+
+    from trainer_hooks.maxtext.hook import terminal_elastic_failure
+
+    try:
+        try:
+            raise jax.errors.JaxRuntimeError("DATA_LOSS: lost")
+        except Exception as e:
+            raise manager.ElasticRuntimeError("Elastic attempt 10 failed.") from e
+    except Exception as e:
+        refused = e
+    why = terminal_elastic_failure(refused)
+    assert why is not None and "Elastic attempt 10 failed" in why and "DATA_LOSS" in why
+    assert terminal_elastic_failure(TimeoutError("Timed out waiting for 2 slices.")) is not None
+    assert terminal_elastic_failure(ValueError("a bug")) is None
+    job = Job(Config(elastic_enabled=True))
+    with pytest.raises(SystemExit) as exc:
+        job.hook.terminal(why)
+    assert exc.value.code == 42

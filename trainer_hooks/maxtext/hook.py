@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from trainer_hooks.maxtext.elastic_seam import ElasticSeam, slices_named_in
 from trainer_hooks.session import AbortTraining, Directive, ElasticSession, ElasticSettings, FlushResult, is_slice_down
 
 ENV_ADDRESS = "ELASTIC_SIDECAR_ADDRESS"
@@ -62,6 +63,8 @@ EXIT_RESTART = 42
 which the trainer process must not import)."""
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 LOG_PREFIX = "trainer_hooks.maxtext"
+PERIODIC_POLL_SECONDS = 1.0
+"""How often the hook re-reads the checkpoint directory while a periodic save of MaxText's is pending."""
 
 
 def say(kind: str, fields: dict[str, object] | None = None) -> None:
@@ -106,6 +109,11 @@ class MaxTextHook:
         self._config: Any = None
         self._device_state: dict[str, Any] | None = None
         self._python_vars: dict[str, Any] | None = None
+        self.seam: ElasticSeam | None = None
+        """The hold on pathwaysutils' manager, with ``elastic_enabled`` (see :mod:`.elastic_seam`)."""
+        self._periodic_label: int | None = None
+        """A periodic save MaxText started (its label) whose commit is not reported yet."""
+        self._periodic_polled = 0.0
 
     # -- wiring ------------------------------------------------------------------
 
@@ -135,6 +143,17 @@ class MaxTextHook:
         """MaxText's train function returned: training is done."""
         if self.session is None:
             return
+        if self._periodic_label is not None:
+            from maxtext.common import checkpointing
+
+            manager = (self._python_vars or {}).get("checkpoint_manager")
+            try:
+                if manager is not None:
+                    checkpointing.wait_until_finished(manager)
+                self._report_if_committed(self._periodic_label)
+            except Exception as e:  # MaxText may have closed its manager; the commit is on disk anyway
+                say("warning", {"message": f"cannot read MaxText's last periodic save: {type(e).__name__}: {e}"})
+            self._periodic_label = None
         self.session.finished(max(self.completed, 0))
         self.session.close()
         say("finished", {"step": self.completed})
@@ -166,11 +185,16 @@ class MaxTextHook:
         )
         if not getattr(config, "enable_checkpointing", True):
             say("warning", {"message": "enable_checkpointing=false: holds and aborts cannot flush"})
+        if self._elastic():
+            self.seam = ElasticSeam(self._ask_sidecar)
+            self.seam.install(config)
         try:
             d = self.session.start(step_in_memory=-1)
         except AbortTraining as e:
             self._exit(e)
         say("start", {"generation": d.generation, "slices": list(d.active_slices), "reason": d.reason})
+        if self.seam is not None:
+            self.seam.allow(d.active_slices)
         self._rebuilding = (d, time.monotonic(), "")
 
     def _iteration(
@@ -198,10 +222,12 @@ class MaxTextHook:
             metrics = iteration(jax_device_state, python_vars, immutable_data)
         except Exception as e:
             if is_slice_down(e):
-                self._slice_error(step, e)  # returns only when elastic_retry is to take over
+                self._slice_error(step, e)  # never returns: elastic_retry takes over, or exit 42
             raise
         self.completed = step + 1
         session.report_step(step + 1, time.monotonic() - t0)
+        if self._periodic_label is not None or self._on_save_schedule(step):
+            self._periodic_commit(step)
         return metrics
 
     # -- directives ------------------------------------------------------------------
@@ -212,20 +238,38 @@ class MaxTextHook:
         d, since, restored_from = self._rebuilding
         self._rebuilding = None
         restored_from = restored_from or ("checkpoint" if step > 0 else "fresh")
-        self.slices = tuple(sorted(d.active_slices))
+        built = self._mesh_slices()
+        self.slices = tuple(sorted(d.active_slices if built is None else built))
         self.completed = step
         dt = time.monotonic() - since
-        self.session.resumed(d, step, restored_from, dt)
-        say(
-            "resumed",
-            {
-                "generation": d.generation,
-                "step": step,
-                "slices": list(self.slices),
-                "restored_from": restored_from,
-                "rebuild_seconds": round(dt, 3),
-            },
-        )
+        self.session.resumed(d, step, restored_from, dt, active_slices=self.slices)
+        fields: dict[str, object] = {
+            "generation": d.generation,
+            "step": step,
+            "slices": list(self.slices),
+            "decided": sorted(d.active_slices),
+            "restored_from": restored_from,
+            "rebuild_seconds": round(dt, 3),
+        }
+        if self.seam is not None:
+            fields["retry_budget"] = {
+                "decided_attempts": self.seam.decided_attempts,
+                "reported_failures": self.seam.reported_failures,
+            }
+        say("resumed", fields)
+        if set(self.slices) != set(d.active_slices):
+            say("mesh_mismatch", {"decided": sorted(d.active_slices), "mesh": list(self.slices)})
+
+    def _mesh_slices(self) -> tuple[int, ...] | None:
+        """The slices of the mesh MaxText built (None: not known, e.g. without elastic_enabled)."""
+        mesh = (self._device_state or {}).get("mesh")
+        if self.seam is None or mesh is None:
+            return None
+        try:
+            return tuple(sorted(self.seam.mesh_slices(mesh.devices.flat)))
+        except Exception as e:  # a mesh we cannot map: report the decision, and say so
+            say("warning", {"message": f"cannot map the mesh's devices to slices: {e}"})
+            return None
 
     def _apply(self, d: Directive, step: int) -> None:
         """After a hold: go on from memory, or rebuild through a restart."""
@@ -240,30 +284,62 @@ class MaxTextHook:
         grow = set(new) > set(self.slices)
         self._restart(d, step, t0, why, self._scale_up_error(why) if grow else self._slice_down_error(why))
 
-    def _slice_error(self, step: int, err: BaseException) -> None:
-        """A step failed with lost hardware: tell the sidecar, wait for its word, restart."""
+    def _slice_error(self, step: int, err: BaseException) -> NoReturn:
+        """A step failed with lost hardware: tell the sidecar which slices, wait for its word, restart."""
         assert self.session is not None
         t0 = time.monotonic()
+        lost = self.lost_slices(err)
         try:
-            d = self.session.slice_error(step, err, ())
+            d = self.session.slice_error(step, err, lost)
         except AbortTraining as e:
             self._exit(e)
-        # The failed step may have consumed (donated) the state: restart from the checkpoint.
-        self._restart(d, step, t0, f"slice loss at step {step}", None)
+        # The failed step consumed (donated) the state: the flush says so and the restart
+        # restores the newest committed step.
+        self._restart(d, step, t0, f"slice loss at step {step} (lost slices {sorted(lost)})", err)
 
-    def _restart(self, d: Directive, step: int, since: float, why: str, err: BaseException | None) -> None:
-        """Flush, then hand over to elastic_retry (raise ``err``; None: the caller re-raises) or exit 42."""
+    def lost_slices(self, err: BaseException) -> set[int]:
+        """The slices a slice-loss error names, plus those of the running mesh the health check finds down."""
+        named = slices_named_in(str(err))
+        probed: set[int] = set()
+        if self.seam is not None and self.slices:
+            try:
+                probed = self.seam.unhealthy(self.slices)
+            except Exception as e:  # the probe is a hint; the error itself already went to the sidecar
+                say("warning", {"message": f"slice health probe failed: {type(e).__name__}: {e}"})
+        return named | probed
+
+    def _ask_sidecar(self, err: BaseException) -> None:
+        """pathwaysutils' retry policy met a slice-loss error raised outside a step: the sidecar decides."""
+        assert self.session is not None
+        t0 = time.monotonic()
+        step = max(self.completed, 0)
+        lost = self.lost_slices(err)
+        say("slice_error_outside_step", {"step": step, "slices": sorted(lost), "error": str(err)[:200]})
+        try:
+            d = self.session.slice_error(step, err, lost)
+        except AbortTraining as e:
+            self._exit(e)
+        if self.seam is not None:
+            self.seam.allow(d.active_slices)
+        self._rebuilding = (d, t0, "checkpoint")
+
+    def _restart(self, d: Directive, step: int, since: float, why: str, err: BaseException) -> NoReturn:
+        """Flush, then hand over to elastic_retry (raise ``err``, as decided) or exit 42."""
         assert self.session is not None
         committed = self.session.flush(step)
-        if self._elastic():
+        if self.seam is not None:
+            self.seam.allow(d.active_slices)
             self._rebuilding = (d, since, "checkpoint")
             say("restart", {"how": "elastic_retry", "why": why, "committed_step": committed})
-            if err is not None:
-                raise err
-            return
+            raise self.seam.decided(err)
         say("restart", {"how": f"exit {EXIT_RESTART}", "why": why, "committed_step": committed})
         self.session.close()
         raise SystemExit(EXIT_RESTART)
+
+    def terminal(self, reason: str) -> NoReturn:
+        """An elastic failure ended MaxText's train function: say why and exit 42 (never 1)."""
+        committed = self.session.committed_step if self.session is not None else -1
+        self._exit(AbortTraining(EXIT_RESTART, reason, committed))
 
     def _exit(self, e: AbortTraining) -> NoReturn:
         say("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})
@@ -276,9 +352,13 @@ class MaxTextHook:
     def flush(self, step: int, down_slices: frozenset[int] = frozenset()) -> FlushResult:
         """The session's flusher: make the state after ``step`` completed steps durable.
 
-        ``down_slices`` cannot be honoured: MaxText saves its global arrays, so a
-        flush that must read a lost slice fails (and the hold reports the last
-        committed step instead).
+        It refuses, with an error that the acknowledgement carries as
+        ``flush_error`` (the step is then not counted as committed), when the
+        state after ``step`` is gone (a failed step consumed it: MaxText donates
+        its train state into the step) or has shards on a slice in
+        ``down_slices``: MaxText saves its global arrays, and reading them from
+        the surviving replicas alone is not something MaxText's checkpointer
+        can do, so the hold reports the newest committed step instead.
         """
         from maxtext.common import checkpointing
 
@@ -294,6 +374,7 @@ class MaxTextHook:
             return FlushResult(self._newest_committed(manager) if step <= 0 else step, 0)
         assert self._device_state is not None
         state = self._device_state["state"]
+        self._check_readable(state, step, down_slices)
         t0 = time.monotonic()
         checkpointing.save_checkpoint(manager, label, state, self._config, python_vars.get("data_iterator"), force=True)
         checkpointing.wait_until_finished(manager)
@@ -303,6 +384,80 @@ class MaxTextHook:
         nbytes = tree_nbytes(state)
         say("flushed", {"step": step, "label": label, "seconds": round(time.monotonic() - t0, 3), "bytes": nbytes})
         return FlushResult(step, nbytes)
+
+    def _check_readable(self, state: Any, step: int, down_slices: frozenset[int]) -> None:
+        import jax
+
+        leaves = [x for x in jax.tree_util.tree_leaves(state) if hasattr(x, "is_deleted")]
+        if any(x.is_deleted() for x in leaves):
+            raise RuntimeError(
+                f"the state after step {step} was consumed by the step that failed "
+                "(MaxText donates its train state into the step): nothing to flush"
+            )
+        if not down_slices:
+            return
+        devices = {d for x in leaves for d in x.sharding.device_set}
+        try:
+            spans = (
+                self.seam.mesh_slices(devices)
+                if self.seam is not None
+                else {getattr(d, "slice_index", 0) for d in devices}
+            )
+        except Exception:
+            spans = {getattr(d, "slice_index", 0) for d in devices}
+        lost = sorted(spans & down_slices)
+        if lost:
+            raise RuntimeError(
+                f"the state after step {step} has shards on lost slice(s) {lost}; MaxText's checkpointer "
+                "reads its global arrays whole and cannot save from the surviving replicas alone: not flushed"
+            )
+
+    # -- MaxText's own periodic checkpoints ----------------------------------------------
+
+    def _on_save_schedule(self, step: int) -> bool:
+        """Whether MaxText's ``maybe_save_checkpoint`` starts a periodic save after step index ``step``."""
+        c = self._config
+        period = int(getattr(c, "checkpoint_period", 0) or 0)
+        if not getattr(c, "enable_checkpointing", False) or period <= 0 or step % period:
+            return False
+        return step > 0 or bool(getattr(c, "save_checkpoint_on_start", False))
+
+    def _periodic_commit(self, step: int) -> None:
+        """Report MaxText's own periodic checkpoint once it commits (a FlushedAck, no flush of ours).
+
+        A save MaxText starts after step index ``step`` (on its schedule) is
+        pending until the manager lists it after re-reading its directory: the
+        listing is read at most every ``PERIODIC_POLL_SECONDS`` while one is
+        pending (Orbax's ``is_saving_in_progress`` stays true until someone
+        waits, so it cannot tell), when the next periodic save starts (Orbax
+        runs one save at a time, so the previous one has finished) and when
+        training finishes.
+        """
+        if self._on_save_schedule(step):
+            if self._periodic_label is not None:
+                self._report_if_committed(self._periodic_label)
+            self._periodic_label, self._periodic_polled = step, time.monotonic()
+            return
+        label = self._periodic_label
+        now = time.monotonic()
+        if label is None or now - self._periodic_polled < PERIODIC_POLL_SECONDS:
+            return
+        self._periodic_polled = now
+        if self._report_if_committed(label):
+            self._periodic_label = None
+
+    def _report_if_committed(self, label: int) -> bool:
+        assert self.session is not None
+        manager = (self._python_vars or {}).get("checkpoint_manager")
+        if manager is None:
+            return True
+        if label + 1 <= self.session.committed_step:
+            return True
+        if label not in self._committed_labels(manager):
+            return False
+        self.session.committed(label + 1)
+        say("committed", {"step": label + 1, "label": label, "by": "maxtext_periodic_checkpoint"})
+        return True
 
     @staticmethod
     def _committed_labels(manager: Any) -> list[int]:
@@ -341,6 +496,24 @@ class MaxTextHook:
         return jax.errors.JaxRuntimeError(f"DATA_LOSS: elastic-sidecar: shrink, {why}")
 
 
+def terminal_elastic_failure(err: BaseException) -> str | None:
+    """Why an error that escaped MaxText ends an elastic job (None: a bug, which keeps its exit 1).
+
+    pathwaysutils' ``ElasticRuntimeError`` (attempts used up: cannot happen with
+    the hook's retry policy, kept for safety), the ``TimeoutError`` of
+    ``wait_for_slices`` (not enough slices within ``elastic_timeout_seconds``)
+    and a slice-loss error nobody retried are failures of the hardware, not of
+    the program: a restart (42) is the answer, never a permanent failure (1).
+    """
+    name = type(err).__name__
+    if name == "ElasticRuntimeError" or is_slice_down(err):
+        cause = err.__cause__ or err.__context__
+        return f"{name}: {err}" + (f" (after {type(cause).__name__}: {str(cause)[:300]})" if cause else "")
+    if isinstance(err, TimeoutError) and "slices" in str(err):
+        return f"{name}: {err}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m trainer_hooks.maxtext <MaxText arguments>``: MaxText's pre-training, served.
 
@@ -359,7 +532,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     hook = MaxTextHook(address, os.environ.get(ENV_JOB, "")).install(train) if address else None
 
     def run(absl_argv: list[str]) -> None:
-        train.main(absl_argv)
+        try:
+            train.main(absl_argv)
+        except Exception as e:
+            terminal = terminal_elastic_failure(e)
+            if hook is None or terminal is None:
+                raise
+            hook.terminal(terminal)
         if hook is not None:
             hook.finished()
 
