@@ -356,7 +356,9 @@ class MaxTextHook:
         ``flush_error`` (the step is then not counted as committed), when the
         state after ``step`` is gone (a failed step consumed it: MaxText donates
         its train state into the step) or has shards on a slice in
-        ``down_slices``: MaxText saves its global arrays, and reading them from
+        ``down_slices`` that is really down (with ``elastic_enabled``,
+        pathwaysutils' health check tells; a drained slice in good health is
+        read as usual): MaxText saves its global arrays, and reading them from
         the surviving replicas alone is not something MaxText's checkpointer
         can do, so the hold reports the newest committed step instead.
         """
@@ -406,6 +408,13 @@ class MaxTextHook:
         except Exception:
             spans = {getattr(d, "slice_index", 0) for d in devices}
         lost = sorted(spans & down_slices)
+        if lost and self.seam is not None:
+            # down_slices also names slices that are leaving in good health (a drain): only
+            # those the health check finds down are unreadable.
+            try:
+                lost = sorted(self.seam.unhealthy(lost))
+            except Exception as e:
+                say("warning", {"message": f"slice health probe failed, treating {lost} as lost: {e}"})
         if lost:
             raise RuntimeError(
                 f"the state after step {step} has shards on lost slice(s) {lost}; MaxText's checkpointer "
