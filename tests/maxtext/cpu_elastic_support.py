@@ -19,15 +19,20 @@ before MaxText runs (``python -m tests.maxtext.run_patched`` does that when
    directory it now does the same thing locally: delete the newest numbered
    step directory if it has no ``commit_success`` marker.
 
-What this cannot give: a real shrink. MaxText still sees one slice, so after
-a shrink or grow it restarts on the same four CPU devices; the sidecar's
-view (slices 0 and 1 of its policy) and MaxText's differ on purpose here.
+With ``ELASTIC_SIDECAR_TEST_CPU_SLICES=N`` (N > 1) the CPU devices form N
+slices of consecutive device ids instead (4 devices, N=2: {0,1} and {2,3}),
+in pathwaysutils' grouping and in ``elastic_utils.live_devices`` alike, so a
+shrink really builds MaxText's mesh on fewer devices, and the mesh the hook
+reports can be checked against the sidecar's decision. Slice health stays
+pathwaysutils' own check (a tiny computation per slice): every CPU slice is
+healthy, like a drained host.
 Nothing in ``trainer_hooks`` imports this module.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,15 +40,35 @@ from typing import Any
 
 ENV = "ELASTIC_SIDECAR_TEST_CPU_ELASTIC"
 """Set to 1 in a MaxText process's environment to apply the patches."""
+ENV_SLICES = "ELASTIC_SIDECAR_TEST_CPU_SLICES"
+"""How many slices the CPU devices form (default 1)."""
 
 _applied: list[str] = []
+
+
+def cpu_slices() -> int:
+    return max(1, int(os.environ.get(ENV_SLICES, "1") or 1))
+
+
+def slice_of(device: Any) -> int:
+    """A device's slice: its ``slice_index`` where it has one, else by device id (``cpu_slices()`` groups)."""
+    index = getattr(device, "slice_index", None)
+    if index is not None:
+        return int(index)
+    n = cpu_slices()
+    if n == 1:
+        return 0
+    import jax
+
+    per_slice = max(1, len(jax.devices()) // n)
+    return min(int(device.id) // per_slice, n - 1)
 
 
 def get_slice_to_devices(devices: Sequence[Any]) -> Mapping[int, Sequence[Any]]:
     """pathwaysutils' grouping, tolerating devices without ``slice_index``."""
     slice_to_devices: dict[int, list[Any]] = collections.defaultdict(list)
     for d in devices:
-        slice_to_devices[getattr(d, "slice_index", 0)].append(d)
+        slice_to_devices[slice_of(d)].append(d)
     return dict(slice_to_devices)
 
 
@@ -87,4 +112,16 @@ def apply() -> None:
         clean_up_local_checkpoints(checkpoint_dir, gcs=original)
 
     elastic_utils.clean_up_checkpoints = clean_up_checkpoints
+    if cpu_slices() > 1:
+        import jax
+
+        def live_devices(config: Any = None) -> list[Any]:
+            # elastic_utils.live_devices with this module's slice grouping
+            if elastic_utils.should_use_elastic(config):
+                elastic_utils.ensure_elastic_manager_initialized(config)
+                active = elastic_utils.elastic_manager.active_slice_indices
+                return [d for d in jax.devices() if d is not None and slice_of(d) in active]
+            return jax.devices()
+
+        elastic_utils.live_devices = live_devices
     _applied.append("yes")

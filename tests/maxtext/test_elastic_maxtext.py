@@ -8,8 +8,9 @@ slice 1 makes the sidecar resume on slice 0 alone: the hook flushes and
 raises a ``DATA_LOSS`` error, and ``elastic_retry`` starts the next attempt at
 once from exactly the flushed step. A replacement for slice 1 makes it resume
 on both: the hook flushes and raises ``ScaleUpSignalError``, same again.
-(MaxText keeps all four CPU devices as its one slice throughout: see the
-support module for what the patches cannot give.)
+The four CPU devices form two slices of two (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``),
+so a shrink really builds MaxText's mesh on slice 0's two devices, and the resumed
+acknowledgement names the slices of the mesh built.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import pytest
 from agent.core.model import (
     OperatorCommand,
     TrainerFlushed,
+    TrainerHeld,
     TrainerResumed,
     TrainerStepped,
     WorkerJoined,
     WorkerLost,
 )
-from tests.maxtext.cpu_elastic_support import ENV
+from tests.maxtext.cpu_elastic_support import ENV, ENV_SLICES
 from tests.maxtext.harness import (
     START_TIMEOUT,
     WAIT,
@@ -73,7 +75,8 @@ def test_elastic_retry_restarts_at_once_from_the_flushed_step_on_shrink_and_grow
         sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         args = maxtext_args(tmp_path, "elastic", 100_000, *ELASTIC_FLAGS, jax_cache=tmp_path / "jax-cache")
-        run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env={ENV: "1"})
+        env = {ENV: "1", ENV_SLICES: "2"}
+        run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
         p = sc.state.policy
         assert (p.elastic_min_slice_count, p.elastic_timeout_seconds, p.elastic_max_retries) == (1, 60, 5)
@@ -113,6 +116,116 @@ def test_elastic_retry_restarts_at_once_from_the_flushed_step_on_shrink_and_grow
 
         sc.request(OperatorCommand("abort", "end of test", restart=True))
         assert run.wait(60) == 42, run.tail()
+    finally:
+        if run is not None:
+            run.kill()
+        sc.stop()
+
+
+BUDGET_FLAGS = (
+    "elastic_enabled=true",
+    "enable_single_controller=true",
+    "elastic_min_slice_count=1",
+    "elastic_timeout_seconds=60",
+    "elastic_max_retries=3",
+)
+"""Three attempts including the first: two recoveries. Each loss-and-replacement cycle is two
+``elastic_retry`` attempts, so pathwaysutils' own ``ElasticRetryLimit(3)`` refuses (exit 1)
+at the second cycle's loss."""
+
+
+def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh_spans_the_slices_decided(
+    tmp_path: Path,
+) -> None:
+    """Two slices of two CPU devices each (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``), ``elastic_max_retries=3``.
+
+    Two loss-and-replacement cycles (four ``elastic_retry`` attempts) keep training; the mesh
+    MaxText builds spans exactly the slices the sidecar resumed on each time; a drain of the
+    healthy slice 1 keeps it out of the mesh even after pathwaysutils' monitor (10 s poll) sees
+    it healthy; then one more loss, past the budget, exits 42 with the reason.
+    """
+    require_maxtext_venv()
+    sc = Sidecar(num_slices=2)
+    run = None
+    try:
+        sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
+        sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
+        args = maxtext_args(tmp_path, "budget", 100_000, *BUDGET_FLAGS, jax_cache=tmp_path / "jax-cache")
+        env = {ENV: "1", ENV_SLICES: "2"}
+        run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
+        sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
+        assert sc.state.policy.elastic_max_retries == 3
+        first = sc.applied(TrainerResumed)[-1].event
+        assert first.active == frozenset({0, 1})
+
+        recoveries: list[float] = []
+        for cycle in range(2):
+            t0 = time.monotonic()
+            sc.request(WorkerLost(1, 0, f"inc-{cycle + 1}", "stream_closed"))
+            resumed_on(sc, {0}, t0, run)  # the ack names the mesh's slices: 2 devices of slice 0
+            at = sc.state.trainer.last_step
+            sc.wait_for(lambda at=at: sc.state.trainer.last_step > at, "a step on slice 0 alone", run)
+            recoveries.append(time.monotonic() - t0)
+            t1 = time.monotonic()
+            sc.request(WorkerJoined(1, 0, f"inc-{cycle + 2}", node="node-1"))
+            resumed_on(sc, {0, 1}, t1, run)
+            at = sc.state.trainer.last_step
+            sc.wait_for(lambda at=at: sc.state.trainer.last_step > at, "a step on both slices", run)
+        assert sc.state.retries_used == 2
+        assert run.poll() is None
+        meshes = [(f["decided"], f["slices"]) for _, f in run.hook_lines("resumed")]
+        assert all(d == m for d, m in meshes), meshes
+        assert [m for _, m in meshes][-4:] == [[0], [0, 1], [0], [0, 1]]
+        budget = run.hook_lines("resumed")[-1][1]["retry_budget"]
+        assert budget == {"decided_attempts": 4, "reported_failures": 0}
+        assert "Retry policy rejected" not in run.text()
+
+        # drain the healthy slice 1: the mesh excludes it, also after the monitor's poll sees it up
+        t2 = time.monotonic()
+        sc.request(OperatorCommand("drain", "test drain", slice=1))
+        drained = resumed_on(sc, {0}, t2, run)
+        held = sc.applied(TrainerHeld, t2)[-1].event
+        assert not held.flush_error, "a drained slice in good health is readable: the drain loses no step"
+        assert drained.step == held.step
+        restarts = len(run.hook_lines("restart"))
+        time.sleep(12.0)  # pathwaysutils' monitor polls every 10 s
+        assert run.poll() is None and len(run.hook_lines("restart")) == restarts, run.tail()
+        assert "Scale up requested" not in run.text()[-20000:]
+        assert sc.state.trainer.last_step > drained.step
+        assert sc.state.retries_used == 2, "a drain spends no retry"
+
+        # one real failure past the budget: exit 42, with the reason, never 1
+        t3 = time.monotonic()
+        sc.request(WorkerLost(0, 0, "inc-1", "stream_closed"))
+        assert run.wait(WAIT) == 42, run.tail()
+        aborts = run.hook_lines("abort")
+        assert aborts and "elastic_max_retries=3" in aborts[-1][1]["reason"], run.tail()
+        print(
+            f"\nretry budget: loss to next step on the survivor {[round(r, 3) for r in recoveries]} s; "
+            f"terminal failure to exit {time.monotonic() - t3:.3f} s"
+        )
+    finally:
+        if run is not None:
+            run.kill()
+        sc.stop()
+
+
+def test_maxtexts_own_periodic_checkpoints_count_as_committed(tmp_path: Path) -> None:
+    """``checkpoint_period=5``: the sidecar's committed step follows MaxText's own saves (``admin status``)."""
+    require_maxtext_venv()
+    sc = Sidecar(num_slices=1)
+    run = None
+    try:
+        sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
+        args = maxtext_args(tmp_path, "periodic", 13, "checkpoint_period=5", jax_cache=tmp_path / "jax-cache")
+        run = MaxTextRun("periodic", args, tmp_path, sidecar=sc)
+        assert run.wait(START_TIMEOUT) == 0, run.tail()
+        labels = checkpoint_labels(tmp_path, "periodic")
+        assert labels == [5, 10], labels
+        acks = [a.event for a in sc.applied(TrainerFlushed)]
+        assert [a.committed_step for a in acks] == [6, 11] and not any(a.flush_error for a in acks)
+        assert sc.state.trainer.committed_step == 11
+        assert [f["step"] for _, f in run.hook_lines("committed")] == [6, 11]
     finally:
         if run is not None:
             run.kill()
