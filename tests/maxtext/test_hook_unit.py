@@ -539,9 +539,13 @@ def test_a_flush_of_a_consumed_state_is_acknowledged_as_failed_never_committed(f
 def test_a_flush_that_would_read_a_lost_slice_says_so(fake_maxtext: Any) -> None:
     import jax.numpy as jnp
 
-    job = Job(Config())
+    job = Job(Config(elastic_enabled=True))
+    seam = job.hook.seam
+    assert seam is not None
+    seam.mesh_slices = lambda devices: {0}  # type: ignore[method-assign]
+    seam.unhealthy = lambda slices: set(slices)  # type: ignore[method-assign]  # the health check: down
     job.run(0, 3)
-    job.device_state["state"] = {"w": jnp.zeros(4)}  # on CPU device 0: slice 0 (no slice_index)
+    job.device_state["state"] = {"w": jnp.zeros(4)}
     down = trainer_pb2.SidecarCommand(
         hold=trainer_pb2.Hold(generation=2, flush=True, reason="slice 0 lost", down_slices=[0])
     )

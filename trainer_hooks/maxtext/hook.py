@@ -396,21 +396,16 @@ class MaxTextHook:
                 f"the state after step {step} was consumed by the step that failed "
                 "(MaxText donates its train state into the step): nothing to flush"
             )
-        if not down_slices:
+        if not down_slices or self.seam is None:
+            # Without elastic_enabled there is no health check to tell a drained slice in good
+            # health from a lost one; a save that cannot read a lost slice fails in Orbax and
+            # the acknowledgement carries that error.
             return
         devices = {d for x in leaves for d in x.sharding.device_set}
-        try:
-            spans = (
-                self.seam.mesh_slices(devices)
-                if self.seam is not None
-                else {getattr(d, "slice_index", 0) for d in devices}
-            )
-        except Exception:
-            spans = {getattr(d, "slice_index", 0) for d in devices}
-        lost = sorted(spans & down_slices)
-        if lost and self.seam is not None:
-            # down_slices also names slices that are leaving in good health (a drain): only
-            # those the health check finds down are unreadable.
+        lost = sorted(self.seam.mesh_slices(devices) & down_slices)
+        if lost:
+            # down_slices also names slices leaving in good health (a drain): only those the
+            # health check finds down are unreadable.
             try:
                 lost = sorted(self.seam.unhealthy(lost))
             except Exception as e:
