@@ -112,25 +112,18 @@ class Job:
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
         self.extra_procs: list[subprocess.Popen[bytes]] = []
-        self.coordinator_flags = _coordinator_flags()
-        self.trainer_flags = _trainer_flags()
-        # The trainer link has its own listener once the coordinator offers --trainer-listen.
-        self.trainer_addr = f"127.0.0.1:{free_port()}" if "--trainer-listen" in self.coordinator_flags else None
+        # The trainer link has its own listener (the coordinator's --trainer-listen).
+        self.trainer_addr = f"127.0.0.1:{free_port()}"
         # --via-proxy: the worker sidecars' and the trainer's links pass a loopback forwarder.
         self.peer_proxy: Forwarder | None = None
         self.trainer_proxy: Forwarder | None = None
         if getattr(ns, "via_proxy", False):
             self.peer_proxy = Forwarder(self.coord_addr)
-            self.trainer_proxy = Forwarder(self.trainer_addr or self.coord_addr)
-        self.state_dir: Path | None = None
-        if "--state-dir" in self.coordinator_flags:
-            self.state_dir = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir
-            self.state_path = self.state_dir / "state.json"
-            self.journal_path = self.state_dir / "journal.jsonl"
-        else:
-            base = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir
-            self.state_path = base / "coordinator-state.json"
-            self.journal_path = base / "journal.jsonl"
+            self.trainer_proxy = Forwarder(self.trainer_addr)
+        # The coordinator's --state-dir: state.json, journal.jsonl and the lock a second one waits on.
+        self.state_dir = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir
+        self.state_path = self.state_dir / "state.json"
+        self.journal_path = self.state_dir / "journal.jsonl"
         self._files: list[IO[bytes]] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.emulator: Any = None
@@ -245,14 +238,7 @@ class Job:
             http_listen=http_listen or self.http_addr,
             peer_token_file=self.peer_token_file,
         )
-        if self.state_dir is not None:
-            cmd += _flags(state_dir=state_dir or self.state_dir)
-        elif state_dir is not None:
-            cmd += _flags(journal=state_dir / "journal.jsonl", state_file=state_dir / "coordinator-state.json")
-        else:
-            cmd += _flags(journal=self.journal_path, state_file=self.state_path)
-        if self.trainer_addr is not None:
-            cmd += _flags(trainer_listen=trainer_listen or self.trainer_addr)
+        cmd += _flags(state_dir=state_dir or self.state_dir, trainer_listen=trainer_listen or self.trainer_addr)
         cmd += list(getattr(ns, "coordinator_arg", None) or [])
         env = self.env
         if self.emulator is not None:
@@ -325,7 +311,7 @@ class Job:
         ns = self.ns
         n_dev = ns.slices * ns.devices_per_slice
         env = {**self.env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}"}
-        sidecar = self.trainer_proxy.address if self.trainer_proxy else self.trainer_addr or self.coord_addr
+        sidecar = self.trainer_proxy.address if self.trainer_proxy else self.trainer_addr
         cmd = [PY, "-m", "simjob.trainer"] + _flags(
             sidecar=sidecar,
             job=DEMO_JOB,
@@ -337,9 +323,8 @@ class Job:
             step_seconds=ns.step_seconds,
             events=self.workdir / "trainer-events.jsonl",
         )
-        if "--elastic-timeout-seconds" in self.trainer_flags:
-            # The hooks' self-guard: with the sidecar gone this long, flush and exit 42.
-            cmd += _flags(elastic_timeout_seconds=ns.timeout)
+        # The hooks' self-guard: with the sidecar gone this long, flush and exit 42.
+        cmd += _flags(elastic_timeout_seconds=ns.timeout)
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
         # The hooks read the sidecar's address from the environment too (trainer_hooks.maxtext does).
@@ -405,28 +390,6 @@ class Job:
         for f in self._files:
             f.close()
         return codes
-
-
-def _coordinator_flags() -> set[str]:
-    """The options ``elastic-sidecar coordinator`` accepts (the harness passes only those it knows)."""
-    from agent.cli import build_parser
-
-    ap = build_parser()
-    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
-    return {o for a in sub.choices["coordinator"]._actions for o in a.option_strings}
-
-
-def _trainer_flags() -> set[str]:
-    """The options the example trainer accepts (read from its --help)."""
-    import contextlib
-    import io
-
-    from simjob import trainer
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        trainer.parse_args(["--help"])
-    return {w.rstrip(",") for w in out.getvalue().split() if w.startswith("--")}
 
 
 def _interrupt(signum: int, frame: object) -> None:

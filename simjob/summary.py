@@ -39,8 +39,8 @@ from typing import Any
 @dataclass(frozen=True)
 class FaultRecord:
     kind: str
-    slice: int
-    host: int
+    slice: int | None
+    host: int | None
     at_step: int
     time: float
     step_seen: int

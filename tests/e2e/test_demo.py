@@ -110,9 +110,8 @@ def test_timeout_with_too_few_slices_aborts_42_and_keeps_checkpoint(tmp_path: Pa
     assert step is not None and step >= 30, mngr.all_steps()
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     assert restored["state"]["params"]["w1"].shape == (64, 256)
-    # The coordinator's state file: state.json in its --state-dir (the work directory), or the older name.
-    state_file = next(p for p in (tmp_path / "job" / n for n in ("state.json", "coordinator-state.json")) if p.exists())
-    state = json.loads(state_file.read_text())
+    # The coordinator's state file: state.json in its --state-dir (the demo's work directory).
+    state = json.loads((tmp_path / "job" / "state.json").read_text())
     assert state["phase"] == "failed" and state["trainer"]["committed_step"] == step
 
 
