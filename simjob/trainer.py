@@ -215,7 +215,13 @@ class Trainer:
             for sh in arr.addressable_shards:
                 if self.device_slice[sh.device.id] in exclude or str(sh.index) in got:
                     continue
-                out[sh.index] = np.asarray(sh.data)
+                try:
+                    out[sh.index] = np.asarray(sh.data)
+                except self.jax.errors.JaxRuntimeError as e:
+                    # A replica on a device Pathways has lost: another slice may hold the shard.
+                    if not is_slice_down(e):
+                        raise
+                    continue
                 got.add(str(sh.index))
             if got != need:
                 raise LookupError("no surviving replica holds every shard")
@@ -311,6 +317,8 @@ class Trainer:
                 if not is_slice_down(e):
                     raise
                 lost = sorted((self.runtime.lost_slices() & set(self.active)) | _slices_named(e))
+                # Their replicas are gone even if a replacement is up by the time the hold ends.
+                self._seen_lost |= frozenset(lost)
                 self.events("step_failed", {"step": step + 1, "slices": lost, "error": str(e)[:200]})
                 step = self._apply(self.session.slice_error(step, e, lost), step)
                 continue

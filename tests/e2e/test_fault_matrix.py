@@ -603,17 +603,22 @@ def _mount_tmpfs(where: Path, size: str) -> None:
             f"(exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}); run the suite as root "
             "or with CAP_SYS_ADMIN"
         )
+    st = os.statvfs(where)
+    if not os.path.ismount(where) or st.f_blocks * st.f_frsize > 4 << 20:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        pytest.fail(f"`mount -t tmpfs -o size={size}` succeeded but {where} is not a small file system of its own")
 
 
 def _fill(where: Path) -> Path:
-    """Fill the file system at ``where`` to the last byte."""
+    """Fill the (small, see _mount_tmpfs) file system at ``where`` to the last byte; never more than 8 MiB."""
     filler = where / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    written = 0
     try:
         for size in (65536, 4096, 512, 1):
             with contextlib.suppress(OSError):
-                while os.write(fd, b"\0" * size):
-                    pass
+                while written < 8 << 20 and (n := os.write(fd, b"\0" * size)):
+                    written += n
     finally:
         os.close(fd)
     return filler
