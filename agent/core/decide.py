@@ -387,6 +387,9 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
             generation=max(state.generation, ev.generation) + 1,
             active=ev.active & p.all_slices,
             hold_down=p.all_slices - ev.active,
+            # Its held step is already durable: a slice found missing later
+            # needs no second flush (nor a new hold that restarts the wait).
+            hold_flush=ev.committed_step >= ev.step_in_memory,
             deadline=now + p.elastic_timeout_seconds,
             expected_rejoin=missing,
             rejoin_deadline=now + p.rejoin_grace_seconds if missing else None,
@@ -421,6 +424,24 @@ def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Dec
 
 
 def _trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
+    if state.phase == Phase.RUNNING and ev.generation == state.generation and not state.trainer.resume_pending:
+        # Held at the generation this coordinator runs at with no resume of it
+        # outstanding, so it never sent that hold: it started blind while a
+        # hold of the previous process was still on its way to the step
+        # boundary. Nothing would resume it, so re-synchronise as when the
+        # trainer is ahead (see decide()).
+        t = replace(
+            state.trainer,
+            step_in_memory=ev.step,
+            last_step=max(state.trainer.last_step, ev.step),
+            committed_step=max(state.trainer.committed_step, ev.committed_step),
+            held=True,
+        )
+        why = (
+            f"trainer held at step {ev.step} for generation {ev.generation}, a hold this coordinator did not send; "
+            "re-synchronising"
+        )
+        return _start_hold(replace(state, trainer=t), now, why, failure=False)
     if state.phase != Phase.HOLDING or ev.generation != state.generation:
         return Decision(
             state, (), f"stale hold acknowledgement for generation {ev.generation} (now {state.generation}) ignored"
@@ -472,9 +493,17 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     p = state.policy
     up = state.up_slices()
     prefix = f"{why}; " if why else ""
-    if state.trainer.surviving - up:
-        # A slice that went down, even briefly, no longer holds a replica.
-        state = replace(state, trainer=replace(state.trainer, surviving=state.trainer.surviving & up))
+    # A slice that went down, even briefly, no longer holds a replica. One whose
+    # hosts have yet to rejoin a restarted coordinator is not known to be down:
+    # the trainer itself skips replicas Pathways reports lost when it reads memory.
+    rejoining = (
+        {sl for sl, _ in state.expected_rejoin}
+        if state.rejoin_deadline is not None and now < state.rejoin_deadline
+        else set()
+    )
+    if state.trainer.surviving - up - rejoining:
+        keep = state.trainer.surviving & (up | rejoining)
+        state = replace(state, trainer=replace(state.trainer, surviving=keep))
 
     # Rejoin grace after a coordinator restart: hosts it knew may still come
     # back, so nobody is judged on membership until they have or it has passed.

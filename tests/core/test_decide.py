@@ -539,3 +539,34 @@ def test_decide_does_not_share_mutable_host_maps_with_its_input():
     assert set(d.state.hosts) == {(0, 0), (1, 0)}
     d = decide(state, WorkerLost(0, 0, "a", "shutdown"), 1.0)
     assert (0, 0) in state.hosts and (0, 0) not in d.state.hosts
+
+
+def test_a_trainer_held_at_the_generation_a_blind_coordinator_adopted_is_resumed():
+    # The previous coordinator sent hold 2 and died; the new one, started blind, learnt
+    # generation 2 from the workers and adopted the trainer (still running generation 1)
+    # before it reached the step boundary. Its ack for 2 must not leave it held for ever.
+    job = Job(Policy(num_slices=2, elastic_min_slice_count=1))
+    job.feed(WorkerJoined(0, 0, "a0.0", generation_seen=2))
+    job.feed(WorkerJoined(1, 0, "a1.0", generation_seen=2))
+    d = job.feed(TrainerAttached(1, 6, frozenset({0, 1})))
+    assert d.state.phase == Phase.RUNNING and d.state.generation == 2
+    d = job.feed(TrainerHeld(2, 7, 5), dt=1)
+    (hold,) = of(d, HoldTrainer)
+    assert hold.generation == 3 and not hold.flush and d.state.retries_used == 0
+    (resume,) = of(job.ack_hold(d), ResumeTrainer)
+    assert resume.generation == 3 and resume.active == frozenset({0, 1})
+
+
+def test_slices_still_in_their_rejoin_grace_keep_their_replicas():
+    # A blind coordinator adopts a training trainer before any worker re-registered, then
+    # re-synchronises it with a hold. The resume must not throw away the trainer's memory
+    # just because the hosts had not reconnected yet when the hold was acknowledged.
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, rejoin_grace_seconds=10))
+    job.feed(TrainerAttached(1, 6, frozenset({0, 1, 2})))
+    d = job.feed(TrainerHeld(2, 7, -1), dt=0.1)
+    d = job.ack_hold(d, step=7)
+    assert d.actions == () and d.state.phase == Phase.WAITING
+    for sl in range(3):
+        d = job.feed(WorkerJoined(sl, 0, f"a{sl}.0"), dt=0.5)
+    (resume,) = of(d, ResumeTrainer)
+    assert resume.source == ResumeSource.MEMORY and resume.active == frozenset({0, 1, 2})
