@@ -79,12 +79,13 @@ def failure_recoveries(
     return None, None, in_journal
 
 
-def _fault_detection(f: FaultRecord, journal: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The journal record where the coordinator first saw fault ``f``, if it did."""
+def _fault_detection(f: FaultRecord, journal: list[dict[str, Any]], t_next: float) -> dict[str, Any] | None:
+    """The journal record where the coordinator first saw fault ``f``, if it did before the next fault."""
+    window = [j for j in journal if f.time <= j["time"] < t_next]
     if f.slice is not None:
-        return next((j for j in journal if j["time"] >= f.time and f.slice not in j.get("up_slices", [])), None)
+        return next((j for j in window if f.slice not in j.get("up_slices", [])), None)
     if f.kind == "trainer-kill":
-        return next((j for j in journal if j["time"] >= f.time and j.get("trigger") == "TrainerDetached"), None)
+        return next((j for j in window if j.get("trigger") == "TrainerDetached"), None)
     return None
 
 
@@ -121,12 +122,18 @@ def summarize(
         before = [e for e in steps if e["t"] <= f.time]
         last_before = max((e["step"] for e in before), default=0)
         slices_before = len(before[-1]["slices"]) if before else None
-        detect = _fault_detection(f, journal)
+        # What happens after the next fault is that fault's, not this one's (a fault the job
+        # absorbs without a hold, e.g. a sidecar restart, must not borrow the next one's hold).
+        detect = _fault_detection(f, journal, t_next)
         hold = None
         if detect is not None or f.slice is None:
             t_from = detect["time"] if detect is not None else f.time
             hold = next(
-                (j for j in journal if j["time"] >= t_from and any(a["type"] == "HoldTrainer" for a in j["actions"])),
+                (
+                    j
+                    for j in journal
+                    if t_from <= j["time"] < t_next and any(a["type"] == "HoldTrainer" for a in j["actions"])
+                ),
                 None,
             )
         resume = None
@@ -140,7 +147,7 @@ def summarize(
                 None,
             )
         regained = next((e for e in steps if e["t"] > f.time and e["step"] > last_before), None)
-        first_resume = next((r for r in resumes if r["t"] > f.time), None)
+        first_resume = next((r for r in resumes if f.time < r["t"] < t_next), None)
         flowing = None
         if first_resume is not None:
             flowing = next((e for e in steps if e["t"] > first_resume["t"]), None)
