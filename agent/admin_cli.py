@@ -214,7 +214,7 @@ def render_status(st: admin_pb2.Status) -> str:
         min_slices = "all" if st.elastic_min_slice_count == -1 else str(st.elastic_min_slice_count)
         lines.append(
             f"policy: min slices {min_slices}, timeout {st.elastic_timeout_seconds:g} s, "
-            f"recoveries used {st.retries_used} of {max(0, st.elastic_max_retries - 1)}"
+            f"recoveries used {st.retries_used} of {st.elastic_max_retries}"
         )
         lines.append(
             f"trainer {'attached' if st.trainer_attached else 'not attached'}"

@@ -28,8 +28,8 @@ States and transitions::
 * A hold flushes (Orbax save + wait) unless training can continue at once on
   the survivors from memory; resuming uses surviving replicas' memory when the
   trainer still holds its state, else the newest committed checkpoint.
-* ``elastic_max_retries`` counts attempts including the first, as in MaxText:
-  a failure when ``elastic_max_retries - 1`` recoveries are used up is terminal.
+* ``elastic_max_retries`` recoveries from failures are allowed (the flag read
+  by its name); the failure after them is terminal.
   Growing back onto a returned slice is not a failure and uses no retry.
 * A command the trainer may have missed (sent while its link was down) is sent
   again when it re-attaches: the pending hold, or a resume it has not
@@ -472,11 +472,25 @@ def _trainer_resumed(state: State, ev: TrainerResumed, now: float) -> Decision:
         held=False,
         last_step_at=now,
     )
-    return Decision(
-        replace(state, trainer=t),
-        (),
-        f"trainer resumed at step {ev.step} on slices {_fmt(ev.active)} from {ev.restored_from}",
-    )
+    why = f"trainer resumed at step {ev.step} on slices {_fmt(ev.active)} from {ev.restored_from}"
+    new = replace(state, trainer=t)
+    # The acknowledgement names the mesh the trainer built (MaxText builds its own
+    # from Pathways' view): check it against the decision.
+    extra, idle = ev.active - state.active, state.active - ev.active
+    if extra:
+        # Training on a slice that was not decided (drained, or not repaired
+        # yet): take it out again with a hold that costs no retry.
+        announced = bool(extra & _draining(state)) or None
+        return _start_hold(
+            new,
+            now,
+            f"{why}; mesh mismatch: slice(s) {_fmt(extra)} in use but not decided (decided {_fmt(state.active)})",
+            failure=False,
+            flush=announced,
+        )
+    if idle:
+        why += f"; mesh mismatch: decided slice(s) {_fmt(idle)} not in the trainer's mesh"
+    return Decision(new, (), why)
 
 
 # --------------------------------------------------------------------------
@@ -643,8 +657,8 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
     p = state.policy
     retries = state.retries_used
     if failure:
-        if retries + 1 >= p.elastic_max_retries:
-            return _fail(state, f"{why}; elastic_max_retries={p.elastic_max_retries} attempts used up")
+        if retries >= p.elastic_max_retries:
+            return _fail(state, f"{why}; elastic_max_retries={p.elastic_max_retries} recoveries used up")
         retries += 1
     up = state.up_slices()
     # Flush unless training can continue at once on the survivors from memory.
@@ -665,7 +679,7 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
         hold_reason=why,
         hold_down=down,
     )
-    note = f" (recovery {retries} of {p.elastic_max_retries - 1})" if failure else ""
+    note = f" (recovery {retries} of {p.elastic_max_retries})" if failure else ""
     return Decision(
         new,
         (HoldTrainer(gen, flush, down, why), TellWorkers(gen, "hold", why)),

@@ -36,8 +36,11 @@ class Policy:
     The three ``elastic_*`` settings keep MaxText's names and meanings
     (``src/maxtext/configs/base.yml``): ``elastic_min_slice_count`` of -1 waits
     for every slice, k continues on at least k; ``elastic_timeout_seconds``
-    bounds one wait for enough slices; ``elastic_max_retries`` counts attempts
-    including the first, so ``elastic_max_retries - 1`` recoveries are allowed.
+    bounds one wait for enough slices; ``elastic_max_retries`` is read by its
+    name: that many recoveries from failures are allowed, the next failure is
+    terminal. (pathwaysutils' ``ElasticRetryLimit`` counts the first attempt
+    and every grow too; with the sidecar, MaxText's loop never spends those:
+    see docs/maxtext.md.)
     """
 
     num_slices: int

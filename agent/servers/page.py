@@ -71,7 +71,7 @@ function render(s) {
   const facts = [["generation", s.generation], ["step", s.last_step], ["committed", s.last_committed_step]];
   if (s.role === "coordinator") {
     facts.push(["active", (s.active_slices || []).join(",") || "-"],
-               ["retries", s.retries_used + "/" + Math.max(0, s.elastic_max_retries - 1)],
+               ["retries", s.retries_used + "/" + s.elastic_max_retries],
                ["min slices", s.elastic_min_slice_count],
                ["trainer", s.trainer_attached ? "attached" : "detached"]);
     if (s.operator_hold) facts.push(["operator", "hold"]);

@@ -14,6 +14,7 @@ from agent.core.model import (
     ExitCoordinator,
     HoldTrainer,
     HostRecord,
+    OperatorCommand,
     Phase,
     ResumeSource,
     ResumeTrainer,
@@ -387,11 +388,11 @@ def test_a_hold_without_flush_must_be_acknowledged_within_elastic_timeout():
     assert job.feed(Tick(), dt=60).state.phase == Phase.FAILED
 
 
-@pytest.mark.parametrize("max_retries", [1, 2, 3])
-def test_retries_count_attempts_including_the_first(max_retries):
+@pytest.mark.parametrize("max_retries", [1, 2, 3, 10])
+def test_elastic_max_retries_recoveries_are_allowed_and_the_next_failure_is_terminal(max_retries):
     job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_max_retries=max_retries))
     job.start()
-    for n in range(max_retries - 1):  # the allowed recoveries, each followed by a grow back
+    for n in range(max_retries):  # the allowed recoveries, each followed by a grow back
         d = job.feed(WorkerLost(2, 0, f"{'ab'[n % 2]}2.0", "stream_closed"), dt=1)
         assert d.state.phase == Phase.HOLDING and d.state.retries_used == n + 1
         job.ack_resume(job.ack_hold(d))
@@ -570,3 +571,23 @@ def test_slices_still_in_their_rejoin_grace_keep_their_replicas():
         d = job.feed(WorkerJoined(sl, 0, f"a{sl}.0"), dt=0.5)
     (resume,) = of(d, ResumeTrainer)
     assert resume.source == ResumeSource.MEMORY and resume.active == frozenset({0, 1, 2})
+
+
+def test_a_resume_on_slices_not_decided_is_checked_and_re_held():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2))
+    job.start()
+    d = job.feed(OperatorCommand("drain", "maintenance", slice=2), dt=1)
+    (resume,) = of(job.ack_hold(d), ResumeTrainer)
+    assert resume.active == frozenset({0, 1})
+    # The trainer's own runtime built its mesh over the drained (healthy) slice too.
+    d = job.feed(TrainerResumed(resume.generation, 10, frozenset({0, 1, 2}), "memory"), dt=0.5)
+    (hold,) = of(d, HoldTrainer)
+    assert "mesh mismatch" in d.reason and d.state.retries_used == 0 and hold.generation == resume.generation + 1
+    assert of(job.ack_hold(d), ResumeTrainer)[0].active == frozenset({0, 1})
+
+
+def test_a_resume_on_fewer_slices_than_decided_is_reported():
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2))
+    job.start()
+    d = job.feed(TrainerResumed(job.state.generation, 10, frozenset({0, 1}), "memory"), dt=0.5)
+    assert d.actions == () and "mesh mismatch: decided slice(s) [2] not in the trainer's mesh" in d.reason

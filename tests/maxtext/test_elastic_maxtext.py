@@ -127,19 +127,19 @@ BUDGET_FLAGS = (
     "enable_single_controller=true",
     "elastic_min_slice_count=1",
     "elastic_timeout_seconds=60",
-    "elastic_max_retries=3",
+    "elastic_max_retries=10",
 )
-"""Three attempts including the first: two recoveries. Each loss-and-replacement cycle is two
-``elastic_retry`` attempts, so pathwaysutils' own ``ElasticRetryLimit(3)`` refuses (exit 1)
-at the second cycle's loss."""
+"""Ten recoveries. Each loss-and-replacement cycle is two ``elastic_retry`` attempts, so
+pathwaysutils' own ``ElasticRetryLimit(10)`` would refuse (exit 1) at the fifth cycle's grow."""
+CYCLES = 10
 
 
 def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh_spans_the_slices_decided(
     tmp_path: Path,
 ) -> None:
-    """Two slices of two CPU devices each (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``), ``elastic_max_retries=3``.
+    """Two slices of two CPU devices each (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``), ``elastic_max_retries=10``.
 
-    Two loss-and-replacement cycles (four ``elastic_retry`` attempts) keep training; the mesh
+    Ten loss-and-replacement cycles (twenty ``elastic_retry`` attempts) keep training; the mesh
     MaxText builds spans exactly the slices the sidecar resumed on each time; a drain of the
     healthy slice 1 keeps it out of the mesh even after pathwaysutils' monitor (10 s poll) sees
     it healthy; then one more loss, past the budget, exits 42 with the reason.
@@ -154,12 +154,12 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
         env = {ENV: "1", ENV_SLICES: "2"}
         run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
-        assert sc.state.policy.elastic_max_retries == 3
+        assert sc.state.policy.elastic_max_retries == 10
         first = sc.applied(TrainerResumed)[-1].event
         assert first.active == frozenset({0, 1})
 
         recoveries: list[float] = []
-        for cycle in range(2):
+        for cycle in range(CYCLES):
             t0 = time.monotonic()
             sc.request(WorkerLost(1, 0, f"inc-{cycle + 1}", "stream_closed"))
             resumed_on(sc, {0}, t0, run)  # the ack names the mesh's slices: 2 devices of slice 0
@@ -171,13 +171,13 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
             resumed_on(sc, {0, 1}, t1, run)
             at = sc.state.trainer.last_step
             sc.wait_for(lambda at=at: sc.state.trainer.last_step > at, "a step on both slices", run)
-        assert sc.state.retries_used == 2
+        assert sc.state.retries_used == CYCLES
         assert run.poll() is None
         meshes = [(f["decided"], f["slices"]) for _, f in run.hook_lines("resumed")]
         assert all(d == m for d, m in meshes), meshes
         assert [m for _, m in meshes][-4:] == [[0], [0, 1], [0], [0, 1]]
         budget = run.hook_lines("resumed")[-1][1]["retry_budget"]
-        assert budget == {"decided_attempts": 4, "reported_failures": 0}
+        assert budget == {"decided_attempts": 2 * CYCLES, "reported_failures": 0}
         assert "Retry policy rejected" not in run.text()
 
         # drain the healthy slice 1: the mesh excludes it, also after the monitor's poll sees it up
@@ -192,14 +192,14 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
         assert run.poll() is None and len(run.hook_lines("restart")) == restarts, run.tail()
         assert "Scale up requested" not in run.text()[-20000:]
         assert sc.state.trainer.last_step > drained.step
-        assert sc.state.retries_used == 2, "a drain spends no retry"
+        assert sc.state.retries_used == CYCLES, "a drain spends no retry"
 
         # one real failure past the budget: exit 42, with the reason, never 1
         t3 = time.monotonic()
         sc.request(WorkerLost(0, 0, "inc-1", "stream_closed"))
         assert run.wait(WAIT) == 42, run.tail()
         aborts = run.hook_lines("abort")
-        assert aborts and "elastic_max_retries=3" in aborts[-1][1]["reason"], run.tail()
+        assert aborts and "elastic_max_retries=10" in aborts[-1][1]["reason"], run.tail()
         print(
             f"\nretry budget: loss to next step on the survivor {[round(r, 3) for r in recoveries]} s; "
             f"terminal failure to exit {time.monotonic() - t3:.3f} s"

@@ -254,7 +254,12 @@ async def test_lost_slice_flushes_when_every_slice_is_needed() -> None:
 
 
 async def test_abort_raises_aborttraining_with_exit_code_42() -> None:
-    async with running(max_retries=1) as rig:  # no recovery allowed: the first loss is terminal
+    async with running(min_slices=1, max_retries=1) as rig:  # one recovery allowed, the second loss is terminal
+        rig.coord.submit(WorkerLost(1, 0, "w1", "stream_closed"))
+        d = await asyncio.wait_for(asyncio.to_thread(boundary_until_directive, rig.session, 5), WAIT + 5)
+        assert d.active_slices == (0,) and rig.coord.state.retries_used == 1
+        rig.session.resumed(d, 5, "memory", 0.01)
+        await rig.until(lambda: not rig.coord.state.trainer.resume_pending, "the resume acknowledged")
         rig.coord.submit(WorkerLost(0, 0, "w0", "stream_closed"))
         with pytest.raises(AbortTraining) as ei:
             await asyncio.wait_for(asyncio.to_thread(boundary_until_directive, rig.session, 5), WAIT + 5)
