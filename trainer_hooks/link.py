@@ -133,10 +133,14 @@ class SidecarLink:
         if call is not None and not self.connected.is_set():
             call.cancel()
 
-    def flush_outbox(self, timeout: float = 2.0) -> None:
-        """Best effort: let queued reports leave before the process exits."""
+    def flush_outbox(self, timeout: float = 2.0, *, wait_for_link: bool = False) -> None:
+        """Best effort: let queued reports leave before the process exits.
+
+        With ``wait_for_link``, a link that is down (the sidecar restarting) is
+        waited for, up to ``timeout``: what was queued goes out on the next stream.
+        """
         deadline = time.monotonic() + timeout
-        while not self._q.empty() and time.monotonic() < deadline and self.connected.is_set():
+        while not self._q.empty() and time.monotonic() < deadline and (wait_for_link or self.connected.is_set()):
             time.sleep(0.01)
 
     # -- the background thread ---------------------------------------------------

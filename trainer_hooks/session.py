@@ -51,6 +51,8 @@ ENV_TOKEN_FILE = "ELASTIC_SIDECAR_TOKEN_FILE"
 """Path of a file holding the trainer link's bearer token (optional)."""
 DEFAULT_ADDRESS = "127.0.0.1:29313"
 """Where the coordinator serves the trainer link by default (its ``--trainer-listen``)."""
+FINISHED_WAIT_SECONDS = 10.0
+"""At the end of training, how long a link that is down is waited for to say ``Finished``."""
 
 SLICE_DOWN_MARKERS = ("DATA_LOSS", "DEADLINE_EXCEEDED", "NOT_FOUND", "INTERNAL")
 """Substrings Pathways puts in a JaxRuntimeError when a slice is gone
@@ -317,8 +319,11 @@ class ElasticSession:
         )
 
     def finished(self, step: int) -> None:
+        """Say training is done. A sidecar that is restarting right now still hears it:
+        the report waits for the link (up to ``FINISHED_WAIT_SECONDS``), else the job
+        would end with a coordinator that never learns it finished."""
         self._link.send(trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step)))
-        self._link.flush_outbox()
+        self._link.flush_outbox(min(FINISHED_WAIT_SECONDS, self.elastic_timeout_seconds), wait_for_link=True)
 
     def close(self) -> None:
         self._link.flush_outbox()

@@ -586,3 +586,23 @@ def test_the_example_trainer_exits_42_when_no_sidecar_comes(tmp_path: Path) -> N
     assert "no sidecar at" in aborts[0]["reason"] and "waiting to start" in aborts[0]["reason"]
     assert [x["kind"] for x in lines].count("step") == 0
     print(f"\n[guard] example trainer with no sidecar: exit 42 after {took:.1f} s (process start included)")
+
+
+def test_finished_reaches_a_sidecar_that_is_restarting_when_training_ends(flusher: Flusher) -> None:
+    sidecar = FakeSidecar().start()
+    session, _ = connect(sidecar.address, flusher, timeout=30.0)
+    try:
+        started(sidecar, session, steps=5, epoch=7)
+        sidecar.stop()
+        t, out = in_thread(lambda: session.finished(5))
+        time.sleep(1.0)
+        back = FakeSidecar(sidecar.port).start()
+        try:
+            done = back.wait_for_message("finished", timeout=10)
+            assert done.step == 5
+            t.join(10)
+            assert not t.is_alive() and "error" not in out, out
+        finally:
+            back.stop()
+    finally:
+        session.close()
