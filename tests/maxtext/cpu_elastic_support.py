@@ -26,6 +26,15 @@ shrink really builds MaxText's mesh on fewer devices, and the mesh the hook
 reports can be checked against the sidecar's decision. Slice health stays
 pathwaysutils' own check (a tiny computation per slice): every CPU slice is
 healthy, like a drained host.
+With ``ELASTIC_SIDECAR_TEST_FAIL_AT=STEP:SLICE`` a slice is lost during step
+index STEP, with pathwaysutils' own fault injection
+(``pathwaysutils.test.mock_fault_injection.DeviceLossSimulator``): the
+slice's devices are marked lost, the step raises the simulator's
+``DATA_LOSS`` error and leaves its input state deleted, as MaxText's donated
+state is after a failed step; pathwaysutils' health check then finds that
+slice down. A file named ``reconnect`` appearing in
+``ELASTIC_SIDECAR_TEST_CONTROL`` (a directory) brings the slice back (the
+replacement) and stops the simulator.
 Nothing in ``trainer_hooks`` imports this module.
 """
 
@@ -42,6 +51,11 @@ ENV = "ELASTIC_SIDECAR_TEST_CPU_ELASTIC"
 """Set to 1 in a MaxText process's environment to apply the patches."""
 ENV_SLICES = "ELASTIC_SIDECAR_TEST_CPU_SLICES"
 """How many slices the CPU devices form (default 1)."""
+
+ENV_FAIL_AT = "ELASTIC_SIDECAR_TEST_FAIL_AT"
+"""``STEP:SLICE``: lose SLICE during step index STEP (once per process)."""
+ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
+"""A directory; a file ``reconnect`` in it ends the simulated loss."""
 
 _applied: list[str] = []
 
@@ -124,4 +138,49 @@ def apply() -> None:
             return jax.devices()
 
         elastic_utils.live_devices = live_devices
+    if os.environ.get(ENV_FAIL_AT):
+        _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."))
     _applied.append("yes")
+
+
+def _lose_a_slice_during_a_step(spec: str, control: Path) -> None:
+    """Wrap MaxText's ``training_loop_iteration`` so that step index STEP loses SLICE (see the module doc)."""
+    import threading
+    import time
+
+    import jax
+    from maxtext.trainers.pre_train import train
+    from pathwaysutils.elastic import elastic
+    from pathwaysutils.test.mock_fault_injection import DeviceLossSimulator
+
+    at, lost = (int(x) for x in spec.split(":"))
+    original = train.training_loop_iteration
+    fired: list[bool] = []
+
+    def reconnect_when_told(sim: DeviceLossSimulator, mapping: Mapping[int, Sequence[Any]]) -> None:
+        while not (control / "reconnect").exists():
+            time.sleep(0.05)
+        sim.mark_slice_connected(lost, mapping)
+        sim.stop()
+        print(f"cpu_elastic_support: slice {lost} reconnected", flush=True)
+
+    def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
+        if fired or int(python_vars["step"]) != at:
+            return original(jax_device_state, python_vars, immutable_data)
+        fired.append(True)
+        mapping = elastic.get_slice_to_devices(jax.devices())
+        sim = DeviceLossSimulator()
+        sim.start()
+        sim.mark_slice_lost(lost, mapping)
+        print(f"cpu_elastic_support: slice {lost} lost during step {at}", flush=True)
+        threading.Thread(target=reconnect_when_told, args=(sim, mapping), daemon=True).start()
+        leaves = [x for x in jax.tree_util.tree_leaves(jax_device_state["state"]) if isinstance(x, jax.Array)]
+        try:
+            for x in leaves:
+                sim.check_and_raise_if_corrupted(x)
+        finally:
+            for x in leaves:  # the failed step consumed its donated input
+                x.delete()
+        raise AssertionError("the simulator did not raise for a state on a lost slice")
+
+    train.training_loop_iteration = iteration

@@ -15,6 +15,8 @@ acknowledgement names the slices of the mesh built.
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from pathlib import Path
 
@@ -25,11 +27,12 @@ from agent.core.model import (
     TrainerFlushed,
     TrainerHeld,
     TrainerResumed,
+    TrainerSliceError,
     TrainerStepped,
     WorkerJoined,
     WorkerLost,
 )
-from tests.maxtext.cpu_elastic_support import ENV, ENV_SLICES
+from tests.maxtext.cpu_elastic_support import ENV, ENV_CONTROL, ENV_FAIL_AT, ENV_SLICES
 from tests.maxtext.harness import (
     START_TIMEOUT,
     WAIT,
@@ -39,6 +42,7 @@ from tests.maxtext.harness import (
     maxtext_args,
     require_maxtext_venv,
 )
+from trainer_hooks.maxtext.snapshot import ENV_SNAPSHOT_EVERY
 
 pytestmark = pytest.mark.maxtext
 
@@ -226,6 +230,90 @@ def test_maxtexts_own_periodic_checkpoints_count_as_committed(tmp_path: Path) ->
         assert [a.committed_step for a in acks] == [6, 11] and not any(a.flush_error for a in acks)
         assert sc.state.trainer.committed_step == 11
         assert [f["step"] for _, f in run.hook_lines("committed")] == [6, 11]
+    finally:
+        if run is not None:
+            run.kill()
+        sc.stop()
+
+
+SNAPSHOT_FLAGS = (
+    "elastic_enabled=true",
+    "enable_single_controller=true",
+    "elastic_min_slice_count=-1",
+    "elastic_timeout_seconds=60",
+    "elastic_max_retries=3",
+    "ici_data_parallelism=2",
+)
+"""Wait for the replacement (so the mesh, and the losses, can be compared with a run without the
+fault); the data axis over the two CPU slices, so each slice holds a whole replica of the state
+(MaxText's DCN data parallelism across real slices); no periodic checkpoint (TINY_MODEL): a
+rewind would go back to step 0."""
+
+
+def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_rewinding(tmp_path: Path) -> None:
+    """Two CPU slices; pathwaysutils' DeviceLossSimulator loses slice 1 inside a random step, whose
+    donated state is then gone. The hook saves its snapshot of the step boundary from slice 0's
+    copies; the replacement comes; MaxText's next attempt restores that step: no completed step is
+    lost, and every loss from there on equals a run without the fault."""
+    require_maxtext_venv()
+    seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
+    fail_at = random.Random(seed).randint(3, 7)
+    steps = fail_at + 5
+    env = {ENV: "1", ENV_SLICES: "2", ENV_SNAPSHOT_EVERY: "1"}
+    cache = tmp_path / "jax-cache"
+
+    ref_sc = Sidecar(num_slices=2)
+    try:
+        ref_sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
+        ref_sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
+        ref_args = maxtext_args(tmp_path, "reference", steps, *SNAPSHOT_FLAGS, jax_cache=cache)
+        ref = MaxTextRun("reference", ref_args, tmp_path, sidecar=ref_sc, module="tests.maxtext.run_patched", env=env)
+        assert ref.wait(START_TIMEOUT) == 0, ref.tail()
+        want = ref.losses()
+    finally:
+        ref_sc.stop()
+    cost = ref.hook_lines("finished")[-1][1]
+    assert cost["snapshots"] >= steps - 1 and cost["snapshot_every"] == 1
+
+    sc = Sidecar(num_slices=2)
+    run = None
+    control = tmp_path / "control"
+    control.mkdir()
+    try:
+        sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
+        sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
+        args = maxtext_args(tmp_path, "crash", steps, *SNAPSHOT_FLAGS, jax_cache=cache)
+        fault_env = {**env, ENV_FAIL_AT: f"{fail_at}:1", ENV_CONTROL: str(control)}
+        run = MaxTextRun("crash", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=fault_env)
+        report = sc.wait_for(lambda: sc.applied(TrainerSliceError), "the slice error", run, timeout=START_TIMEOUT)[0]
+        assert report.event.slices == frozenset({1}), report.event  # named by pathwaysutils' health check
+        held = sc.wait_for(lambda: sc.applied(TrainerHeld, report.at), "the hold", run)[0].event
+        assert (held.step, held.committed_step, held.flush_error) == (fail_at, fail_at, ""), held
+        flushed = run.hook_lines("flushed")[-1][1]
+        assert flushed["from"] == "snapshot" and flushed["lost_slices"] == [1] and flushed["step"] == fail_at
+        assert checkpoint_labels(tmp_path, "crash")[-1] == fail_at - 1
+
+        (control / "reconnect").touch()  # the replacement host
+        t_back = time.monotonic()
+        sc.request(WorkerJoined(1, 0, "inc-2", node="node-1"))
+        back = resumed_on(sc, {0, 1}, t_back, run)
+        assert (back.step, back.restored_from) == (fail_at, "checkpoint"), back
+        sc.wait_for(lambda: sc.state.trainer.last_step > fail_at, "a step after the restore", run)
+        fault_to_step = time.monotonic() - report.at
+        assert run.wait(START_TIMEOUT) == 0, run.tail()
+        got = run.losses()
+        done = max(s for s in got if s < fail_at) if any(s < fail_at for s in got) else -1
+        assert done == fail_at - 1, f"completed steps before the fault: {sorted(got)}"
+        after = sorted(s for s in want if s >= fail_at)
+        assert after and all(s in got for s in after), (sorted(got), after)
+        worst = max(abs(got[s] - want[s]) for s in after)
+        assert worst <= 1e-5, {s: (got[s], want[s]) for s in after}
+        print(
+            f"\nsnapshot (seed {seed}): slice lost in step index {fail_at}; lost steps 0; slice error to the "
+            f"first step after the replacement {fault_to_step:.2f} s (replacement at "
+            f"{t_back - report.at:.2f} s); snapshot {cost['snapshot_seconds_mean'] * 1e3:.2f} ms per step "
+            f"against {cost['step_seconds_mean'] * 1e3:.1f} ms of step; worst loss difference {worst:.2e}"
+        )
     finally:
         if run is not None:
             run.kill()

@@ -52,6 +52,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from trainer_hooks.maxtext.elastic_seam import ElasticSeam, slices_named_in
+from trainer_hooks.maxtext.snapshot import AUTO, AUTO_CALIBRATION, Snapshot, auto_every, snapshot_every_from_env
+from trainer_hooks.maxtext.snapshot import take as take_snapshot
 from trainer_hooks.session import AbortTraining, Directive, ElasticSession, ElasticSettings, FlushResult, is_slice_down
 
 ENV_ADDRESS = "ELASTIC_SIDECAR_ADDRESS"
@@ -114,6 +116,13 @@ class MaxTextHook:
         self._periodic_label: int | None = None
         """A periodic save MaxText started (its label) whose commit is not reported yet."""
         self._periodic_polled = 0.0
+        self.snapshot_every = snapshot_every_from_env()
+        self.snapshot: Snapshot | None = None
+        """The newest in-memory snapshot (see :mod:`.snapshot`)."""
+        self._lost: set[int] = set()
+        """Slices a slice-loss error of this attempt named: their snapshot copies are gone."""
+        self.snapshot_cost = [0, 0.0, 0.0]
+        """Snapshots taken, their seconds, and the seconds of the steps they preceded."""
 
     # -- wiring ------------------------------------------------------------------
 
@@ -156,7 +165,11 @@ class MaxTextHook:
             self._periodic_label = None
         self.session.finished(max(self.completed, 0))
         self.session.close()
-        say("finished", {"step": self.completed})
+        n, snap_s, step_s = self.snapshot_cost
+        cost = {"snapshots": n, "snapshot_every": self.snapshot_every}
+        if n:
+            cost |= {"snapshot_seconds_mean": round(snap_s / n, 6), "step_seconds_mean": round(step_s / n, 6)}
+        say("finished", {"step": self.completed, **cost})
 
     # -- MaxText's seams ---------------------------------------------------------------
 
@@ -217,6 +230,7 @@ class MaxTextHook:
             self._exit(e)
         if d is not None:
             self._apply(d, step)
+        snapped = self._maybe_snapshot(step, jax_device_state)
         t0 = time.monotonic()
         try:
             metrics = iteration(jax_device_state, python_vars, immutable_data)
@@ -225,7 +239,11 @@ class MaxTextHook:
                 self._slice_error(step, e)  # never returns: elastic_retry takes over, or exit 42
             raise
         self.completed = step + 1
-        session.report_step(step + 1, time.monotonic() - t0)
+        dt = time.monotonic() - t0
+        if snapped:
+            self.snapshot_cost[2] += dt
+            self._calibrate_snapshots()
+        session.report_step(step + 1, dt)
         if self._periodic_label is not None or self._on_save_schedule(step):
             self._periodic_commit(step)
         return metrics
@@ -237,6 +255,7 @@ class MaxTextHook:
         assert self.session is not None and self._rebuilding is not None
         d, since, restored_from = self._rebuilding
         self._rebuilding = None
+        self._lost = set()
         restored_from = restored_from or ("checkpoint" if step > 0 else "fresh")
         built = self._mesh_slices()
         self.slices = tuple(sorted(d.active_slices if built is None else built))
@@ -289,11 +308,13 @@ class MaxTextHook:
         assert self.session is not None
         t0 = time.monotonic()
         lost = self.lost_slices(err)
+        self._lost |= lost
         try:
             d = self.session.slice_error(step, err, lost)
         except AbortTraining as e:
             self._exit(e)
-        # The failed step consumed (donated) the state: the flush says so and the restart
+        # The failed step consumed (donated) the state: the flush saves the newest in-memory
+        # snapshot from the surviving slices' copies, or says it cannot, and the restart
         # restores the newest committed step.
         self._restart(d, step, t0, f"slice loss at step {step} (lost slices {sorted(lost)})", err)
 
@@ -376,7 +397,10 @@ class MaxTextHook:
             return FlushResult(self._newest_committed(manager) if step <= 0 else step, 0)
         assert self._device_state is not None
         state = self._device_state["state"]
-        self._check_readable(state, step, down_slices)
+        try:
+            self._check_readable(state, step, down_slices)
+        except RuntimeError as unreadable:
+            return self._flush_snapshot(manager, step, down_slices, unreadable)
         t0 = time.monotonic()
         checkpointing.save_checkpoint(manager, label, state, self._config, python_vars.get("data_iterator"), force=True)
         checkpointing.wait_until_finished(manager)
@@ -386,6 +410,88 @@ class MaxTextHook:
         nbytes = tree_nbytes(state)
         say("flushed", {"step": step, "label": label, "seconds": round(time.monotonic() - t0, 3), "bytes": nbytes})
         return FlushResult(step, nbytes)
+
+    def _flush_snapshot(
+        self, manager: Any, step: int, down_slices: frozenset[int], unreadable: RuntimeError
+    ) -> FlushResult:
+        """The state after ``step`` cannot be read: save the newest snapshot from the surviving slices' copies."""
+        from maxtext.common import checkpointing
+
+        snap = self.snapshot
+        if snap is None or snap.step > step or snap.step <= 0:
+            raise RuntimeError(f"{unreadable}; no in-memory snapshot to save instead") from unreadable
+        lost = set(down_slices) | self._lost
+        host = snap.assemble(lost)
+        if host is None:
+            raise RuntimeError(
+                f"{unreadable}; the snapshot of step {snap.step} has no surviving copy of every shard "
+                f"(lost slices {sorted(lost)})"
+            ) from unreadable
+        label = snap.step - 1
+        t0 = time.monotonic()
+        if label not in self._committed_labels(manager):
+            python_vars = self._python_vars or {}
+            checkpointing.save_checkpoint(
+                manager, label, host, self._config, python_vars.get("data_iterator"), force=True
+            )
+            checkpointing.wait_until_finished(manager)
+            labels = self._committed_labels(manager)
+            if label not in labels:
+                raise RuntimeError(f"MaxText's checkpoint manager did not commit step {label}; it lists {labels}")
+        say(
+            "flushed",
+            {
+                "step": snap.step,
+                "label": label,
+                "from": "snapshot",
+                "asked_step": step,
+                "lost_slices": sorted(lost),
+                "seconds": round(time.monotonic() - t0, 3),
+                "bytes": snap.nbytes,
+            },
+        )
+        return FlushResult(snap.step, snap.nbytes)
+
+    def _calibrate_snapshots(self) -> None:
+        """``auto``: after ``AUTO_CALIBRATION`` snapshots, fix the interval from their measured cost."""
+        n, snap_s, step_s = self.snapshot_cost
+        if self.snapshot_every != AUTO or n < AUTO_CALIBRATION:
+            return
+        self.snapshot_every = auto_every(snap_s / n, step_s / n)
+        say(
+            "snapshot_every",
+            {
+                "every": self.snapshot_every,
+                "snapshot_seconds_mean": round(snap_s / n, 6),
+                "step_seconds_mean": round(step_s / n, 6),
+            },
+        )
+
+    def _maybe_snapshot(self, step: int, jax_device_state: dict[str, Any]) -> bool:
+        """Take the state's in-memory snapshot at this boundary when one is due (before the step consumes it)."""
+        every = 1 if self.snapshot_every == AUTO else self.snapshot_every
+        if every <= 0 or step <= 0 or step % every or (self.snapshot is not None and self.snapshot.step == step):
+            return False
+        state = jax_device_state.get("state")
+        if state is None:
+            return False
+        try:
+            snap = take_snapshot(state, step, self._slice_of_device())
+        except Exception as e:  # a snapshot is an optimisation: never let it stop training
+            say("warning", {"message": f"in-memory snapshot at step {step} failed: {type(e).__name__}: {e}"})
+            self.snapshot_every = 0
+            return False
+        self.snapshot = snap
+        self.snapshot_cost[0] += 1
+        self.snapshot_cost[1] += snap.seconds
+        return True
+
+    def _slice_of_device(self) -> Callable[[Any], int]:
+        """Device -> slice, as pathwaysutils groups them (every device in slice 0 without elastic)."""
+        if self.seam is None:
+            return lambda d: int(getattr(d, "slice_index", 0) or 0)
+        by_id = {d.id: s for s, devs in self.seam.slice_map().items() for d in devs}
+        return lambda d: by_id.get(d.id, int(getattr(d, "slice_index", 0) or 0))
 
     def _check_readable(self, state: Any, step: int, down_slices: frozenset[int]) -> None:
         import jax
