@@ -90,12 +90,12 @@ class Trainer:
         import jax
         import numpy as np
         import orbax.checkpoint as ocp
-        from pathwaysutils.test.mock_fault_injection import DeviceLossSimulator
 
+        from standins.loss_simulator import IdSafeDeviceLossSimulator
         from standins.pathways_runtime import PathwaysRuntime
 
         self.ns, self.events, self.jax, self.np, self.ocp = ns, events, jax, np, ocp
-        self._Simulator = DeviceLossSimulator
+        self._Simulator = IdSafeDeviceLossSimulator
         devices = jax.devices()
         need = ns.slices * ns.devices_per_slice
         if len(devices) < need:
@@ -141,7 +141,7 @@ class Trainer:
     # -- model -----------------------------------------------------------------
 
     def _new_simulator(self) -> None:
-        """A fresh simulator per mesh: its bookkeeping is keyed by id() of arrays."""
+        """A fresh simulator per mesh (lost devices start over with the new mesh)."""
         if self.sim is not None:
             self.sim.stop()
         self.sim = self._Simulator()
