@@ -44,17 +44,12 @@ from simjob.options import (
     check_faults,
     parse_fault,
 )
+from simjob.ports import free_port
 from simjob.summary import FaultRecord, render, summarize
 from standins.netproxy import Forwarder
 from standins.provisioner import Provisioner
 
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

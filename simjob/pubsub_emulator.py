@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 from unittest import mock
+
+from simjob.ports import free_port
 
 INSTALL_HINT = (
     "install it with `sudo apt-get install google-cloud-cli-pubsub-emulator openjdk-17-jre-headless` "
@@ -39,12 +40,6 @@ class EmulatorMissing(RuntimeError):
 
 class EmulatorFailed(RuntimeError):
     """The emulator was found but did not start or answer."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -392,7 +392,9 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
             hold_flush=ev.committed_step >= ev.step_in_memory,
             deadline=now + p.elastic_timeout_seconds,
             expected_rejoin=missing,
-            rejoin_deadline=now + p.rejoin_grace_seconds if missing else None,
+            # The wait is bounded by its own timeout: a host that has not come
+            # back within it is not waited for longer because it might rejoin.
+            rejoin_deadline=now + min(p.rejoin_grace_seconds, p.elastic_timeout_seconds) if missing else None,
         )
         return _evaluate(waiting, now, reason + "; adopting the held trainer, waiting for its slices")
     if state.phase == Phase.HOLDING:

@@ -591,3 +591,15 @@ def test_a_resume_on_fewer_slices_than_decided_is_reported():
     job.start()
     d = job.feed(TrainerResumed(job.state.generation, 10, frozenset({0, 1}), "memory"), dt=0.5)
     assert d.actions == () and "mesh mismatch: decided slice(s) [2] not in the trainer's mesh" in d.reason
+
+
+def test_a_blind_coordinator_waiting_with_a_held_trainer_ends_the_wait_at_its_timeout():
+    # Restarted without its state file after the job had already waited: a slice that never
+    # comes back must not keep the trainer held for the whole rejoin grace on top.
+    job = Job(Policy(num_slices=2, elastic_timeout_seconds=4, rejoin_grace_seconds=10))
+    job.feed(WorkerJoined(0, 0, "a0.0"))
+    d = job.feed(TrainerAttached(2, 9, frozenset({0, 1}), committed_step=9, held=True))
+    assert d.state.phase == Phase.WAITING and d.state.expected_rejoin == {(1, 0)}
+    assert job.feed(Tick(), dt=3.9).state.phase == Phase.WAITING
+    d = job.feed(Tick(), dt=0.2)
+    assert d.state.phase == Phase.FAILED and of(d, AbortTrainer)[0].exit_code == 42
