@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--per-slice-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--donate",
+        action="store_true",
+        help="donate the train state into the step (jit donate_argnums=0), as MaxText does: a failed step "
+        "leaves no pre-step state in memory",
+    )
     ap.add_argument("--events", type=Path, default=None)
     ap.add_argument(
         "--elastic-timeout-seconds",
@@ -96,6 +102,10 @@ class Trainer:
 
         self.ns, self.events, self.jax, self.np, self.ocp = ns, events, jax, np, ocp
         self._Simulator = DeviceLossSimulator
+        # pathwaysutils' simulator wraps jax.jit and reads every input's devices after the call, which
+        # fails for a donated (deleted) input; a donating step is compiled with the unwrapped jit, and
+        # slice loss still reaches it through the stand-in runtime's collective and array accessors.
+        self._plain_jit = jax.jit
         devices = jax.devices()
         need = ns.slices * ns.devices_per_slice
         if len(devices) < need:
@@ -197,8 +207,12 @@ class Trainer:
             params = jax.tree_util.tree_map(lambda p, m: p - 0.05 * m, state["params"], mom)
             return {"params": params, "momentum": mom}, loss
 
-        fn = jax.jit(
-            step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, NamedSharding(mesh, P()))
+        jit = self._plain_jit if self.ns.donate else jax.jit
+        fn = jit(
+            step,
+            in_shardings=(state_sh, batch_sh, batch_sh),
+            out_shardings=(state_sh, NamedSharding(mesh, P())),
+            donate_argnums=(0,) if self.ns.donate else (),
         )
         return fn, batch_sh
 
@@ -207,6 +221,9 @@ class Trainer:
     def _host_copy(self, exclude: frozenset[int]) -> Any | None:
         """The state assembled from replicas on slices not in ``exclude`` (None if incomplete)."""
         np = self.np
+
+        if self.state is None or any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(self.state)):
+            return None  # donated into a step that failed: no replica of the pre-step state is left
 
         def gather(arr: Any) -> Any:
             out = np.empty(arr.shape, arr.dtype)
