@@ -42,6 +42,7 @@ from bench.common import (
     free_port,
     log,
     median,
+    percentile,
     read_jsonl,
     rnd,
     target,
@@ -534,9 +535,27 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
         tgt("notice to hold (Pub/Sub), after delivery", "pubsub_notice", 0.2),
         tgt("notice to hold (metadata server), after delivery", "metadata_notice", 0.2),
     ]
+    rows = []
+    for kind, k in by_kind.items():
+        dec = k.get("decision_s_all") or []
+        rows.append(
+            {
+                "kind": kind,
+                "available": bool(k.get("available")),
+                "runs": len(dec),
+                "errors": k.get("errors", 0),
+                "detection_seconds_median": k.get("detection_s"),
+                "decision_seconds_median": k.get("decision_s"),
+                "decision_seconds_p90": rnd(percentile(dec, 90)) if dec else None,
+                "decision_seconds_max": k.get("decision_s_max"),
+                "via": k.get("via", []),
+                **({"note": k["note"]} if k.get("note") else {}),
+            }
+        )
     return {
         "name": NAME,
         "quick": quick,
+        "results": rows,
         "config": {
             "slices": SLICES,
             "repeats": reps,

@@ -220,9 +220,26 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             )
         )
         targets.append(target(f"{role} RSS", "< 100 MiB", rss, "MiB", rss is not None and rss < 100, "resident set"))
+    rows = []
+    for role in ("coordinator", "worker"):
+        cpu = [m.get(f"{role}_cpu_pct") for m in rounds]
+        rows.append(
+            {
+                "role": role,
+                "runs": len([c for c in cpu if c is not None]),
+                "idle_cpu_pct_median": summary[f"{role}_cpu_pct"],
+                "idle_cpu_pct_max": rnd(max((c for c in cpu if c is not None), default=None), 3)
+                if any(c is not None for c in cpu)
+                else None,
+                "rss_mib_median": summary[f"{role}_rss_mib"],
+                "uss_mib_median": summary[f"{role}_uss_mib"],
+                "startup_seconds_median": summary[f"{role}_startup_s"],
+            }
+        )
     return {
         "name": NAME,
         "quick": quick,
+        "results": rows,
         "config": {
             "workers": WORKERS,
             "repeats": reps,
