@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, default=None, help="write the result (one benchmark's JSON) here")
     ap.add_argument("--merge-into", type=Path, default=None, help="merge the result into this combined JSON file")
     ap.add_argument("--docs-dir", type=Path, default=None, help="merge into DIR/benchmarks.json and render DIR")
+    ap.add_argument(
+        "--require-clean",
+        action="store_true",
+        help="refuse to run (exit 2) when the working tree has uncommitted changes: figures for the docs",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="runs per figure (recovery: runs per row)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs' files here (default: temp, removed)")
     g = ap.add_argument_group("recovery")
@@ -152,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     names = list(ALL_ORDER) if ns.name == "all" else [ns.name]
     git = git_state()
     if git["dirty"]:
+        if ns.require_clean:
+            log("the working tree has uncommitted changes (git status --porcelain); commit them first")
+            return 2
         log("the working tree has uncommitted changes: the results will say dirty: true")
     results: list[dict[str, Any]] = []
     failed = False

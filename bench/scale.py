@@ -37,6 +37,7 @@ import math
 import os
 import queue
 import resource
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -578,6 +579,8 @@ def run(
                     "invalid_reason": f"{type(e).__name__}: {e}",
                 }
             )
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "name": NAME,
         "quick": quick,
