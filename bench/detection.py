@@ -1,7 +1,7 @@
 """Detection: fault until the coordinator's decision, by kind of fault.
 
-A coordinator (``--journal`` on, production liveness defaults: heartbeat
-0.25 s, timeout 1.2 s), four hosts as in the demo (a stand-in Pathways worker
+A coordinator (``--journal`` on, the shipped liveness defaults of
+``agent.constants``, recorded in the result's config), four hosts as in the demo (a stand-in Pathways worker
 and a worker sidecar in one process group each) and a fake trainer attached
 with :class:`trainer_hooks.ElasticSession`, so the job is RUNNING and every
 loss ends in a hold. For each kind the bench records the fault time, then
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from agent import constants as C
 from bench.common import (
     PY,
     ROOT,
@@ -559,8 +560,8 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
         "config": {
             "slices": SLICES,
             "repeats": reps,
-            "heartbeat_interval_s": 0.25,
-            "heartbeat_timeout_s": 1.2,
+            "heartbeat_interval_s": C.HEARTBEAT_INTERVAL_SECONDS,
+            "heartbeat_timeout_s": C.HEARTBEAT_TIMEOUT_SECONDS,
             "elastic_min_slice_count": 1,
         },
         "by_kind": by_kind,

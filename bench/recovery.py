@@ -405,7 +405,18 @@ def summarise(
         for fault, period, delay in cfg.cases():
             for s in cfg.strategies:
                 row = _row(cfg, "maxtext", s, fault, period, delay)
-                row.update({"runs": 0, "status": "not_run", "invalid_reason": MAXTEXT_NOT_RUN})
+                row.update(
+                    {
+                        "runs": 0,
+                        "failed_runs": 0,
+                        "lost_steps_median": None,
+                        "fault_cost_seconds_median": None,
+                        "fault_cost_seconds_p90": None,
+                        "recovery_seconds_median": None,
+                        "status": "not_run",
+                        "invalid_reason": MAXTEXT_NOT_RUN,
+                    }
+                )
                 rows.append(row)
     return rows
 
