@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -93,6 +95,8 @@ class Config:
     devices_per_slice: int = 2
     step_seconds: float = 0.05
     features: int = 64
+    per_slice_batch: int | None = None
+    """Rows per slice per step; None: the trainer's default, or 2 with ``state_mib`` (a large state, few FLOPs)."""
     state_mib: int | None = None
     """Train state (params + momentum) across all slices' replicas; None: the trainer's small default."""
     donate: bool = True
@@ -190,6 +194,9 @@ def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
     h = cfg.hidden()
     if h is not None:
         args += [f"--trainer-arg=--hidden={h}", f"--trainer-arg=--features={cfg.features}"]
+    batch = cfg.per_slice_batch or (2 if h is not None else None)
+    if batch is not None:
+        args.append(f"--trainer-arg=--per-slice-batch={batch}")
     return args
 
 
@@ -240,7 +247,18 @@ def run_one(
     cmd += ["--no-faults"] if fault is None else ["--fault", f"{fault}:1.0@{at_step}"]
     t0 = time.monotonic()
     with open(wd / "output.log", "wb") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, timeout=run_timeout + 60)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, process_group=0)
+        try:
+            proc.wait(run_timeout + 60)
+        finally:
+            if proc.poll() is None:
+                # SIGINT lets the harness stop its own trainer and stand-in hosts (they run in their own groups).
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     summary = json.loads((wd / "summary.json").read_text()) if (wd / "summary.json").exists() else {}
     m = analyse(wd / "job", summary, cfg.slices, fault is not None)
     m.update(
