@@ -94,11 +94,9 @@ class Config:
     slices: int = 4
     devices_per_slice: int = 2
     step_seconds: float = 0.05
-    features: int = 64
-    per_slice_batch: int | None = None
-    """Rows per slice per step; None: the trainer's default, or 2 with ``state_mib`` (a large state, few FLOPs)."""
     state_mib: int | None = None
-    """Train state (params + momentum) across all slices' replicas; None: the trainer's small default."""
+    """Train state across all slices' replicas; None: the example model alone (about 135 KB a replica).
+    The bulk is the trainer's ``--ballast-mib`` per replica: optimizer-like state rewritten every step."""
     donate: bool = True
     local_checkpoint_period: int = 5
     min_slices: int = 2
@@ -109,18 +107,13 @@ class Config:
     """Steps of each fault-free reference run; 0: three checkpoint periods, at least 100."""
     quick: bool = False
 
-    def hidden(self) -> int | None:
-        """The trainer's ``--hidden`` for ``state_mib``: 8 (f + 2) h bytes per replica, one replica per slice."""
-        if self.state_mib is None:
-            return None
-        per_replica = self.state_mib * 2**20 / self.slices
-        h = int(per_replica // (8 * (self.features + 2)))
-        return max(self.devices_per_slice, h - h % self.devices_per_slice)
+    def ballast_mib(self) -> int | None:
+        """The trainer's ``--ballast-mib`` (per replica, one replica per slice) for ``state_mib``."""
+        return None if self.state_mib is None else -(-self.state_mib // self.slices)
 
     def state_bytes(self) -> int:
-        h = self.hidden() or 256
-        f = self.features if self.state_mib is not None else 64
-        return 8 * (f + 2) * h * self.slices
+        model = 8 * (64 + 2) * 256  # the example model's params and momentum (float32) at its default size
+        return self.slices * (model + (self.ballast_mib() or 0) * 2**20)
 
     def cases(self) -> list[tuple[str, int, float]]:
         """(fault, checkpoint period, delay) to run: the sweep faults everywhere, the rest at the realistic point."""
@@ -191,12 +184,9 @@ def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
         args += ["--poll-interval", str(cfg.poll_interval)]
     if cfg.donate:
         args.append("--trainer-arg=--donate")
-    h = cfg.hidden()
-    if h is not None:
-        args += [f"--trainer-arg=--hidden={h}", f"--trainer-arg=--features={cfg.features}"]
-    batch = cfg.per_slice_batch or (2 if h is not None else None)
-    if batch is not None:
-        args.append(f"--trainer-arg=--per-slice-batch={batch}")
+    mib = cfg.ballast_mib()
+    if mib is not None:
+        args.append(f"--trainer-arg=--ballast-mib={mib}")
     return args
 
 
@@ -525,7 +515,8 @@ def run(
     result = {
         "name": NAME,
         "quick": cfg.quick,
-        "config": asdict(cfg) | {"state_bytes": cfg.state_bytes(), "hidden": cfg.hidden(), "cases": cases},
+        "config": asdict(cfg)
+        | {"state_bytes": cfg.state_bytes(), "ballast_mib_per_replica": cfg.ballast_mib(), "cases": cases},
         "results": rows,
         "ratios": ratios(rows),
         "runs": runs,

@@ -32,9 +32,10 @@ def test_sweep_runs_the_sweep_faults_everywhere_and_the_rest_at_the_realistic_po
 
 def test_state_size_option_gives_at_least_what_was_asked() -> None:
     cfg = recovery.Config.make(state_mib=1024)
-    assert cfg.hidden() is not None and cfg.hidden() % cfg.devices_per_slice == 0
-    assert 0.99 * 2**30 <= cfg.state_bytes() <= 2**30
-    assert recovery.Config.make().hidden() is None
+    assert cfg.ballast_mib() == 256
+    assert 2**30 <= cfg.state_bytes() < 1.01 * 2**30
+    assert "--trainer-arg=--ballast-mib=256" in recovery._strategy_args(cfg, "sidecar", 100)
+    assert recovery.Config.make().ballast_mib() is None
 
 
 def steps(n: int, dt: float, slices: list[int], t0: float = 0.0, first: int = 1) -> list[dict[str, Any]]:
