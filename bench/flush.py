@@ -1,7 +1,7 @@
 """Flush: an emergency Orbax flush against a raw write + fsync of the same bytes.
 
 The state is a dict of float32 JAX arrays on the device (random, so nothing
-compresses away; 8 leaves) of 256 MiB and 1 GiB (``--quick``: 32 MiB). Every
+compresses away; the sizes and leaf count are in the result's config). Every
 method starts from the device and its time includes the device-to-host copy
 (a real copy). Methods:
 

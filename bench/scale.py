@@ -2,8 +2,9 @@
 
 The coordinator runs as its own process (``python -m agent coordinator``,
 journal off, the shipped heartbeat settings unless ``--heartbeat-interval`` /
-``--heartbeat-timeout`` say otherwise, 100 hosts per slice). Load generators
-(:mod:`bench.scale_loadgen`, one process per 2,500 workers) open one gRPC
+``--heartbeat-timeout`` say otherwise, ``hosts_per_slice`` hosts per slice). Load generators
+(:mod:`bench.scale_loadgen`, one process per ``workers_per_generator`` workers; both in the
+result's config) open one gRPC
 channel and one ``Join`` stream per fake worker, as production workers do, and
 heartbeat at the interval the coordinator asks for. Where the machine has more
 than one usable core, the coordinator is pinned to one core and the load
@@ -18,7 +19,8 @@ job is RUNNING. Then:
   and broadcasts ``PeerCommand(kind="hold")`` (TellWorkers) to every other
   worker; each generator records when each worker receives it. Latency is
   receive time minus the decision time in the coordinator's log (same
-  machine, same clock): p50 / p99 / max over workers, median over cycles. The
+  machine, same clock): p50 / p99 / max over workers per cycle; the row's ``fanout_p99_seconds``
+  is the worst cycle's p99. The
   worker then reconnects, the job resumes (the resume fan-out is recorded
   too), and the cycle repeats.
 
