@@ -137,11 +137,14 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the benchmarks' cleanup (their finally blocks)
 
 
-def wrap(name: str, r: dict[str, Any], git: dict[str, Any], argv: list[str], started: str) -> dict[str, Any]:
+def wrap(
+    name: str, r: dict[str, Any], git: dict[str, Any], argv: list[str], started: str, host: dict[str, Any]
+) -> dict[str, Any]:
     """A benchmark's dict in the common shape: provenance first, its config and rows, the rest as extras."""
     extra = {k: v for k, v in r.items() if k not in ("name", "config", "results", "git_sha", "dirty", "machine")}
     out = envelope(name, {"argv": argv, **(r.get("config") or {})}, list(r.get("results") or []), **extra)
     out.update(git)  # HEAD when the run started, not when it ended
+    out["machine"] = host  # as it was when the run started (its load average then)
     mod = sys.modules.get(f"bench.{name}")
     out["method"] = (mod.__doc__ or "").strip() if mod else None
     out["started_at"] = started
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         log(f"{name}: starting{' (quick)' if ns.quick else ''}")
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        host = machine()
         t = time.monotonic()
         try:
             r = run_one(name, ns)
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             r = {"quick": ns.quick, "error": f"{type(e).__name__}: {e}", "results": []}
             failed = True
         r.setdefault("duration_s", round(time.monotonic() - t, 1))
-        results.append(wrap(name, r, git, argv, started))
+        results.append(wrap(name, r, git, argv, started, host))
         log(f"{name}: {len(r.get('results') or [])} result rows in {r['duration_s']} s")
     if ns.json is not None:
         ns.json.parent.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,20 @@ def is_valid(row: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------------------
 
 
+MIN_RUNS = {"recovery": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 1}
+"""Runs a figure needs before a target is judged on it (the methods' minimums)."""
+
+
+def unjudged(s: dict[str, Any], runs: Any) -> str | None:
+    """Why a target cannot be judged on this section's figure (None when it can)."""
+    if s.get("quick"):
+        return "quick (smoke-sized) run"
+    need = MIN_RUNS.get(s.get("name", ""), 1)
+    if not isinstance(runs, int) or runs < need:
+        return f"{fmt(runs)} runs, fewer than the {need} the method asks for"
+    return None
+
+
 @dataclass
 class Verdict:
     target: str
@@ -142,6 +156,10 @@ def _recovery_ratio_target(
             why = (ratio or {}).get("why_none", "no ratio stored")
             out.append(Verdict(name, goal, costs, "not measured", f"{basis}: {why}"))
             continue
+        why = unjudged(rec, min(side["runs"], base["runs"]))
+        if why:
+            out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "not measured", f"{basis}: {why}"))
+            continue
         ok = ratio["ratio"] >= factor
         out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "met" if ok else "not met", basis))
     return out
@@ -163,6 +181,9 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
         return Verdict(name, goal, f"{fmt(v)} {unit}", "invalid", f"{basis}: {status(r)}")
     if v is None:
         return Verdict(name, goal, "–", "not measured", basis)
+    why = unjudged(sc, r.get("cycles"))
+    if why:
+        return Verdict(name, goal, f"{fmt(v)} {unit}", "not measured", f"{basis}: {why}")
     shown = f"{fmt(v)} {unit}" + (" (event loop saturated: a ceiling)" if r.get("saturated") else "")
     return Verdict(name, goal, shown, "met" if v < limit else "not met", basis)
 
@@ -183,6 +204,10 @@ def _flush_targets(fl: dict[str, Any] | None) -> list[Verdict]:
             worst["runs"],
         )
         ok = worst["fraction_of_raw_median"] >= 0.7
+        why = unjudged(fl, min(r["runs"] for r in mine))
+        if why:
+            out.append(Verdict(f"flush throughput ({method})", goal, shown, "not measured", why))
+            continue
         out.append(
             Verdict(
                 f"flush throughput ({method})",
@@ -227,8 +252,11 @@ def _footprint_targets(fp: dict[str, Any] | None) -> list[Verdict]:
         ):
             name, goal = f"{role} {what}", f"< {lim:g} {unit}"
             v = None if r is None else r.get(field)
+            why = None if r is None else unjudged(fp or {}, r["runs"])
             if v is None:
                 out.append(Verdict(name, goal, "–", "not measured", "no footprint results"))
+            elif why:
+                out.append(Verdict(name, goal, f"{fmt(v)} {unit}, n={fmt(r['runs'])}", "not measured", why))
             else:
                 out.append(
                     Verdict(

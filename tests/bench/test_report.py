@@ -261,3 +261,15 @@ def test_command_line_writes_the_page(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "benchmarks.md").read_text()
     assert md.startswith("# Benchmarks") and "## Targets" in md and SHA in md
     assert "**NOT RUN**" in md  # the MaxText rows
+
+
+def test_quick_or_too_few_runs_are_not_judged() -> None:
+    quick = fixture()
+    quick["benchmarks"]["recovery"]["quick"] = True
+    v = next(v for v in targets(sections(quick)) if v.target == "sidecar vs checkpoint rewind, example trainer (kill)")
+    assert v.verdict == "not measured" and "quick" in v.basis
+    few = fixture()
+    for r in few["benchmarks"]["recovery"]["results"]:
+        r["runs"] = min(r["runs"], 3)
+    v = next(v for v in targets(sections(few)) if v.target == "sidecar vs checkpoint rewind, example trainer (kill)")
+    assert v.verdict == "not measured" and "fewer than the 5" in v.basis
