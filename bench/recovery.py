@@ -359,7 +359,7 @@ def summarise(
 ) -> list[dict[str, Any]]:
     """One row per (strategy, fault, period, delay), fault cost against the fault-free rate."""
     rows = []
-    for fault, period, delay in cfg.cases():
+    for fault, period, delay in cfg.cases() if "example" in cfg.trainers else []:
         for s in cfg.strategies:
             row = _row(cfg, "example", s, fault, period, delay)
             ran_as = "kill" if fault == "notice" and s != "sidecar" else fault
