@@ -201,12 +201,14 @@ def run_one(
     at_step: int,
     delay: float,
     steps: int,
+    step_s: float | None = None,
 ) -> dict[str, Any]:
     wd = root / tag
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
-    run_timeout = 120.0 + delay + steps * cfg.step_seconds * 4
+    # Generous: a shared or slow machine makes a late run a failed run, not a hung benchmark.
+    run_timeout = 120.0 + delay + steps * max(cfg.step_seconds, step_s or 0.0) * 4
     cmd = [
         *BASE_CMD[strategy],
         "--workdir",
@@ -504,6 +506,7 @@ def run(
                         at_step=at,
                         delay=delay,
                         steps=steps,
+                        step_s=step_s,
                     )
                     log(
                         f"  -> lost {m.get('lost_steps')}, recovery {m.get('recovery_s')} s"
@@ -560,5 +563,6 @@ def _notice_kill_runs(
                     at_step=at,
                     delay=delay,
                     steps=steps,
+                    step_s=step_s,
                 )
             )
