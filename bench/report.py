@@ -217,6 +217,16 @@ def _flush_targets(fl: dict[str, Any] | None) -> list[Verdict]:
                 f"worst size {fmt(worst['size_mib'])} MiB, device-to-host copy included",
             )
         )
+    sb = next((r for r in fl.get("results", []) if r.get("method") == "step_boundary_idle"), None)
+    if sb is not None:
+        name, sgoal = "step_boundary() with nothing pending", "< 50 microseconds, median"
+        v = sb.get("microseconds_median")
+        why = unjudged(fl, sb.get("runs"))
+        shown = f"{fmt(v)} microseconds, n={fmt(sb.get('runs'))}"
+        if v is None or why:
+            out.append(Verdict(name, sgoal, shown, "not measured", why or "no figure"))
+        else:
+            out.append(Verdict(name, sgoal, shown, "met" if v < 50 else "not met", "median of runs"))
     return out or [Verdict("flush throughput", goal, "–", "not measured", "no flush rows")]
 
 
@@ -423,8 +433,9 @@ def sec_flush(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     for r in sb:
         out += [
             "",
-            f"`step_boundary()` with nothing pending: {spread_text(r['microseconds_median'], None, r['microseconds_max'], r['runs'])} "
-            f"microseconds ({fmt(r['calls_per_run'])} calls a run); `report_step()`: "
+            f"`step_boundary()` with nothing pending: {fmt(r['microseconds_median'])} microseconds (median; worst "
+            f"{fmt(r['microseconds_max'])}, n={fmt(r['runs'])}, "
+            f"{fmt(r['calls_per_run'])} calls a run); `report_step()`: "
             f"{fmt(r.get('report_step_microseconds_median'))} microseconds.",
         ]
     return out + plot_line(plots, "flush")

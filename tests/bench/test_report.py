@@ -177,6 +177,16 @@ def fixture() -> dict[str, Any]:
             "fraction_of_raw_max": 0.833,
         },
     ]
+    flush_rows.append(
+        {
+            "method": "step_boundary_idle",
+            "runs": 5,
+            "microseconds_median": 0.0376,
+            "microseconds_max": 0.0412,
+            "calls_per_run": 1000000,
+            "report_step_microseconds_median": 2.768,
+        }
+    )
     flush = section("flush", {"sizes_mib": [256]}, flush_rows)
     return combine([rec, scale, flush])
 
@@ -243,6 +253,7 @@ def test_targets_from_data() -> None:
     assert vs["flush throughput (orbax_zstd)"].verdict == "not met"
     assert vs["flush throughput (orbax_uncompressed)"].verdict == "met"
     assert vs["hold fan-out p99 (worst cycle)"].verdict == "invalid"
+    assert vs["step_boundary() with nothing pending"].verdict == "met"
     assert vs["detection: kill to hold decision"].verdict == "not measured"  # no detection section
 
 
