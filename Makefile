@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 # its pins must not move the daemon's. tests/maxtext runs it in subprocesses.
 VENV_MAXTEXT ?= .venv-maxtext
 
-.PHONY: setup setup-maxtext system-deps demo test test-fast test-maxtext lint protos clean
+.PHONY: setup setup-maxtext system-deps demo test test-fast test-maxtext lint protos clean \
+	bench-recovery bench-scale bench-flush bench-detection bench-footprint bench-docs
 
 # Headless Chromium renders the status page in a test (Debian's package; root or sudo).
 system-deps:
@@ -55,6 +56,29 @@ lint: setup
 # Regenerate the gRPC code from protos/ (tests fail when it is stale).
 protos: setup
 	$(BIN)/python -m protos.generate
+
+# The documented benchmark runs (quiet machine, committed tree): each merges its result into
+# docs/benchmarks.json; bench-docs renders docs/benchmarks.md and its plots from that file alone.
+BENCH := $(BIN)/python -m bench
+BENCH_OUT ?= docs/benchmarks.json
+
+bench-recovery: setup
+	$(BENCH) recovery --require-clean --trainer all --state-mib 1024 --merge-into $(BENCH_OUT) $(ARGS)
+
+bench-scale: setup
+	$(BENCH) scale --require-clean --merge-into $(BENCH_OUT) $(ARGS)
+
+bench-flush: setup
+	$(BENCH) flush --require-clean --merge-into $(BENCH_OUT) $(ARGS)
+
+bench-detection: setup
+	$(BENCH) detection --require-clean --merge-into $(BENCH_OUT) $(ARGS)
+
+bench-footprint: setup
+	$(BENCH) footprint --require-clean --merge-into $(BENCH_OUT) $(ARGS)
+
+bench-docs: setup
+	$(BIN)/python -m bench.report --json $(BENCH_OUT) --out $(dir $(BENCH_OUT))
 
 clean:
 	rm -rf $(VENV) $(VENV_MAXTEXT) .pytest_cache build *.egg-info

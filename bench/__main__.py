@@ -1,8 +1,14 @@
-"""``python -m bench <name> [--quick] [--json PATH]``: run elastic-sidecar's benchmarks.
+"""``python -m bench <name> [--quick] [--json PATH] [--merge-into docs/benchmarks.json]``.
 
-Names: recovery, detection, scale, flush, footprint, all. Results are merged
-into ``docs/benchmarks.json`` and ``docs/benchmarks.md`` (with PNG plots) is
-rendered again; ``--docs-dir`` points that elsewhere and ``--no-docs`` skips it.
+Names: recovery, detection, scale, flush, footprint, all. Every output has the
+same top level: ``git_sha`` (HEAD when the run started), ``dirty`` (whether
+``git status --porcelain`` showed changes), ``machine``, ``config`` (the
+arguments) and ``results`` (a list of rows). ``--merge-into`` adds the
+benchmark to a combined file (one entry per benchmark, the newest wins);
+``python -m bench.report`` renders docs/benchmarks.md and its plots from that
+file alone. ``--docs-dir DIR`` does both (merge into DIR/benchmarks.json and
+render DIR/benchmarks.md). Nothing under docs/ is touched unless asked.
+
 Exit status: 0 when every benchmark ran (whether or not it met its targets),
 1 when one failed.
 """
@@ -19,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, environment, log
+from bench.common import envelope, git_state, log, machine
 
 NAMES = ("recovery", "detection", "scale", "flush", "footprint")
 ALL_ORDER = ("footprint", "flush", "detection", "recovery", "scale")
@@ -33,28 +39,48 @@ def _ints(v: str) -> list[int]:
     return [int(x) for x in v.split(",") if x.strip()]
 
 
+def _words(v: str) -> list[str]:
+    return [x.strip() for x in v.split(",") if x.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("name", choices=[*NAMES, "all"])
-    ap.add_argument("--quick", action="store_true", help="a small single-run version (CI smoke test)")
-    ap.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
-    ap.add_argument("--docs-dir", type=Path, default=ROOT / "docs", help="where benchmarks.md/.json/*.png go")
-    ap.add_argument("--no-docs", action="store_true", help="do not touch the docs")
-    ap.add_argument("--repeats", type=int, default=None, help="override the number of repeats")
-    ap.add_argument("--workdir", type=Path, default=None, help="keep the runs' files here (default: temp, removed)")
-    ap.add_argument("--delays", type=_floats, default=None, help="recovery: provisioning delays, e.g. 0,10,60")
-    ap.add_argument("--sizes", type=_ints, default=None, help="scale: worker counts, e.g. 1000,4000,10000")
-    ap.add_argument("--cycles", type=int, default=None, help="scale: hold cycles per size")
-    ap.add_argument("--profile", action="store_true", help="scale: run the coordinator under cProfile")
+    ap.add_argument("--quick", action="store_true", help="a small version (smoke test; figures not representative)")
+    ap.add_argument("--json", type=Path, default=None, help="write the result (one benchmark's JSON) here")
+    ap.add_argument("--merge-into", type=Path, default=None, help="merge the result into this combined JSON file")
+    ap.add_argument("--docs-dir", type=Path, default=None, help="merge into DIR/benchmarks.json and render DIR")
     ap.add_argument(
-        "--what-if",
-        type=_ints,
-        default=None,
-        help="scale: worker counts for the what-if run (keepalive 5 s, memoized up_slices); default 4000, '' for none",
+        "--require-clean",
+        action="store_true",
+        help="refuse to run (exit 2) when the working tree has uncommitted changes: figures for the docs",
     )
-    ap.add_argument("--sizes-mib", type=_ints, default=None, help="flush: state sizes in MiB, e.g. 256,1024")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per figure (recovery: runs per row)")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the runs' files here (default: temp, removed)")
+    g = ap.add_argument_group("recovery")
+    g.add_argument("--trainer", choices=["example", "maxtext", "all"], default="example")
+    g.add_argument("--strategies", type=_words, default=None, help="comma list (default: all five)")
+    g.add_argument("--faults", type=_words, default=None, help="comma list of kill,hang,notice (default: all)")
+    g.add_argument("--delays", type=_floats, default=None, help="replacement delays in s, e.g. 5,30")
+    g.add_argument("--checkpoint-periods", type=_ints, default=None, help="checkpoint periods in steps, e.g. 25,100")
+    g.add_argument("--realistic-checkpoint-period", type=int, default=None)
+    g.add_argument("--realistic-delay", type=float, default=None)
+    g.add_argument("--sweep-faults", type=_words, default=None, help="faults run at every period and delay")
+    g.add_argument("--state-mib", type=int, default=None, help="train state across all slices (>= 1024 documented)")
+    g.add_argument("--no-donate", action="store_true", help="do not donate the state into the step")
+    g.add_argument("--local-checkpoint-period", type=int, default=None)
+    g.add_argument("--poll-interval", type=float, default=None, help="pathwaysutils poll_interval (default 10)")
+    g.add_argument("--seed", type=int, default=None, help="seed of the fault phases")
+    g = ap.add_argument_group("scale")
+    g.add_argument("--sizes", type=_ints, default=None, help="worker counts, e.g. 1000,4000,10000")
+    g.add_argument("--cycles", type=int, default=None, help="hold/resume cycles per size")
+    g.add_argument("--heartbeat-interval", type=float, default=None, help="default: the shipped default")
+    g.add_argument("--heartbeat-timeout", type=float, default=None, help="default: the shipped default")
+    g.add_argument("--profile", action="store_true", help="run the coordinator under cProfile")
+    g = ap.add_argument_group("flush")
+    g.add_argument("--sizes-mib", type=_ints, default=None, help="state sizes in MiB, e.g. 256,1024")
     return ap
 
 
@@ -63,7 +89,25 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
     if name == "recovery":
         from bench import recovery
 
-        return recovery.run(quick=ns.quick, repeats=ns.repeats, delays=ns.delays, workdir=wd, keep=wd is not None)
+        return recovery.run(
+            quick=ns.quick,
+            workdir=wd,
+            keep=wd is not None,
+            trainers=["example", "maxtext"] if ns.trainer == "all" else [ns.trainer],
+            strategies=ns.strategies,
+            faults=ns.faults,
+            delays=ns.delays,
+            checkpoint_periods=ns.checkpoint_periods,
+            realistic_checkpoint_period=ns.realistic_checkpoint_period,
+            realistic_delay=ns.realistic_delay,
+            sweep_faults=ns.sweep_faults,
+            runs=ns.repeats,
+            seed=ns.seed,
+            state_mib=ns.state_mib,
+            donate=False if ns.no_donate else None,
+            local_checkpoint_period=ns.local_checkpoint_period,
+            poll_interval=ns.poll_interval,
+        )
     if name == "detection":
         from bench import detection
 
@@ -72,7 +116,13 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
         from bench import scale
 
         return scale.run(
-            quick=ns.quick, sizes=ns.sizes, cycles=ns.cycles, workdir=wd, profile=ns.profile, what_if=ns.what_if
+            quick=ns.quick,
+            sizes=ns.sizes,
+            cycles=ns.cycles,
+            workdir=wd,
+            profile=ns.profile,
+            heartbeat_interval=ns.heartbeat_interval,
+            heartbeat_timeout=ns.heartbeat_timeout,
         )
     if name == "flush":
         from bench import flush
@@ -87,42 +137,101 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the benchmarks' cleanup (their finally blocks)
 
 
+def wrap(
+    name: str, r: dict[str, Any], git: dict[str, Any], argv: list[str], started: str, host: dict[str, Any]
+) -> dict[str, Any]:
+    """A benchmark's dict in the common shape: provenance first, its config and rows, the rest as extras."""
+    extra = {k: v for k, v in r.items() if k not in ("name", "config", "results", "git_sha", "dirty", "machine")}
+    out = envelope(name, {"argv": argv, **(r.get("config") or {})}, list(r.get("results") or []), **extra)
+    out.update(git)  # HEAD when the run started, not when it ended
+    out["machine"] = host  # as it was when the run started (its load average then)
+    mod = sys.modules.get(f"bench.{name}")
+    out["method"] = (mod.__doc__ or "").strip() if mod else None
+    out["started_at"] = started
+    out["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
+    argv = sys.argv[1:] if argv is None else argv
     ns = build_parser().parse_args(argv)
     names = list(ALL_ORDER) if ns.name == "all" else [ns.name]
-    env_info = environment()
+    git = git_state()
+    if git["dirty"]:
+        if ns.require_clean:
+            log("the working tree has uncommitted changes (git status --porcelain); commit them first")
+            return 2
+        log("the working tree has uncommitted changes: the results will say dirty: true")
     results: list[dict[str, Any]] = []
     failed = False
     t0 = time.monotonic()
     for name in names:
         log(f"{name}: starting{' (quick)' if ns.quick else ''}")
+        started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        host = machine()
         t = time.monotonic()
         try:
             r = run_one(name, ns)
         except Exception as e:  # noqa: BLE001 - one failed benchmark must not lose the others
             traceback.print_exc()
-            r = {"name": name, "quick": ns.quick, "error": f"{type(e).__name__}: {e}"}
+            r = {"quick": ns.quick, "error": f"{type(e).__name__}: {e}", "results": []}
             failed = True
-        r["environment"] = env_info
-        r["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        r["load_average"] = [round(x, 2) for x in os.getloadavg()]
         r.setdefault("duration_s", round(time.monotonic() - t, 1))
-        results.append(r)
-        for tg in r.get("targets", []):
-            verdict = {True: "met", False: "MISSED", None: "not measured"}[tg["met"]]
-            log(f"  {name}: {tg['name']}: {tg['measured']} {tg['unit']} (target {tg['target']}): {verdict}")
+        results.append(wrap(name, r, git, argv, started, host))
+        log(f"{name}: {len(r.get('results') or [])} result rows in {r['duration_s']} s")
     if ns.json is not None:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
-        payload: Any = results[0] if ns.name != "all" else {"benchmarks": {r["name"]: r for r in results}}
+        payload: Any = results[0] if len(results) == 1 else combine(results)
         ns.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    if not ns.no_docs:
-        from bench.report import update
+        log(f"wrote {ns.json}")
+    targets = [p for p in (ns.merge_into, ns.docs_dir / "benchmarks.json" if ns.docs_dir else None) if p]
+    for store in targets:
+        merge(store, results)
+        log(f"merged into {store}")
+    if ns.docs_dir is not None:
+        from bench.report import write
 
-        path = update(ns.docs_dir, results)
-        log(f"wrote {path}")
+        log(f"wrote {write(ns.docs_dir / 'benchmarks.json', ns.docs_dir)}")
     log(f"done in {time.monotonic() - t0:.0f} s")
     return 1 if failed else 0
+
+
+def combine(sections: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several benchmarks in one file: the common top level over per-benchmark sections.
+
+    ``git_sha`` is the one commit every section ran at, or None with ``git_shas`` listing them;
+    ``dirty`` is true when any section's tree was dirty; ``results`` is every row, each with its
+    ``benchmark``.
+    """
+    shas = sorted({s.get("git_sha") or "unknown" for s in sections})
+    return {
+        "schema": 2,
+        "git_sha": shas[0] if len(shas) == 1 and shas[0] != "unknown" else None,
+        "git_shas": shas,
+        "dirty": any(s.get("dirty") is not False for s in sections),
+        "machine": sections[-1]["machine"] if sections else machine(),
+        "config": {s["name"]: s["config"] for s in sections},
+        "results": [{"benchmark": s["name"], **row} for s in sections for row in s["results"]],
+        "benchmarks": {s["name"]: s for s in sections},
+    }
+
+
+def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:
+    old: dict[str, Any] = {}
+    if store.exists():
+        try:
+            old = json.loads(store.read_text()).get("benchmarks", {})
+        except (json.JSONDecodeError, AttributeError):
+            old = {}
+    sections = {k: v for k, v in old.items() if isinstance(v, dict) and v.get("schema") == 2}
+    for s in new:
+        sections[s["name"]] = s
+    data = combine([sections[k] for k in NAMES if k in sections])
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return data
 
 
 if __name__ == "__main__":

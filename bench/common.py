@@ -190,3 +190,81 @@ def daemon_port_flags(role: str) -> list[str]:
         if f in flags:
             out += [f, f"127.0.0.1:{free_port()}"]
     return out
+
+
+# ---------------------------------------------------------------------------
+# the JSON every benchmark writes
+# ---------------------------------------------------------------------------
+
+SCHEMA_VERSION = 2
+
+
+def git_state(root: Path = ROOT) -> dict[str, Any]:
+    """``git_sha`` (HEAD now) and ``dirty`` (``git status --porcelain`` not empty); None when unknown."""
+
+    def git(*args: str) -> str | None:
+        try:
+            p = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return p.stdout if p.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=normal")
+    return {"git_sha": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: cores, memory, CPU model, Python and library versions."""
+    info = environment()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "cores": os.cpu_count(),
+        "cores_usable": affinity,
+        "memory_gib": info.get("memory_gib"),
+        "cpu_model": _cpu_model(),
+        "python": info["python"],
+        "jax": info.get("jax"),
+        "kernel": info["kernel"],
+        "arch": info["machine"],
+        "libraries": {k: v for k, v in info.items() if k not in ("python", "machine", "cpus", "kernel", "memory_gib")},
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def envelope(name: str, config: dict[str, Any], results: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """One benchmark's output: provenance, machine, the arguments, and a list of result rows.
+
+    Everything a report says is read from here (bench/report.py); ``extra`` carries what a row
+    cannot (targets, per-run raw figures).
+    """
+    return {
+        "schema": SCHEMA_VERSION,
+        "name": name,
+        **git_state(),
+        "machine": machine(),
+        "config": config,
+        "results": results,
+        **extra,
+    }
+
+
+def spread(xs: Sequence[float | None]) -> dict[str, Any]:
+    """Median, p90 (nearest rank), min and max of the figures that exist, and how many there were."""
+    v = sorted(x for x in xs if x is not None)
+    if not v:
+        return {"n": 0, "median": None, "p90": None, "min": None, "max": None}
+    return {"n": len(v), "median": statistics.median(v), "p90": percentile(v, 90), "min": v[0], "max": v[-1]}

@@ -1,7 +1,7 @@
 """Detection: fault until the coordinator's decision, by kind of fault.
 
-A coordinator (``--journal`` on, production liveness defaults: heartbeat
-0.25 s, timeout 1.2 s), four hosts as in the demo (a stand-in Pathways worker
+A coordinator (``--journal`` on, the shipped liveness defaults of
+``agent.constants``, recorded in the result's config), four hosts as in the demo (a stand-in Pathways worker
 and a worker sidecar in one process group each) and a fake trainer attached
 with :class:`trainer_hooks.ElasticSession`, so the job is RUNNING and every
 loss ends in a hold. For each kind the bench records the fault time, then
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from agent import constants as C
 from bench.common import (
     PY,
     ROOT,
@@ -42,6 +43,7 @@ from bench.common import (
     free_port,
     log,
     median,
+    percentile,
     read_jsonl,
     rnd,
     target,
@@ -534,14 +536,32 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
         tgt("notice to hold (Pub/Sub), after delivery", "pubsub_notice", 0.2),
         tgt("notice to hold (metadata server), after delivery", "metadata_notice", 0.2),
     ]
+    rows = []
+    for kind, k in by_kind.items():
+        dec = k.get("decision_s_all") or []
+        rows.append(
+            {
+                "kind": kind,
+                "available": bool(k.get("available")),
+                "runs": len(dec),
+                "errors": k.get("errors", 0),
+                "detection_seconds_median": k.get("detection_s"),
+                "decision_seconds_median": k.get("decision_s"),
+                "decision_seconds_p90": rnd(percentile(dec, 90)) if dec else None,
+                "decision_seconds_max": k.get("decision_s_max"),
+                "via": k.get("via", []),
+                **({"note": k["note"]} if k.get("note") else {}),
+            }
+        )
     return {
         "name": NAME,
         "quick": quick,
+        "results": rows,
         "config": {
             "slices": SLICES,
             "repeats": reps,
-            "heartbeat_interval_s": 0.25,
-            "heartbeat_timeout_s": 1.2,
+            "heartbeat_interval_s": C.HEARTBEAT_INTERVAL_SECONDS,
+            "heartbeat_timeout_s": C.HEARTBEAT_TIMEOUT_SECONDS,
             "elastic_min_slice_count": 1,
         },
         "by_kind": by_kind,

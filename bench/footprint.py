@@ -1,6 +1,6 @@
 """Footprint: idle CPU and memory of each sidecar role, and start-up time.
 
-A coordinator (production defaults: heartbeat 0.25 s, timeout 1.2 s; journal
+A coordinator (the shipped heartbeat defaults, recorded in the result's config; journal
 and state file off) with four worker sidecars, each watching a stand-in
 Pathways worker over ``grpc.health.v1``, and a fake trainer attached with
 :class:`trainer_hooks.ElasticSession`, so the job is RUNNING and nothing
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent import constants as C
 from bench.common import (
     PY,
     ROOT,
@@ -220,16 +221,33 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             )
         )
         targets.append(target(f"{role} RSS", "< 100 MiB", rss, "MiB", rss is not None and rss < 100, "resident set"))
+    rows = []
+    for role in ("coordinator", "worker"):
+        cpu = [m.get(f"{role}_cpu_pct") for m in rounds]
+        rows.append(
+            {
+                "role": role,
+                "runs": len([c for c in cpu if c is not None]),
+                "idle_cpu_pct_median": summary[f"{role}_cpu_pct"],
+                "idle_cpu_pct_max": rnd(max((c for c in cpu if c is not None), default=None), 3)
+                if any(c is not None for c in cpu)
+                else None,
+                "rss_mib_median": summary[f"{role}_rss_mib"],
+                "uss_mib_median": summary[f"{role}_uss_mib"],
+                "startup_seconds_median": summary[f"{role}_startup_s"],
+            }
+        )
     return {
         "name": NAME,
         "quick": quick,
+        "results": rows,
         "config": {
             "workers": WORKERS,
             "repeats": reps,
             "idle_s": idle_s,
             "settle_s": settle_s,
-            "heartbeat_interval_s": 0.25,
-            "heartbeat_timeout_s": 1.2,
+            "heartbeat_interval_s": C.HEARTBEAT_INTERVAL_SECONDS,
+            "heartbeat_timeout_s": C.HEARTBEAT_TIMEOUT_SECONDS,
         },
         "summary": summary,
         "rounds": rounds,

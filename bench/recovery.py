@@ -1,38 +1,53 @@
-"""Recovery: the same simulated job and fault under three strategies.
+"""Recovery: what one fault costs a training job under each recovery strategy.
 
-* ``full_restart`` (:mod:`simjob.strategies.full_restart`): every process stops
-  on the fault, the job waits for all slices (the provisioning delay), starts
-  the trainer afresh and restores the last periodic checkpoint.
+Strategies (the same example trainer, stand-in Pathways workers and provisioner
+in every one; only what happens on a fault differs):
+
+* ``full_restart`` (:mod:`simjob.strategies.full_restart`): every process
+  stops, the job waits for all slices (the replacement delay), starts the
+  trainer afresh and restores the last periodic checkpoint.
 * ``checkpoint_rewind`` (:mod:`simjob.strategies.checkpoint_rewind`): MaxText's
-  way, pathwaysutils ``Manager.elastic_retry`` (poll_interval 10 s,
-  minimum_slice_count set) re-runs training from the last committed
-  checkpoint on ``DATA_LOSS``, and again when it grows back.
-* ``elastic_sidecar``: the real ``python -m agent demo`` (reactive: the host is
-  SIGKILLed); ``elastic_sidecar_notice`` as well when the demo knows the
-  ``notice`` fault kind.
+  way, pathwaysutils ``Manager.elastic_retry`` re-runs training from the last
+  committed checkpoint on ``DATA_LOSS``, and again when it grows back.
+* ``local_checkpoint_rewind``: the same, with a checkpoint every
+  ``local_checkpoint_period`` steps on local disk (what Orbax's multi-tier /
+  emergency checkpointing gives a rewind); the periodic persistent save is not
+  made, as its cost is the same with and without the fault.
+* ``memory_snapshot`` (:mod:`simjob.strategies.memory_snapshot`): the same
+  rewind, to an in-memory copy of the state taken before every step.
+* ``sidecar``: the real ``python -m agent demo`` (coordinator, worker
+  sidecars, trainer hooks).
 
-Every run uses the example trainer (4 slices x 2 CPU devices, 50 ms steps,
-periodic async Orbax saves), the stand-in Pathways workers and provisioner,
-and one fault in the middle of a checkpoint period. All figures are computed
-here, the same way for every strategy, from the trainer's event log:
+Faults (one per run, on slice 1, at a seeded random phase of the checkpoint
+period): ``kill`` (SIGKILL of the host), ``hang`` (SIGSTOP), ``notice`` (a
+maintenance notice through Pub/Sub, the host dies at the notice deadline; the
+baselines do not listen to notices, so for them a notice is the kill at the
+deadline and their notice rows repeat their kill runs, marked so).
 
-* ``recovery_s``: fault until progress is regained: the trainer completes a
-  step numbered above the last step it completed before its recovery began
-  (the first ``resumed`` after the fault; a step that was in flight at the
-  fault and finished counts as completed before);
-* ``lost_steps``: completed steps that were computed again (the rewind);
-* ``fault_cost_s``: full-capacity training seconds the fault cost, from the
-  fault until the run ends (after the strategy is back on every slice): wall
-  time minus useful work, a step on k of n slices counting k/n of a nominal
-  step, less the fault-free overhead rate measured before the fault;
-* ``goodput``: 1 - fault_cost_s / N for a run with one such fault every N s.
+Measured, per run, from the trainer's event log:
+
+* ``fault_cost_seconds``: wall-clock seconds of training lost against a
+  fault-free run of the same job (same strategy, checkpoint period, state):
+  ``T - W / r0``, where ``T`` is the faulted run's time from the end of its
+  warm-up step to its last step, ``W`` the work it kept (each step's last
+  execution, a step on k of n slices counting k/n), and ``r0`` the work rate
+  of the fault-free runs (their median). Only fault cost feeds the ratios;
+* ``lost_steps``: completed steps computed again (the rewind);
+* ``recovery_seconds``: fault until the trainer completes a step above the
+  last step it had completed when its recovery began.
+
+A run that ends before the strategy is back on every slice is a failed run
+(its cost would be understated): rows count those in ``failed_runs``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import random
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -40,96 +55,102 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PY, ROOT, env, log, median, read_jsonl, rnd, target
+from bench.common import PY, ROOT, env, log, median, read_jsonl, rnd, spread
 
 NAME = "recovery"
+STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot", "sidecar")
+BASELINES = STRATEGIES[:-1]
+FAULTS = ("kill", "hang", "notice")
+TRAINERS = ("example", "maxtext")
 BASE_CMD = {
     "full_restart": [PY, "-m", "simjob.strategies.full_restart"],
     "checkpoint_rewind": [PY, "-m", "simjob.strategies.checkpoint_rewind"],
-    "elastic_sidecar": [PY, "-m", "agent", "demo"],
-    "elastic_sidecar_notice": [PY, "-m", "agent", "demo"],
+    "local_checkpoint_rewind": [PY, "-m", "simjob.strategies.checkpoint_rewind"],
+    "memory_snapshot": [PY, "-m", "simjob.strategies.memory_snapshot"],
+    "sidecar": [PY, "-m", "agent", "demo"],
 }
-LABELS = {
-    "full_restart": "(a) full restart",
-    "checkpoint_rewind": "(b) checkpoint rewind (MaxText / pathwaysutils)",
-    "elastic_sidecar": "(c) elastic-sidecar, reactive (kill)",
-    "elastic_sidecar_notice": "(c) elastic-sidecar, proactive (notice)",
-}
+WARMUP_STEP = 3
+"""Work is counted from the end of this step: the first steps compile."""
+MAXTEXT_NOT_RUN = (
+    "not implemented: the recovery benchmark has no runner for the real MaxText trainer yet "
+    "(tests/maxtext/harness.py drives MaxText with the sidecar for correctness tests, not under "
+    "every strategy); no MaxText figure is measured"
+)
 
 
 @dataclass
 class Config:
+    trainers: list[str] = field(default_factory=lambda: ["example"])
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    faults: list[str] = field(default_factory=lambda: list(FAULTS))
+    checkpoint_periods: list[int] = field(default_factory=lambda: [25, 100])
+    delays: list[float] = field(default_factory=lambda: [5.0, 30.0])
+    realistic_checkpoint_period: int = 100
+    realistic_delay: float = 30.0
+    sweep_faults: list[str] = field(default_factory=lambda: ["kill"])
+    """Faults run at every (period, delay); the others only at the realistic point."""
+    runs: int = 5
+    seed: int = 0
     slices: int = 4
     devices_per_slice: int = 2
     step_seconds: float = 0.05
-    checkpoint_period: int = 50
-    fault_step: int = 75
-    fault_slice: int = 1
+    state_mib: int | None = None
+    """Train state across all slices' replicas; None: the example model alone (about 135 KB a replica).
+    The bulk is the trainer's ``--ballast-mib`` per replica: optimizer-like state rewritten every step."""
+    donate: bool = True
+    local_checkpoint_period: int = 5
     min_slices: int = 2
-    timeout: float = 180.0
     poll_interval: float = 10.0
-    delays: list[float] = field(default_factory=lambda: [1.0, 10.0, 60.0])
-    """1 s, not 0: with an instant replacement the demo trainer can read a replica on the replaced
-    slice that the simulator still marks lost (a race in simjob/trainer.py, see docs/benchmarks.md)."""
-    realistic_delay: float = 60.0
-    repeats: int = 3
-    long_delay_repeats: int = 2
-    """Runs at delays of 30 s and more (each takes over a minute per strategy), to keep the suite near 25 min."""
-    fault_every_s: list[float] = field(default_factory=lambda: [600.0, 3600.0])
-    # Seconds each strategy's run continues after the provisioning delay: enough to be back on
-    # every slice and run a little (rewind: up to one 10 s poll, then a rewind of up to a period).
-    margin_s: dict[str, float] = field(
-        default_factory=lambda: {
-            "full_restart": 7.0,
-            "checkpoint_rewind": 16.0,
-            "elastic_sidecar": 5.0,
-            "elastic_sidecar_notice": 5.0,
-        }
-    )
+    notice_deadline: float = 4.0
+    timeout: float = 180.0
+    fault_free_steps: int = 0
+    """Steps of each fault-free reference run; 0: three checkpoint periods, at least 100."""
     quick: bool = False
 
-    def repeats_for(self, delay: float) -> int:
-        return min(self.repeats, self.long_delay_repeats) if delay >= 30 else self.repeats
+    def ballast_mib(self) -> int | None:
+        """The trainer's ``--ballast-mib`` (per replica, one replica per slice) for ``state_mib``."""
+        return None if self.state_mib is None else -(-self.state_mib // self.slices)
+
+    def state_bytes(self) -> int:
+        model = 8 * (64 + 2) * 256  # the example model's params and momentum (float32) at its default size
+        return self.slices * (model + (self.ballast_mib() or 0) * 2**20)
+
+    def cases(self) -> list[tuple[str, int, float]]:
+        """(fault, checkpoint period, delay) to run: the sweep faults everywhere, the rest at the realistic point."""
+        out = []
+        for fault in self.faults:
+            if fault in self.sweep_faults:
+                out += [(fault, p, d) for p in self.checkpoint_periods for d in self.delays]
+            else:
+                out.append((fault, self.realistic_checkpoint_period, self.realistic_delay))
+        return out
 
     @classmethod
-    def make(cls, quick: bool, repeats: int | None = None, delays: list[float] | None = None) -> Config:
+    def make(cls, quick: bool = False, **over: Any) -> Config:
         c = cls()
         if quick:
             c.quick = True
-            c.checkpoint_period = 20
-            c.fault_step = 30
+            c.checkpoint_periods = [20]
+            c.realistic_checkpoint_period = 20
             c.delays = [1.0]
             c.realistic_delay = 1.0
-            c.repeats = 1
-            c.margin_s = {
-                "full_restart": 3.0,
-                "checkpoint_rewind": 3.0,
-                "elastic_sidecar": 2.0,
-                "elastic_sidecar_notice": 2.0,
-            }
-        if repeats is not None:
-            c.repeats = repeats
-            c.long_delay_repeats = repeats
-        if delays:
-            c.delays = sorted(delays)
-            if c.realistic_delay not in c.delays:
-                c.realistic_delay = max(c.delays)
+            c.runs = 3
+            c.poll_interval = 2.0
+            c.notice_deadline = 1.0
+            c.fault_free_steps = 60
+        for k, v in over.items():
+            if v is not None:
+                setattr(c, k, v)
+        if c.realistic_checkpoint_period not in c.checkpoint_periods:
+            c.realistic_checkpoint_period = max(c.checkpoint_periods)
+        if c.realistic_delay not in c.delays:
+            c.realistic_delay = max(c.delays)
+        bad = set(c.strategies) - set(STRATEGIES) or set(c.faults) - set(FAULTS) or set(c.trainers) - set(TRAINERS)
+        if bad:
+            raise ValueError(f"unknown strategy, fault or trainer {sorted(bad)}")
+        if c.runs < (3 if c.quick else 5):
+            log(f"recovery: {c.runs} runs per row is below the {3 if c.quick else 5} the method asks for")
         return c
-
-
-def notice_available() -> bool:
-    try:
-        from simjob.options import FAULT_KINDS
-    except ImportError:
-        return False
-    return "notice" in FAULT_KINDS
-
-
-def strategies() -> list[str]:
-    names = ["full_restart", "checkpoint_rewind", "elastic_sidecar"]
-    if notice_available():
-        names.append("elastic_sidecar_notice")
-    return names
 
 
 # ---------------------------------------------------------------------------
@@ -137,23 +158,57 @@ def strategies() -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def _steps_for(cfg: Config, strategy: str, delay: float) -> int:
-    """Steps for a run that ends a little after the strategy is back on every slice.
-
-    A full restart makes no progress while it waits for the slice, so its run needs no steps for the delay.
-    """
-    wait = 0.0 if strategy == "full_restart" else delay
-    return cfg.fault_step + int(math.ceil((wait + cfg.margin_s[strategy]) / cfg.step_seconds))
+def fault_step(cfg: Config, period: int, rep: int) -> int:
+    """A seeded random phase of the checkpoint period, after the first checkpoint and the warm-up."""
+    rng = random.Random(f"{cfg.seed}/{period}/{rep}")
+    first = period * max(1, math.ceil((WARMUP_STEP + 10) / period))
+    return first + rng.randrange(period) + 1
 
 
-def run_one(cfg: Config, strategy: str, delay: float, rep: int, root: Path) -> dict[str, Any]:
-    wd = root / f"{strategy}-d{delay:g}-r{rep}"
+def margin_seconds(cfg: Config, strategy: str, period: int, step_s: float) -> float:
+    """Seconds a run goes on after the replacement is due: enough to be back on every slice and run a little."""
+    if strategy == "full_restart":
+        return 8.0 + period * step_s
+    if strategy == "sidecar":
+        return 4.0 + cfg.notice_deadline
+    rewind = {"checkpoint_rewind": period, "local_checkpoint_rewind": cfg.local_checkpoint_period}.get(strategy, 1)
+    return cfg.poll_interval + 4.0 + rewind * step_s
+
+
+def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
+    args = [
+        "--checkpoint-period",
+        str(cfg.local_checkpoint_period if strategy == "local_checkpoint_rewind" else period),
+    ]
+    if strategy in ("checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot"):
+        args += ["--poll-interval", str(cfg.poll_interval)]
+    if cfg.donate:
+        args.append("--trainer-arg=--donate")
+    mib = cfg.ballast_mib()
+    if mib is not None:
+        args.append(f"--trainer-arg=--ballast-mib={mib}")
+    return args
+
+
+def run_one(
+    cfg: Config,
+    strategy: str,
+    period: int,
+    root: Path,
+    tag: str,
+    *,
+    fault: str | None,
+    at_step: int,
+    delay: float,
+    steps: int,
+    step_s: float | None = None,
+) -> dict[str, Any]:
+    wd = root / tag
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
-    steps = _steps_for(cfg, strategy, delay)
-    kind = "notice" if strategy == "elastic_sidecar_notice" else "kill"
-    run_timeout = 120.0 + delay + steps * cfg.step_seconds * 2
+    # Generous: a shared or slow machine makes a late run a failed run, not a hung benchmark.
+    run_timeout = 120.0 + delay + steps * max(cfg.step_seconds, step_s or 0.0) * 4
     cmd = [
         *BASE_CMD[strategy],
         "--workdir",
@@ -166,54 +221,59 @@ def run_one(cfg: Config, strategy: str, delay: float, rep: int, root: Path) -> d
         str(steps),
         "--step-seconds",
         str(cfg.step_seconds),
-        "--checkpoint-period",
-        str(cfg.checkpoint_period),
         "--min-slices",
         str(cfg.min_slices),
         "--timeout",
         str(cfg.timeout),
         "--replacement-delay",
         str(delay),
-        "--fault",
-        f"{kind}:{cfg.fault_slice}.0@{cfg.fault_step}",
+        "--notice-deadline",
+        str(cfg.notice_deadline),
         "--summary-json",
         str(wd / "summary.json"),
         "--quiet",
         "--run-timeout",
         str(run_timeout),
+        *_strategy_args(cfg, strategy, period),
     ]
-    if strategy == "checkpoint_rewind":
-        cmd += ["--poll-interval", str(cfg.poll_interval)]
+    cmd += ["--no-faults"] if fault is None else ["--fault", f"{fault}:1.0@{at_step}"]
     t0 = time.monotonic()
     with open(wd / "output.log", "wb") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, timeout=run_timeout + 60)
-    wall = time.monotonic() - t0
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, process_group=0)
+        try:
+            proc.wait(run_timeout + 60)
+        finally:
+            if proc.poll() is None:
+                # SIGINT lets the harness stop its own trainer and stand-in hosts (they run in their own groups).
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     summary = json.loads((wd / "summary.json").read_text()) if (wd / "summary.json").exists() else {}
-    m = analyse(wd / "job", summary, cfg.slices, strategy)
+    m = analyse(wd / "job", summary, cfg.slices, fault is not None)
     m.update(
         {
             "strategy": strategy,
-            "delay_s": delay,
-            "rep": rep,
-            "exit_code": proc.returncode,
-            "run_wall_s": round(wall, 2),
+            "fault": fault,
+            "checkpoint_period": period,
+            "replacement_delay": delay,
+            "fault_step": at_step if fault else None,
             "steps": steps,
-            "workdir": str(wd),
+            "exit_code": proc.returncode,
+            "run_wall_s": round(time.monotonic() - t0, 2),
         }
     )
     if proc.returncode != 0:
         m["error"] = f"exit code {proc.returncode}; see {wd / 'output.log'}"
+    elif fault is not None and not m.get("back_on_all_slices"):
+        m["error"] = "the run ended before the strategy was back on every slice"
     return m
 
 
 def demo_fault_time(job: Path, summary: dict[str, Any]) -> float | None:
-    """The demo's fault time, rebuilt from its summary and journal.
-
-    The demo's summary JSON carries detection_seconds but not the fault time:
-    the fault time is the detection record's time minus detection_seconds (the
-    detection record is the first journal record after the last pre-fault
-    step in which the slice is not up).
-    """
+    """The demo's fault time (its summary's ``time`` field, else rebuilt from its journal)."""
     faults = summary.get("faults") or []
     if not faults:
         return None
@@ -229,102 +289,53 @@ def demo_fault_time(job: Path, summary: dict[str, Any]) -> float | None:
         det = next((j for j in journal if j["time"] >= t_lo and f["slice"] not in j.get("up_slices", [])), None)
         if det is not None:
             return float(det["time"]) - float(f["detection_seconds"])
-    if f.get("recovery_seconds") is not None:
-        reg = next((e for e in steps if e["step"] > f["step_at_fault"]), None)
-        if reg is not None:
-            return float(reg["t"]) - float(f["recovery_seconds"])
     return None
 
 
-def analyse(job: Path, summary: dict[str, Any], num_slices: int, strategy: str) -> dict[str, Any]:
+def work_and_time(steps: list[dict[str, Any]], num_slices: int) -> tuple[float, float] | None:
+    """(work kept, seconds) from the end of the warm-up step to the last step; work in full-capacity steps."""
+    start = next((e["t"] for e in steps if e["step"] == WARMUP_STEP), None)
+    if start is None or not steps:
+        return None
+    final: dict[int, dict[str, Any]] = {}
+    for e in steps:
+        final[e["step"]] = e
+    work = sum(len(e["slices"]) / num_slices for k, e in final.items() if k > WARMUP_STEP)
+    return work, max(e["t"] for e in steps) - start
+
+
+def analyse(job: Path, summary: dict[str, Any], num_slices: int, faulted: bool) -> dict[str, Any]:
     tev = read_jsonl(job / "trainer-events.jsonl")
     hev = read_jsonl(job / "harness-events.jsonl")
     steps = [e for e in tev if e.get("kind") == "step"]
-    resumes = [e for e in tev if e.get("kind") == "resumed"]
+    out: dict[str, Any] = {"recovery_s": None, "lost_steps": None}
+    wt = work_and_time(steps, num_slices)
+    if wt is None:
+        out["error"] = "no steps past the warm-up"
+        return out
+    out["work_steps"], out["seconds"] = rnd(wt[0]), rnd(wt[1])
+    out["back_on_all_slices"] = bool(steps and len(steps[-1]["slices"]) == num_slices)
+    snaps = [e["median_seconds"] for e in tev if e.get("kind") == "snapshot_stats"]
+    if snaps:
+        out["snapshot_seconds_median"] = rnd(median(snaps), 5)
+    if not faulted:
+        return out
     fault = next((h for h in hev if h.get("kind") == "fault"), None)
     ft = float(fault["fault_time"]) if fault else demo_fault_time(job, summary)
-    out: dict[str, Any] = {"recovery_s": None, "lost_steps": None, "fault_cost_s": None}
-    if ft is None or not steps:
-        out["error"] = "no fault time or no steps"
+    if ft is None:
+        out["error"] = "no fault time"
         return out
+    resumes = [e for e in tev if e.get("kind") == "resumed"]
     last_before = max((e["step"] for e in steps if e["t"] <= ft), default=0)
     r = next((x for x in resumes if x["t"] > ft), None)
     s_star = max((e["step"] for e in steps if e["t"] <= r["t"]), default=0) if r else last_before
     t_from = r["t"] if r else ft
     regained = next((e for e in steps if e["t"] > t_from and e["step"] > s_star), None)
     out["step_at_fault"] = last_before
-    out["progress_at_recovery_start"] = s_star
     out["recovery_s"] = rnd(regained["t"] - ft) if regained else None
     out["lost_steps"] = max(0, s_star - int(r["from_step"])) if r else 0
     out["restored_from"] = r.get("restored_from") if r else None
     out["slices_after"] = len(r["slices"]) if r else None
-
-    # Goodput: useful work after the fault (step k on n of N slices counts n/N nominal steps).
-    pre = [e for e in steps if e["t"] <= ft and len(e["slices"]) == num_slices and e["step"] > 3]
-    t_nom = median(e["seconds"] for e in pre) or 0.0
-    final: dict[int, dict[str, Any]] = {}
-    for e in steps:
-        final[e["step"]] = e
-    t_end = max(e["t"] for e in steps)
-    window = t_end - ft
-    useful = sum(len(e["slices"]) / num_slices * t_nom for k, e in final.items() if k > last_before and e["t"] > ft)
-    base_rate = 0.0
-    if len(pre) >= 10:
-        a, b = pre[0], pre[-1]
-        span = b["t"] - a["t"]
-        if span > 0:
-            base_rate = max(0.0, (span - (b["step"] - a["step"]) * t_nom) / span)
-    out["nominal_step_s"] = rnd(t_nom)
-    out["fault_free_overhead"] = rnd(base_rate)
-    out["window_s"] = rnd(window)
-    out["fault_cost_s"] = rnd(window - useful - base_rate * window) if window > 0 else None
-    out["back_on_all_slices"] = bool(steps and len(steps[-1]["slices"]) == num_slices)
-
-    # Where the time went.
-    phases: dict[str, float | None] = {}
-    if strategy == "full_restart":
-        spawn = next((h["t"] for h in hev if h.get("kind") == "trainer_spawn" and h["t"] > ft), None)
-        start = next((e["t"] for e in tev if e.get("kind") == "start" and e["t"] > ft), None)
-        ready = next((e["t"] for e in tev if e.get("kind") == "jax_ready" and e["t"] > ft), None)
-        first = next((e["t"] for e in steps if r is not None and e["t"] > r["t"]), None)
-        phases = {
-            "wait_for_slices_s": rnd(spawn - ft) if spawn else None,
-            "process_start_s": rnd(start - spawn) if start and spawn else None,
-            "jax_start_s": rnd(ready - start) if ready and start else None,
-            "restore_s": rnd(r["rebuild_seconds"]) if r else None,
-            "to_resumed_s": rnd(r["t"] - ready) if r and ready else None,
-            "first_step_s": rnd(first - r["t"]) if first and r else None,
-            "recompute_s": rnd(regained["t"] - first) if regained and first else None,
-        }
-    elif strategy == "checkpoint_rewind":
-        failed = next((e["t"] for e in tev if e.get("kind") == "step_failed" and e["t"] >= ft), None)
-        first = next((e["t"] for e in steps if r is not None and e["t"] > r["t"]), None)
-        phases = {
-            "detect_data_loss_s": rnd(failed - ft) if failed else None,
-            "retry_to_resumed_s": rnd(r["t"] - failed) if r and failed else None,
-            "restore_s": rnd(r["rebuild_seconds"]) if r else None,
-            "first_step_s": rnd(first - r["t"]) if first and r else None,
-            "recompute_s": rnd(regained["t"] - first) if regained and first else None,
-        }
-        scale = next((e for e in tev if e.get("kind") == "scale_up_signal" and e["t"] > ft), None)
-        phases["scale_up_after_fault_s"] = rnd(scale["t"] - ft) if scale else None
-    else:
-        f = (summary.get("faults") or [{}])[0]
-        first = next((e["t"] for e in steps if r is not None and e["t"] > r["t"]), None)
-        phases = {
-            "detection_s": f.get("detection_seconds"),
-            "hold_s": f.get("hold_seconds"),
-            "rebuild_s": rnd(r["rebuild_seconds"]) if r else None,
-            "first_step_s": rnd(first - r["t"]) if first and r else None,
-            "demo_summary_recovery_s": f.get("recovery_seconds"),
-            "demo_summary_lost_steps": f.get("lost_steps"),
-            "detection_source": f.get("detection_source"),
-        }
-    out["phases"] = phases
-    # Progress after the fault, for the plot.
-    pts = [(round(e["t"] - ft, 3), e["step"], len(e["slices"])) for e in steps if e["t"] >= ft - 1.0]
-    stride = max(1, len(pts) // 300)
-    out["progress"] = pts[::stride] + ([pts[-1]] if pts and pts[-1] not in pts[::stride] else [])
     return out
 
 
@@ -333,153 +344,225 @@ def analyse(job: Path, summary: dict[str, Any], num_slices: int, strategy: str) 
 # ---------------------------------------------------------------------------
 
 
+def _row(cfg: Config, trainer: str, strategy: str, fault: str, period: int, delay: float) -> dict[str, Any]:
+    return {
+        "trainer": trainer,
+        "strategy": strategy,
+        "fault": fault,
+        "replacement_delay": delay,
+        "checkpoint_period": period,
+        "state_bytes": cfg.state_bytes(),
+        "donate": cfg.donate,
+    }
+
+
+def summarise(
+    cfg: Config, runs: list[dict[str, Any]], refs: dict[tuple[str, int], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """One row per (strategy, fault, period, delay), fault cost against the fault-free rate."""
+    rows = []
+    for fault, period, delay in cfg.cases() if "example" in cfg.trainers else []:
+        for s in cfg.strategies:
+            row = _row(cfg, "example", s, fault, period, delay)
+            ran_as = "kill" if fault == "notice" and s != "sidecar" else fault
+            if ran_as != fault:
+                row["ran_as"] = ran_as
+                row["note"] = "does not listen to notices: the host dies at the deadline, as in its kill runs"
+            good_refs = [x for x in refs.get((s, period), []) if not x.get("error")]
+            rate = median(x["work_steps"] / x["seconds"] for x in good_refs if x.get("seconds"))
+            every = [
+                r
+                for r in runs
+                if r["strategy"] == s
+                and r["fault"] == ran_as
+                and r["checkpoint_period"] == period
+                and r["replacement_delay"] == delay
+            ]
+            ok = [r for r in every if not r.get("error")]
+            costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
+            for r, c in zip(ok, costs, strict=False):
+                r["fault_cost_s"] = rnd(c)
+            cost, lost, rec = (
+                spread(costs),
+                spread([r["lost_steps"] for r in ok]),
+                spread([r["recovery_s"] for r in ok]),
+            )
+            row.update(
+                {
+                    "runs": len(ok),
+                    "failed_runs": len(every) - len(ok),
+                    "failures": sorted({r["error"] for r in every if r.get("error")}),
+                    "fault_free_runs": len(good_refs),
+                    "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
+                    "lost_steps_median": cost_round(lost["median"]),
+                    "lost_steps_max": lost["max"],
+                    "fault_cost_seconds_median": rnd(cost["median"], 3),
+                    "fault_cost_seconds_p90": rnd(cost["p90"], 3),
+                    "fault_cost_seconds_min": rnd(cost["min"], 3),
+                    "fault_cost_seconds_max": rnd(cost["max"], 3),
+                    "recovery_seconds_median": rnd(rec["median"], 3),
+                    "recovery_seconds_p90": rnd(rec["p90"], 3),
+                    "restored_from": sorted({str(r.get("restored_from")) for r in ok}),
+                }
+            )
+            if not rate:
+                row["invalid_reason"] = "no fault-free reference run succeeded"
+            snaps = [r.get("snapshot_seconds_median") for r in ok + good_refs if r.get("snapshot_seconds_median")]
+            if snaps:
+                row["snapshot_seconds_median"] = rnd(median(snaps), 5)
+            rows.append(row)
+    if "maxtext" in cfg.trainers:
+        for fault, period, delay in cfg.cases():
+            for s in cfg.strategies:
+                row = _row(cfg, "maxtext", s, fault, period, delay)
+                row.update(
+                    {
+                        "runs": 0,
+                        "failed_runs": 0,
+                        "lost_steps_median": None,
+                        "fault_cost_seconds_median": None,
+                        "fault_cost_seconds_p90": None,
+                        "recovery_seconds_median": None,
+                        "status": "not_run",
+                        "invalid_reason": MAXTEXT_NOT_RUN,
+                    }
+                )
+                rows.append(row)
+    return rows
+
+
+def cost_round(x: float | None) -> float | None:
+    return None if x is None else (int(x) if float(x).is_integer() else x)
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Baseline fault cost over the sidecar's, per (trainer, fault, period, delay): medians of fault cost only."""
+    out = []
+    for side in (r for r in rows if r["strategy"] == "sidecar" and r.get("runs")):
+        c = side["fault_cost_seconds_median"]
+        for b in rows:
+            if b["strategy"] == "sidecar" or not b.get("runs"):
+                continue
+            key = ("trainer", "fault", "checkpoint_period", "replacement_delay")
+            if any(b[k] != side[k] for k in key):
+                continue
+            v = b["fault_cost_seconds_median"]
+            ok = c is not None and v is not None and c > 0
+            out.append(
+                {
+                    **{k: side[k] for k in key},
+                    "baseline": b["strategy"],
+                    "baseline_fault_cost_seconds_median": v,
+                    "sidecar_fault_cost_seconds_median": c,
+                    "ratio": rnd(v / c, 2) if ok else None,
+                    **({} if ok else {"why_none": "sidecar fault cost not above zero (or missing)"}),
+                }
+            )
+    return out
+
+
 def run(
     quick: bool = False,
-    repeats: int | None = None,
-    delays: list[float] | None = None,
     workdir: Path | None = None,
     keep: bool = False,
+    **over: Any,
 ) -> dict[str, Any]:
-    cfg = Config.make(quick, repeats, delays)
+    cfg = Config.make(quick, **over)
     root = Path(workdir or tempfile.mkdtemp(prefix="bench-recovery-"))
     root.mkdir(parents=True, exist_ok=True)
-    names = strategies()
-    runs: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    for delay in cfg.delays:
-        reps = cfg.repeats_for(delay)
-        for rep in range(reps):
-            for s in names:  # interleaved, so drift hits every strategy alike
-                if s == "elastic_sidecar_notice" and delay != cfg.realistic_delay:
-                    continue  # a notice does not depend on the delay: run it at the realistic one only
-                log(f"recovery: {s} delay {delay:g}s run {rep + 1}/{reps}")
-                m = run_one(cfg, s, delay, rep, root)
-                log(
-                    f"  -> recovery {m.get('recovery_s')} s, lost {m.get('lost_steps')}, "
-                    f"cost {m.get('fault_cost_s')} s{' ERROR ' + m['error'] if m.get('error') else ''}"
-                )
-                runs.append(m)
-    table: dict[str, dict[str, Any]] = {}
-    for s in names:
-        table[s] = {}
-        for delay in cfg.delays:
-            every = [r for r in runs if r["strategy"] == s and r["delay_s"] == delay]
-            if not every:
-                continue
-            rs = [r for r in every if not r.get("error")]  # a failed run's figures do not count
-            cost = median(r.get("fault_cost_s") for r in rs)
-            row: dict[str, Any] = {
-                "runs": len(rs),
-                "failed_runs": len(every) - len(rs),
-                "failures": [r["error"] for r in every if r.get("error")],
-                "recovery_s": rnd(median(r.get("recovery_s") for r in rs), 3),
-                "recovery_s_all": [r.get("recovery_s") for r in rs],
-                "lost_steps": median(r.get("lost_steps") for r in rs),
-                "lost_steps_all": [r.get("lost_steps") for r in rs],
-                "fault_cost_s": rnd(cost, 3),
-                "goodput": {
-                    f"{n:g}": (rnd(max(0.0, 1.0 - cost / n), 4) if cost is not None else None)
-                    for n in cfg.fault_every_s
-                },
-                "phases": _median_phases([r.get("phases", {}) for r in rs]),
-            }
-            table[s][f"{delay:g}"] = row
-    ratios: dict[str, Any] = {"delay_s": cfg.realistic_delay, "per_delay": {}}
-    for delay in cfg.delays:
-        key = f"{delay:g}"
-        c = table["elastic_sidecar"][key]["recovery_s"]
-        per = {}
-        for s in ("full_restart", "checkpoint_rewind"):
-            v = table[s][key]["recovery_s"]
-            per[s] = rnd(v / c, 2) if v is not None and c else None
-        ratios["per_delay"][key] = per
-    real = ratios["per_delay"][f"{cfg.realistic_delay:g}"]
-    ratios["full_restart"] = real["full_restart"]
-    ratios["checkpoint_rewind"] = real["checkpoint_rewind"]
-    # A progress timeline per strategy at the realistic delay (first run), for the plot.
-    timelines = {}
-    for s in names:
-        r = next((x for x in runs if x["strategy"] == s and x["delay_s"] == cfg.realistic_delay), None)
-        if r is not None:
-            timelines[s] = r.get("progress", [])
-    for r in runs:
-        r.pop("progress", None)
-    rk = f"{cfg.realistic_delay:g}"
-    side = table["elastic_sidecar"][rk]
-    targets = [
-        target(
-            "recovery vs full restart",
-            ">= 10x faster",
-            ratios["full_restart"],
-            "x",
-            None if ratios["full_restart"] is None else ratios["full_restart"] >= 10,
-            f"at the realistic provisioning delay of {cfg.realistic_delay:g} s",
-        ),
-        target(
-            "recovery vs checkpoint rewind",
-            ">= 3x faster",
-            ratios["checkpoint_rewind"],
-            "x",
-            None if ratios["checkpoint_rewind"] is None else ratios["checkpoint_rewind"] >= 3,
-            f"at the realistic provisioning delay of {cfg.realistic_delay:g} s",
-        ),
-        target(
-            "lost steps on a crash (kill)",
-            "<= 1",
-            side["lost_steps"],
-            "steps",
-            None if side["lost_steps"] is None else max(x for x in side["lost_steps_all"] if x is not None) <= 1,
-            "worst run",
-        ),
-    ]
-    if "elastic_sidecar_notice" in table:
-        n = table["elastic_sidecar_notice"][rk]
-        worst = max((x for x in n["lost_steps_all"] if x is not None), default=None)
-        targets.append(
-            target(
-                "lost steps on a notice",
-                "0",
-                n["lost_steps"],
-                "steps",
-                None if worst is None else worst == 0,
-                "worst run",
-            )
-        )
-    else:
-        targets.append(
-            target(
-                "lost steps on a notice",
-                "0",
-                None,
-                "steps",
-                None,
-                "not yet available: the demo has no `notice` fault kind (simjob.options.FAULT_KINDS)",
-            )
-        )
+    runs: list[dict[str, Any]] = []
+    refs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    cases = cfg.cases()
+    if "example" in cfg.trainers:
+        for rep in range(cfg.runs):
+            # Fault-free references first in each round (their rate sizes the faulted runs), then every
+            # case with the strategies interleaved, so drift on a shared machine hits them alike.
+            for period in cfg.checkpoint_periods:
+                for s in cfg.strategies:
+                    n = cfg.fault_free_steps or max(100, 3 * period)
+                    log(f"recovery: {s} fault-free, period {period}, round {rep + 1}/{cfg.runs}")
+                    ref = run_one(
+                        cfg, s, period, root, f"ref-{s}-p{period}-r{rep}", fault=None, at_step=0, delay=0.0, steps=n
+                    )
+                    refs.setdefault((s, period), []).append(ref)
+            for fault, period, delay in cases:
+                at = fault_step(cfg, period, rep)
+                for s in cfg.strategies:
+                    if fault == "notice" and s != "sidecar":
+                        continue  # baselines ignore notices: their kill runs stand for it (see the rows)
+                    step_s = median(x["seconds"] / x["work_steps"] for x in refs[(s, period)] if x.get("work_steps"))
+                    step_s = max(cfg.step_seconds, step_s or cfg.step_seconds)
+                    wait = 0.0 if s == "full_restart" else delay
+                    steps = at + math.ceil((wait + margin_seconds(cfg, s, period, step_s)) / step_s)
+                    log(f"recovery: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{cfg.runs}")
+                    m = run_one(
+                        cfg,
+                        s,
+                        period,
+                        root,
+                        f"{s}-{fault}-p{period}-d{delay:g}-r{rep}",
+                        fault=fault,
+                        at_step=at,
+                        delay=delay,
+                        steps=steps,
+                        step_s=step_s,
+                    )
+                    log(
+                        f"  -> lost {m.get('lost_steps')}, recovery {m.get('recovery_s')} s"
+                        f"{' ERROR ' + m['error'] if m.get('error') else ''}"
+                    )
+                    runs.append(m)
+            _notice_kill_runs(cfg, cases, runs, refs, root, rep)
+    rows = summarise(cfg, runs, refs)
     result = {
         "name": NAME,
         "quick": cfg.quick,
-        "config": asdict(cfg),
-        "strategies": {s: LABELS[s] for s in names},
-        "table": table,
-        "ratios": ratios,
-        "timelines": timelines,
+        "config": asdict(cfg)
+        | {"state_bytes": cfg.state_bytes(), "ballast_mib_per_replica": cfg.ballast_mib(), "cases": cases},
+        "results": rows,
+        "ratios": ratios(rows),
         "runs": runs,
-        "targets": targets,
+        "fault_free_runs": [x for v in refs.values() for x in v],
         "duration_s": round(time.monotonic() - t0, 1),
-        "workdir": str(root),
     }
     if not keep and not workdir:
         shutil.rmtree(root, ignore_errors=True)
-        result["workdir"] = None
     return result
 
 
-def _median_phases(ps: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = {k for p in ps for k in p}
-    out: dict[str, Any] = {}
-    for k in sorted(keys):
-        vals = [p.get(k) for p in ps]
-        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        out[k] = rnd(median(nums), 3) if nums else next((v for v in vals if v is not None), None)
-    return out
+def _notice_kill_runs(
+    cfg: Config,
+    cases: list[tuple[str, int, float]],
+    runs: list[dict[str, Any]],
+    refs: dict[tuple[str, int], list[dict[str, Any]]],
+    root: Path,
+    rep: int,
+) -> None:
+    """Kill runs for the baselines' notice rows when the kill sweep did not cover that (period, delay)."""
+    for fault, period, delay in cases:
+        if fault != "notice" or ("kill", period, delay) in cases:
+            continue
+        at = fault_step(cfg, period, rep)
+        for s in cfg.strategies:
+            if s == "sidecar":
+                continue
+            step_s = median(x["seconds"] / x["work_steps"] for x in refs[(s, period)] if x.get("work_steps"))
+            step_s = max(cfg.step_seconds, step_s or cfg.step_seconds)
+            wait = 0.0 if s == "full_restart" else delay
+            steps = at + math.ceil((wait + margin_seconds(cfg, s, period, step_s)) / step_s)
+            log(f"recovery: {s} kill@{at} (for its notice row) period {period} delay {delay:g}s")
+            runs.append(
+                run_one(
+                    cfg,
+                    s,
+                    period,
+                    root,
+                    f"{s}-kill-p{period}-d{delay:g}-r{rep}",
+                    fault="kill",
+                    at_step=at,
+                    delay=delay,
+                    steps=steps,
+                    step_s=step_s,
+                )
+            )

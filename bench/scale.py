@@ -1,10 +1,15 @@
 """Scale: one coordinator against thousands of worker sidecars on loopback.
 
 The coordinator runs as its own process (``python -m agent coordinator``,
-journal off, ``--heartbeat-interval 1 --heartbeat-timeout 3``, 100 hosts per
-slice). Load generators (:mod:`bench.scale_loadgen`, one process per 2,500
-workers) open one gRPC channel and one ``Join`` stream per fake worker, as
-production workers do, and heartbeat at 1 Hz. A fake trainer attaches with
+journal off, the shipped heartbeat settings unless ``--heartbeat-interval`` /
+``--heartbeat-timeout`` say otherwise, ``hosts_per_slice`` hosts per slice). Load generators
+(:mod:`bench.scale_loadgen`, one process per ``workers_per_generator`` workers; both in the
+result's config) open one gRPC
+channel and one ``Join`` stream per fake worker, as production workers do, and
+heartbeat at the interval the coordinator asks for. Where the machine has more
+than one usable core, the coordinator is pinned to one core and the load
+generators, the fake trainer and this process to the others
+(``os.sched_setaffinity``); the result records the pinning. A fake trainer attaches with
 :class:`trainer_hooks.ElasticSession`, so once every worker has registered the
 job is RUNNING. Then:
 
@@ -14,21 +19,27 @@ job is RUNNING. Then:
   and broadcasts ``PeerCommand(kind="hold")`` (TellWorkers) to every other
   worker; each generator records when each worker receives it. Latency is
   receive time minus the decision time in the coordinator's log (same
-  machine, same clock): p50 / p99 / max over workers, median over cycles. The
+  machine, same clock): p50 / p99 / max over workers per cycle; the row's ``fanout_p99_seconds``
+  is the worst cycle's p99. The
   worker then reconnects, the job resumes (the resume fan-out is recorded
   too), and the cycle repeats.
 
-Everything shares the machine's cores with the load generators, which
-themselves send N heartbeats a second: the fan-out latencies include their
-scheduling delays.
+A run is valid only if, in every cycle, the hold was decided after the
+disconnect (not before, on its own), every live worker received the hold and
+the resume, the resume happened, and no worker was lost to a heartbeat timeout
+while the job was running; otherwise the row says ``valid: false`` and why.
+The coordinator's main-thread CPU is reported too: near one core the event
+loop is saturated and the CPU figure is a ceiling, not the demand.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import queue
 import resource
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -49,17 +60,34 @@ from bench.common import (
     percentile,
     rnd,
     stop_process,
-    target,
     wait_until,
 )
 
 NAME = "scale"
 JOB = "bench-scale"
 PER_GENERATOR = 2500
-WHAT_IF_ENV = {"BENCH_KEEPALIVE_MS": "5000", "BENCH_MEMO_UP_SLICES": "1"}
-"""The what-if run (bench/coordinator_variant.py): keepalive every 5 s instead of 0.5 s on both
-sides, and up_slices() memoized per state."""
 HOSTS_PER_SLICE = 100
+SATURATED_MAIN_THREAD = 0.9
+"""Main-thread CPU (cores) at and above which the coordinator's event loop counts as saturated."""
+
+
+def pinning() -> tuple[set[int] | None, set[int] | None]:
+    """(coordinator's CPUs, everyone else's), or (None, None) where there is only one usable core."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None, None
+    if len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
+def _pin(pid: int, cpus: set[int] | None) -> None:
+    if cpus:
+        try:
+            os.sched_setaffinity(pid, cpus)
+        except OSError as e:
+            log(f"scale: could not pin {pid} to {sorted(cpus)}: {e}")
 
 
 def _raise_nofile_for_children() -> int:
@@ -107,7 +135,7 @@ class LogTail:
 
 
 class Generator:
-    def __init__(self, addr: str, first: int, count: int, logf: IO[bytes], extra: list[str] | None = None) -> None:
+    def __init__(self, addr: str, first: int, count: int, logf: IO[bytes], cpus: set[int] | None = None) -> None:
         self.first = first
         self.count = count
         self.proc = subprocess.Popen(
@@ -125,7 +153,6 @@ class Generator:
                 str(count),
                 "--hosts-per-slice",
                 str(HOSTS_PER_SLICE),
-                *(extra or []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -134,6 +161,7 @@ class Generator:
             cwd=ROOT,
             text=True,
         )
+        _pin(self.proc.pid, cpus)
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -259,7 +287,7 @@ def wait_registered(
                 "coordinator_cpu_s": rnd(sampler.cpu_seconds() - cpu0, 1),
             }
             raise Collapsed(
-                f"registered workers started timing out (heartbeat 3 s) {out['collapse']['after_s']} s into "
+                f"registered workers started timing out {out['collapse']['after_s']} s into "
                 f"registration, with {joined} of {sum(g.count for g in gens)} registered and "
                 f"{out['collapse']['coordinator_cpu_s']} s of coordinator CPU used: the coordinator (and the load "
                 "generators on the same 2 cores) could not keep up"
@@ -269,12 +297,57 @@ def wait_registered(
     return [regs[i] for i in range(len(gens))]
 
 
+def _spontaneous_holds(tail: LogTail, after_gen: int, before: float) -> list[dict[str, Any]]:
+    """Hold fan-outs decided before ``before`` (no worker had been disconnected yet)."""
+    out = []
+    for r in tail.poll():
+        for a in r.get("actions", []) or []:
+            if a.get("type") == "TellWorkers" and a.get("kind") == "hold" and int(a.get("generation", 0)) > after_gen:
+                t = iso_to_epoch(r["time"])
+                if t < before:
+                    out.append({"generation": int(a["generation"]), "time": t, "message": r.get("message", "")[:160]})
+    return out
+
+
+def _timeouts_since(log_path: Path, pos: int) -> tuple[int, int]:
+    """(WorkerLost records caused by a heartbeat timeout after byte ``pos``, the new position)."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        f.seek(pos)
+        chunk = f.read()
+        end = f.tell()
+    n = sum(1 for line in chunk.splitlines() if '"WorkerLost"' in line and "heartbeat_timeout" in line)
+    return n, end
+
+
+def validate(n: int, cyc: list[dict[str, Any]], cycles: int, timeouts: int) -> list[str]:
+    """Why a run's figures cannot stand (empty when they can)."""
+    why = []
+    if len(cyc) < cycles:
+        why.append(f"{len(cyc)} of {cycles} hold cycles completed")
+    for i, c in enumerate(cyc, 1):
+        if c.get("spontaneous_holds"):
+            why.append(f"cycle {i}: a hold was decided before the worker was disconnected")
+        if c["hold_expected"] != n - 1:
+            why.append(f"cycle {i}: {c['hold_expected']} workers were connected at the hold, not {n - 1}")
+        if c["hold_received"] < c["hold_expected"]:
+            why.append(f"cycle {i}: hold reached {c['hold_received']} of {c['hold_expected']} live workers")
+        if c["t_resume"] is None:
+            why.append(f"cycle {i}: no resume was decided")
+        elif c["resume_received"] < c["resume_expected"] or c["resume_expected"] != n:
+            why.append(
+                f"cycle {i}: resume reached {c['resume_received']} of {c['resume_expected']} live workers (of {n})"
+            )
+    if timeouts:
+        why.append(f"{timeouts} workers were lost to heartbeat timeouts while the job was running")
+    return why
+
+
 def run_size(
-    n: int, root: Path, quick: bool, cycles: int, profile: bool = False, what_if: bool = False
+    n: int, root: Path, quick: bool, cycles: int, hb: float, hbt: float, profile: bool = False
 ) -> dict[str, Any]:
     import psutil
 
-    wd = root / (f"n{n}-what-if" if what_if else f"n{n}")
+    wd = root / f"n{n}"
     wd.mkdir(parents=True, exist_ok=True)
     addr = f"127.0.0.1:{free_port()}"
     num_slices = max(1, n // HOSTS_PER_SLICE)
@@ -284,18 +357,28 @@ def run_size(
     genlog = open(wd / "generators.log", "wb")  # noqa: SIM115
     _raise_nofile_for_children()
     prof = ["-m", "cProfile", "-o", str(wd / "coordinator.prof")] if profile else []
-    module = "bench.coordinator_variant" if what_if else "agent"
-    cenv = env(**WHAT_IF_ENV) if what_if else env()
     trainer_addr = f"127.0.0.1:{free_port()}"
-    cmd = [PY, *prof, "-m", module, "coordinator", "--job", JOB, "--listen", addr, "--trainer-listen", trainer_addr]
+    cmd = [PY, *prof, "-m", "agent", "coordinator", "--job", JOB, "--listen", addr, "--trainer-listen", trainer_addr]
     cmd += ["--num-slices", str(num_slices), "--hosts-per-slice", str(hosts)]
-    cmd += ["--heartbeat-interval", "1", "--heartbeat-timeout", "3", "--elastic-timeout-seconds", "1800"]
+    cmd += ["--heartbeat-interval", f"{hb:g}", "--heartbeat-timeout", f"{hbt:g}", "--elastic-timeout-seconds", "1800"]
     cmd += ["--elastic-max-retries", "100000"]
     cmd += ["--log-format", "json", *daemon_port_flags("coordinator")]
-    coord = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=cenv, cwd=ROOT)
+    coord_cpus, other_cpus = pinning()
+    _pin(os.getpid(), other_cpus)  # this process hosts the fake trainer
+    coord = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env(), cwd=ROOT)
+    _pin(coord.pid, coord_cpus)
     gens: list[Generator] = []
     trainer = None
-    out: dict[str, Any] = {"workers": n, "slices": num_slices, "hosts_per_slice": hosts}
+    out: dict[str, Any] = {
+        "workers": n,
+        "slices": num_slices,
+        "hosts_per_slice": hosts,
+        "heartbeat_interval": hb,
+        "heartbeat_timeout": hbt,
+        "pinned": coord_cpus is not None,
+        "coordinator_cpus": sorted(coord_cpus) if coord_cpus else None,
+        "load_cpus": sorted(other_cpus) if other_cpus else None,
+    }
     try:
         if not wait_until(lambda: _health_serving(addr), 30, 0.05):
             raise RuntimeError("coordinator did not serve")
@@ -307,18 +390,17 @@ def run_size(
         per = math.ceil(n / ng)
         for g in range(ng):
             first = g * per
-            extra = ["--keepalive-ms", WHAT_IF_ENV["BENCH_KEEPALIVE_MS"]] if what_if else []
-            gens.append(Generator(addr, first, min(per, n - first), genlog, extra))
+            gens.append(Generator(addr, first, min(per, n - first), genlog, other_cpus))
         regs = wait_registered(gens, wd / "coordinator.log", sampler, t0, cpu0, out)
         t_reg = max(r["t1"] for r in regs)
-        failed = sum(r["failed"] for r in regs)
         out["registration_s"] = rnd(t_reg - t0, 2)
-        out["registration_failed"] = failed
+        out["registration_failed"] = sum(r["failed"] for r in regs)
         if not trainer.running.wait(300):
             raise RuntimeError("the job did not start (no resume to the trainer)")
+        _, log_pos = _timeouts_since(wd / "coordinator.log", 0)
         out["running_after_s"] = rnd(time.time() - t0, 2)
         out["registration_cpu_s"] = rnd(sampler.cpu_seconds() - cpu0, 2)
-        log(f"scale {n}: registered in {out['registration_s']} s ({failed} failed); running")
+        log(f"scale {n}: registered in {out['registration_s']} s ({out['registration_failed']} failed); running")
         time.sleep(2.0 if quick else 5.0)
         threads0 = {t.id: t.user_time + t.system_time for t in psutil.Process(coord.pid).threads()}
         tw0 = time.monotonic()
@@ -329,6 +411,7 @@ def run_size(
         other_cpu = sum(v - threads0.get(k, 0.0) for k, v in threads1.items() if k != coord.pid) / span
         out["cpu_cores_main_thread"] = rnd(main_cpu, 4)
         out["cpu_cores_other_threads"] = rnd(other_cpu, 4)
+        out["saturated"] = main_cpu >= SATURATED_MAIN_THREAD
         out["threads"] = len(threads1)
         out["cpu_cores"] = rnd(median(windows), 4)
         out["cpu_cores_windows"] = [rnd(w, 4) for w in windows]
@@ -342,14 +425,17 @@ def run_size(
         log(f"scale {n}: coordinator {out['cpu_cores']} cores, {out['rss_mib']} MiB")
 
         tail = LogTail(wd / "coordinator.log")
-        last_gen = 1
+        first_resume = tail.tell_workers("resume", 0)
+        last_gen = first_resume["generation"] if first_resume else 1
         cyc = []
         for _cycle in range(cycles):
             g0 = gens[0]
             t_disc = g0.ask({"cmd": "disconnect", "index": 0})["t"]
+            spont = _spontaneous_holds(tail, last_gen, t_disc)
             hold = wait_until(lambda lg=last_gen: tail.tell_workers("hold", lg), 30, 0.01)
             if hold is None:
-                raise RuntimeError("no hold decision after a worker disconnected")
+                cyc.append({"error": "no hold decision after a worker disconnected"})
+                break
             gen = hold["generation"]
             waits = [g.ask({"cmd": "wait", "kind": "hold", "generation": gen, "timeout": 60}) for g in gens]
             g0.ask({"cmd": "reconnect", "index": 0})
@@ -366,22 +452,25 @@ def run_size(
                     "t_disconnect": t_disc,
                     "t_hold": hold["time"],
                     "t_resume": resume["time"] if resume else None,
+                    "spontaneous_holds": spont,
                     "hold_received": sum(w["have"] for w in waits),
                     "hold_expected": sum(w["expected"] for w in waits),
                     "resume_received": sum(w["have"] for w in rwaits),
+                    "resume_expected": sum(w["expected"] for w in rwaits),
                 }
             )
-            last_gen = gen
+            last_gen = resume["generation"] if resume else gen
             time.sleep(1.0)
+        timeouts, _ = _timeouts_since(wd / "coordinator.log", log_pos)
+        good = [c for c in cyc if "error" not in c]
         dumps = []
         for i, g in enumerate(gens):
             p = wd / f"received-{i}.json"
             g.ask({"cmd": "dump", "path": str(p)})
             dumps.append(json.loads(p.read_text()))
         holds, resumes = [], []
-        for c in cyc:
-            lat = _latencies(dumps, "hold", c["generation"], c["t_hold"])
-            c["hold_fanout"] = _stats(lat)
+        for c in good:
+            c["hold_fanout"] = _stats(_latencies(dumps, "hold", c["generation"], c["t_hold"]))
             c["disconnect_to_decision_s"] = rnd(c["t_hold"] - c["t_disconnect"])
             holds.append(c["hold_fanout"])
             if c["t_resume"] is not None:
@@ -391,18 +480,32 @@ def run_size(
         out["hold_fanout"] = {
             "p50_s": rnd(median(h["p50_s"] for h in holds)),
             "p99_s": rnd(median(h["p99_s"] for h in holds)),
+            "p99_s_worst_cycle": rnd(max((h["p99_s"] for h in holds if h["p99_s"] is not None), default=None)),
             "max_s": rnd(median(h["max_s"] for h in holds)),
-            "received": [c["hold_received"] for c in cyc],
-            "expected": [c["hold_expected"] for c in cyc],
+            "received": [c["hold_received"] for c in good],
+            "expected": [c["hold_expected"] for c in good],
         }
         out["resume_fanout"] = {
             "p50_s": rnd(median(h["p50_s"] for h in resumes)),
             "p99_s": rnd(median(h["p99_s"] for h in resumes)),
         }
-        out["disconnect_to_decision_s"] = rnd(median(c["disconnect_to_decision_s"] for c in cyc))
-        log(f"scale {n}: hold fan-out p50 {out['hold_fanout']['p50_s']} s p99 {out['hold_fanout']['p99_s']} s")
+        out["disconnect_to_decision_s"] = rnd(median(c["disconnect_to_decision_s"] for c in good))
+        out["heartbeat_timeouts_while_running"] = timeouts
+        delivered = [c["hold_received"] / c["hold_expected"] for c in good if c["hold_expected"]]
+        delivered += [c["resume_received"] / c["resume_expected"] for c in good if c.get("resume_expected")]
+        out["delivered_fraction"] = rnd(min(delivered), 4) if delivered else 0.0
+        why = [c["error"] for c in cyc if "error" in c] + validate(n, good, cycles, timeouts)
+        out["valid"] = not why
+        if why:
+            out["invalid_reason"] = "; ".join(why)
+        log(
+            f"scale {n}: hold fan-out p50 {out['hold_fanout']['p50_s']} s p99 {out['hold_fanout']['p99_s']} s;"
+            f" {'valid' if not why else 'INVALID: ' + out['invalid_reason']}"
+        )
     except Collapsed as e:
         out["error"] = f"did not reach steady state: {e}"
+        out["valid"] = False
+        out["invalid_reason"] = out["error"]
         log(f"scale {n}: {out['error']}")
     finally:
         for g in gens:
@@ -423,60 +526,63 @@ def run_size(
     return out
 
 
+def row(r: dict[str, Any]) -> dict[str, Any]:
+    """The result row of one size: the fields every consumer reads, validity first-class."""
+    hf = r.get("hold_fanout") or {}
+    return {
+        "workers": r["workers"],
+        "heartbeat_interval": r.get("heartbeat_interval"),
+        "heartbeat_timeout": r.get("heartbeat_timeout"),
+        "coordinator_cores": r.get("cpu_cores"),
+        "coordinator_cores_main_thread": r.get("cpu_cores_main_thread"),
+        "saturated": r.get("saturated"),
+        "coordinator_rss_mib": r.get("rss_mib"),
+        "fanout_p99_seconds": hf.get("p99_s_worst_cycle"),
+        "fanout_p50_seconds": hf.get("p50_s"),
+        "resume_fanout_p99_seconds": (r.get("resume_fanout") or {}).get("p99_s"),
+        "delivered_fraction": r.get("delivered_fraction", 0.0),
+        "cycles": len([c for c in r.get("cycles", []) if "error" not in c]),
+        "pinned": r.get("pinned"),
+        "valid": bool(r.get("valid")),
+        **({"invalid_reason": r["invalid_reason"]} if r.get("invalid_reason") else {}),
+    }
+
+
 def run(
     quick: bool = False,
     sizes: list[int] | None = None,
     cycles: int | None = None,
     workdir: Path | None = None,
     profile: bool = False,
-    what_if: list[int] | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
 ) -> dict[str, Any]:
+    from agent import constants as C
+
+    hb = heartbeat_interval or C.HEARTBEAT_INTERVAL_SECONDS
+    hbt = heartbeat_timeout or C.HEARTBEAT_TIMEOUT_SECONDS
     sizes = sizes or ([200] if quick else [1000, 4000, 10000])
-    if what_if is None:
-        what_if = [] if quick else [4000]
     cycles = cycles or (1 if quick else 3)
     root = Path(workdir or tempfile.mkdtemp(prefix="bench-scale-"))
     t0 = time.monotonic()
     results = []
     for n in sizes:
         try:
-            results.append(run_size(n, root, quick, cycles, profile))
+            results.append(run_size(n, root, quick, cycles, hb, hbt, profile))
         except Exception as e:  # noqa: BLE001 - report the failure as a result
             log(f"scale {n}: FAILED: {e}")
-            results.append({"workers": n, "error": f"{type(e).__name__}: {e}"})
-    what_ifs = []
-    for n in what_if:
-        log(f"scale {n}: what-if run (keepalive 5 s, up_slices memoized; bench/coordinator_variant.py)")
-        try:
-            what_ifs.append(run_size(n, root, quick, cycles, profile, what_if=True))
-        except Exception as e:  # noqa: BLE001
-            log(f"scale {n} what-if: FAILED: {e}")
-            what_ifs.append({"workers": n, "error": f"{type(e).__name__}: {e}"})
-    big = max((r for r in results if "error" not in r), key=lambda r: r["workers"], default=None)
-    failed_10k = next((r for r in results if r["workers"] >= 10000 and "error" in r), None)
-    targets = []
-    if big is not None:
-        reached = big["workers"] >= 10000
-        note = f"at {big['workers']} workers"
-        if failed_10k is not None:
-            why = failed_10k["error"].removeprefix("did not reach steady state: ")
-            note += f"; 10,000 did not reach steady state ({why[:100]}...)"
-        elif not reached:
-            note += " (10,000 not measured in this run)"
-        cpu_ok = (
-            big["cpu_cores"] < 0.5
-            if reached
-            else (False if failed_10k is not None or big["cpu_cores"] >= 0.5 else None)
-        )
-        p99 = big["hold_fanout"]["p99_s"]
-        p99_ok = (p99 < 1.0 if p99 is not None else None) if reached else (False if failed_10k is not None else None)
-        targets.append(
-            target("coordinator CPU, 10,000 workers at 1 Hz", "< 0.5 core", big["cpu_cores"], "cores", cpu_ok, note)
-        )
-        targets.append(target("hold fan-out p99, 10,000 workers", "< 1 s", p99, "s", p99_ok, note))
-    else:
-        targets.append(target("coordinator CPU, 10,000 workers at 1 Hz", "< 0.5 core", None, "cores", None, "failed"))
-        targets.append(target("hold fan-out p99, 10,000 workers", "< 1 s", None, "s", None, "failed"))
+            results.append(
+                {
+                    "workers": n,
+                    "heartbeat_interval": hb,
+                    "heartbeat_timeout": hbt,
+                    "error": f"{type(e).__name__}: {e}",
+                    "valid": False,
+                    "invalid_reason": f"{type(e).__name__}: {e}",
+                }
+            )
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "name": NAME,
         "quick": quick,
@@ -485,12 +591,12 @@ def run(
             "cycles": cycles,
             "hosts_per_slice": HOSTS_PER_SLICE,
             "workers_per_generator": PER_GENERATOR,
-            "heartbeat_interval_s": 1,
-            "heartbeat_timeout_s": 3,
+            "heartbeat_interval": hb,
+            "heartbeat_timeout": hbt,
+            "shipped_heartbeat_interval": C.HEARTBEAT_INTERVAL_SECONDS,
+            "shipped_heartbeat_timeout": C.HEARTBEAT_TIMEOUT_SECONDS,
         },
+        "results": [row(r) for r in results],
         "sizes": results,
-        "what_if": what_ifs,
-        "what_if_env": WHAT_IF_ENV,
-        "targets": targets,
         "duration_s": round(time.monotonic() - t0, 1),
     }

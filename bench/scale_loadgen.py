@@ -13,6 +13,7 @@ Controlled over stdin/stdout with one JSON object per line::
     <- {"event": "registered", "ok": N, "failed": M, "t0": ..., "t1": ...}
     -> {"cmd": "disconnect", "index": I}            <- {"event": "disconnected", "index": I, "t": ...}
     -> {"cmd": "reconnect", "index": I}             <- {"event": "reconnected", "index": I, "t": ...}
+       (as a replaced host: a new incarnation)
     -> {"cmd": "wait", "kind": "hold", "generation": G, "timeout": S}
                                                     <- {"event": "waited", "have": H, "expected": E}
     -> {"cmd": "dump", "path": P}                   <- {"event": "dumped", "path": P}
@@ -167,6 +168,9 @@ class LoadGen:
                 emit({"event": "disconnected", "index": w.index, "t": time.time()})
             elif c == "reconnect":
                 w = self.by_index[int(cmd["index"])]
+                # A replaced host: a new incarnation. The coordinator keeps a slice down when the same
+                # process comes back after it was declared lost (not a repair), so the hold would never end.
+                w.incarnation = f"loadgen-{os.getpid()}-{w.index}-r{time.monotonic_ns()}"
                 w.start()
                 await asyncio.wait_for(w.registered.wait(), 60)
                 emit({"event": "reconnected", "index": w.index, "t": time.time()})

@@ -320,6 +320,7 @@ class Job:
         )
         # The hooks' self-guard: with the sidecar gone this long, flush and exit 42.
         cmd += _flags(elastic_timeout_seconds=ns.timeout)
+        cmd += list(getattr(ns, "trainer_arg", None) or [])
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]
         # The hooks read the sidecar's address from the environment too (trainer_hooks.maxtext does).

@@ -195,6 +195,14 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="pass ARG on to the coordinator (repeatable; write --coordinator-arg=--rejoin-grace=5)",
     )
+    p.add_argument(
+        "--trainer-arg",
+        action="append",
+        default=None,
+        metavar="ARG",
+        help="pass ARG on to the example trainer (repeatable; write --trainer-arg=--donate or "
+        "--trainer-arg=--hidden=65536 for a larger state)",
+    )
     p.add_argument("--log-format", choices=["json", "console"], default="json", help="sidecar log format")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--run-timeout", type=_seconds, default=600.0, help="give up on the whole demo after this long")

@@ -63,6 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--per-slice-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--ballast-mib",
+        type=int,
+        default=0,
+        help="add this many MiB per replica of optimizer-like state, rewritten elementwise every step: a large "
+        "train state (what checkpoints, snapshots and flushes must copy) without a model's compute",
+    )
+    ap.add_argument(
+        "--donate",
+        action="store_true",
+        help="donate the train state into the step (jit donate_argnums=0), as MaxText does: a failed step "
+        "leaves no pre-step state in memory",
+    )
     ap.add_argument("--events", type=Path, default=None)
     ap.add_argument(
         "--elastic-timeout-seconds",
@@ -96,6 +109,10 @@ class Trainer:
 
         self.ns, self.events, self.jax, self.np, self.ocp = ns, events, jax, np, ocp
         self._Simulator = IdSafeDeviceLossSimulator
+        # pathwaysutils' simulator wraps jax.jit and reads every input's devices after the call, which
+        # fails for a donated (deleted) input; a donating step is compiled with the unwrapped jit, and
+        # slice loss still reaches it through the stand-in runtime's collective and array accessors.
+        self._plain_jit = jax.jit
         devices = jax.devices()
         need = ns.slices * ns.devices_per_slice
         if len(devices) < need:
@@ -148,7 +165,8 @@ class Trainer:
         self.sim.start()
         self.runtime.reset_applied()
 
-    def _init_params(self) -> dict[str, Any]:
+    def _init_params(self, abstract: bool = False) -> dict[str, Any]:
+        """The initial state; ``abstract``: the same tree with shapes only where data would be costly."""
         np, ns = self.np, self.ns
         rng = np.random.default_rng(ns.seed)
         f, h = ns.features, ns.hidden
@@ -157,13 +175,22 @@ class Trainer:
             "b1": np.zeros((h,), np.float32),
             "w2": (rng.standard_normal((h, 1)) / np.sqrt(h)).astype(np.float32),
         }
-        return {"params": p, "momentum": {k: np.zeros_like(v) for k, v in p.items()}}
+        state = {"params": p, "momentum": {k: np.zeros_like(v) for k, v in p.items()}}
+        if ns.ballast_mib:
+            shape = (ns.ballast_mib * 256, 1024)  # float32: 1 MiB per 256 rows
+            state["ballast"] = (
+                self.jax.ShapeDtypeStruct(shape, np.float32) if abstract else rng.random(shape, dtype=np.float32)
+            )
+        return state
 
     def _specs(self) -> dict[str, Any]:
         from jax.sharding import PartitionSpec as P
 
         p = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None)}
-        return {"params": p, "momentum": dict(p)}
+        specs: dict[str, Any] = {"params": p, "momentum": dict(p)}
+        if self.ns.ballast_mib:
+            specs["ballast"] = P(None, "model")
+        return specs
 
     def _shardings(self, mesh: Any) -> Any:
         from jax.sharding import NamedSharding
@@ -187,6 +214,11 @@ class Trainer:
         state_sh = self._shardings(mesh)
         batch_sh = NamedSharding(mesh, P("replica", None))
 
+        # 0.05 up to the default width (256); wider (a large state for the benchmarks) needs a step
+        # size that shrinks with the width, or training diverges to NaN (and a NaN state would
+        # compress unrealistically well in a checkpoint).
+        lr = 0.05 if self.ns.hidden <= 256 else 0.1 / self.ns.hidden
+
         def loss_fn(params: Any, x: Any, y: Any) -> Any:
             hdn = jax.nn.relu(x @ params["w1"] + params["b1"])
             return jnp.mean((hdn @ params["w2"] - y) ** 2)
@@ -194,11 +226,19 @@ class Trainer:
         def step(state: Any, x: Any, y: Any) -> Any:
             loss, g = jax.value_and_grad(loss_fn)(state["params"], x, y)
             mom = jax.tree_util.tree_map(lambda m, gi: 0.9 * m + gi, state["momentum"], g)
-            params = jax.tree_util.tree_map(lambda p, m: p - 0.05 * m, state["params"], mom)
-            return {"params": params, "momentum": mom}, loss
+            params = jax.tree_util.tree_map(lambda p, m: p - lr * m, state["params"], mom)
+            new = {"params": params, "momentum": mom}
+            if "ballast" in state:
+                # Optimizer-like state: rewritten every step (so every copy of it is current), no gradient.
+                new["ballast"] = state["ballast"] * 0.999 + 0.001
+            return new, loss
 
-        fn = jax.jit(
-            step, in_shardings=(state_sh, batch_sh, batch_sh), out_shardings=(state_sh, NamedSharding(mesh, P()))
+        jit = self._plain_jit if self.ns.donate else jax.jit
+        fn = jit(
+            step,
+            in_shardings=(state_sh, batch_sh, batch_sh),
+            out_shardings=(state_sh, NamedSharding(mesh, P())),
+            donate_argnums=(0,) if self.ns.donate else (),
         )
         return fn, batch_sh
 
@@ -207,6 +247,9 @@ class Trainer:
     def _host_copy(self, exclude: frozenset[int]) -> Any | None:
         """The state assembled from replicas on slices not in ``exclude`` (None if incomplete)."""
         np = self.np
+
+        if self.state is None or any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(self.state)):
+            return None  # donated into a step that failed: no replica of the pre-step state is left
 
         def gather(arr: Any) -> Any:
             out = np.empty(arr.shape, arr.dtype)
@@ -245,7 +288,7 @@ class Trainer:
             return self.jax.device_put(self._init_params(), self._shardings(mesh)), 0, "fresh"
         abstract = self.jax.tree_util.tree_map(
             lambda x, sh: self.jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-            self._init_params(),
+            self._init_params(abstract=True),
             self._shardings(mesh),
         )
         out = self.manager.restore(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardRestore(abstract)))

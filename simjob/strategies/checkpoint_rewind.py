@@ -28,10 +28,14 @@ import argparse
 import logging
 import os
 import sys
+import time
+from typing import Any
 
 from simjob.strategies.common import PlainTrainer, Strategy, add_strategy_args, parse_trainer_args, run_strategy
 
 DEFAULT_POLL_INTERVAL = 10.0
+SNAPSHOT_REPORT_EVERY = 50
+"""Steps between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
 """pathwaysutils' default (and MaxText's): slices are re-probed every 10 s."""
 
 
@@ -52,12 +56,49 @@ class CheckpointRewind(Strategy):
         ]
 
 
+class SnapshotTrainer(PlainTrainer):
+    """The plain trainer plus an in-memory snapshot of the state before every step.
+
+    The copy is taken before the step because the step may consume (donate) its input state, as
+    MaxText's does: after a failed step only the snapshot is left. A rewind restores whichever is
+    newer, the snapshot or the last committed checkpoint, onto the new mesh.
+    """
+
+    def __init__(self, ns: argparse.Namespace, events: Any) -> None:  # noqa: D107
+        super().__init__(ns, events)
+        self.snap: tuple[int, Any] | None = None
+        self._snap_seconds: list[float] = []
+
+    def snapshot(self, step: int) -> None:
+        t0 = time.monotonic()
+        host = self._host_copy(self.runtime.lost_slices())
+        if host is not None:
+            self.snap = (step, host)
+        self._snap_seconds.append(time.monotonic() - t0)
+        if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
+            xs = sorted(self._snap_seconds)
+            self.events("snapshot_stats", {"step": step, "count": len(xs), "median_seconds": xs[len(xs) // 2]})
+            self._snap_seconds = []
+
+    def _restore(self, mesh: Any) -> tuple[Any, int, str]:
+        ck = self.manager.latest_step()
+        if self.snap is not None and (ck is None or self.snap[0] > ck):
+            step, host = self.snap
+            return self.jax.device_put(host, self._shardings(mesh)), step, "memory_snapshot"
+        return super()._restore(mesh)
+
+
 def trainer_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--min-slices", type=int, default=-1)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--max-retries", type=int, default=10)
     ap.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL)
+    ap.add_argument(
+        "--snapshot-every-step",
+        action="store_true",
+        help="copy the state to host memory before every step and rewind to that copy (memory_snapshot)",
+    )
     own, rest = ap.parse_known_args(argv)
     ns = parse_trainer_args(rest)
 
@@ -69,7 +110,7 @@ def trainer_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
     events("start", {"slices": ns.slices, "steps": ns.steps, "pid": os.getpid()})
-    t = PlainTrainer(ns, events)
+    t = SnapshotTrainer(ns, events) if own.snapshot_every_step else PlainTrainer(ns, events)
     events("jax_ready", {"devices": len(t.jax.devices())})
     attempt = {"n": 0}
 
@@ -86,6 +127,8 @@ def trainer_main(argv: list[str]) -> int:
             t.runtime.apply(t.sim, t.slice_devices)
 
         def boundary(step: int) -> None:
+            if isinstance(t, SnapshotTrainer):
+                t.snapshot(step)
             # MaxText's maybe_elastic_scale_up: grow at a step boundary by re-running the function.
             if mgr.available_inactive_slices:
                 events("scale_up_signal", {"step": step, "slices": sorted(mgr.available_inactive_slices)})

@@ -220,6 +220,7 @@ class StandinJob:
             "--events",
             str(self.workdir / "trainer-events.jsonl"),
             *self.trainer_args,
+            *(getattr(ns, "trainer_arg", None) or []),
         ]
         for (s, h), port in sorted(self.pw_ports.items()):
             cmd += ["--pathways", f"{s}.{h}=127.0.0.1:{port}"]

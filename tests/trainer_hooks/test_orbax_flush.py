@@ -213,3 +213,29 @@ def test_do_flush_skips_a_step_already_flushed(manager: Any) -> None:
     assert session._do_flush(0) == (0, "")  # nothing trained yet
     assert [c[0] for c in rec.calls] == [3]
     assert session.committed_step == 3
+
+
+def test_an_uncompressed_flush_commits_and_restores_the_same_values(tmp_path: Path) -> None:
+    from trainer_hooks.orbax_flush import uncompressed_item_handlers
+
+    rng = np.random.default_rng(0)
+    tree = {"w": rng.random((256, 64), dtype=np.float32), "b": rng.random(64, dtype=np.float32)}
+    m = ocp.CheckpointManager(
+        tmp_path / "nc",
+        options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True),
+        item_handlers=uncompressed_item_handlers("state"),
+    )
+    try:
+        res = OrbaxFlusher(m, lambda step, down: (ocp.args.Composite(state=ocp.args.PyTreeSave(tree)), 1))(
+            3, frozenset()
+        )
+        assert res.committed_step == 3
+        back = m.restore(3, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))["state"]
+    finally:
+        m.wait_until_finished()
+        m.close()
+    np.testing.assert_array_equal(np.asarray(back["w"]), tree["w"])
+    np.testing.assert_array_equal(np.asarray(back["b"]), tree["b"])
+    # Uncompressed: the array data on disk is at least as large as the arrays.
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "nc" / "3").rglob("*") if f.is_file())
+    assert on_disk >= tree["w"].nbytes + tree["b"].nbytes

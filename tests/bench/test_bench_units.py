@@ -1,0 +1,150 @@
+"""The benchmarks' own arithmetic and checks, without running anything: fault phases, fault cost
+against the fault-free rate, ratios, scale validity, and the combined JSON's provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import recovery, scale
+from bench.__main__ import combine
+
+
+def test_fault_phases_are_seeded_and_inside_a_checkpoint_period() -> None:
+    cfg = recovery.Config.make(runs=5, checkpoint_periods=[25, 100])
+    for period in (25, 100):
+        steps = [recovery.fault_step(cfg, period, rep) for rep in range(20)]
+        assert steps == [recovery.fault_step(cfg, period, rep) for rep in range(20)]  # same seed, same phases
+        first = period * max(1, -(-(recovery.WARMUP_STEP + 10) // period))
+        assert all(first < s <= first + period for s in steps), steps
+        assert len({s - first for s in steps}) > 3, "phases vary"
+    other = recovery.Config.make(runs=5, seed=1)
+    assert [recovery.fault_step(other, 100, r) for r in range(20)] != [
+        recovery.fault_step(cfg, 100, r) for r in range(20)
+    ]
+
+
+def test_sweep_runs_the_sweep_faults_everywhere_and_the_rest_at_the_realistic_point() -> None:
+    cfg = recovery.Config.make(checkpoint_periods=[25, 100], delays=[5.0, 30.0], faults=["kill", "notice"])
+    cases = cfg.cases()
+    assert sorted(c for c in cases if c[0] == "kill") == [("kill", p, d) for p in (25, 100) for d in (5.0, 30.0)]
+    assert [c for c in cases if c[0] == "notice"] == [("notice", 100, 30.0)]
+
+
+def test_state_size_option_gives_at_least_what_was_asked() -> None:
+    cfg = recovery.Config.make(state_mib=1024)
+    assert cfg.ballast_mib() == 256
+    assert 2**30 <= cfg.state_bytes() < 1.01 * 2**30
+    assert "--trainer-arg=--ballast-mib=256" in recovery._strategy_args(cfg, "sidecar", 100)
+    assert recovery.Config.make().ballast_mib() is None
+
+
+def steps(n: int, dt: float, slices: list[int], t0: float = 0.0, first: int = 1) -> list[dict[str, Any]]:
+    return [{"kind": "step", "step": first + i, "t": t0 + (i + 1) * dt, "slices": slices} for i in range(n)]
+
+
+def test_work_and_time_counts_each_steps_last_execution_by_its_slices() -> None:
+    # 10 steps on 4 slices, then steps 6..10 again on 2 slices (a rewind onto half the job).
+    ev = steps(10, 1.0, [0, 1, 2, 3]) + steps(5, 1.0, [0, 1], t0=20.0, first=6)
+    work, secs = recovery.work_and_time(ev, 4)
+    assert work == 2 + 5 * 0.5  # steps 4, 5 at full capacity, 6..10 at half
+    assert secs == 25.0 - 3.0
+
+
+def run(strategy: str, fault: str | None, secs: float, work: float, **kw: Any) -> dict[str, Any]:
+    return {
+        "strategy": strategy,
+        "fault": fault,
+        "checkpoint_period": 20,
+        "replacement_delay": 1.0,
+        "seconds": secs,
+        "work_steps": work,
+        "lost_steps": kw.pop("lost", 0),
+        "recovery_s": 0.5,
+        **kw,
+    }
+
+
+def test_fault_cost_is_time_beyond_the_fault_free_rate_and_failed_runs_do_not_count() -> None:
+    cfg = recovery.Config.make(quick=True, strategies=["checkpoint_rewind", "sidecar"], faults=["kill"])
+    refs = {
+        ("checkpoint_rewind", 20): [run("checkpoint_rewind", None, 10.0, 100.0)],  # 10 steps a second
+        ("sidecar", 20): [run("sidecar", None, 10.0, 100.0)],
+    }
+    runs = [
+        run("checkpoint_rewind", "kill", 14.0, 100.0, lost=13),
+        run("checkpoint_rewind", "kill", 16.0, 100.0, lost=15),
+        run("checkpoint_rewind", "kill", 15.0, 100.0, lost=14),
+        run("sidecar", "kill", 11.0, 100.0),
+        run("sidecar", "kill", 12.0, 100.0),
+        run("sidecar", "kill", 99.0, 100.0, error="exit code 1"),
+    ]
+    rows = {r["strategy"]: r for r in recovery.summarise(cfg, runs, refs)}
+    rw, sc = rows["checkpoint_rewind"], rows["sidecar"]
+    assert (rw["runs"], rw["failed_runs"]) == (3, 0)
+    assert rw["fault_cost_seconds_median"] == 5.0 and rw["lost_steps_median"] == 14
+    assert (sc["runs"], sc["failed_runs"]) == (2, 1) and sc["failures"] == ["exit code 1"]
+    assert sc["fault_cost_seconds_median"] == 1.5
+    (ratio,) = recovery.ratios(list(rows.values()))
+    assert ratio["baseline"] == "checkpoint_rewind" and ratio["ratio"] == round(5.0 / 1.5, 2)
+
+
+def test_no_ratio_when_the_sidecars_cost_is_not_above_zero() -> None:
+    base = {"trainer": "example", "fault": "kill", "checkpoint_period": 20, "replacement_delay": 1.0, "runs": 3}
+    rows = [
+        {**base, "strategy": "sidecar", "fault_cost_seconds_median": -0.01},
+        {**base, "strategy": "full_restart", "fault_cost_seconds_median": 4.0},
+    ]
+    (r,) = recovery.ratios(rows)
+    assert r["ratio"] is None and "not above zero" in r["why_none"]
+
+
+def cycle(**kw: Any) -> dict[str, Any]:
+    c = {
+        "spontaneous_holds": [],
+        "hold_expected": 99,
+        "hold_received": 99,
+        "t_resume": 1.0,
+        "resume_expected": 100,
+        "resume_received": 100,
+    }
+    c.update(kw)
+    return c
+
+
+def test_scale_validity() -> None:
+    assert scale.validate(100, [cycle(), cycle()], 2, 0) == []
+    assert "hold reached 50 of 99" in " ".join(scale.validate(100, [cycle(hold_received=50)], 1, 0))
+    assert "not 99" in " ".join(scale.validate(100, [cycle(hold_expected=27, hold_received=27)], 1, 0))
+    assert "no resume" in " ".join(scale.validate(100, [cycle(t_resume=None)], 1, 0))
+    assert "resume reached 3 of 100" in " ".join(scale.validate(100, [cycle(resume_received=3)], 1, 0))
+    assert "before the worker was disconnected" in " ".join(
+        scale.validate(100, [cycle(spontaneous_holds=[{"generation": 3}])], 1, 0)
+    )
+    assert "1 of 3 hold cycles" in " ".join(scale.validate(100, [cycle()], 3, 0))
+    assert "heartbeat timeouts" in " ".join(scale.validate(100, [cycle()], 1, 5))
+
+
+def test_scale_row_fields() -> None:
+    r = scale.row({"workers": 10, "valid": False, "invalid_reason": "x", "cycles": []})
+    assert r["valid"] is False and r["invalid_reason"] == "x" and r["delivered_fraction"] == 0.0
+    for key in ("workers", "heartbeat_interval", "coordinator_cores", "coordinator_rss_mib", "fanout_p99_seconds"):
+        assert key in r
+
+
+def section(name: str, sha: str | None, dirty: bool) -> dict[str, Any]:
+    return {"name": name, "git_sha": sha, "dirty": dirty, "machine": {"cores": 2}, "config": {}, "results": [{"x": 1}]}
+
+
+def test_combined_file_names_one_commit_only_when_all_agree() -> None:
+    one = combine([section("flush", "a" * 40, False), section("scale", "a" * 40, False)])
+    assert one["git_sha"] == "a" * 40 and one["dirty"] is False
+    assert [r["benchmark"] for r in one["results"]] == ["flush", "scale"]
+    mixed = combine([section("flush", "a" * 40, False), section("scale", "b" * 40, True)])
+    assert mixed["git_sha"] is None and mixed["git_shas"] == ["a" * 40, "b" * 40] and mixed["dirty"] is True
+
+
+def test_maxtext_alone_gives_only_not_run_maxtext_rows() -> None:
+    cfg = recovery.Config.make(quick=True, trainers=["maxtext"], faults=["kill"])
+    rows = recovery.summarise(cfg, [], {})
+    assert rows and all(r["trainer"] == "maxtext" and r["runs"] == 0 and r["status"] == "not_run" for r in rows)
+    assert {r["strategy"] for r in rows} == set(recovery.STRATEGIES)

@@ -1,0 +1,286 @@
+"""bench/report.py renders docs/benchmarks.md from JSON alone, and never calls an invalid run met.
+
+The fixture is generated here in the shape ``python -m bench`` writes (the smoke tests check
+that real runs have that shape); its figures are distinctive so that every decimal on the page
+can be traced back to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from bench.__main__ import combine
+from bench.report import main as report_main
+from bench.report import render, sections, targets
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def section(name: str, config: dict[str, Any], results: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "schema": 2,
+        "name": name,
+        "git_sha": SHA,
+        "dirty": False,
+        "machine": {
+            "cores": 2,
+            "cores_usable": 2,
+            "memory_gib": 23.5,
+            "cpu_model": "Test CPU",
+            "python": "3.12.1",
+            "jax": "0.12.0.1",
+            "load_average_at_start": [1.25, 1.5, 1.75],
+        },
+        "config": {"argv": [name, "--quick"], **config},
+        "results": results,
+        "started_at": "2026-12-01 00:00:00 UTC",
+        "duration_s": 12.5,
+        "load_average_at_end": [2.25, 2.5, 2.75],
+        "method": f"How {name} was measured.",
+        **extra,
+    }
+
+
+def rec_row(trainer: str, strategy: str, cost: float | None, **kw: Any) -> dict[str, Any]:
+    row = {
+        "trainer": trainer,
+        "strategy": strategy,
+        "fault": "kill",
+        "replacement_delay": 30.0,
+        "checkpoint_period": 100,
+        "state_bytes": 1107296256,
+        "donate": True,
+        "runs": 5,
+        "failed_runs": 0,
+        "lost_steps_median": 41,
+        "lost_steps_max": 77,
+        "fault_cost_seconds_median": cost,
+        "fault_cost_seconds_p90": None if cost is None else cost + 0.111,
+        "fault_cost_seconds_min": None if cost is None else cost - 0.123,
+        "fault_cost_seconds_max": None if cost is None else cost + 0.222,
+        "recovery_seconds_median": 1.337,
+        "restored_from": ["checkpoint"],
+    }
+    row.update(kw)
+    return row
+
+
+def fixture() -> dict[str, Any]:
+    rec_rows = [
+        rec_row("example", "full_restart", 40.417),
+        rec_row("example", "checkpoint_rewind", 6.183),
+        rec_row("example", "sidecar", 1.733),
+        rec_row("maxtext", "sidecar", None, runs=0, status="not_run", invalid_reason="not implemented: no runner"),
+        rec_row(
+            "maxtext", "checkpoint_rewind", None, runs=0, status="not_run", invalid_reason="not implemented: no runner"
+        ),
+    ]
+    ratios = [
+        {
+            "trainer": "example",
+            "fault": "kill",
+            "checkpoint_period": 100,
+            "replacement_delay": 30.0,
+            "baseline": "full_restart",
+            "baseline_fault_cost_seconds_median": 40.417,
+            "sidecar_fault_cost_seconds_median": 1.733,
+            "ratio": 23.32,
+        },
+        {
+            "trainer": "example",
+            "fault": "kill",
+            "checkpoint_period": 100,
+            "replacement_delay": 30.0,
+            "baseline": "checkpoint_rewind",
+            "baseline_fault_cost_seconds_median": 6.183,
+            "sidecar_fault_cost_seconds_median": 1.733,
+            "ratio": 3.57,
+        },
+    ]
+    rec = section(
+        "recovery",
+        {
+            "realistic_checkpoint_period": 100,
+            "realistic_delay": 30.0,
+            "state_bytes": 1107296256,
+            "slices": 4,
+            "donate": True,
+            "seed": 0,
+        },
+        rec_rows,
+        ratios=ratios,
+    )
+    scale_rows = [
+        {
+            "workers": 1000,
+            "heartbeat_interval": 0.25,
+            "heartbeat_timeout": 1.2,
+            "coordinator_cores": 0.137,
+            "coordinator_rss_mib": 88.4,
+            "fanout_p99_seconds": 0.0421,
+            "delivered_fraction": 1.0,
+            "cycles": 3,
+            "valid": True,
+        },
+        # Under the CPU target, but invalid: it must never read as met.
+        {
+            "workers": 10000,
+            "heartbeat_interval": 0.25,
+            "heartbeat_timeout": 1.2,
+            "coordinator_cores": 0.3141,
+            "coordinator_rss_mib": 612.7,
+            "fanout_p99_seconds": 0.6543,
+            "delivered_fraction": 0.2391,
+            "cycles": 1,
+            "valid": False,
+            "invalid_reason": "cycle 1: hold reached 2391 of 9999 live workers",
+        },
+    ]
+    scale = section("scale", {"heartbeat_interval": 0.25}, scale_rows)
+    flush_rows = [
+        {
+            "size_mib": 256,
+            "method": "raw",
+            "runs": 5,
+            "seconds_median": 0.8123,
+            "seconds_min": 0.7012,
+            "seconds_max": 0.9987,
+            "mib_per_s_median": 315.2,
+            "fraction_of_raw_median": None,
+        },
+        {
+            "size_mib": 256,
+            "method": "orbax_zstd",
+            "runs": 5,
+            "seconds_median": 2.4567,
+            "seconds_min": 2.3011,
+            "seconds_max": 2.9876,
+            "mib_per_s_median": 104.2,
+            "fraction_of_raw_median": 0.331,
+            "fraction_of_raw_min": 0.287,
+            "fraction_of_raw_max": 0.402,
+        },
+        {
+            "size_mib": 256,
+            "method": "orbax_uncompressed",
+            "runs": 5,
+            "seconds_median": 1.0543,
+            "seconds_min": 0.9876,
+            "seconds_max": 1.2109,
+            "mib_per_s_median": 242.8,
+            "fraction_of_raw_median": 0.771,
+            "fraction_of_raw_min": 0.712,
+            "fraction_of_raw_max": 0.833,
+        },
+    ]
+    flush_rows.append(
+        {
+            "method": "step_boundary_idle",
+            "runs": 5,
+            "microseconds_median": 0.0376,
+            "microseconds_max": 0.0412,
+            "calls_per_run": 1000000,
+            "report_step_microseconds_median": 2.768,
+        }
+    )
+    flush = section("flush", {"sizes_mib": [256]}, flush_rows)
+    return combine([rec, scale, flush])
+
+
+def numbers(obj: Any) -> set[str]:
+    """Every number in a JSON value, as the report may print it."""
+    out: set[str] = set()
+    if isinstance(obj, dict):
+        for v in obj.values():
+            out |= numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= numbers(v)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        out.add(str(obj))
+        if isinstance(obj, float) and obj.is_integer():
+            out.add(str(int(obj)))
+    elif isinstance(obj, str):
+        out |= set(re.findall(r"\d+\.\d+", obj))
+    return out
+
+
+# Thresholds of the targets (report.py defines them; they are goals, not results).
+THRESHOLDS = {"0.5", "0.7", "0.2", "1.0", "2.0"}
+
+
+def test_every_decimal_on_the_page_is_in_the_json(tmp_path: Path) -> None:
+    data = fixture()
+    md = render(data)
+    known = numbers(data) | THRESHOLDS
+    decimals = set(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", md))
+    assert decimals, "the page shows figures"
+    assert decimals <= known, f"figures not in the JSON: {sorted(decimals - known)}"
+
+
+def test_commit_and_machine_are_printed() -> None:
+    md = render(fixture())
+    assert SHA in md
+    assert "Test CPU" in md and "2 cores" in md
+
+
+def test_invalid_rows_are_printed_invalid_and_never_met() -> None:
+    data = fixture()
+    md = render(data)
+    row = next(line for line in md.splitlines() if line.startswith("| 10000 "))
+    assert "**INVALID**" in row and "hold reached 2391 of 9999" in row
+    cpu = next(v for v in targets(sections(data)) if v.target == "coordinator CPU")
+    assert cpu.verdict == "invalid", cpu
+    # The same figures marked valid would meet the target: the verdict above comes from validity.
+    ok = copy.deepcopy(data)
+    r = ok["benchmarks"]["scale"]["results"][1]
+    r["valid"] = True
+    del r["invalid_reason"]
+    assert next(v for v in targets(sections(ok)) if v.target == "coordinator CPU").verdict == "met"
+
+
+def test_targets_from_data() -> None:
+    vs = {v.target: v for v in targets(sections(fixture()))}
+    # No MaxText row ran: not measured, with the row's own reason.
+    mt = vs["sidecar vs checkpoint rewind, MaxText (kill)"]
+    assert mt.verdict == "not measured" and "not implemented" in mt.basis
+    assert vs["sidecar vs checkpoint rewind, example trainer (kill)"].verdict == "met"  # 3.57 >= 3
+    assert vs["sidecar vs full restart, example trainer (kill)"].verdict == "met"  # 23.32 >= 10
+    assert vs["flush throughput (orbax_zstd)"].verdict == "not met"
+    assert vs["flush throughput (orbax_uncompressed)"].verdict == "met"
+    assert vs["hold fan-out p99 (worst cycle)"].verdict == "invalid"
+    assert vs["step_boundary() with nothing pending"].verdict == "met"
+    assert vs["detection: kill to hold decision"].verdict == "not measured"  # no detection section
+
+
+def test_ratio_below_target_is_not_met() -> None:
+    data = fixture()
+    for x in data["benchmarks"]["recovery"]["ratios"]:
+        x["ratio"] = 1.37
+    vs = {v.target: v for v in targets(sections(data))}
+    assert vs["sidecar vs checkpoint rewind, example trainer (kill)"].verdict == "not met"
+
+
+def test_command_line_writes_the_page(tmp_path: Path) -> None:
+    store = tmp_path / "benchmarks.json"
+    store.write_text(json.dumps(fixture()))
+    assert report_main(["--json", str(store), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "benchmarks.md").read_text()
+    assert md.startswith("# Benchmarks") and "## Targets" in md and SHA in md
+    assert "**NOT RUN**" in md  # the MaxText rows
+
+
+def test_quick_or_too_few_runs_are_not_judged() -> None:
+    quick = fixture()
+    quick["benchmarks"]["recovery"]["quick"] = True
+    v = next(v for v in targets(sections(quick)) if v.target == "sidecar vs checkpoint rewind, example trainer (kill)")
+    assert v.verdict == "not measured" and "quick" in v.basis
+    few = fixture()
+    for r in few["benchmarks"]["recovery"]["results"]:
+        r["runs"] = min(r["runs"], 3)
+    v = next(v for v in targets(sections(few)) if v.target == "sidecar vs checkpoint rewind, example trainer (kill)")
+    assert v.verdict == "not measured" and "fewer than the 5" in v.basis
