@@ -67,6 +67,8 @@ DEFAULT_ADDRESS = "127.0.0.1:29313"
 """Where the coordinator serves the trainer link by default (its ``--trainer-listen``)."""
 DEFAULT_ABORT_GRACE = 1.0
 """Seconds a multi-controller process gets to leave on its own after an Abort before the watchdog ends it."""
+LEADER_EXTRA_GRACE = 0.5
+"""Process 0 (jax.distributed's coordination service) waits this much longer, so it goes last."""
 
 SLICE_DOWN_MARKERS = ("DATA_LOSS", "DEADLINE_EXCEEDED", "NOT_FOUND", "INTERNAL")
 """Substrings Pathways puts in a JaxRuntimeError when a slice is gone
@@ -147,6 +149,10 @@ class ElasticSession:
         self._deferred: trainer_pb2.SidecarCommand | None = None
         """A hold whose ``at_step`` this process has not completed yet."""
         self._watchdog: threading.Thread | None = None
+        self._abort_armed = threading.Event()
+        self._abort_code = EXIT_RESTART
+        self._abort_reason = ""
+        self._abort_grace = 0.0
         self._flush = flush
         self._on_event = on_event if on_event is not None else (lambda kind, fields: None)
         self.elastic_timeout_seconds = (
@@ -200,7 +206,10 @@ class ElasticSession:
         the host name). With ``process_count`` > 1 and ``abort_grace_seconds``
         not None, an Abort ends the process with ``exit(exit_code)``
         (``os._exit``) if it has not left ``abort_grace_seconds`` after the
-        Abort arrived (it is blocked in a collective whose peer is gone).
+        Abort arrived (it is blocked in a collective whose peer is gone);
+        process 0, which hosts jax.distributed's coordination service, gets
+        :data:`LEADER_EXTRA_GRACE` more so that it goes last (when it goes
+        first, JAX terminates the other processes with SIGABRT, not 42).
         """
         holder: list[ElasticSession] = []
 
@@ -235,8 +244,8 @@ class ElasticSession:
         watch = process_count > 1 and abort_grace_seconds is not None
 
         def on_command(cmd: trainer_pb2.SidecarCommand) -> None:
-            if watch and holder:
-                holder[0]._arm_watchdog(cmd, float(abort_grace_seconds or 0.0), exit)
+            if holder:
+                holder[0]._arm_watchdog(cmd)
 
         link = SidecarLink(address, hello, token=token, token_file=token_file, on_command=on_command)
         session = cls(
@@ -248,6 +257,8 @@ class ElasticSession:
             process_count=process_count,
         )
         holder.append(session)
+        if watch:
+            session._start_watchdog(float(abort_grace_seconds or 0.0), exit)
         session._link.start()
         return session
 
@@ -534,18 +545,21 @@ class ElasticSession:
             raise AbortTraining(body.exit_code, body.reason, self.committed_step)
         return None
 
-    def _arm_watchdog(self, cmd: trainer_pb2.SidecarCommand, grace: float, exit: Callable[[int], object]) -> None:
-        """On the link thread: an Abort not older than the newest epoch accepted ends the process
-        after ``grace`` seconds unless it has left by then (its main thread is blocked in a collective)."""
-        if cmd.WhichOneof("cmd") != "abort" or cmd.epoch < self.epoch or self._watchdog is not None:
-            return
-        code, reason = cmd.abort.exit_code, cmd.abort.reason
+    def _start_watchdog(self, grace: float, exit: Callable[[int], object]) -> None:
+        """Start the abort watchdog now: at abort time the interpreter may already be shutting
+        down (an unhandled error in the main thread), when no new thread can start."""
+        if self.process_index == 0:
+            # Process 0 hosts jax.distributed's coordination service: when it goes first, the
+            # service's clients in the other processes terminate themselves (SIGABRT, not 42).
+            grace += LEADER_EXTRA_GRACE
+        self._abort_grace = grace
 
-        def fire() -> None:
+        def watch() -> None:
+            self._abort_armed.wait()
             time.sleep(grace)
+            code, reason = self._abort_code, self._abort_reason
             self._on_event(
-                "abort_watchdog",
-                {"exit_code": code, "reason": reason[:200], "grace_seconds": grace, "step": self.step},
+                "abort_watchdog", {"exit_code": code, "reason": reason[:200], "grace_seconds": grace, "step": self.step}
             )
             print(
                 f"trainer_hooks: aborted by the sidecar ({reason[:200]}); the training loop did not leave within "
@@ -555,8 +569,16 @@ class ElasticSession:
             )
             exit(code)
 
-        self._watchdog = threading.Thread(target=fire, name="sidecar-abort-watchdog", daemon=True)
+        self._watchdog = threading.Thread(target=watch, name="sidecar-abort-watchdog", daemon=True)
         self._watchdog.start()
+
+    def _arm_watchdog(self, cmd: trainer_pb2.SidecarCommand) -> None:
+        """On the link thread: an Abort not older than the newest epoch accepted sets the watchdog off."""
+        if self._watchdog is None or cmd.WhichOneof("cmd") != "abort" or cmd.epoch < self.epoch:
+            return
+        if not self._abort_armed.is_set():
+            self._abort_code, self._abort_reason = cmd.abort.exit_code, cmd.abort.reason
+            self._abort_armed.set()
 
     def _do_flush(self, step: int) -> tuple[int, str]:
         """Make ``step`` durable; returns (bytes written, error). Only a committed step counts."""
