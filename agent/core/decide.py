@@ -621,13 +621,12 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     if state.phase == Phase.WAITING:
         if p.multi_controller and up != p.all_slices and not state.operator_hold:
             t = state.trainer
-            kept = f"held at step {t.step_in_memory}, committed step {t.committed_step}" + (
-                "" if t.committed_step >= t.step_in_memory else " (the held step is NOT committed)"
+            kept = (
+                f"the held step {t.step_in_memory} is committed"
+                if t.committed_step >= t.step_in_memory
+                else f"the held step {t.step_in_memory} is NOT committed (newest committed {t.committed_step})"
             )
-            return _fail(
-                state,
-                f"{prefix}slice(s) {_fmt(p.all_slices - up)} out of the job; {kept}{_MC_CANNOT_SHRINK}",
-            )
+            return _fail(state, f"{prefix}slice(s) {_fmt(p.all_slices - up)} out of the job, {kept}{_MC_CANNOT_SHRINK}")
         newly_down = (p.all_slices - up) - state.hold_down
         if newly_down and not state.hold_flush and len(up) < p.min_slices and state.trainer.step_in_memory >= 0:
             # A second loss during a hold that did not flush: memory no longer

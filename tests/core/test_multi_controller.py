@@ -61,7 +61,7 @@ def test_a_notice_holds_with_a_flush_then_aborts_once_every_process_held() -> No
     d = j.feed(TrainerHeld(hold.generation, 14, 14, 0.3), dt=0.5)
     (abort,) = of(d, AbortTrainer)
     assert abort.exit_code == EXIT_RESTART
-    assert "committed step 14" in d.reason and "NOT committed" not in d.reason
+    assert "the held step 14 is committed" in d.reason and "NOT committed" not in d.reason
 
 
 def test_a_flush_that_did_not_commit_is_named_in_the_abort() -> None:
