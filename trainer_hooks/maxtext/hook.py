@@ -46,6 +46,7 @@ import functools
 import importlib
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +80,21 @@ def settings_from_config(config: Any) -> ElasticSettings:
         elastic_timeout_seconds=float(config.elastic_timeout_seconds),
         elastic_max_retries=int(config.elastic_max_retries),
     )
+
+
+def process_identity() -> dict[str, Any]:
+    """This process in a multi-controller job (jax.distributed initialised, several processes):
+    its index, the count and the host, for the trainer link's hello; empty otherwise."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return {}
+    try:
+        count, index = int(jax.process_count()), int(jax.process_index())
+    except Exception:  # noqa: BLE001 - no backend yet: a single process as far as the link goes
+        return {}
+    if count <= 1:
+        return {}
+    return {"process_index": index, "process_count": count, "host": socket.gethostname()}
 
 
 class MaxTextHook:
@@ -178,6 +194,7 @@ class MaxTextHook:
             settings=settings,
             flush=self.flush,
             on_event=say,
+            **process_identity(),
         )
         say(
             "connecting",
