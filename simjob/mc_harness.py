@@ -52,6 +52,11 @@ JOBSET_REACTION_SECONDS = 1.0
 """Seconds from the first exit JobSet restarts on until it deletes the job's other pods."""
 
 
+def _container_code(code: int | None) -> int | None:
+    """Popen's -N (ended by signal N) as a container reports it: 128 + N."""
+    return 128 - code if code is not None and code < 0 else code
+
+
 def committed_steps(ckdir: Path) -> list[int]:
     """Steps Orbax committed in ``ckdir`` (it writes a step under a temporary name and renames it when done)."""
     if not ckdir.is_dir():
@@ -112,6 +117,8 @@ class McJob(Job):
                 events=self.workdir / "trainer-events.jsonl",
                 elastic_timeout_seconds=ns.timeout,
             )
+            if getattr(ns, "no_sidecar", False):
+                cmd.append("--no-sidecar")
             self.trainers[(s, h)] = subprocess.Popen(
                 cmd, stdout=self._log(f"trainer-{s}.{h}.log"), stderr=subprocess.STDOUT, env=env
             )
@@ -212,17 +219,35 @@ class McDemo(Demo):
         """The stand-in for JobSet's failure policy; False once the job is over."""
         job = self.job
         cur = self.attempts[-1]
-        codes = {k: p.poll() for k, p in job.trainers.items()}
+        hit = cur.setdefault("hit", set())
+        # A process ended by a signal exits 128 + the signal in a container; one that vanished
+        # with its host (hit by the fault) gives JobSet no exit code at all.
+        codes = {k: _container_code(p.poll()) if k not in hit else p.poll() for k, p in job.trainers.items()}
         if self.restart_due is None:
             if all(c == 0 for c in codes.values()):
                 cur["exit_codes"] = {f"{s}.{h}": c for (s, h), c in codes.items()}
                 self.done = True
                 return False
-            hit = cur.setdefault("hit", set())
             if cur.get("all_exited") is None and cur["fault"] is not None:
                 if all(c is not None for k, c in codes.items() if k not in hit):
                     cur["all_exited"] = time.time()  # every process on a host that was not hit is gone
-            if not any(c is not None and c in RESTART_EXIT_CODES for c in codes.values()):
+            if not any(c is not None and c in RESTART_EXIT_CODES for k, c in codes.items() if k not in hit):
+                if any(c not in (None, 0) for k, c in codes.items() if k not in hit):
+                    # Any other exit code fails the JobSet (xpk): no restart.
+                    cur["exit_codes"] = {f"{s}.{h}": c for (s, h), c in codes.items()}
+                    self.say(f"  +{self.elapsed():7.3f}s  [jobset] failed: exit codes {cur['exit_codes']}")
+                    return False
+                window = getattr(self.ns, "baseline_window", 60.0)
+                if self.ns.no_sidecar and cur["fault"] is not None and cur.get("all_exited") is None:
+                    since = time.time() - self.records[cur["fault"]].time
+                    if since > window:
+                        alive = [f"{s}.{h}" for (s, h), c in codes.items() if c is None and (s, h) not in hit]
+                        cur["still_running"] = alive
+                        cur["still_running_after"] = round(since, 3)
+                        self.say(
+                            f"  [baseline] {len(alive)} trainer process(es) still there {since:.0f} s after the fault"
+                        )
+                        return False
                 return True
             cur.setdefault("first_restart_exit", mono)
             if mono < cur["first_restart_exit"] + JOBSET_REACTION_SECONDS:
@@ -230,7 +255,10 @@ class McDemo(Demo):
             # JobSet restarts the job: it deletes every pod still there (a hung host's too).
             job.end_trainers()
             cur["cleaned_up"] = time.time()
-            cur["exit_codes"] = {f"{s}.{h}": p.returncode for (s, h), p in job.trainers.items()}
+            cur["exit_codes"] = {
+                f"{s}.{h}": (p.returncode if (s, h) in hit else _container_code(p.returncode))
+                for (s, h), p in job.trainers.items()
+            }
             self.exits["trainer"].append(max((c for c in cur["exit_codes"].values() if c is not None), default=None))
             self.say(
                 f"  +{self.elapsed():7.3f}s  [jobset] a trainer process exited with a restart code; every pod "
@@ -278,6 +306,9 @@ class McDemo(Demo):
             )
             f["resumed_from_step"] = nxt.get("resumed_from_step") if nxt else None
             f["committed_at_restart"] = att.get("committed_at_restart") if att else None
+            if att and "still_running" in att:
+                f["still_running_after_seconds"] = att["still_running_after"]
+                f["processes_still_running"] = att["still_running"]
         summary["mode"] = "multi-controller"
         summary["trainer_processes"] = self.job.processes
         summary["attempts"] = [
@@ -289,6 +320,7 @@ class McDemo(Demo):
             for a in self.attempts
         ]
         summary["completed"] = self.done
+        summary["sidecar"] = not self.ns.no_sidecar
         return summary
 
 

@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--events", type=Path, required=True)
     ap.add_argument("--elastic-timeout-seconds", type=float, default=300.0)
     ap.add_argument("--abort-grace-seconds", type=float, default=1.0)
+    ap.add_argument(
+        "--no-sidecar", action="store_true", help="train without the hooks (the baseline: what a job does without us)"
+    )
     return ap.parse_args(argv)
 
 
@@ -88,17 +91,21 @@ class McTrainer:
         self.state: Any = None
         self.active: list[int] = []
         self.step_fn = self._build_step_fn()
-        self.session = ElasticSession.connect(
-            ns.sidecar,
-            job=ns.job,
-            total_steps=ns.steps,
-            flush=OrbaxFlusher(self.manager, self._save_args),
-            on_event=events,
-            elastic_timeout_seconds=ns.elastic_timeout_seconds,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-            host=ns.host_name or socket.gethostname(),
-            abort_grace_seconds=ns.abort_grace_seconds,
+        self.session: Any = (
+            None
+            if ns.no_sidecar
+            else ElasticSession.connect(
+                ns.sidecar,
+                job=ns.job,
+                total_steps=ns.steps,
+                flush=OrbaxFlusher(self.manager, self._save_args),
+                on_event=events,
+                elastic_timeout_seconds=ns.elastic_timeout_seconds,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+                host=ns.host_name or socket.gethostname(),
+                abort_grace_seconds=ns.abort_grace_seconds,
+            )
         )
 
     def _init(self) -> dict[str, Any]:
@@ -184,9 +191,13 @@ class McTrainer:
     def run(self) -> int:
         ns = self.ns
         self.events("start", {"steps": ns.steps, "pid": os.getpid(), "process": self.jax.process_index()})
-        step = self._apply(self.session.start(-1), 0)
+        if self.session is None:
+            self.state, step, restored_from = self._restore()
+            self.events("resumed", {"generation": 0, "from_step": step, "slices": [], "restored_from": restored_from})
+        else:
+            step = self._apply(self.session.start(-1), 0)
         while step < ns.steps:
-            d = self.session.step_boundary(step)
+            d = None if self.session is None else self.session.step_boundary(step)
             if d is not None:
                 step = self._apply(d, step)
                 continue
@@ -196,13 +207,16 @@ class McTrainer:
                 self.state, loss = self.step_fn(self.state, x, y)
                 loss_v = float(self.jax.block_until_ready(loss))
             except Exception as e:  # noqa: BLE001 - a collective whose peer died (gloo: "Connection closed")
+                if self.session is None:
+                    raise
                 self._collective_failed(step, e)
             pad = ns.step_seconds - (time.monotonic() - t0)
             if pad > 0:
                 time.sleep(pad)
             step += 1
             dt = time.monotonic() - t0
-            self.session.report_step(step, dt)
+            if self.session is not None:
+                self.session.report_step(step, dt)
             self.events(
                 "step",
                 {
@@ -210,13 +224,15 @@ class McTrainer:
                     "seconds": dt,
                     "loss": loss_v,
                     "slices": self.active,
-                    "generation": self.session.generation,
+                    "generation": 0 if self.session is None else self.session.generation,
                 },
             )
             if step % ns.checkpoint_period == 0:
                 try:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(self.state)))
                 except Exception as e:  # noqa: BLE001 - the save's own collectives
+                    if self.session is None:
+                        raise
                     self._collective_failed(step, e)
                 self.events("checkpoint_started", {"step": step})
         self.manager.wait_until_finished()
@@ -226,8 +242,9 @@ class McTrainer:
             )
             self.manager.wait_until_finished()
         self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps())})
-        self.session.finished(step)
-        self.session.close()
+        if self.session is not None:
+            self.session.finished(step)
+            self.session.close()
         return 0
 
 

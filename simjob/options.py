@@ -190,6 +190,19 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)}",
     )
     p.add_argument("--no-faults", action="store_true", help="run without any fault")
+    p.add_argument(
+        "--no-sidecar",
+        action="store_true",
+        help="--mode multi-controller only: the baseline, trainer processes without the hooks (the sidecars "
+        "still run, nobody acts on what they see); the run ends --baseline-window seconds after the first "
+        "fault if trainer processes are still there",
+    )
+    p.add_argument(
+        "--baseline-window",
+        type=_seconds,
+        default=60.0,
+        help="with --no-sidecar: how long after the fault to wait for every trainer process to be gone (default 60)",
+    )
     p.add_argument("--summary-json", type=Path, default=None, help="write the summary as JSON here")
     p.add_argument(
         "--state-dir",
