@@ -392,7 +392,7 @@ class ElasticSession:
     def _drain(self, step: int) -> Directive | None:
         directive = None
         while self._link.inbox:
-            d = self._handle(self._link.inbox.popleft(), step)
+            d = self._handle(self._link.inbox.popleft(), step, at_boundary=True)
             if d is not None:
                 directive = d
         deferred = self._deferred
@@ -449,7 +449,11 @@ class ElasticSession:
                 reason += f"; flush of step {step} failed: {error}"
         raise AbortTraining(EXIT_RESTART, reason, self.committed_step)
 
-    def _handle(self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1) -> Directive | None:
+    def _handle(
+        self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1, *, at_boundary: bool = False
+    ) -> Directive | None:
+        """Carry out one command. ``at_boundary``: called from the training loop's step boundary,
+        the only place where a hold for a later step (``Hold.at_step``) can wait for that step."""
         kind = cmd.WhichOneof("cmd")
         if kind is None:  # a command this trainer does not know (a newer sidecar): nothing to do
             self._on_event("unknown_command", {"epoch": cmd.epoch})
@@ -465,7 +469,7 @@ class ElasticSession:
             self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
             return None
         if kind == "hold":
-            if body.at_step > step and not self.held:
+            if at_boundary and body.at_step > step and not self.held:
                 # Not there yet: every process of a multi-controller job stops at
                 # the same boundary, so train on until step at_step is complete.
                 self._deferred = cmd

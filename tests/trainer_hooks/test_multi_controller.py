@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, OperatorCommand, Phase, Policy, TrainerHeld, WorkerJoined
@@ -281,3 +283,24 @@ def test_a_single_controller_session_arms_no_watchdog() -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.parametrize("at_step", [0, 5])
+def test_a_hold_that_reaches_a_process_waiting_to_start_holds_at_once(at_step: int) -> None:
+    """Not at a step boundary (waiting for its first resume) there is no step to train on to:
+    the hold is acknowledged at once, whatever at_step says (0 for a single-controller job)."""
+    with FakeSidecar() as sidecar:
+        s = ElasticSession.connect(sidecar.address, job=JOB, process_index=0, process_count=2, abort_grace_seconds=None)
+        try:
+            sidecar.wait_for_message("hello")
+            sidecar.send(trainer_pb2.SidecarCommand(hold=trainer_pb2.Hold(generation=2, at_step=at_step)))
+            done: dict[str, Any] = {}
+            t = threading.Thread(target=lambda: done.setdefault("d", s.start(-1, timeout=WAIT)), daemon=True)
+            t.start()
+            held = sidecar.wait_for_message("held")
+            assert (held.generation, held.step) == (2, -1)
+            sidecar.send(resume(2, 0))
+            t.join(WAIT)
+            assert done["d"].generation == 2
+        finally:
+            s.close()
