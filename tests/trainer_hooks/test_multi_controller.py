@@ -26,6 +26,7 @@ import pytest
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, OperatorCommand, Phase, Policy, TrainerHeld, WorkerJoined
+from agent.servers.status import coordinator_status
 from protos.elastic_sidecar.v1 import trainer_pb2
 from tests.trainer_hooks.sidecar import FakeSidecar, resume
 from trainer_hooks import AbortTraining, ElasticSession, FlushResult
@@ -155,6 +156,8 @@ async def test_every_process_holds_at_the_same_step_across_100_holds_under_rando
             d = await coord.request(OperatorCommand("resume", f"resume {n}"))
             assert not d.rejected, d.rejected
         await until(lambda: st().phase == Phase.RUNNING, "running after the last hold")
+        status = coordinator_status(coord)
+        assert status.trainer_processes == PROCESSES and list(status.trainer_processes_attached) == [0, 1, 2, 3]
         assert len(held_events) == HOLDS
         assert all(not e.disagreement and not e.flush_error for e in held_events)
         # The operator holds flush: every process flushed exactly the step it held at.
