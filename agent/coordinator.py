@@ -5,7 +5,9 @@ Sources -> decision core -> executors:
 * sources: the Peer service (worker sidecars register and heartbeat over one
   stream each; a closed stream or a missed heartbeat deadline is a lost host),
   the TrainerLink service (steps, slice errors and acknowledgements from the
-  trainer hooks) and a ticker that lets deadlines fire;
+  trainer hooks; one link per JAX process of a multi-controller job, presented
+  to the core as one trainer by :mod:`agent.trainer_group`) and a ticker that
+  lets deadlines fire;
 * one decision loop feeds each event to :func:`agent.core.decide` and keeps the
   state; nothing else changes it;
 * executors send hold/resume/abort to the trainer, fan commands out to the

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agent.core.model import (
     TrainerAttached,
     TrainerDetached,
@@ -147,3 +150,31 @@ def test_hold_step_of_processes_all_held_is_where_they_are() -> None:
     g.message(0, TrainerHeld(2, 10, 10))
     g.message(1, TrainerHeld(2, 10, 10))
     assert g.hold_step(3) == 10
+
+
+# --- property: any interleaving of the processes' acknowledgements -------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(2, 6),
+    data=st.data(),
+)
+def test_a_hold_completes_once_all_acknowledged_in_any_order_and_flags_any_split(n: int, data: st.DataObject) -> None:
+    g = whole(n)
+    steps = data.draw(st.lists(st.integers(5, 8), min_size=n, max_size=n), label="held steps")
+    order = data.draw(st.permutations(range(n)), label="arrival order")
+    stale = data.draw(st.lists(st.sampled_from(range(n)), max_size=3), label="stale acks")
+    out = []
+    for i in stale:  # acknowledgements of an older hold, interleaved first
+        out += g.message(i, TrainerHeld(1, 3, 3))
+    for k, i in enumerate(order):
+        ev = g.message(i, TrainerHeld(2, steps[i], steps[i]))
+        if k < n - 1:
+            assert ev == [] or all(e.generation == 1 for e in ev), "told the core before every process held"
+        out += [e for e in ev if e.generation == 2]
+    held = [e for e in out if isinstance(e, TrainerHeld) and e.generation == 2]
+    assert len(held) == 1
+    (h,) = held
+    assert h.step == min(steps) and h.committed_step == min(steps)
+    assert bool(h.disagreement) == (len(set(steps)) > 1)
