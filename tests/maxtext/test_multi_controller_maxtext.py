@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.model import OperatorCommand, Phase, TrainerHeld, WorkerJoined
+from agent.core.model import OperatorCommand, Phase, TrainerHeld, WorkerJoined, WorkerLost
 from tests.maxtext.harness import (
     START_TIMEOUT,
     MaxTextRun,
@@ -32,16 +32,12 @@ RUN = "mc"
 PROCESSES = 2
 
 
-def test_two_maxtext_processes_hold_at_one_step_flush_collectively_and_exit_42(tmp_path: Path) -> None:
-    require_maxtext_venv()
-    sc = Sidecar(num_slices=1, hosts_per_slice=PROCESSES, trainer_processes=PROCESSES)
-    for h in range(PROCESSES):
-        sc.submit(WorkerJoined(0, h, f"inc-{h}", node=f"node-{h}"))
+def _start(tmp_path: Path, sc: Sidecar) -> list[MaxTextRun]:
     args = [
         a if a != "skip_jax_distributed_system=true" else "skip_jax_distributed_system=false"
         for a in maxtext_args(tmp_path, RUN, 100_000, jax_cache=tmp_path / "jax-cache")
     ]
-    runs = [
+    return [
         MaxTextRun(
             f"process-{i}",
             [*args, f"metrics_file={tmp_path / f'metrics-{i}.jsonl'}"] if i else args,
@@ -58,6 +54,14 @@ def test_two_maxtext_processes_hold_at_one_step_flush_collectively_and_exit_42(t
         )
         for i in range(PROCESSES)
     ]
+
+
+def test_two_maxtext_processes_hold_at_one_step_flush_collectively_and_exit_42(tmp_path: Path) -> None:
+    require_maxtext_venv()
+    sc = Sidecar(num_slices=1, hosts_per_slice=PROCESSES, trainer_processes=PROCESSES)
+    for h in range(PROCESSES):
+        sc.submit(WorkerJoined(0, h, f"inc-{h}", node=f"node-{h}"))
+    runs = _start(tmp_path, sc)
     try:
         sc.wait_for(
             lambda: sc.state.phase == Phase.RUNNING and sc.state.trainer.last_step > 3,
@@ -82,6 +86,36 @@ def test_two_maxtext_processes_hold_at_one_step_flush_collectively_and_exit_42(t
         codes = [r.wait(60) for r in runs]
         assert codes == [42, 42], [r.tail() for r in runs]
         print(f"\n[mc maxtext] held at step {held.step}; abort to both exited: {time.monotonic() - t1:.2f} s")
+    finally:
+        for r in runs:
+            r.kill()
+        sc.stop()
+
+
+def test_a_lost_maxtext_process_ends_the_other_with_42_within_seconds(tmp_path: Path) -> None:
+    """One process is SIGKILLed (its host dies) and its worker sidecar's stream closes: the other
+    process, blocked in (or failing) the step's collective, exits 42 after the coordinator's abort."""
+    require_maxtext_venv()
+    sc = Sidecar(num_slices=1, hosts_per_slice=PROCESSES, trainer_processes=PROCESSES)
+    for h in range(PROCESSES):
+        sc.submit(WorkerJoined(0, h, f"inc-{h}", node=f"node-{h}"))
+    runs = _start(tmp_path, sc)
+    try:
+        sc.wait_for(
+            lambda: sc.state.phase == Phase.RUNNING and sc.state.trainer.last_step > 3,
+            "both processes attached and stepping",
+            runs[0],
+            timeout=START_TIMEOUT,
+        )
+        runs[1].proc.kill()
+        t0 = time.monotonic()
+        sc.submit(WorkerLost(0, 1, "inc-1", "stream_closed"))  # what its worker sidecar's closed stream says
+        code = runs[0].wait(60)
+        took = time.monotonic() - t0
+        assert code == 42, runs[0].tail()
+        assert took < 15.0, took  # generous: the watchdog's grace is 1.5 s for process 0
+        assert sc.state.phase == Phase.FAILED
+        print(f"\n[mc maxtext] process 1 killed: process 0 exited 42 after {took:.2f} s")
     finally:
         for r in runs:
             r.kill()

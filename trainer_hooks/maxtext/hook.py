@@ -82,6 +82,18 @@ def settings_from_config(config: Any) -> ElasticSettings:
     )
 
 
+COLLECTIVE_FAILURE_MARKERS = ("Gloo", "UNAVAILABLE", "Connection closed", "Connection reset")
+"""What a step's collective raises in a multi-controller job when a peer process is gone (gloo on the
+CPU: ``ValueError: UNKNOWN: Gloo all-reduce failed: ... Connection closed by peer``)."""
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """A multi-controller step failed because a peer process is gone: exit 1 would fail the JobSet,
+    so the sidecar decides (it aborts with 42)."""
+    text = str(err)
+    return any(m in text for m in COLLECTIVE_FAILURE_MARKERS)
+
+
 def process_identity() -> dict[str, Any]:
     """This process in a multi-controller job (jax.distributed initialised, several processes):
     its index, the count and the host, for the trainer link's hello; empty otherwise."""
@@ -238,7 +250,7 @@ class MaxTextHook:
         try:
             metrics = iteration(jax_device_state, python_vars, immutable_data)
         except Exception as e:
-            if is_slice_down(e):
+            if is_slice_down(e) or (session.process_count > 1 and is_collective_failure(e)):
                 self._slice_error(step, e)  # never returns: elastic_retry takes over, or exit 42
             raise
         self.completed = step + 1
