@@ -279,6 +279,16 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     )
     _add(
         p,
+        "--trainer-processes",
+        default=1,
+        type=nonneg_int,
+        help="JAX processes of the trainer (env ES_TRAINER_PROCESSES). 1: one trainer process (Pathways, one host). "
+        "N > 1: multi-controller JAX, one process per host joined by jax.distributed; each attaches with its "
+        "process index, holds happen at one agreed step in every process, and a lost host ends the attempt "
+        "with exit 42 (after a collective flush when the loss was announced) instead of shrinking (default 1)",
+    )
+    _add(
+        p,
         "--admin-listen",
         default=f"127.0.0.1:{C.ADMIN_PORT}",
         type=listen_address,
@@ -463,6 +473,7 @@ class CoordinatorConfig:
                 flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
                 settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
                 notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
+                trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
             )
         except ValueError as e:
             raise ConfigError(str(e)) from e

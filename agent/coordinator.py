@@ -5,7 +5,9 @@ Sources -> decision core -> executors:
 * sources: the Peer service (worker sidecars register and heartbeat over one
   stream each; a closed stream or a missed heartbeat deadline is a lost host),
   the TrainerLink service (steps, slice errors and acknowledgements from the
-  trainer hooks) and a ticker that lets deadlines fire;
+  trainer hooks; one link per JAX process of a multi-controller job, presented
+  to the core as one trainer by :mod:`agent.trainer_group`) and a ticker that
+  lets deadlines fire;
 * one decision loop feeds each event to :func:`agent.core.decide` and keeps the
   state; nothing else changes it;
 * executors send hold/resume/abort to the trainer, fan commands out to the
@@ -86,7 +88,6 @@ from agent.core.model import (
     TellWorkers,
     Tick,
     TrainerAttached,
-    TrainerDetached,
     TrainerFinished,
     TrainerFlushed,
     TrainerHeld,
@@ -101,6 +102,7 @@ from agent.core.model import (
 )
 from agent.metrics import Metrics
 from agent.sources.health import probe_once
+from agent.trainer_group import TrainerGroup
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logmod.get("coordinator")
@@ -180,7 +182,10 @@ class Coordinator:
         self.started_at = time.time()
         self.last_reason = ""
         self.workers: dict[tuple[int, int], _Conn] = {}
-        self.trainer: _Conn | None = None
+        self.trainer_conns: dict[int, _Conn] = {}
+        """Open trainer links by JAX process index (one, index 0, unless multi-controller)."""
+        self.group = TrainerGroup(cfg.policy.trainer_processes)
+        """Presents the trainer processes to the core as one trainer (:mod:`agent.trainer_group`)."""
         self.exit_code: asyncio.Future[int] | None = None
         self.state: State = initial_state(cfg.policy, time.monotonic())
         self._persisted: State | None = None
@@ -218,6 +223,11 @@ class Coordinator:
         self.stalls: list[float] = []
         """Durations of event-loop stalls seen (newest last)."""
         self._probing: set[tuple[int, int]] = set()
+
+    @property
+    def trainer(self) -> _Conn | None:
+        """The link of trainer process 0 (the only one unless multi-controller)."""
+        return self.trainer_conns.get(0)
 
     # -- sources -------------------------------------------------------------
 
@@ -497,12 +507,22 @@ class Coordinator:
                 cmd = _to_trainer_command(a)
                 assert cmd is not None
                 cmd.epoch = self.epoch
-                if self.trainer is None:
+                if isinstance(a, HoldTrainer):
+                    # Multi-controller: every process stops at this one boundary (0: the next one).
+                    cmd.hold.at_step = self.group.hold_step(a.generation)
+                missing = self.cfg.policy.trainer_processes - len(self.trainer_conns)
+                if not self.trainer_conns:
                     log.warning(
                         "no trainer attached; command will be repeated when it attaches", command=type(a).__name__
                     )
-                else:
-                    self.trainer.outbox.put_nowait(cmd)
+                elif missing > 0:
+                    log.warning(
+                        "not every trainer process is attached; the others get the command when the job is whole again",
+                        command=type(a).__name__,
+                        attached=sorted(self.trainer_conns),
+                    )
+                for conn in self.trainer_conns.values():
+                    conn.outbox.put_nowait(cmd)
             case TellWorkers():
                 msg = peer_pb2.CoordinatorMessage(
                     command=peer_pb2.PeerCommand(
@@ -528,7 +548,7 @@ class Coordinator:
             newer_epoch=newer_epoch,
             reported_by=who,
         )
-        for conn in [*self.workers.values(), *([self.trainer] if self.trainer else [])]:
+        for conn in [*self.workers.values(), *self.trainer_conns.values()]:
             conn.cause = "fenced"
             conn.closed.set()
 
@@ -784,9 +804,9 @@ class Coordinator:
             t.cancel()
         # End the open Join and Attach streams from our side first: a handler still running
         # when server.stop() cancels it is logged by grpc as a raw CancelledError traceback.
-        for conn in [*self.workers.values(), *([self.trainer] if self.trainer is not None else [])]:
+        for conn in [*self.workers.values(), *self.trainer_conns.values()]:
             conn.closed.set()
-        if self.workers or self.trainer is not None:
+        if self.workers or self.trainer_conns:
             await asyncio.sleep(EOF_GRACE_SECONDS)
         if self.server is not None:
             await self.server.stop(grace)
@@ -1017,11 +1037,18 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
                 f"this coordinator (epoch {self.c.epoch}) was superseded by epoch {self.c.fenced_by}",
             )
             return
+        group = self.c.group
+        index = hello.process_index
+        refused = group.check_hello(index, hello.process_count)
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
+            return
         # Headers now: the trainer counts its link as up once the sidecar has accepted it.
         await context.send_initial_metadata(())
         conn = _Conn()
-        old = self.c.trainer
-        self.c.trainer = conn
+        # Only a later link of the same process replaces a link (its epoch was checked above).
+        old = self.c.trainer_conns.get(index)
+        self.c.trainer_conns[index] = conn
         if old is not None:
             old.cause = "replaced"
             old.closed.set()
@@ -1030,17 +1057,27 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
             settings = TrainerSettings(
                 hello.elastic_min_slice_count, hello.elastic_timeout_seconds, hello.elastic_max_retries
             )
-        self.c.submit(
-            TrainerAttached(
-                hello.generation,
-                hello.step_in_memory,
-                frozenset(hello.active_slices),
-                settings,
-                committed_step=hello.committed_step if hello.HasField("committed_step") else -1,
-                held=hello.held,
-            )
+        attached = TrainerAttached(
+            hello.generation,
+            hello.step_in_memory,
+            frozenset(hello.active_slices),
+            settings,
+            committed_step=hello.committed_step if hello.HasField("committed_step") else -1,
+            held=hello.held,
         )
-        reader = asyncio.create_task(self._read(context))
+        if not group.single:
+            log.info(
+                "trainer process attached",
+                process_index=index,
+                process_count=hello.process_count,
+                trainer_host=hello.host,
+                generation=hello.generation,
+                step=hello.step_in_memory,
+                attached=sorted(self.c.trainer_conns),
+            )
+        for ev in group.attached(index, attached, hello.host):
+            self.c.submit(ev)
+        reader = asyncio.create_task(self._read(context, index))
         writer = asyncio.create_task(self._write(context, conn))
         closer = asyncio.create_task(conn.closed.wait())
         try:
@@ -1049,11 +1086,16 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
             reader.cancel()
             writer.cancel()
             closer.cancel()
-            if self.c.trainer is conn:
-                self.c.trainer = None
-                self.c.submit(TrainerDetached())
+            if self.c.trainer_conns.get(index) is conn:
+                del self.c.trainer_conns[index]
+                if not group.single:
+                    log.warning(
+                        "trainer process link closed", process_index=index, attached=sorted(self.c.trainer_conns)
+                    )
+                for ev in group.detached(index):
+                    self.c.submit(ev)
 
-    async def _read(self, context: grpc.aio.ServicerContext) -> None:
+    async def _read(self, context: grpc.aio.ServicerContext, index: int) -> None:
         while True:
             try:
                 msg = await context.read()
@@ -1063,7 +1105,8 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
                 return
             ev = _trainer_event(msg)
             if ev is not None:
-                self.c.submit(ev)
+                for out in self.c.group.message(index, ev):
+                    self.c.submit(out)
 
     async def _write(self, context: grpc.aio.ServicerContext, conn: _Conn) -> None:
         while True:

@@ -456,6 +456,9 @@ def _coordinator_container(job: _Job, opts: InjectOptions, in_head: bool) -> dic
         f"--peer-token-file={TOKEN_DIR}/peer/token",
         "--log-format=json",
     ]
+    if job.mode == MULTI_CONTROLLER:
+        # One JAX process per TPU host, each with its own trainer link (docs/multi-controller.md).
+        args.insert(6, f"--trainer-processes={job.num_slices * job.hosts_per_slice}")
     if opts.pubsub_subscription:
         args.append(f"--pubsub-subscription={opts.pubsub_subscription}")
     if opts.cluster_name:

@@ -475,7 +475,7 @@ class Demo:
         self.ns = ns
         self.workdir = workdir
         self.say = say
-        self.job = Job(ns, workdir)
+        self.job = self.make_job(ns, workdir)
         self.t_start = time.time()
         self.provisioner = Provisioner(ns.replacement_delay, self._recreate, enabled=not ns.no_replacement)
         self.records: list[FaultRecord] = []
@@ -491,6 +491,9 @@ class Demo:
         self.trainer_down = False
         self.deadline = float("inf")
         self.gave_up = False
+
+    def make_job(self, ns: argparse.Namespace, workdir: Path) -> Job:
+        return Job(ns, workdir)
 
     def elapsed(self) -> float:
         return time.time() - self.t_start
@@ -680,6 +683,10 @@ class Demo:
 
 
 def run_demo(ns: argparse.Namespace) -> int:
+    if getattr(ns, "mode", "single-controller") == "multi-controller":
+        from simjob.mc_harness import run_mc_demo
+
+        return run_mc_demo(ns)
     faults: list[FaultSpec] = [] if ns.no_faults else (ns.fault or [parse_fault(f) for f in DEFAULT_FAULTS])
     try:
         check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps)

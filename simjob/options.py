@@ -129,7 +129,22 @@ def _seconds(v: str) -> float:
     return f
 
 
+MC_KINDS = ("kill", "hang", "notice", "metadata")
+"""Faults of ``--mode multi-controller``."""
+MC_DEFAULT_FAULTS = ("kill:1.0@40",)
+
+
 def add_demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        choices=["single-controller", "multi-controller"],
+        default="single-controller",
+        help="single-controller (default): one trainer process over every slice, as with Pathways; "
+        "multi-controller: one JAX CPU process per host joined by jax.distributed (gloo collectives), "
+        "a lost host ends the attempt (exit 42) and a stand-in for JobSet restarts the job; faults "
+        + ", ".join(MC_KINDS)
+        + f" (default {' '.join(MC_DEFAULT_FAULTS)})",
+    )
     p.add_argument("--slices", type=_int_at_least(1), default=4, help="slices in the simulated job (default 4)")
     p.add_argument("--hosts-per-slice", type=_int_at_least(1), default=1, help="hosts per slice (default 1)")
     p.add_argument("--devices-per-slice", type=_int_at_least(1), default=2, help="CPU devices per slice (default 2)")
@@ -175,6 +190,19 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)}",
     )
     p.add_argument("--no-faults", action="store_true", help="run without any fault")
+    p.add_argument(
+        "--no-sidecar",
+        action="store_true",
+        help="--mode multi-controller only: the baseline, trainer processes without the hooks (the sidecars "
+        "still run, nobody acts on what they see); the run ends --baseline-window seconds after the first "
+        "fault if trainer processes are still there",
+    )
+    p.add_argument(
+        "--baseline-window",
+        type=_seconds,
+        default=60.0,
+        help="with --no-sidecar: how long after the fault to wait for every trainer process to be gone (default 60)",
+    )
     p.add_argument("--summary-json", type=Path, default=None, help="write the summary as JSON here")
     p.add_argument(
         "--state-dir",

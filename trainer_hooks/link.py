@@ -68,8 +68,13 @@ class SidecarLink:
         *,
         token: str | None = None,
         token_file: str | None = None,
+        on_command: Callable[[trainer_pb2.SidecarCommand], None] | None = None,
     ) -> None:
         self.address = address
+        self._on_command = on_command
+        """Called on the link thread for every command as it arrives, before the
+        training loop can see it: what must act while the main thread is blocked
+        (the multi-controller abort watchdog in :mod:`trainer_hooks.session`)."""
         self._hello = hello
         self._token = token
         self._token_file = token_file
@@ -230,6 +235,8 @@ class SidecarLink:
                     ).start()
                     for cmd in responses:
                         delay = 0.05
+                        if self._on_command is not None:
+                            self._on_command(cmd)
                         with self._arrived:
                             self.inbox.append(cmd)
                             self._arrived.notify_all()

@@ -30,11 +30,25 @@ raises :class:`AbortTraining` (42). While training runs, a missing sidecar
 never stops it. Commands from a coordinator epoch older than the newest the
 trainer accepted are ignored (fencing); the link presents a bearer token from
 ``ELASTIC_SIDECAR_TOKEN_FILE`` when that is set.
+
+Multi-controller JAX (one process per host, ``process_count`` > 1): every
+process opens its own link and says which process it is. A hold names the
+step boundary to stop at (``Hold.at_step``): a process short of it keeps
+training until it has completed that step, so every process stops at the same
+boundary (collectives need all of them). A process blocked inside a collective
+whose peer died never reaches a boundary, so the link thread itself ends the
+process: on an Abort, a watchdog gives the main thread
+``abort_grace_seconds`` to leave through :class:`AbortTraining`, then calls
+``os._exit(exit_code)``. An abort never flushes there (a save is collective and
+would block on the dead peer); an announced disruption is flushed by the hold
+before the abort.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,6 +67,10 @@ DEFAULT_ADDRESS = "127.0.0.1:29313"
 """Where the coordinator serves the trainer link by default (its ``--trainer-listen``)."""
 FINISHED_WAIT_SECONDS = 10.0
 """At the end of training, how long a link that is down is waited for to say ``Finished``."""
+DEFAULT_ABORT_GRACE = 1.0
+"""Seconds a multi-controller process gets to leave on its own after an Abort before the watchdog ends it."""
+LEADER_EXTRA_GRACE = 0.5
+"""Process 0 (jax.distributed's coordination service) waits this much longer, so it goes last."""
 
 SLICE_DOWN_MARKERS = ("DATA_LOSS", "DEADLINE_EXCEEDED", "NOT_FOUND", "INTERNAL")
 """Substrings Pathways puts in a JaxRuntimeError when a slice is gone
@@ -123,8 +141,20 @@ class ElasticSession:
         flush: Flusher | None = None,
         on_event: Callable[[str, dict[str, object]], None] | None = None,
         elastic_timeout_seconds: float = DEFAULT_ELASTIC_TIMEOUT,
+        process_index: int = 0,
+        process_count: int = 1,
     ) -> None:
         self._link = link
+        self.process_index = process_index
+        self.process_count = max(1, process_count)
+        """JAX processes of the job; above 1 the job is multi-controller (see the module docstring)."""
+        self._deferred: trainer_pb2.SidecarCommand | None = None
+        """A hold whose ``at_step`` this process has not completed yet."""
+        self._watchdog: threading.Thread | None = None
+        self._abort_armed = threading.Event()
+        self._abort_code = EXIT_RESTART
+        self._abort_reason = ""
+        self._abort_grace = 0.0
         self._flush = flush
         self._on_event = on_event if on_event is not None else (lambda kind, fields: None)
         self.elastic_timeout_seconds = (
@@ -160,6 +190,11 @@ class ElasticSession:
         token: str | None = None,
         token_file: str | None = None,
         elastic_timeout_seconds: float | None = None,
+        process_index: int = 0,
+        process_count: int = 1,
+        host: str = "",
+        abort_grace_seconds: float | None = DEFAULT_ABORT_GRACE,
+        exit: Callable[[int], object] = os._exit,
     ) -> ElasticSession:
         """Open the link to the sidecar at ``address`` (on a background thread; returns at once).
 
@@ -167,6 +202,16 @@ class ElasticSession:
         named by ``ELASTIC_SIDECAR_TOKEN_FILE``, if set. ``elastic_timeout_seconds``:
         the self-guard's timeout; by default ``settings.elastic_timeout_seconds``,
         else 300 s. Only ``settings`` is reported to the sidecar.
+
+        ``process_index`` / ``process_count`` / ``host``: this process in a
+        multi-controller job (``jax.process_index()``, ``jax.process_count()``,
+        the host name). With ``process_count`` > 1 and ``abort_grace_seconds``
+        not None, an Abort ends the process with ``exit(exit_code)``
+        (``os._exit``) if it has not left ``abort_grace_seconds`` after the
+        Abort arrived (it is blocked in a collective whose peer is gone);
+        process 0, which hosts jax.distributed's coordination service, gets
+        :data:`LEADER_EXTRA_GRACE` more so that it goes last (when it goes
+        first, JAX terminates the other processes with SIGABRT, not 42).
         """
         holder: list[ElasticSession] = []
 
@@ -181,6 +226,9 @@ class ElasticSession:
                 epoch=s.epoch,
                 committed_step=s.committed_step,
                 held=s.held,
+                process_index=process_index,
+                process_count=process_count,
+                host=host,
             )
             if settings is not None:
                 h.has_elastic_settings = True
@@ -195,17 +243,32 @@ class ElasticSession:
             elastic_timeout_seconds = (
                 settings.elastic_timeout_seconds if settings is not None else DEFAULT_ELASTIC_TIMEOUT
             )
-        link = SidecarLink(address, hello, token=token, token_file=token_file)
-        session = cls(link, flush=flush, on_event=on_event, elastic_timeout_seconds=elastic_timeout_seconds)
+        watch = process_count > 1 and abort_grace_seconds is not None
+
+        def on_command(cmd: trainer_pb2.SidecarCommand) -> None:
+            if holder:
+                holder[0]._arm_watchdog(cmd)
+
+        link = SidecarLink(address, hello, token=token, token_file=token_file, on_command=on_command)
+        session = cls(
+            link,
+            flush=flush,
+            on_event=on_event,
+            elastic_timeout_seconds=elastic_timeout_seconds,
+            process_index=process_index,
+            process_count=process_count,
+        )
         holder.append(session)
+        if watch:
+            session._start_watchdog(float(abort_grace_seconds or 0.0), exit)
         session._link.start()
         return session
 
     # -- the per-step path -----------------------------------------------------
 
     def step_boundary(self, step: int) -> Directive | None:
-        """Call between steps. Returns a Directive after a hold/resume cycle."""
-        if not self._link.inbox:
+        """Call between steps (``step``: steps completed). Returns a Directive after a hold/resume cycle."""
+        if not self._link.inbox and (self._deferred is None or step < self._deferred.hold.at_step):
             return None
         self.step = step
         return self._drain(step)
@@ -334,7 +397,13 @@ class ElasticSession:
     def _drain(self, step: int) -> Directive | None:
         directive = None
         while self._link.inbox:
-            d = self._handle(self._link.inbox.popleft(), step)
+            d = self._handle(self._link.inbox.popleft(), step, at_boundary=True)
+            if d is not None:
+                directive = d
+        deferred = self._deferred
+        if deferred is not None and step >= deferred.hold.at_step:
+            self._deferred = None
+            d = self._handle(deferred, step)
             if d is not None:
                 directive = d
         return directive
@@ -385,7 +454,11 @@ class ElasticSession:
                 reason += f"; flush of step {step} failed: {error}"
         raise AbortTraining(EXIT_RESTART, reason, self.committed_step)
 
-    def _handle(self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1) -> Directive | None:
+    def _handle(
+        self, cmd: trainer_pb2.SidecarCommand, step: int, newer_than: int = -1, *, at_boundary: bool = False
+    ) -> Directive | None:
+        """Carry out one command. ``at_boundary``: called from the training loop's step boundary,
+        the only place where a hold for a later step (``Hold.at_step``) can wait for that step."""
         kind = cmd.WhichOneof("cmd")
         if kind is None:  # a command this trainer does not know (a newer sidecar): nothing to do
             self._on_event("unknown_command", {"epoch": cmd.epoch})
@@ -401,6 +474,13 @@ class ElasticSession:
             self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
             return None
         if kind == "hold":
+            if at_boundary and body.at_step > step and not self.held:
+                # Not there yet: every process of a multi-controller job stops at
+                # the same boundary, so train on until step at_step is complete.
+                self._deferred = cmd
+                self._on_event("hold_deferred", {"generation": body.generation, "step": step, "at_step": body.at_step})
+                return None
+            self._deferred = None
             self.generation = body.generation
             self._down = self._down | frozenset(body.down_slices)
             t0 = time.monotonic()
@@ -466,10 +546,48 @@ class ElasticSession:
             )
             return None
         if kind == "abort":
-            self._do_flush(step)
+            # Not in a multi-controller job: a save there is collective and would
+            # block on a dead peer (an announced disruption was flushed by its hold).
+            if self.process_count <= 1:
+                self._do_flush(step)
             self._link.flush_outbox()
             raise AbortTraining(body.exit_code, body.reason, self.committed_step)
         return None
+
+    def _start_watchdog(self, grace: float, exit: Callable[[int], object]) -> None:
+        """Start the abort watchdog now: at abort time the interpreter may already be shutting
+        down (an unhandled error in the main thread), when no new thread can start."""
+        if self.process_index == 0:
+            # Process 0 hosts jax.distributed's coordination service: when it goes first, the
+            # service's clients in the other processes terminate themselves (SIGABRT, not 42).
+            grace += LEADER_EXTRA_GRACE
+        self._abort_grace = grace
+
+        def watch() -> None:
+            self._abort_armed.wait()
+            time.sleep(grace)
+            code, reason = self._abort_code, self._abort_reason
+            self._on_event(
+                "abort_watchdog", {"exit_code": code, "reason": reason[:200], "grace_seconds": grace, "step": self.step}
+            )
+            print(
+                f"trainer_hooks: aborted by the sidecar ({reason[:200]}); the training loop did not leave within "
+                f"{grace:g} s (blocked in a collective?): exiting {code} now",
+                file=sys.stderr,
+                flush=True,
+            )
+            exit(code)
+
+        self._watchdog = threading.Thread(target=watch, name="sidecar-abort-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _arm_watchdog(self, cmd: trainer_pb2.SidecarCommand) -> None:
+        """On the link thread: an Abort not older than the newest epoch accepted sets the watchdog off."""
+        if self._watchdog is None or cmd.WhichOneof("cmd") != "abort" or cmd.epoch < self.epoch:
+            return
+        if not self._abort_armed.is_set():
+            self._abort_code, self._abort_reason = cmd.abort.exit_code, cmd.abort.reason
+            self._abort_armed.set()
 
     def _do_flush(self, step: int) -> tuple[int, str]:
         """Make ``step`` durable; returns (bytes written, error). Only a committed step counts."""

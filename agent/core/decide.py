@@ -68,6 +68,20 @@ Membership and the coordinator's own failures (issue "never make a failure worse
   without a flush re-plans with one when the survivors cannot go on.
 * The policy is the trainer's flags at start and is fixed from then on; an
   operator drain that would leave fewer than ``min_slices`` is refused.
+
+Multi-controller jobs (``Policy.trainer_processes`` > 1: one JAX process per
+host, joined by ``jax.distributed``) cannot shrink: every slice is needed.
+
+* An active slice lost without notice (a host killed or hung, a slice error,
+  a suspected hang) fails the job at once with exit code 42: the surviving
+  processes are blocked in a collective, so there is nothing to hold or flush;
+  the trainer hooks end them and the JobSet restarts the job, which restores
+  the newest committed checkpoint. No elastic retry is spent.
+* An announced loss (a drain) holds with a flush, as for any job; once every
+  process has held at the agreed step (the coordinator's trainer group checks
+  that), the job fails with exit code 42 if a slice is still missing: the
+  restart resumes from the flushed step.
+* Processes that held at different steps never resume: the job fails (42).
 """
 
 from __future__ import annotations
@@ -110,6 +124,7 @@ from agent.core.model import (
 
 RECENT_STEPS = 15
 """Step durations kept for the median that judges a suspected hang."""
+_MC_CANNOT_SHRINK = "; a multi-controller job cannot continue without it: restart (the JobSet restarts on 42)"
 
 
 def _fmt(slices: frozenset[int] | set[int]) -> str:
@@ -417,6 +432,8 @@ def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Dec
             errors[s] = now
     new = replace(state, slice_errors=_frozen(errors))
     reason = f"trainer reported slice loss {_fmt(named) if named else '(slices unknown)'} at step {ev.step}: {ev.message[:120]}"
+    if state.policy.multi_controller and state.phase in (Phase.RUNNING, Phase.HOLDING):
+        return _fail(new, f"{reason}{_MC_CANNOT_SHRINK}")
     if state.phase == Phase.RUNNING and ev.generation >= state.generation:
         if not named & state.active:
             # The trainer is stuck in its error handler and waits for a new
@@ -448,6 +465,8 @@ def _trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
         return Decision(
             state, (), f"stale hold acknowledgement for generation {ev.generation} (now {state.generation}) ignored"
         )
+    if ev.disagreement:
+        return _fail(state, f"trainer processes held at different steps ({ev.disagreement}): they cannot resume")
     t = replace(
         state.trainer,
         step_in_memory=ev.step,
@@ -563,6 +582,8 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         lost = state.active - up
         if lost:
             failed = lost - _draining(state)
+            if failed and p.multi_controller:
+                return _fail(state, f"{prefix}active slice(s) {_fmt(failed)} down{_MC_CANNOT_SHRINK}")
             if not failed:
                 # Announced: drain at the step boundary, flush, lose nothing.
                 return _start_hold(
@@ -588,6 +609,8 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
                     state, f"{prefix}the trainer's link has been gone for {detached_for:.0f} s (limit {limit:g} s)"
                 )
         hang = _suspected_hang(state, now)
+        if hang and p.multi_controller:
+            return _fail(state, f"{prefix}{hang}{_MC_CANNOT_SHRINK}")
         if hang:
             return _start_hold(state, now, f"{prefix}{hang}", failure=True, flush=True)
         return Decision(state, (), why or "running")
@@ -597,6 +620,11 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
             limit = p.elastic_timeout_seconds + (p.flush_timeout_seconds if state.hold_flush else 0.0)
             return _fail(state, f"{prefix}trainer did not acknowledge the hold within {limit:g} s")
         newly_down = (p.all_slices - up) - state.hold_down
+        if p.multi_controller and newly_down - _draining(state):
+            # A process may now be blocked in a collective instead of reaching the boundary.
+            return _fail(
+                state, f"{prefix}slice(s) {_fmt(newly_down - _draining(state))} down while holding{_MC_CANNOT_SHRINK}"
+            )
         if newly_down:
             # Tell the trainer not to read its state from these slices either.
             # A slice drained by a notice while a hold is pending flushes like one drained while running.
@@ -607,6 +635,14 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         return Decision(state, (), f"{prefix}waiting for the trainer to hold")
 
     if state.phase == Phase.WAITING:
+        if p.multi_controller and up != p.all_slices and not state.operator_hold:
+            t = state.trainer
+            kept = (
+                f"the held step {t.step_in_memory} is committed"
+                if t.committed_step >= t.step_in_memory
+                else f"the held step {t.step_in_memory} is NOT committed (newest committed {t.committed_step})"
+            )
+            return _fail(state, f"{prefix}slice(s) {_fmt(p.all_slices - up)} out of the job, {kept}{_MC_CANNOT_SHRINK}")
         newly_down = (p.all_slices - up) - state.hold_down
         if newly_down and not state.hold_flush and len(up) < p.min_slices and state.trainer.step_in_memory >= 0:
             # A second loss during a hold that did not flush: memory no longer
@@ -886,6 +922,9 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
                 return refuse("no trainer is attached")
             if state.phase == Phase.STARTING:
                 return refuse("the job has not started yet")
+            if state.policy.multi_controller:
+                # A save is collective: its processes would each save at a different boundary.
+                return refuse("a multi-controller job flushes only at an agreed step: hold (it flushes), then resume")
             return Decision(state, (FlushTrainer(state.generation, why),), f"{why}; asking the trainer to flush")
         case "abort":
             return _fail(state, why, EXIT_RESTART if ev.restart else EXIT_ABORTED)

@@ -67,6 +67,12 @@ class Policy:
     notice_lead_seconds: float = 120.0
     """How long before an announced disruption starts its slice is drained: enough
     for the trainer to reach a step boundary and flush a checkpoint."""
+    trainer_processes: int = 1
+    """JAX processes of the trainer. Above 1 the job is multi-controller (one
+    process per host, joined by ``jax.distributed``): it cannot shrink, so a
+    lost slice means abort-and-restart (exit 42), after a collective flush when
+    the loss was announced. The coordinator presents the processes to the core
+    as one trainer (:mod:`agent.trainer_group`)."""
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout_seconds", "hang_step_factor", "hang_min_seconds"):
@@ -88,14 +94,21 @@ class Policy:
             raise ValueError(f"elastic_timeout_seconds must be > 0, got {self.elastic_timeout_seconds}")
         if self.elastic_max_retries < 1:
             raise ValueError(f"elastic_max_retries must be >= 1, got {self.elastic_max_retries}")
+        if self.trainer_processes < 1:
+            raise ValueError(f"trainer_processes must be >= 1, got {self.trainer_processes}")
         if not self.notice_lead_seconds >= 0:
             raise ValueError(f"notice_lead_seconds must be >= 0, got {self.notice_lead_seconds}")
 
     @property
+    def multi_controller(self) -> bool:
+        """One JAX process per host: every slice is needed, a lost one ends the attempt (exit 42)."""
+        return self.trainer_processes > 1
+
+    @property
     def min_slices(self) -> int:
-        """Fewest slices training may run on."""
+        """Fewest slices training may run on (all of them for a multi-controller job)."""
         k = self.elastic_min_slice_count
-        return self.num_slices if k == -1 else k
+        return self.num_slices if k == -1 or self.multi_controller else k
 
     @property
     def all_slices(self) -> frozenset[int]:
@@ -363,6 +376,8 @@ class TrainerHeld:
     flush_bytes: int = 0
     flush_error: str = ""
     """A flush was asked for and did not commit: why (never counted as committed)."""
+    disagreement: str = ""
+    """Multi-controller: the processes held at different steps (which ones where); never resumable."""
 
 
 @dataclass(frozen=True)

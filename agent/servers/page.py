@@ -74,6 +74,8 @@ function render(s) {
                ["retries", s.retries_used + "/" + s.elastic_max_retries],
                ["min slices", s.elastic_min_slice_count],
                ["trainer", s.trainer_attached ? "attached" : "detached"]);
+    if (s.trainer_processes > 1)
+      facts.push(["processes", (s.trainer_processes_attached || []).length + "/" + s.trainer_processes + " attached"]);
     if (s.operator_hold) facts.push(["operator", "hold"]);
   } else {
     facts.push(["slice", s.slice], ["host", s.host], ["coordinator", s.coordinator_connected ? "connected" : "not connected"]);

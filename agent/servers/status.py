@@ -115,6 +115,8 @@ def coordinator_status(c: Coordinator) -> admin_pb2.Status:
         fenced_by_epoch=c.fenced_by,
         state_durable=c.durable,
         state_problem=c.durability_problem or c.state_file_problem,
+        trainer_processes=p.trainer_processes,
+        trainer_processes_attached=sorted(c.trainer_conns),
     )
 
 

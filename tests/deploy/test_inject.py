@@ -510,3 +510,13 @@ def test_existing_native_sidecars_stay_after_ours() -> None:
     validate_jobset(doc)
     worker = pod_specs(doc)["worker"]
     assert [c["name"] for c in worker["initContainers"]] == ["elastic-sidecar", "colocated-python-sidecar"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_multi_controller_coordinator_expects_one_trainer_process_per_host(mode: str) -> None:
+    _, _, doc = injected(mode)
+    f = flags(coordinator(doc))
+    if mode == inject.MULTI_CONTROLLER:
+        assert int(f["--trainer-processes"]) == int(f["--num-slices"]) * int(f["--hosts-per-slice"])
+    else:
+        assert "--trainer-processes" not in f  # Pathways: one trainer process, the head's

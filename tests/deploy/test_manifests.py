@@ -612,6 +612,13 @@ def test_multi_controller_variant_has_no_pathways() -> None:
     assert sl.spec.get("hostNetwork") is True
     (trainer,) = trainer_containers(sl)
     assert sl.env(trainer).get("JAX_PLATFORMS") != "proxy"
+    # One trainer link per JAX process: the coordinator expects every host's process.
+    coord = by["coordinator"]
+    (daemon,) = [c for c in coord.all_containers() if is_sidecar(c)]
+    flags = dict(a.split("=", 1) for a in coord.args(daemon) if a.startswith("--") and "=" in a)
+    hosts = int(sl.rjob.get("replicas", 1)) * int(sl.rjob["template"]["spec"]["parallelism"])
+    assert int(flags["--num-slices"]) * int(flags["--hosts-per-slice"]) == hosts
+    assert int(flags["--trainer-processes"]) == hosts
 
 
 # --------------------------------------------------------------------------

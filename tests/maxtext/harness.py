@@ -227,6 +227,9 @@ class Sidecar:
 
     num_slices: int = 1
     log: list[Applied] = field(default_factory=list)
+    hosts_per_slice: int = 1
+    trainer_processes: int = 1
+    """Above 1: a multi-controller job, one MaxText process per host (``--trainer-processes``)."""
 
     def __post_init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -235,7 +238,11 @@ class Sidecar:
         cfg = CoordinatorConfig(
             job=JOB,
             listen="127.0.0.1:0",
-            policy=Policy(num_slices=self.num_slices),
+            policy=Policy(
+                num_slices=self.num_slices,
+                hosts_per_slice=self.hosts_per_slice,
+                trainer_processes=self.trainer_processes,
+            ),
             heartbeat_interval=0.25,
             heartbeat_timeout=1.2,
             state_file=None,

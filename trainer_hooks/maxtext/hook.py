@@ -46,6 +46,7 @@ import functools
 import importlib
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -81,6 +82,33 @@ def settings_from_config(config: Any) -> ElasticSettings:
         elastic_timeout_seconds=float(config.elastic_timeout_seconds),
         elastic_max_retries=int(config.elastic_max_retries),
     )
+
+
+COLLECTIVE_FAILURE_MARKERS = ("Gloo", "UNAVAILABLE", "Connection closed", "Connection reset")
+"""What a step's collective raises in a multi-controller job when a peer process is gone (gloo on the
+CPU: ``ValueError: UNKNOWN: Gloo all-reduce failed: ... Connection closed by peer``)."""
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """A multi-controller step failed because a peer process is gone: exit 1 would fail the JobSet,
+    so the sidecar decides (it aborts with 42)."""
+    text = str(err)
+    return any(m in text for m in COLLECTIVE_FAILURE_MARKERS)
+
+
+def process_identity() -> dict[str, Any]:
+    """This process in a multi-controller job (jax.distributed initialised, several processes):
+    its index, the count and the host, for the trainer link's hello; empty otherwise."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return {}
+    try:
+        count, index = int(jax.process_count()), int(jax.process_index())
+    except Exception:  # noqa: BLE001 - no backend yet: a single process as far as the link goes
+        return {}
+    if count <= 1:
+        return {}
+    return {"process_index": index, "process_count": count, "host": socket.gethostname()}
 
 
 class MaxTextHook:
@@ -191,6 +219,7 @@ class MaxTextHook:
             settings=settings,
             flush=self.flush,
             on_event=say,
+            **process_identity(),
         )
         say(
             "connecting",
@@ -235,7 +264,7 @@ class MaxTextHook:
         try:
             metrics = iteration(jax_device_state, python_vars, immutable_data)
         except Exception as e:
-            if is_slice_down(e):
+            if is_slice_down(e) or (session.process_count > 1 and is_collective_failure(e)):
                 self._slice_error(step, e)  # never returns: elastic_retry takes over, or exit 42
             raise
         self.completed = step + 1

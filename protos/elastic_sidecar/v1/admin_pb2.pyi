@@ -57,7 +57,7 @@ class PendingNotice(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected", "epoch", "fenced_by_epoch", "state_durable", "state_problem")
+    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected", "epoch", "fenced_by_epoch", "state_durable", "state_problem", "trainer_processes", "trainer_processes_attached")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,8 @@ class Status(_message.Message):
     FENCED_BY_EPOCH_FIELD_NUMBER: _ClassVar[int]
     STATE_DURABLE_FIELD_NUMBER: _ClassVar[int]
     STATE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_PROCESSES_ATTACHED_FIELD_NUMBER: _ClassVar[int]
     role: str
     job: str
     generation: int
@@ -106,7 +108,9 @@ class Status(_message.Message):
     fenced_by_epoch: int
     state_durable: bool
     state_problem: str
-    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ..., epoch: _Optional[int] = ..., fenced_by_epoch: _Optional[int] = ..., state_durable: _Optional[bool] = ..., state_problem: _Optional[str] = ...) -> None: ...
+    trainer_processes: int
+    trainer_processes_attached: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ..., epoch: _Optional[int] = ..., fenced_by_epoch: _Optional[int] = ..., state_durable: _Optional[bool] = ..., state_problem: _Optional[str] = ..., trainer_processes: _Optional[int] = ..., trainer_processes_attached: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("backlog",)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TrainerHello(_message.Message):
-    __slots__ = ("job", "step_in_memory", "generation", "active_slices", "total_steps", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "has_elastic_settings", "epoch", "committed_step", "held")
+    __slots__ = ("job", "step_in_memory", "generation", "active_slices", "total_steps", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "has_elastic_settings", "epoch", "committed_step", "held", "process_index", "process_count", "host")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STEP_IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,9 @@ class TrainerHello(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     job: str
     step_in_memory: int
     generation: int
@@ -33,7 +36,10 @@ class TrainerHello(_message.Message):
     epoch: int
     committed_step: int
     held: bool
-    def __init__(self, job: _Optional[str] = ..., step_in_memory: _Optional[int] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., total_steps: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., has_elastic_settings: _Optional[bool] = ..., epoch: _Optional[int] = ..., committed_step: _Optional[int] = ..., held: _Optional[bool] = ...) -> None: ...
+    process_index: int
+    process_count: int
+    host: str
+    def __init__(self, job: _Optional[str] = ..., step_in_memory: _Optional[int] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., total_steps: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., has_elastic_settings: _Optional[bool] = ..., epoch: _Optional[int] = ..., committed_step: _Optional[int] = ..., held: _Optional[bool] = ..., process_index: _Optional[int] = ..., process_count: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
     __slots__ = ("step", "step_seconds", "generation")
@@ -126,16 +132,18 @@ class TrainerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[TrainerHello, _Mapping]] = ..., step: _Optional[_Union[StepReport, _Mapping]] = ..., slice_error: _Optional[_Union[SliceError, _Mapping]] = ..., held: _Optional[_Union[HeldAck, _Mapping]] = ..., resumed: _Optional[_Union[ResumedAck, _Mapping]] = ..., flushed: _Optional[_Union[FlushedAck, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class Hold(_message.Message):
-    __slots__ = ("generation", "flush", "down_slices", "reason")
+    __slots__ = ("generation", "flush", "down_slices", "reason", "at_step")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     DOWN_SLICES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_STEP_FIELD_NUMBER: _ClassVar[int]
     generation: int
     flush: bool
     down_slices: _containers.RepeatedScalarFieldContainer[int]
     reason: str
-    def __init__(self, generation: _Optional[int] = ..., flush: _Optional[bool] = ..., down_slices: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ...) -> None: ...
+    at_step: int
+    def __init__(self, generation: _Optional[int] = ..., flush: _Optional[bool] = ..., down_slices: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., at_step: _Optional[int] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ("generation", "active_slices", "source", "reason")

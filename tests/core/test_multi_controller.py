@@ -1,0 +1,112 @@
+"""The decision core for a multi-controller job (``Policy.trainer_processes`` > 1): it never shrinks."""
+
+from __future__ import annotations
+
+from agent.constants import EXIT_RESTART
+from agent.core.model import (
+    AbortTrainer,
+    ExitCoordinator,
+    HoldTrainer,
+    NodeNotice,
+    OperatorCommand,
+    Phase,
+    ResumeTrainer,
+    Tick,
+    TrainerHeld,
+    TrainerResumed,
+    TrainerSliceError,
+    TrainerStepped,
+    WorkerLost,
+)
+from tests.core.test_decide import Job, Policy, of
+
+
+def mc_job(**kw) -> Job:
+    kw.setdefault("num_slices", 2)
+    kw.setdefault("hosts_per_slice", 2)
+    kw.setdefault("trainer_processes", 4)
+    j = Job(Policy(**kw))
+    j.start()
+    j.feed(TrainerStepped(10, j.state.generation, 0.05), dt=0.5)
+    return j
+
+
+def test_min_slices_is_every_slice_whatever_the_elastic_setting() -> None:
+    assert Policy(num_slices=4, elastic_min_slice_count=2, trainer_processes=8).min_slices == 4
+    assert Policy(num_slices=4, elastic_min_slice_count=2).min_slices == 2
+
+
+def test_a_host_killed_aborts_at_once_with_42_and_spends_no_retry() -> None:
+    j = mc_job()
+    d = j.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1.0)
+    (abort,) = of(d, AbortTrainer)
+    assert abort.exit_code == EXIT_RESTART
+    assert of(d, ExitCoordinator)[0].exit_code == EXIT_RESTART
+    assert not of(d, HoldTrainer)
+    assert j.state.phase == Phase.FAILED and j.state.retries_used == 0
+    assert "multi-controller" in d.reason
+
+
+def test_the_same_loss_in_a_single_controller_job_holds_instead() -> None:
+    j = mc_job(trainer_processes=1, elastic_min_slice_count=1)
+    d = j.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=1.0)
+    assert of(d, HoldTrainer) and not of(d, AbortTrainer)
+
+
+def test_a_notice_holds_with_a_flush_then_aborts_once_every_process_held() -> None:
+    j = mc_job()
+    d = j.feed(NodeNotice("terminate", "metadata", slice=1, reason="maintenance"), dt=1.0)
+    (hold,) = of(d, HoldTrainer)
+    assert hold.flush and not of(d, AbortTrainer)
+    d = j.feed(TrainerHeld(hold.generation, 14, 14, 0.3), dt=0.5)
+    (abort,) = of(d, AbortTrainer)
+    assert abort.exit_code == EXIT_RESTART
+    assert "the held step 14 is committed" in d.reason and "NOT committed" not in d.reason
+
+
+def test_a_flush_that_did_not_commit_is_named_in_the_abort() -> None:
+    j = mc_job()
+    (hold,) = of(j.feed(NodeNotice("terminate", "metadata", slice=0), dt=1.0), HoldTrainer)
+    d = j.feed(TrainerHeld(hold.generation, 14, 10, 0.3, flush_error="process 2: disk full"), dt=0.5)
+    assert of(d, AbortTrainer) and "NOT committed" in d.reason
+
+
+def test_a_host_lost_while_the_announced_hold_is_pending_aborts_without_waiting() -> None:
+    j = mc_job()
+    of(j.feed(NodeNotice("terminate", "metadata", slice=1), dt=1.0), HoldTrainer)
+    d = j.feed(WorkerLost(0, 1, "a0.1", "heartbeat_timeout"), dt=0.5)
+    assert of(d, AbortTrainer) and j.state.phase == Phase.FAILED
+
+
+def test_processes_held_at_different_steps_never_resume() -> None:
+    j = mc_job()
+    (hold,) = of(j.feed(OperatorCommand("hold", "look"), dt=1.0), HoldTrainer)
+    d = j.feed(TrainerHeld(hold.generation, 12, 12, disagreement="process 0 at step 12, process 1 at step 13"))
+    assert of(d, AbortTrainer) and not of(d, ResumeTrainer)
+    assert "different steps" in d.reason
+
+
+def test_an_operator_hold_with_every_slice_up_resumes_from_memory() -> None:
+    j = mc_job()
+    (hold,) = of(j.feed(OperatorCommand("hold", "look"), dt=1.0), HoldTrainer)
+    j.feed(TrainerHeld(hold.generation, 12, 12))
+    d = j.feed(OperatorCommand("resume", "done"), dt=1.0)
+    (resume,) = of(d, ResumeTrainer)
+    assert str(resume.source) == "memory" and not of(d, AbortTrainer)
+    j.feed(TrainerResumed(resume.generation, 12, resume.active, "memory"))
+    assert j.state.phase == Phase.RUNNING
+
+
+def test_a_slice_error_or_a_hang_aborts() -> None:
+    j = mc_job()
+    d = j.feed(TrainerSliceError(frozenset({1}), "DATA_LOSS", 11, j.state.generation), dt=0.5)
+    assert of(d, AbortTrainer)
+    j = mc_job(hang_min_seconds=5.0)
+    d = j.feed(Tick(), dt=30.0)
+    assert of(d, AbortTrainer) and "hang" in d.reason
+
+
+def test_operator_checkpoint_is_refused_outside_a_hold() -> None:
+    j = mc_job()
+    d = j.feed(OperatorCommand("checkpoint", "now"))
+    assert d.rejected and "agreed step" in d.rejected
