@@ -148,6 +148,32 @@ class SidecarLink:
         while not self._q.empty() and time.monotonic() < deadline and (wait_for_link or self.connected.is_set()):
             time.sleep(0.01)
 
+    def deliver(self, msg: trainer_pb2.TrainerMessage, timeout: float) -> bool:
+        """Send ``msg`` and wait, up to ``timeout``, until it has left on a stream that is up.
+
+        A message queued on a stream that then breaks (the sidecar restarting) is
+        lost with that stream, so it is sent again on each new stream until one
+        takes it. For reports that must arrive once training is over (Finished);
+        a duplicate is harmless there.
+        """
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            stream = self._stream
+        self.send(msg)
+        sent_at = time.monotonic()
+        while time.monotonic() < deadline:
+            with self._arrived:
+                current, up = self._stream, self.down_since is None
+            if current != stream:
+                stream = current
+                self.send(msg)
+                sent_at = time.monotonic()
+                continue
+            if up and self._q.empty() and time.monotonic() - sent_at >= SETTLE_SECONDS:
+                return True
+            time.sleep(0.01)
+        return False
+
     # -- the background thread ---------------------------------------------------
 
     def _requests(self, q: queue.SimpleQueue[object]) -> Iterator[trainer_pb2.TrainerMessage]:

@@ -385,8 +385,8 @@ class ElasticSession:
         """Say training is done. A sidecar that is restarting right now still hears it:
         the report waits for the link (up to ``FINISHED_WAIT_SECONDS``), else the job
         would end with a coordinator that never learns it finished."""
-        self._link.send(trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step)))
-        self._link.flush_outbox(min(FINISHED_WAIT_SECONDS, self.elastic_timeout_seconds), wait_for_link=True)
+        msg = trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step))
+        self._link.deliver(msg, min(FINISHED_WAIT_SECONDS, self.elastic_timeout_seconds))
 
     def close(self) -> None:
         self._link.flush_outbox()

@@ -524,6 +524,7 @@ def test_a_flush_of_a_consumed_state_is_acknowledged_as_failed_never_committed(f
     import jax.numpy as jnp
 
     job = Job(Config(), fail_at=3)
+    job.hook.snapshot_every = 0  # the path without an in-memory snapshot (test_snapshot.py has the other)
     job.run(0, 3)
     w = jnp.zeros(4)
     w.delete()  # MaxText donated it into the step that failed
@@ -540,6 +541,7 @@ def test_a_flush_that_would_read_a_lost_slice_says_so(fake_maxtext: Any) -> None
     import jax.numpy as jnp
 
     job = Job(Config(elastic_enabled=True))
+    job.hook.snapshot_every = 0  # without an in-memory snapshot the flush can only refuse
     seam = job.hook.seam
     assert seam is not None
     seam.mesh_slices = lambda devices: {0}  # type: ignore[method-assign]
