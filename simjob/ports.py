@@ -16,6 +16,8 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 _ports = random.Random()
+_given: set[int] = set()
+"""Ports this process handed out already: two processes of one job never get the same one."""
 
 
 def free_port() -> int:
@@ -29,12 +31,15 @@ def free_port() -> int:
     low, _ = _ephemeral_range()
     for _ in range(200):
         port = _ports.randrange(max(1024, low - 12000), low)
+        if port in _given:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _given.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

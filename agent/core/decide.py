@@ -705,7 +705,15 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
         in_hold = state.phase in (Phase.HOLDING, Phase.WAITING)
         flush = (failure or in_hold) and not can_continue
     gen = state.generation + 1
-    down = p.all_slices - up
+    # Slices whose hosts have yet to rejoin a restarted coordinator are not known
+    # to be down: naming them would make the trainer drop their replicas (and,
+    # with none left, rewind to its checkpoint); it skips lost ones itself.
+    rejoining = (
+        {sl for sl, _ in state.expected_rejoin}
+        if state.rejoin_deadline is not None and now < state.rejoin_deadline
+        else set()
+    )
+    down = p.all_slices - up - rejoining
     ack_within = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flush else 0.0)
     new = replace(
         state,

@@ -603,3 +603,12 @@ def test_a_blind_coordinator_waiting_with_a_held_trainer_ends_the_wait_at_its_ti
     assert job.feed(Tick(), dt=3.9).state.phase == Phase.WAITING
     d = job.feed(Tick(), dt=0.2)
     assert d.state.phase == Phase.FAILED and of(d, AbortTrainer)[0].exit_code == 42
+
+
+def test_a_hold_during_the_rejoin_grace_does_not_name_slices_still_rejoining_as_down():
+    # Blind restart: the trainer is adopted before any worker re-registered, then re-synchronised.
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, rejoin_grace_seconds=10))
+    job.feed(TrainerAttached(1, 6, frozenset({0, 1, 2})))
+    d = job.feed(TrainerHeld(2, 7, -1), dt=0.1)
+    (hold,) = of(d, HoldTrainer)
+    assert hold.down_slices == frozenset(), hold
