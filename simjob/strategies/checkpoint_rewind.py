@@ -156,13 +156,14 @@ def trainer_main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def rewind_main(argv: list[str] | None, prog: str, description: str | None, strategy: CheckpointRewind) -> int:
+    """The command line of a rewind strategy: ``trainer ...`` runs its trainer, anything else the job."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["trainer"]:
         return trainer_main(argv[1:])
     ap = argparse.ArgumentParser(
-        prog="python -m simjob.strategies.checkpoint_rewind",
-        description=__doc__,
+        prog=prog,
+        description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_strategy_args(ap)
@@ -172,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_POLL_INTERVAL,
         help="Manager.elastic_retry poll_interval (default 10, pathwaysutils' default)",
     )
-    return run_strategy(ap.parse_args(argv), CheckpointRewind())
+    return run_strategy(ap.parse_args(argv), strategy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rewind_main(argv, "python -m simjob.strategies.checkpoint_rewind", __doc__, CheckpointRewind())
 
 
 if __name__ == "__main__":

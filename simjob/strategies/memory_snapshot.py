@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simjob.strategies.checkpoint_rewind import DEFAULT_POLL_INTERVAL, CheckpointRewind, trainer_main
-from simjob.strategies.common import add_strategy_args, run_strategy
+from simjob.strategies.checkpoint_rewind import CheckpointRewind, rewind_main
 
 
 class MemorySnapshot(CheckpointRewind):
@@ -30,22 +29,7 @@ class MemorySnapshot(CheckpointRewind):
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["trainer"]:
-        return trainer_main(argv[1:])
-    ap = argparse.ArgumentParser(
-        prog="python -m simjob.strategies.memory_snapshot",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_strategy_args(ap)
-    ap.add_argument(
-        "--poll-interval",
-        type=float,
-        default=DEFAULT_POLL_INTERVAL,
-        help="Manager.elastic_retry poll_interval (default 10, pathwaysutils' default)",
-    )
-    return run_strategy(ap.parse_args(argv), MemorySnapshot())
+    return rewind_main(argv, "python -m simjob.strategies.memory_snapshot", __doc__, MemorySnapshot())
 
 
 if __name__ == "__main__":
