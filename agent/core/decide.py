@@ -79,8 +79,11 @@ host, joined by ``jax.distributed``) cannot shrink: every slice is needed.
   the newest committed checkpoint. No elastic retry is spent.
 * An announced loss (a drain) holds with a flush, as for any job; once every
   process has held at the agreed step (the coordinator's trainer group checks
-  that), the job fails with exit code 42 if a slice is still missing: the
-  restart resumes from the flushed step.
+  that) and the flush committed, the held job waits while the drained slices'
+  hosts are still up and the notice's deadline is ahead (at most the elastic
+  timeout): a cancelled notice resumes every process at the held step. When
+  the deadline passes, a host goes, or the flush did not commit, the job fails
+  with exit code 42: the restart resumes from the flushed step.
 * Processes that held at different steps never resume: the job fails (42).
 """
 
@@ -124,6 +127,9 @@ from agent.core.model import (
 
 RECENT_STEPS = 15
 """Step durations kept for the median that judges a suspected hang."""
+MC_NOTICE_EXIT_MARGIN = 5.0
+"""Multi-controller: seconds before an announced node goes at which a held job stops waiting for a
+cancellation and restarts (every process exits 42 itself, not with its host)."""
 _MC_CANNOT_SHRINK = "; a multi-controller job cannot continue without it: restart (the JobSet restarts on 42)"
 
 
@@ -636,6 +642,15 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
 
     if state.phase == Phase.WAITING:
         if p.multi_controller and up != p.all_slices and not state.operator_hold:
+            until = _announced_until(state, p.all_slices - up, now)
+            if until is not None:
+                return Decision(
+                    state,
+                    (),
+                    f"{prefix}held and flushed at step {state.trainer.step_in_memory}; slice(s) "
+                    f"{_fmt(p.all_slices - up)} announced to leave, hosts still up: waiting {until - now:.0f} s "
+                    "for the disruption (a cancelled notice resumes every process; a lost host restarts the job)",
+                )
             t = state.trainer
             kept = (
                 f"the held step {t.step_in_memory} is committed"
@@ -663,6 +678,34 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         return Decision(state, (), f"{prefix}holding until {p.min_slices} slices are up ({len(up)} now)")
 
     return Decision(state, (), why)
+
+
+def _announced_until(state: State, missing: frozenset[int], now: float) -> float | None:
+    """Multi-controller, held: how long to keep the hold open for a notice that may still be cancelled.
+
+    Only while every missing slice is drained by a notice (not an operator) that named when its node
+    goes, that time less ``MC_NOTICE_EXIT_MARGIN`` is still ahead, and every host of the slice is still registered and healthy;
+    never past the elastic timeout. Then the held, flushed job waits: a cancellation (GKE's
+    ``CANCELLED`` upgrade event, or the metadata server's ``maintenance-event`` back to ``NONE``)
+    lifts the drain and the processes resume at the held step; the node actually going ends the
+    wait at once. None: restart now.
+    """
+    ends: list[float] = []
+    for s in missing:
+        d = state.drains.get(s)
+        if d is None or d.source == "operator" or d.deadline is None or d.deadline <= now:
+            return None
+        hosts = [state.hosts.get((s, h)) for h in range(state.policy.hosts_per_slice)]
+        if any(r is None or not r.healthy for r in hosts):
+            return None
+        ends.append(d.deadline)
+    if not ends or state.trainer.step_in_memory < 0 or state.trainer.committed_step < state.trainer.step_in_memory:
+        return None
+    # Leave before the node goes, so that every process exits 42 itself rather than with its host.
+    until = min(ends) - MC_NOTICE_EXIT_MARGIN
+    if state.deadline is not None:
+        until = min(until, state.deadline)
+    return until if until > now else None
 
 
 def _suspected_hang(state: State, now: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent.constants import EXIT_RESTART
+from agent.core.decide import MC_NOTICE_EXIT_MARGIN
 from agent.core.model import (
     AbortTrainer,
     ExitCoordinator,
@@ -110,3 +111,53 @@ def test_operator_checkpoint_is_refused_outside_a_hold() -> None:
     j = mc_job()
     d = j.feed(OperatorCommand("checkpoint", "now"))
     assert d.rejected and "agreed step" in d.rejected
+
+
+def _held_on_a_notice_due_in(j: Job, seconds: float, *, committed: int = 14):
+    """A notice for slice 1's node due ``seconds`` from now; every process held at step 14."""
+    notice = NodeNotice("terminate", "metadata", slice=1, deadline=j.now + 1.0 + seconds, reason="maintenance")
+    (hold,) = of(j.feed(notice, dt=1.0), HoldTrainer)
+    assert hold.flush
+    return j.feed(TrainerHeld(hold.generation, 14, committed, 0.3), dt=0.5)
+
+
+def test_a_held_job_waits_for_a_notice_that_may_still_be_cancelled_and_resumes_when_it_is() -> None:
+    j = mc_job(elastic_timeout_seconds=300.0)
+    d = _held_on_a_notice_due_in(j, 60.0)
+    assert not of(d, AbortTrainer) and j.state.phase == Phase.WAITING
+    assert "waiting" in d.reason and "cancelled" in d.reason
+    assert not of(j.feed(Tick(), dt=20.0), AbortTrainer)
+    d = j.feed(NodeNotice("terminate", "metadata", slice=1, cleared=True, reason="cancelled"), dt=1.0)
+    (resume,) = of(d, ResumeTrainer)
+    assert resume.active == frozenset({0, 1}) and str(resume.source) == "memory"
+    assert not of(d, AbortTrainer) and j.state.retries_used == 0
+
+
+def test_the_wait_ends_with_42_when_the_notice_deadline_passes() -> None:
+    j = mc_job(elastic_timeout_seconds=300.0)
+    _held_on_a_notice_due_in(j, 30.0)
+    assert not of(j.feed(Tick(), dt=20.0), AbortTrainer)
+    # Every process leaves with 42 a margin before the node goes, not with it.
+    d = j.feed(Tick(), dt=30.0 - 0.5 - 20.0 - MC_NOTICE_EXIT_MARGIN + 0.1)
+    (abort,) = of(d, AbortTrainer)
+    assert abort.exit_code == EXIT_RESTART and "the held step 14 is committed" in d.reason
+
+
+def test_the_wait_never_outlasts_the_elastic_timeout() -> None:
+    j = mc_job(elastic_timeout_seconds=20.0)
+    _held_on_a_notice_due_in(j, 600.0)
+    assert not of(j.feed(Tick(), dt=15.0), AbortTrainer)
+    assert of(j.feed(Tick(), dt=10.0), AbortTrainer)
+
+
+def test_the_wait_ends_at_once_when_a_drained_host_goes() -> None:
+    j = mc_job(elastic_timeout_seconds=300.0)
+    _held_on_a_notice_due_in(j, 60.0)
+    d = j.feed(WorkerLost(1, 0, "a1.0", "stream_closed"), dt=2.0)
+    assert of(d, AbortTrainer) and j.state.phase == Phase.FAILED
+
+
+def test_no_wait_without_a_committed_flush() -> None:
+    j = mc_job(elastic_timeout_seconds=300.0)
+    d = _held_on_a_notice_due_in(j, 60.0, committed=10)
+    assert of(d, AbortTrainer) and "NOT committed" in d.reason
