@@ -79,11 +79,12 @@ host, joined by ``jax.distributed``) cannot shrink: every slice is needed.
   the newest committed checkpoint. No elastic retry is spent.
 * An announced loss (a drain) holds with a flush, as for any job; once every
   process has held at the agreed step (the coordinator's trainer group checks
-  that) and the flush committed, the held job waits while the drained slices'
-  hosts are still up and the notice's deadline is ahead (at most the elastic
-  timeout): a cancelled notice resumes every process at the held step. When
-  the deadline passes, a host goes, or the flush did not commit, the job fails
-  with exit code 42: the restart resumes from the flushed step.
+  that) and the flush committed, a job drained for a window announced for
+  later waits while the drained slices' hosts are still up, until just before
+  the window (at most the elastic timeout): a cancelled window resumes every
+  process at the held step. Otherwise (an imminent notice, the time passed, a
+  host gone, a flush not committed) the job fails with exit code 42: the
+  restart resumes from the flushed step.
 * Processes that held at different steps never resume: the job fails (42).
 """
 
@@ -683,22 +684,26 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
 def _announced_until(state: State, missing: frozenset[int], now: float) -> float | None:
     """Multi-controller, held: how long to keep the hold open for a notice that may still be cancelled.
 
-    Only while every missing slice is drained by a notice (not an operator) that named when its node
-    goes, that time less ``MC_NOTICE_EXIT_MARGIN`` is still ahead, and every host of the slice is still registered and healthy;
-    never past the elastic timeout. Then the held, flushed job waits: a cancellation (GKE's
-    ``CANCELLED`` upgrade event, or the metadata server's ``maintenance-event`` back to ``NONE``)
-    lifts the drain and the processes resume at the held step; the node actually going ends the
-    wait at once. None: restart now.
+    Only while every missing slice is drained by a notice of a window announced for later (a
+    scheduled GKE/GCE maintenance window, the node's scheduled-maintenance-time label), the
+    window's start less ``MC_NOTICE_EXIT_MARGIN`` is still ahead, and every host of the slice is
+    still registered and healthy; never past the elastic timeout. Then the held, flushed job waits:
+    a cancellation (a ``CANCELLED`` event for the window, or the label removed) lifts the drain and
+    the processes resume at the held step; the node actually going ends the wait at once.
+    None: restart now.
     """
     ends: list[float] = []
     for s in missing:
         d = state.drains.get(s)
-        if d is None or d.source == "operator" or d.deadline is None or d.deadline <= now:
+        if d is None or d.source == "operator" or d.starts_at is None:
+            # Only a window announced for later may still be cancelled. An imminent notice (a
+            # preemption, a maintenance-event, a GCE system event) has at most an estimated
+            # deadline (--maintenance/--preemption-notice-seconds): its host may go before it.
             return None
         hosts = [state.hosts.get((s, h)) for h in range(state.policy.hosts_per_slice)]
         if any(r is None or not r.healthy for r in hosts):
             return None
-        ends.append(d.deadline)
+        ends.append(d.starts_at)
     if not ends or state.trainer.step_in_memory < 0 or state.trainer.committed_step < state.trainer.step_in_memory:
         return None
     # Leave before the node goes, so that every process exits 42 itself rather than with its host.

@@ -114,8 +114,10 @@ def test_operator_checkpoint_is_refused_outside_a_hold() -> None:
 
 
 def _held_on_a_notice_due_in(j: Job, seconds: float, *, committed: int = 14):
-    """A notice for slice 1's node due ``seconds`` from now; every process held at step 14."""
-    notice = NodeNotice("terminate", "metadata", slice=1, deadline=j.now + 1.0 + seconds, reason="maintenance")
+    """A maintenance window for slice 1 starting ``seconds`` from now (within the notice lead, so it
+    drains at once); every process held at step 14."""
+    starts = j.now + 1.0 + seconds
+    notice = NodeNotice("scheduled", "pubsub", slice=1, deadline=starts, starts_at=starts, reason="window")
     (hold,) = of(j.feed(notice, dt=1.0), HoldTrainer)
     assert hold.flush
     return j.feed(TrainerHeld(hold.generation, 14, committed, 0.3), dt=0.5)
@@ -127,7 +129,7 @@ def test_a_held_job_waits_for_a_notice_that_may_still_be_cancelled_and_resumes_w
     assert not of(d, AbortTrainer) and j.state.phase == Phase.WAITING
     assert "waiting" in d.reason and "cancelled" in d.reason
     assert not of(j.feed(Tick(), dt=20.0), AbortTrainer)
-    d = j.feed(NodeNotice("terminate", "metadata", slice=1, cleared=True, reason="cancelled"), dt=1.0)
+    d = j.feed(NodeNotice("cancelled", "pubsub", slice=1, cleared=True, reason="CANCELLED"), dt=1.0)
     (resume,) = of(d, ResumeTrainer)
     assert resume.active == frozenset({0, 1}) and str(resume.source) == "memory"
     assert not of(d, AbortTrainer) and j.state.retries_used == 0
@@ -144,7 +146,7 @@ def test_the_wait_ends_with_42_when_the_notice_deadline_passes() -> None:
 
 
 def test_the_wait_never_outlasts_the_elastic_timeout() -> None:
-    j = mc_job(elastic_timeout_seconds=20.0)
+    j = mc_job(elastic_timeout_seconds=20.0, notice_lead_seconds=900.0)
     _held_on_a_notice_due_in(j, 600.0)
     assert not of(j.feed(Tick(), dt=15.0), AbortTrainer)
     assert of(j.feed(Tick(), dt=10.0), AbortTrainer)
@@ -161,3 +163,11 @@ def test_no_wait_without_a_committed_flush() -> None:
     j = mc_job(elastic_timeout_seconds=300.0)
     d = _held_on_a_notice_due_in(j, 60.0, committed=10)
     assert of(d, AbortTrainer) and "NOT committed" in d.reason
+
+
+def test_no_wait_for_an_imminent_notice_whose_deadline_is_only_our_estimate() -> None:
+    # The metadata server's maintenance-event names no time: its deadline is --maintenance-notice-seconds.
+    j = mc_job(elastic_timeout_seconds=300.0)
+    notice = NodeNotice("maintenance-event", "metadata", slice=1, deadline=j.now + 61.0)
+    (hold,) = of(j.feed(notice, dt=1.0), HoldTrainer)
+    assert of(j.feed(TrainerHeld(hold.generation, 14, 14, 0.3), dt=0.5), AbortTrainer)
