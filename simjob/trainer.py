@@ -154,7 +154,7 @@ class Trainer:
             ),
         )
         self.state: dict[str, Any] | None = None
-        self.snapshot: Snapshot | None = None
+        self.host_snapshot: Snapshot | None = None
         """With --donate: the state before the newest step that may consume it, per slice (see ``_snapshot``)."""
         self._snap_seconds: list[float] = []
         self._seen_lost: frozenset[int] = frozenset()
@@ -301,7 +301,7 @@ class Trainer:
         """
         if not (self.ns.donate and self.ns.snapshot_every > 0 and self.session is not None):
             return
-        if step % self.ns.snapshot_every or (self.snapshot is not None and self.snapshot.step == step):
+        if step % self.ns.snapshot_every or (self.host_snapshot is not None and self.host_snapshot.step == step):
             return
         try:
             snap = take_snapshot(self.state, step, lambda dev: self.device_slice[dev.id])
@@ -309,7 +309,7 @@ class Trainer:
             if not is_slice_down(e):
                 raise
             return  # a slice is already gone: the step will fail and the older snapshot (or checkpoint) stands
-        self.snapshot = snap
+        self.host_snapshot = snap
         self._snap_seconds.append(snap.seconds)
         if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
             xs = sorted(self._snap_seconds)
@@ -321,9 +321,9 @@ class Trainer:
 
     def _from_snapshot(self, exclude: frozenset[int], step: int) -> Any | None:
         """The snapshot of ``step`` assembled from slices not in ``exclude`` (None if there is none or a shard is lost)."""
-        if self.snapshot is None or self.snapshot.step != step:
+        if self.host_snapshot is None or self.host_snapshot.step != step:
             return None
-        return self.snapshot.assemble(exclude)
+        return self.host_snapshot.assemble(exclude)
 
     def _save_args(self, step: int, down: frozenset[int]) -> tuple[Any, int]:
         exclude = down | self.runtime.lost_slices() | self._seen_lost
@@ -368,7 +368,7 @@ class Trainer:
             if host is None:
                 host = self._from_snapshot(exclude, step)
         self._seen_lost = frozenset()
-        self.snapshot = None  # its lost slices' copies must not outlive this rebuild: the next boundary takes one
+        self.host_snapshot = None  # its lost slices' copies must not outlive this rebuild: the next boundary takes one
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in d.active_slices]), ("replica", "model"))
