@@ -303,12 +303,21 @@ class Trainer:
             return
         if step % self.ns.snapshot_every or (self.host_snapshot is not None and self.host_snapshot.step == step):
             return
+        reuse, self.host_snapshot = self.host_snapshot, None  # its buffers are written over
         try:
-            snap = take_snapshot(self.state, step, lambda dev: self.device_slice[dev.id])
+            snap = take_snapshot(
+                self.state,
+                step,
+                lambda dev: self.device_slice[dev.id],
+                reuse=reuse,
+                exclude=self.runtime.lost_slices() | self._seen_lost,
+            )
         except self.jax.errors.JaxRuntimeError as e:
             if not is_slice_down(e):
                 raise
-            return  # a slice is already gone: the step will fail and the older snapshot (or checkpoint) stands
+            # A slice was lost while its shards were being copied: no snapshot of this step, so if
+            # the step consumes the state and fails, the job resumes from its last checkpoint.
+            return
         self.host_snapshot = snap
         self._snap_seconds.append(snap.seconds)
         if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
