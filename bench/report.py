@@ -366,12 +366,44 @@ def header(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def sweep_lines(cfg: dict[str, Any]) -> list[str]:
+    """Which (fault, checkpoint period, replacement delay) points ran, from the run's own config."""
+    cases = cfg.get("cases") or []
+    if not cases:
+        return []
+    by_fault: dict[str, list[str]] = {}
+    for fault, period, delay in cases:
+        by_fault.setdefault(fault, []).append(f"({fmt(period)}, {fmt(delay)} s)")
+    out = [
+        "",
+        "Points run, as (checkpoint period, replacement delay)"
+        + (f", sweep {cfg['sweep']}" if cfg.get("sweep") else "")
+        + ":",
+        "",
+    ]
+    out += [f"- {fault}: {', '.join(points)}" for fault, points in by_fault.items()]
+    missing = [f for f in ("kill", "hang", "notice") if f not in by_fault]
+    if missing:
+        out.append(f"- not run: {', '.join(missing)}")
+    runs, refs = cfg.get("runs"), cfg.get("fault_free_runs") or cfg.get("runs")
+    out += [
+        "",
+        f"Rounds: {fmt(runs)} (each row's n counts its successful runs); fault-free reference runs per strategy "
+        f"and period: {fmt(refs)}; strategies: {fmt(cfg.get('strategies'))}.",
+    ]
+    return out
+
+
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out = [
         f"State: {fmt(cfg.get('state_bytes'))} bytes across {fmt(cfg.get('slices'))} slices, donated: "
         f"{fmt(cfg.get('donate'))}; realistic point: checkpoint period {fmt(cfg.get('realistic_checkpoint_period'))} "
         f"steps, replacement delay {fmt(cfg.get('realistic_delay'))} s; fault phases seeded with {fmt(cfg.get('seed'))}.",
+        "",
+    ]
+    out += sweep_lines(cfg)
+    out += [
         "",
         "Fault cost (s): median [min–max], p90, n = successful runs. Lost steps: median (worst).",
         "",
