@@ -67,7 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-periods", type=_ints, default=None, help="checkpoint periods in steps, e.g. 25,100")
     g.add_argument("--realistic-checkpoint-period", type=int, default=None)
     g.add_argument("--realistic-delay", type=float, default=None)
-    g.add_argument("--sweep-faults", type=_words, default=None, help="faults run at every period and delay")
+    g.add_argument("--sweep-faults", type=_words, default=None, help="faults run at the sweep's points")
+    g.add_argument(
+        "--sweep",
+        choices=["grid", "cross"],
+        default=None,
+        help="grid (default): every period x delay; cross: one axis at a time through the realistic point",
+    )
+    g.add_argument(
+        "--fault-free-runs", type=int, default=None, help="rounds that run fault-free references (default: all)"
+    )
     g.add_argument("--state-mib", type=int, default=None, help="train state across all slices (>= 1024 documented)")
     g.add_argument("--no-donate", action="store_true", help="do not donate the state into the step")
     g.add_argument("--local-checkpoint-period", type=int, default=None)
@@ -101,6 +110,8 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             realistic_checkpoint_period=ns.realistic_checkpoint_period,
             realistic_delay=ns.realistic_delay,
             sweep_faults=ns.sweep_faults,
+            sweep=ns.sweep,
+            fault_free_runs=ns.fault_free_runs,
             runs=ns.repeats,
             seed=ns.seed,
             state_mib=ns.state_mib,

@@ -88,8 +88,13 @@ class Config:
     realistic_checkpoint_period: int = 100
     realistic_delay: float = 30.0
     sweep_faults: list[str] = field(default_factory=lambda: ["kill"])
-    """Faults run at every (period, delay); the others only at the realistic point."""
+    """Faults run at the sweep's (period, delay) points; the others only at the realistic point."""
+    sweep: str = "grid"
+    """``grid``: every period x every delay; ``cross``: each period at the realistic delay and each
+    delay at the realistic period (one axis varied at a time: fewer runs)."""
     runs: int = 5
+    fault_free_runs: int = 0
+    """Rounds that run the fault-free references (the first ones); 0: every round (``runs``)."""
     seed: int = 0
     slices: int = 4
     devices_per_slice: int = 2
@@ -118,9 +123,14 @@ class Config:
     def cases(self) -> list[tuple[str, int, float]]:
         """(fault, checkpoint period, delay) to run: the sweep faults everywhere, the rest at the realistic point."""
         out = []
+        if self.sweep == "grid":
+            points = [(p, d) for p in self.checkpoint_periods for d in self.delays]
+        else:
+            rp, rd = self.realistic_checkpoint_period, self.realistic_delay
+            points = sorted({(p, rd) for p in self.checkpoint_periods} | {(rp, d) for d in self.delays})
         for fault in self.faults:
             if fault in self.sweep_faults:
-                out += [(fault, p, d) for p in self.checkpoint_periods for d in self.delays]
+                out += [(fault, p, d) for p, d in points]
             else:
                 out.append((fault, self.realistic_checkpoint_period, self.realistic_delay))
         return out
@@ -148,6 +158,10 @@ class Config:
         bad = set(c.strategies) - set(STRATEGIES) or set(c.faults) - set(FAULTS) or set(c.trainers) - set(TRAINERS)
         if bad:
             raise ValueError(f"unknown strategy, fault or trainer {sorted(bad)}")
+        if c.sweep not in ("grid", "cross"):
+            raise ValueError(f"sweep {c.sweep!r}: expected 'grid' or 'cross'")
+        if not 0 <= c.fault_free_runs <= c.runs:
+            raise ValueError(f"fault_free_runs {c.fault_free_runs}: expected 0 (every round) to runs ({c.runs})")
         if c.runs < (3 if c.quick else 5):
             log(f"recovery: {c.runs} runs per row is below the {3 if c.quick else 5} the method asks for")
         return c
@@ -478,7 +492,7 @@ def run(
         for rep in range(cfg.runs):
             # Fault-free references first in each round (their rate sizes the faulted runs), then every
             # case with the strategies interleaved, so drift on a shared machine hits them alike.
-            for period in cfg.checkpoint_periods:
+            for period in cfg.checkpoint_periods if rep < (cfg.fault_free_runs or cfg.runs) else []:
                 for s in cfg.strategies:
                     n = cfg.fault_free_steps or max(100, 3 * period)
                     log(f"recovery: {s} fault-free, period {period}, round {rep + 1}/{cfg.runs}")

@@ -165,27 +165,71 @@ def _recovery_ratio_target(
     return out
 
 
+def scale_causes(sc: dict[str, Any], r: dict[str, Any]) -> list[str]:
+    """Why a scale row's figures cannot stand for the shipped coordinator, from the row and its config."""
+    cfg = sc.get("config", {})
+    out = []
+    shipped = (cfg.get("shipped_heartbeat_interval"), cfg.get("shipped_heartbeat_timeout"))
+    used = (r.get("heartbeat_interval"), r.get("heartbeat_timeout"))
+    if None not in shipped and used != shipped:
+        out.append(
+            f"heartbeat {fmt(used[0])} s / timeout {fmt(used[1])} s, not the shipped {fmt(shipped[0])} s / "
+            f"{fmt(shipped[1])} s"
+        )
+    if r.get("saturated"):
+        out.append(
+            f"the coordinator's event loop was saturated (main thread {fmt(r.get('coordinator_cores_main_thread'))} "
+            "cores): its CPU figure is a ceiling, not the demand"
+        )
+    if not is_valid(r):
+        out.append(status(r))
+    return out
+
+
+def topology_line(sc: dict[str, Any] | None) -> str | None:
+    """What the scale rows measured: the flat topology, or something else the rows name."""
+    tops = sorted({str(r.get("topology")) for r in (sc or {}).get("results", []) if r.get("topology")})
+    if not tops:
+        return None
+    if tops == ["flat"]:
+        return (
+            "Topology measured: flat (every worker streams to the coordinator itself). Per-slice leaders "
+            "(one aggregated stream per slice) are not built, so no figure here measures them."
+        )
+    return "Topologies measured: " + ", ".join(tops) + "."
+
+
 def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str, unit: str) -> Verdict:
-    goal = f"< {limit:g} {unit} at 10,000 workers"
+    goal = f"< {limit:g} {unit} at 10,000 workers, shipped heartbeat settings, every fan-out delivered"
     if sc is None:
         return Verdict(name, goal, "–", "not measured", "no scale results")
     rows = [r for r in sc.get("results", []) if r.get("workers", 0) >= 10000]
     if not rows:
-        return Verdict(name, goal, "–", "not measured", "no run at 10,000 workers")
+        sizes = ", ".join(fmt(r.get("workers")) for r in sc.get("results", [])) or "none"
+        return Verdict(name, goal, "–", "not measured", f"no run at 10,000 workers (sizes run: {sizes})")
     r = max(rows, key=lambda x: x["workers"])
     basis = (
         f"{fmt(r['workers'])} workers, heartbeat {fmt(r.get('heartbeat_interval'))} s, {fmt(r.get('cycles'))} cycles"
     )
+    if r.get("topology"):
+        basis += f", topology {r['topology']}"
     v = r.get(field)
+    shown = "–" if v is None else f"{fmt(v)} {unit}"
+    if field == "coordinator_cores" and v is not None:
+        shown = spread_text(v, r.get("coordinator_cores_min"), r.get("coordinator_cores_max"))
+        shown += f" {unit} ({fmt(r.get('cpu_windows'))} windows)"
+    causes = scale_causes(sc, r)
     if not is_valid(r):
-        return Verdict(name, goal, f"{fmt(v)} {unit}", "invalid", f"{basis}: {status(r)}")
+        return Verdict(name, goal, shown, "invalid", f"{basis}: " + "; ".join(causes))
     if v is None:
         return Verdict(name, goal, "–", "not measured", basis)
     why = unjudged(sc, r.get("cycles"))
-    if why:
-        return Verdict(name, goal, f"{fmt(v)} {unit}", "not measured", f"{basis}: {why}")
-    shown = f"{fmt(v)} {unit}" + (" (event loop saturated: a ceiling)" if r.get("saturated") else "")
-    return Verdict(name, goal, shown, "met" if v < limit else "not met", basis)
+    off_shipped = [c for c in causes if c.startswith("heartbeat ")]
+    if why or off_shipped:
+        return Verdict(
+            name, goal, shown, "not measured", f"{basis}: " + "; ".join([*([why] if why else []), *off_shipped])
+        )
+    return Verdict(name, goal, shown, "met" if v < limit else "not met", "; ".join([basis, *causes]))
 
 
 def _flush_targets(fl: dict[str, Any] | None) -> list[Verdict]:
@@ -322,12 +366,44 @@ def header(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def sweep_lines(cfg: dict[str, Any]) -> list[str]:
+    """Which (fault, checkpoint period, replacement delay) points ran, from the run's own config."""
+    cases = cfg.get("cases") or []
+    if not cases:
+        return []
+    by_fault: dict[str, list[str]] = {}
+    for fault, period, delay in cases:
+        by_fault.setdefault(fault, []).append(f"({fmt(period)}, {fmt(delay)} s)")
+    out = [
+        "",
+        "Points run, as (checkpoint period, replacement delay)"
+        + (f", sweep {cfg['sweep']}" if cfg.get("sweep") else "")
+        + ":",
+        "",
+    ]
+    out += [f"- {fault}: {', '.join(points)}" for fault, points in by_fault.items()]
+    missing = [f for f in ("kill", "hang", "notice") if f not in by_fault]
+    if missing:
+        out.append(f"- not run: {', '.join(missing)}")
+    runs, refs = cfg.get("runs"), cfg.get("fault_free_runs") or cfg.get("runs")
+    out += [
+        "",
+        f"Rounds: {fmt(runs)} (each row's n counts its successful runs); fault-free reference runs per strategy "
+        f"and period: {fmt(refs)}; strategies: {fmt(cfg.get('strategies'))}.",
+    ]
+    return out
+
+
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out = [
         f"State: {fmt(cfg.get('state_bytes'))} bytes across {fmt(cfg.get('slices'))} slices, donated: "
         f"{fmt(cfg.get('donate'))}; realistic point: checkpoint period {fmt(cfg.get('realistic_checkpoint_period'))} "
         f"steps, replacement delay {fmt(cfg.get('realistic_delay'))} s; fault phases seeded with {fmt(cfg.get('seed'))}.",
+        "",
+    ]
+    out += sweep_lines(cfg)
+    out += [
         "",
         "Fault cost (s): median [min–max], p90, n = successful runs. Lost steps: median (worst).",
         "",
@@ -395,7 +471,9 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         [
             fmt(r["workers"]),
             f"{fmt(r.get('heartbeat_interval'))} / {fmt(r.get('heartbeat_timeout'))}",
-            fmt(r.get("coordinator_cores")) + (" (saturated: a ceiling)" if r.get("saturated") else ""),
+            spread_text(r.get("coordinator_cores"), r.get("coordinator_cores_min"), r.get("coordinator_cores_max"))
+            + (f" ({fmt(r['cpu_windows'])} windows)" if r.get("cpu_windows") else "")
+            + (" (saturated: a ceiling)" if r.get("saturated") else ""),
             fmt(r.get("coordinator_cores_main_thread")),
             fmt(r.get("coordinator_rss_mib")),
             fmt(r.get("fanout_p99_seconds")),
@@ -409,7 +487,8 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     ]
     head = ["workers", "heartbeat / timeout s", "coordinator cores", "main thread cores", "RSS MiB"]
     head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "delivered", "cycles", "pinned", "status"]
-    return table(head, rows) + plot_line(plots, "scale")
+    top = topology_line(s)
+    return table(head, rows) + (["", top] if top else []) + plot_line(plots, "scale")
 
 
 def sec_flush(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
@@ -582,6 +661,9 @@ def render(data: dict[str, Any], plots: dict[str, str] | None = None, source: st
         ["target", "goal", "measured", "verdict", "basis"],
         [[v.target, v.goal, v.measured, f"**{v.verdict}**", v.basis] for v in vs],
     )
+    top = topology_line(secs.get("scale"))
+    if top:
+        lines += ["", top]
     for name in ORDER:
         if name not in secs:
             continue

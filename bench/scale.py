@@ -30,6 +30,11 @@ the resume, the resume happened, and no worker was lost to a heartbeat timeout
 while the job was running; otherwise the row says ``valid: false`` and why.
 The coordinator's main-thread CPU is reported too: near one core the event
 loop is saturated and the CPU figure is a ceiling, not the demand.
+
+Topology measured (each row's ``topology``): ``flat``, every worker holds its own ``Join``
+stream to the one coordinator and heartbeats it directly. Per-slice leaders (one aggregated
+stream per slice, so the coordinator sees slices rather than hosts) are a design change that is
+not built; no row measures them.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ NAME = "scale"
 JOB = "bench-scale"
 PER_GENERATOR = 2500
 HOSTS_PER_SLICE = 100
+TOPOLOGY = "flat"
+"""Every worker streams to the coordinator itself; per-slice leaders are not built (see the module docstring)."""
 SATURATED_MAIN_THREAD = 0.9
 """Main-thread CPU (cores) at and above which the coordinator's event loop counts as saturated."""
 
@@ -529,14 +536,20 @@ def run_size(
 def row(r: dict[str, Any]) -> dict[str, Any]:
     """The result row of one size: the fields every consumer reads, validity first-class."""
     hf = r.get("hold_fanout") or {}
+    windows = [w for w in r.get("cpu_cores_windows") or [] if w is not None]
     return {
         "workers": r["workers"],
+        "topology": TOPOLOGY,
         "heartbeat_interval": r.get("heartbeat_interval"),
         "heartbeat_timeout": r.get("heartbeat_timeout"),
         "coordinator_cores": r.get("cpu_cores"),
+        "coordinator_cores_min": min(windows) if windows else None,
+        "coordinator_cores_max": max(windows) if windows else None,
+        "cpu_windows": len(windows),
         "coordinator_cores_main_thread": r.get("cpu_cores_main_thread"),
         "saturated": r.get("saturated"),
         "coordinator_rss_mib": r.get("rss_mib"),
+        "registration_seconds": r.get("registration_s"),
         "fanout_p99_seconds": hf.get("p99_s_worst_cycle"),
         "fanout_p50_seconds": hf.get("p50_s"),
         "resume_fanout_p99_seconds": (r.get("resume_fanout") or {}).get("p99_s"),

@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
+from trainer_hooks.maxtext.snapshot import Snapshot
+from trainer_hooks.maxtext.snapshot import take as take_snapshot
 from trainer_hooks.orbax_flush import OrbaxFlusher
+
+SNAPSHOT_REPORT_EVERY = 50
+"""Snapshots between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
 
 
 def _slices_named(err: BaseException) -> set[int]:
@@ -75,6 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="donate the train state into the step (jit donate_argnums=0), as MaxText does: a failed step "
         "leaves no pre-step state in memory",
+    )
+    ap.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=1,
+        metavar="STEPS",
+        help="with --donate and a sidecar: copy the state to host memory, one copy per slice, before every "
+        "STEPS-th step (trainer_hooks.maxtext.snapshot, as the MaxText hook does), so a failed step resumes "
+        "from the surviving slices' copies instead of the last checkpoint; 0: no snapshots (default 1: at most "
+        "the step in flight is lost)",
     )
     ap.add_argument("--events", type=Path, default=None)
     ap.add_argument(
@@ -139,6 +154,9 @@ class Trainer:
             ),
         )
         self.state: dict[str, Any] | None = None
+        self.host_snapshot: Snapshot | None = None
+        """With --donate: the state before the newest step that may consume it, per slice (see ``_snapshot``)."""
+        self._snap_seconds: list[float] = []
         self._seen_lost: frozenset[int] = frozenset()
         self.mesh = None
         self.active: tuple[int, ...] = ()
@@ -275,8 +293,52 @@ class Trainer:
         except LookupError:
             return None
 
+    def _snapshot(self, step: int) -> None:
+        """Before a step that donates the state: a host copy of it per slice, unless one of ``step`` exists.
+
+        On TPU each host would keep its own shards (pinned host memory); a lost slice's copies are
+        never read (:meth:`Snapshot.assemble` excludes them).
+        """
+        if not (self.ns.donate and self.ns.snapshot_every > 0 and self.session is not None):
+            return
+        if step % self.ns.snapshot_every or (self.host_snapshot is not None and self.host_snapshot.step == step):
+            return
+        reuse, self.host_snapshot = self.host_snapshot, None  # its buffers are written over
+        try:
+            snap = take_snapshot(
+                self.state,
+                step,
+                lambda dev: self.device_slice[dev.id],
+                reuse=reuse,
+                exclude=self.runtime.lost_slices() | self._seen_lost,
+            )
+        except self.jax.errors.JaxRuntimeError as e:
+            if not is_slice_down(e):
+                raise
+            # A slice was lost while its shards were being copied: no snapshot of this step, so if
+            # the step consumes the state and fails, the job resumes from its last checkpoint.
+            return
+        self.host_snapshot = snap
+        self._snap_seconds.append(snap.seconds)
+        if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
+            xs = sorted(self._snap_seconds)
+            self.events(
+                "snapshot_stats",
+                {"step": step, "count": len(xs), "median_seconds": xs[len(xs) // 2], "bytes": snap.nbytes},
+            )
+            self._snap_seconds = []
+
+    def _from_snapshot(self, exclude: frozenset[int], step: int) -> Any | None:
+        """The snapshot of ``step`` assembled from slices not in ``exclude`` (None if there is none or a shard is lost)."""
+        if self.host_snapshot is None or self.host_snapshot.step != step:
+            return None
+        return self.host_snapshot.assemble(exclude)
+
     def _save_args(self, step: int, down: frozenset[int]) -> tuple[Any, int]:
-        host = self._host_copy(down | self.runtime.lost_slices() | self._seen_lost)
+        exclude = down | self.runtime.lost_slices() | self._seen_lost
+        host = self._host_copy(exclude)
+        if host is None:
+            host = self._from_snapshot(exclude, step)  # the state was donated into a step that failed
         if host is None:
             raise RuntimeError(f"cannot flush step {step}: no surviving replica of the state")
         nbytes = sum(int(x.nbytes) for x in self.jax.tree_util.tree_leaves(host))
@@ -309,8 +371,13 @@ class Trainer:
         if d.source == "memory" and self.state is not None:
             # A slice lost since this mesh was built holds no replica, even if its
             # replacement is already up again.
-            host = self._host_copy(d.down_slices | self.runtime.lost_slices() | self._seen_lost)
+            exclude = d.down_slices | self.runtime.lost_slices() | self._seen_lost
+            # Donated into the step that failed: the snapshot taken before that step stands in.
+            host = self._host_copy(exclude)
+            if host is None:
+                host = self._from_snapshot(exclude, step)
         self._seen_lost = frozenset()
+        self.host_snapshot = None  # its lost slices' copies must not outlive this rebuild: the next boundary takes one
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in d.active_slices]), ("replica", "model"))
@@ -348,6 +415,7 @@ class Trainer:
                 step = self._apply(d, step)
                 continue
             self._seen_lost |= self.runtime.apply(self.sim, self.slice_devices)
+            self._snapshot(step)
             t0 = time.monotonic()
             x, y = self._batch(step, len(self.active))
             try:

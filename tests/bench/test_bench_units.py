@@ -30,6 +30,32 @@ def test_sweep_runs_the_sweep_faults_everywhere_and_the_rest_at_the_realistic_po
     assert [c for c in cases if c[0] == "notice"] == [("notice", 100, 30.0)]
 
 
+def test_a_cross_sweep_varies_one_axis_at_a_time_through_the_realistic_point() -> None:
+    cfg = recovery.Config.make(
+        checkpoint_periods=[20, 50],
+        delays=[5.0, 15.0],
+        realistic_checkpoint_period=50,
+        realistic_delay=15.0,
+        faults=["kill", "hang"],
+        sweep="cross",
+    )
+    assert sorted(c for c in cfg.cases() if c[0] == "kill") == [
+        ("kill", 20, 15.0),
+        ("kill", 50, 5.0),
+        ("kill", 50, 15.0),
+    ]
+    assert [c for c in cfg.cases() if c[0] == "hang"] == [("hang", 50, 15.0)]
+
+
+def test_bad_sweep_or_reference_count_is_refused_naming_it() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="sweep 'diagonal'"):
+        recovery.Config.make(sweep="diagonal")
+    with pytest.raises(ValueError, match="fault_free_runs 6"):
+        recovery.Config.make(runs=5, fault_free_runs=6)
+
+
 def test_state_size_option_gives_at_least_what_was_asked() -> None:
     cfg = recovery.Config.make(state_mib=1024)
     assert cfg.ballast_mib() == 256

@@ -23,6 +23,7 @@ import yaml
 from agent import cli, inject
 from agent import constants as C
 from tests.deploy import kueue_model as K
+from tests.deploy.measured import assert_limit_covers, coordinator_rss
 from tests.deploy.test_manifests import SCHEMA_VERSIONS, _validate
 
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -359,16 +360,11 @@ def test_cpu_memory_quota_gives_requests_where_the_queue_covers_them() -> None:
 
 
 def test_coordinator_memory_covers_the_measured_rss() -> None:
-    """The limit comes from docs/benchmarks.md's largest run, with headroom."""
-    rows = re.findall(
-        r"^\| (\d+) \| [^|]+\| [^|]+\| [^|]+\| (\d+) MiB \|", (REPO / "docs/benchmarks.md").read_text(), re.M
-    )
-    assert rows, "docs/benchmarks.md lost its scale table"
-    workers, rss = max((int(w), int(m)) for w, m in rows)
-    assert workers >= 4000
+    """The limit covers the RSS measured at the largest scale run (docs/benchmarks.json), with headroom."""
+    measured = coordinator_rss()
+    assert measured.workers >= 4000, f"the scale benchmark's largest size is too small to size a job from: {measured}"
     _, _, doc = injected(inject.PATHWAYS)
-    limit = K.quantity(coordinator(doc)["resources"]["limits"]["memory"])
-    assert limit >= 1.5 * rss * 2**20, f"{limit} bytes for {rss} MiB measured at {workers} workers"
+    assert_limit_covers(K.quantity(coordinator(doc)["resources"]["limits"]["memory"]), measured)
 
 
 # --- refusals ----------------------------------------------------------------------------

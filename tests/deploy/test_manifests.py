@@ -46,6 +46,7 @@ from agent import cli, inject
 from agent import constants as C
 from agent.config import ConfigError, CoordinatorConfig, WorkerConfig
 from tests.deploy import kueue_model
+from tests.deploy.measured import assert_limit_covers, coordinator_rss
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -76,17 +77,6 @@ INVENTED_MAXTEXT_FLAGS = frozenset({"dynamic_loading", "recovery"})
 # The PriorityClasses xpk creates (src/xpk/templates/kueue_config.yaml.j2).
 XPK_PRIORITY_CLASSES = frozenset({"very-low", "low", "medium", "high", "very-high"})
 
-
-def _measured_rss_mib() -> int:
-    """The coordinator's RSS at the largest worker count in docs/benchmarks.md's scale table."""
-    rows = re.findall(
-        r"^\| (\d+) \| [^|]+\| [^|]+\| [^|]+\| (\d+) MiB \|", (REPO / "docs/benchmarks.md").read_text(), re.M
-    )
-    assert rows, "docs/benchmarks.md lost its scale table"
-    return max((int(w), int(m)) for w, m in rows)[1]
-
-
-MEASURED_RSS_MIB = _measured_rss_mib()
 
 SIDECAR_IMAGE = "elastic-sidecar"
 SIDECAR_UID = 65532
@@ -809,7 +799,7 @@ def test_sidecar_resources_fit_kueue_and_the_measured_load() -> None:
         if pod.tpu:
             assert not asked & {"cpu", "memory"}, f"{pod.where}: cpu/memory on a TPU pod's sidecar: {res}"
         elif role(pod, c) == "coordinator" and pod.rjob["name"] == "pathways-head":
-            assert memory(res["limits"]["memory"]) >= 1.5 * MEASURED_RSS_MIB * 2**20, f"{pod.where}: {res}"
+            assert_limit_covers(memory(res["limits"]["memory"]), coordinator_rss(), pod.where)
             assert memory(res["requests"]["memory"]) == memory(res["limits"]["memory"]), pod.where
             assert "cpu" not in res.get("limits", {}), f"{pod.where}: a cpu limit throttles re-registration bursts"
 

@@ -53,6 +53,15 @@ SCRIPT = textwrap.dedent(
     # a leaf sharded across the slices has no whole copy on either one alone
     across = {"v": jax.device_put(w, NamedSharding(mesh, P("replica", "model")))}
     out["across_lost_1"] = take(across, 1, slice_of).assemble([1]) is None
+    # reuse: the next snapshot writes into the previous one's buffers and holds the new values
+    first = take({"w": jax.device_put(w, NamedSharding(mesh, P(None, "model")))}, 1, slice_of)
+    second = take({"w": jax.device_put(w + 1, NamedSharding(mesh, P(None, "model")))}, 2, slice_of, reuse=first)
+    bufs = lambda snap: [c for copies in snap.leaves[0].shards.values() for c in copies.values()]
+    out["reuse_same_buffers"] = all(a is b for a, b in zip(bufs(first), bufs(second), strict=True))
+    out["reuse_values"] = bool(np.array_equal(second.assemble([])["w"], w + 1))
+    # exclude: a known-lost slice's shards are not read, and only the other slice's copies rebuild it
+    part = take({"w": jax.device_put(w, NamedSharding(mesh, P(None, "model")))}, 3, slice_of, exclude=[1])
+    out["exclude"] = [part.nbytes, part.assemble([0]) is None, bool(np.array_equal(part.assemble([1])["w"], w))]
     print(json.dumps(out))
     """
 )
@@ -69,6 +78,8 @@ def test_a_snapshot_is_rebuilt_from_the_surviving_slices_copies_only() -> None:
     assert out["across_lost_1"] is True
     # one copy per slice: 2 x (8x8 float32 + 4 uint32 key pairs)
     assert out["nbytes"] == 2 * (64 * 4 + 4 * 2 * 4)
+    assert out["reuse_same_buffers"] and out["reuse_values"]
+    assert out["exclude"] == [64 * 4, True, True]
 
 
 @pytest.mark.parametrize(

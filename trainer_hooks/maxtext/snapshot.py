@@ -113,16 +113,31 @@ class Snapshot:
         return jax.tree_util.tree_unflatten(self.treedef, out)
 
 
-def take(state: Any, step: int, slice_of: Callable[[Any], int]) -> Snapshot:
-    """Copy every shard of ``state`` to host memory, keyed by the slice of its device."""
+def take(
+    state: Any,
+    step: int,
+    slice_of: Callable[[Any], int],
+    reuse: Snapshot | None = None,
+    exclude: Iterable[int] = (),
+) -> Snapshot:
+    """Copy every shard of ``state`` to host memory, keyed by the slice of its device.
+
+    ``reuse``: the snapshot this one replaces. Its host buffers are written over where a shard's
+    shape and dtype match (copying into pages already mapped is several times faster than into a
+    fresh allocation: about 0.13 s against 0.7 s a GiB here), so it is no longer valid afterwards,
+    even when this call raises part-way: the caller drops it either way. ``exclude``: slices known
+    to be lost, whose shards are not read (a read would fail).
+    """
     import jax
     import numpy as np
 
     t0 = time.monotonic()
     flat, treedef = jax.tree_util.tree_flatten(state)
+    old = reuse.leaves if reuse is not None and reuse.treedef == treedef else None
+    skip = set(exclude)
     leaves: list[_Leaf] = []
     nbytes = 0
-    for x in flat:
+    for i, x in enumerate(flat):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             raise ValueError("snapshots need fully addressable arrays (single-controller)")
         if isinstance(x, jax.Array):
@@ -130,12 +145,19 @@ def take(state: Any, step: int, slice_of: Callable[[Any], int]) -> Snapshot:
             if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
                 impl, x = jax.random.key_impl(x), jax.random.key_data(x)
             leaf = _Leaf(shape=tuple(x.shape), dtype=x.dtype, key_impl=impl)
+            prev = old[i].shards if old is not None and (old[i].shape, old[i].dtype) == (leaf.shape, x.dtype) else {}
             for sh in x.addressable_shards:
                 key = _bounds(sh.index, x.shape)
                 per_slice = leaf.shards.setdefault(key, {})
                 s = slice_of(sh.device)
-                if s not in per_slice:  # one copy per slice is enough
-                    per_slice[s] = np.array(sh.data, copy=True)
+                if s not in per_slice and s not in skip:  # one copy per slice is enough
+                    data = np.asarray(sh.data)
+                    buf = prev.get(key, {}).get(s)
+                    if buf is not None and buf.shape == data.shape and buf.dtype == data.dtype:
+                        np.copyto(buf, data)
+                        per_slice[s] = buf
+                    else:
+                        per_slice[s] = np.array(data, copy=True)
                     nbytes += per_slice[s].nbytes
             leaves.append(leaf)
         else:
