@@ -292,6 +292,9 @@ def wait_registered(
                 "after_s": rnd(time.time() - t0, 1),
                 "workers_registered": joined,
                 "coordinator_cpu_s": rnd(sampler.cpu_seconds() - cpu0, 1),
+                # The memory of a coordinator holding this many workers: the deploy manifests' sizing
+                # uses it (tests/deploy/measured.py) although the run's other figures are invalid.
+                "coordinator_rss_mib": rnd(sampler.rss() / 2**20, 1),
             }
             raise Collapsed(
                 f"registered workers started timing out {out['collapse']['after_s']} s into "
@@ -549,6 +552,10 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "coordinator_cores_main_thread": r.get("cpu_cores_main_thread"),
         "saturated": r.get("saturated"),
         "coordinator_rss_mib": r.get("rss_mib"),
+        "workers_registered": (r.get("collapse") or {}).get(
+            "workers_registered", r["workers"] if r.get("rss_mib") else None
+        ),
+        "coordinator_rss_mib_at_collapse": (r.get("collapse") or {}).get("coordinator_rss_mib"),
         "registration_seconds": r.get("registration_s"),
         "fanout_p99_seconds": hf.get("p99_s_worst_cycle"),
         "fanout_p50_seconds": hf.get("p50_s"),

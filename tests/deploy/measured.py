@@ -21,27 +21,53 @@ RSS_MARGIN = 1.5
 """A memory limit must be at least this many times the measured RSS (growth, allocator slack)."""
 
 
+CAPACITY_WORKERS = 10_000
+"""The job size the shipped coordinator limit is for (agent/inject.py, deploy/base)."""
+
+
 @dataclass(frozen=True)
 class MeasuredRss:
     workers: int
+    """The job size the figure is for (``CAPACITY_WORKERS``)."""
     rss_mib: float
     valid: bool
     git_sha: str | None
+    points: tuple[tuple[int, float], ...] = ()
+    """(workers registered, RSS MiB) measured; when none reached ``workers``, rss_mib is the
+    straight line through them, at ``workers``."""
 
     def __str__(self) -> str:
+        measured = ", ".join(f"{r:g} MiB at {n}" for n, r in self.points)
+        how = "measured" if any(n >= self.workers for n, _ in self.points) else "extrapolated"
         validity = "valid run" if self.valid else "run marked invalid"
-        return f"{self.rss_mib} MiB at {self.workers} workers ({validity}, commit {self.git_sha or 'unknown'})"
+        return (
+            f"{self.rss_mib:.1f} MiB at {self.workers} workers ({how} from {measured}; {validity}, "
+            f"commit {self.git_sha or 'unknown'})"
+        )
 
 
-def coordinator_rss(path: Path = BENCHMARKS_JSON) -> MeasuredRss:
-    """The coordinator's RSS at the largest worker count that recorded one.
+def _points(rows: list[dict[str, Any]]) -> list[tuple[int, float, bool]]:
+    """(workers registered, RSS MiB, valid) per row that measured one: at steady state, or when it collapsed."""
+    out = []
+    for r in rows:
+        rss, n = r.get("coordinator_rss_mib"), r.get("workers")
+        if not isinstance(rss, (int, float)):
+            rss, n = r.get("coordinator_rss_mib_at_collapse"), r.get("workers_registered")
+        if isinstance(rss, (int, float)) and isinstance(n, int) and n > 0:
+            out.append((n, float(rss), bool(r.get("valid"))))
+    return out
 
-    The largest size with an RSS, valid or not: bench/scale.py measures RSS only once every worker
-    has registered and the job is running, so any recorded RSS is the memory of a full-size
-    coordinator. A row is marked invalid for what happens after that (a fan-out that missed a
-    worker, a heartbeat timeout, a saturated event loop); those spoil the CPU and latency figures,
-    not the memory one, and a memory limit must cover the largest load that was measured, not only
-    the largest that also met its latency checks.
+
+def coordinator_rss(path: Path = BENCHMARKS_JSON, workers: int = CAPACITY_WORKERS) -> MeasuredRss:
+    """The coordinator's RSS with ``workers`` registered, from the scale benchmark's rows.
+
+    Every row that measured an RSS counts, valid or not: "invalid" is about CPU and fan-out (a
+    missed worker, a heartbeat timeout, a saturated event loop), not memory. A run that collapsed
+    during registration records the RSS and the number registered when it did. Where a run
+    reached ``workers``, the largest RSS there is the figure; otherwise the least-squares line
+    through the points (RSS grows with the registered workers: one stream, one host record
+    each) at ``workers``, which needs at least two sizes; on a 2-core machine the load generators
+    fall over long before 10,000 workers.
     """
     where = f"{path.name} (written by `{PRODUCED_BY}`)"
     try:
@@ -56,17 +82,24 @@ def coordinator_rss(path: Path = BENCHMARKS_JSON) -> MeasuredRss:
             f"{where} has no scale benchmark in the current format (schema 2, under 'benchmarks'): run "
             f"`{PRODUCED_BY}` to measure the coordinator's RSS the deploy manifests are sized from"
         )
-    rows = [r for r in scale.get("results", []) if isinstance(r.get("coordinator_rss_mib"), (int, float))]
-    if not rows:
-        sizes = [r.get("workers") for r in scale.get("results", [])]
+    pts = _points(list(scale.get("results", [])))
+    sha = scale.get("git_sha")
+    points = tuple(sorted((n, r) for n, r, _ in pts))
+    full = [(r, v) for n, r, v in pts if n >= workers]
+    if full:
+        rss, valid = max(full)
+        return MeasuredRss(workers, rss, valid, sha, points)
+    sizes = sorted({n for n, _, _ in pts})
+    if len(sizes) < 2:
         raise AssertionError(
-            f"{where}: no scale row recorded the coordinator's RSS (sizes {sizes} never reached steady state): "
-            f"run `{PRODUCED_BY}` again"
+            f"{where}: the coordinator's RSS is measured at {sizes or 'no'} size(s), none with {workers} "
+            f"workers registered; two sizes are needed to extrapolate: run `{PRODUCED_BY}` again"
         )
-    top = max(rows, key=lambda r: (int(r["workers"]), float(r["coordinator_rss_mib"])))
-    return MeasuredRss(
-        int(top["workers"]), float(top["coordinator_rss_mib"]), bool(top.get("valid")), scale.get("git_sha")
-    )
+    mx = sum(n for n, _, _ in pts) / len(pts)
+    my = sum(r for _, r, _ in pts) / len(pts)
+    slope = sum((n - mx) * (r - my) for n, r, _ in pts) / sum((n - mx) ** 2 for n, _, _ in pts)
+    rss = my + slope * (workers - mx)
+    return MeasuredRss(workers, max(rss, max(r for _, r, _ in pts)), all(v for _, _, v in pts), sha, points)
 
 
 def assert_limit_covers(limit_bytes: float, measured: MeasuredRss, where: str = "coordinator") -> None:

@@ -20,7 +20,7 @@ def store(tmp_path: Path, rows: list[dict[str, Any]] | None) -> Path:
     return p
 
 
-def test_the_largest_size_with_an_rss_counts_valid_or_not(tmp_path: Path) -> None:
+def test_a_run_that_reached_the_capacity_counts_valid_or_not(tmp_path: Path) -> None:
     p = store(
         tmp_path,
         [
@@ -31,10 +31,29 @@ def test_the_largest_size_with_an_rss_counts_valid_or_not(tmp_path: Path) -> Non
     )
     m = coordinator_rss(p)
     assert (m.workers, m.rss_mib, m.valid) == (10000, 600.5, False)
+    assert "measured" in str(m)
+
+
+def test_below_the_capacity_the_line_through_the_sizes_is_extended(tmp_path: Path) -> None:
+    rows = [
+        {"workers": 1000, "coordinator_rss_mib": 100.0, "valid": True},
+        {"workers": 2500, "coordinator_rss_mib": 175.0, "valid": True},
+        # Collapsed while registering: its RSS with the 4,000 registered then.
+        {"workers": 5000, "valid": False, "workers_registered": 4000, "coordinator_rss_mib_at_collapse": 250.0},
+        {"workers": 10000, "valid": False, "workers_registered": 0},
+    ]
+    m = coordinator_rss(store(tmp_path, rows))
+    assert m.workers == 10000 and abs(m.rss_mib - 550.0) < 1e-6  # 50 MiB + 0.05 MiB per worker
+    assert not m.valid and "extrapolated from 100 MiB at 1000" in str(m)
+
+
+def test_one_size_is_not_enough_to_extrapolate(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="two sizes are needed"):
+        coordinator_rss(store(tmp_path, [{"workers": 1000, "coordinator_rss_mib": 100.0, "valid": True}]))
 
 
 def test_a_limit_below_the_margin_fails_naming_both() -> None:
-    m = MeasuredRss(10000, 600.0, True, None)
+    m = MeasuredRss(10000, 600.0, True, None, ((10000, 600.0),))
     assert_limit_covers(int(RSS_MARGIN * 600 * 2**20), m)
     with pytest.raises(AssertionError, match=r"below 1.5 x the measured 600.0 MiB at 10000 workers"):
         assert_limit_covers(512 * 2**20, m)
