@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, note
+from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 from agent.core.decide import decide
@@ -49,6 +49,19 @@ ops = st.lists(
 
 @PROPERTY
 @given(ops=ops, min_slices=st.sampled_from([1, 2, -1]))
+# Found by CI-like runs: a grow after a resume that had already left a drained slice out holds
+# without a flush, rightly (the trainer's state is not on that slice).
+@example(
+    ops=[
+        ("now", 0, 0.0),
+        ("scheduled", 1, 0.0),
+        ("now", 3, 0.0),
+        ("ack", 0, 0.0),
+        ("now", 2, 0.0),
+        ("cleared", 3, 0.0),
+    ],
+    min_slices=2,
+)
 def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> None:
     now = 0.0
     state: State = initial_state(
@@ -69,7 +82,14 @@ def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> No
         assert state.retries_used == 0 and not state.slice_errors, "a notice counted as a failure"
         assert all(p.since > now for p in state.planned.values()), "a due planned drain did not begin"
         for a in d.actions:
-            if isinstance(a, HoldTrainer) and (a.down_slices - before.hold_down) & set(state.drains):
+            # A drained slice the trainer runs on leaves with a flush; one it already left (a resume
+            # that excluded it) holds nothing of the trainer's state.
+            leaving = (
+                (a.down_slices - before.hold_down) & set(state.drains) & before.active
+                if isinstance(a, HoldTrainer)
+                else set()
+            )
+            if leaving:
                 assert a.flush, f"a drain held without a flush: {a}"
         last[:] = list(d.actions)
         if state.phase == Phase.FAILED and before.phase != Phase.FAILED:
