@@ -1,7 +1,7 @@
 """MaxText's own elastic path (``elastic_enabled``), driven by the sidecar, on the CPU.
 
-MaxText runs through ``python -m tests.maxtext.run_patched`` with the patches
-of :mod:`tests.maxtext.cpu_elastic_support`. The coordinator's policy has two
+MaxText runs through ``python -m simjob.maxtext`` with the patches
+of :mod:`simjob.maxtext.cpu_elastic`. The coordinator's policy has two
 slices, each with one (submitted) worker; MaxText reports its own flags
 (``elastic_min_slice_count=1`` ...), which the coordinator adopts. Losing
 slice 1 makes the sidecar resume on slice 0 alone: the hook flushes and
@@ -32,8 +32,9 @@ from agent.core.model import (
     WorkerJoined,
     WorkerLost,
 )
-from tests.maxtext.cpu_elastic_support import ENV, ENV_CONTROL, ENV_FAIL_AT, ENV_SLICES
+from simjob.maxtext.cpu_elastic import ENV, ENV_CONTROL, ENV_FAIL_AT, ENV_SLICES
 from tests.maxtext.harness import (
+    PATCHED_MODULE,
     START_TIMEOUT,
     WAIT,
     MaxTextRun,
@@ -80,7 +81,7 @@ def test_elastic_retry_restarts_at_once_from_the_flushed_step_on_shrink_and_grow
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         args = maxtext_args(tmp_path, "elastic", 100_000, *ELASTIC_FLAGS, jax_cache=tmp_path / "jax-cache")
         env = {ENV: "1", ENV_SLICES: "2"}
-        run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
+        run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
         p = sc.state.policy
         assert (p.elastic_min_slice_count, p.elastic_timeout_seconds, p.elastic_max_retries) == (1, 60, 5)
@@ -156,7 +157,7 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         args = maxtext_args(tmp_path, "budget", 100_000, *BUDGET_FLAGS, jax_cache=tmp_path / "jax-cache")
         env = {ENV: "1", ENV_SLICES: "2"}
-        run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
+        run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
         assert sc.state.policy.elastic_max_retries == 10
         first = sc.applied(TrainerResumed)[-1].event
@@ -267,7 +268,7 @@ def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_
         ref_sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         ref_sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         ref_args = maxtext_args(tmp_path, "reference", steps, *SNAPSHOT_FLAGS, jax_cache=cache)
-        ref = MaxTextRun("reference", ref_args, tmp_path, sidecar=ref_sc, module="tests.maxtext.run_patched", env=env)
+        ref = MaxTextRun("reference", ref_args, tmp_path, sidecar=ref_sc, module=PATCHED_MODULE, env=env)
         assert ref.wait(START_TIMEOUT) == 0, ref.tail()
         want = ref.losses()
     finally:
@@ -284,7 +285,7 @@ def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         args = maxtext_args(tmp_path, "crash", steps, *SNAPSHOT_FLAGS, jax_cache=cache)
         fault_env = {**env, ENV_FAIL_AT: f"{fail_at}:1", ENV_CONTROL: str(control)}
-        run = MaxTextRun("crash", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=fault_env)
+        run = MaxTextRun("crash", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=fault_env)
         report = sc.wait_for(lambda: sc.applied(TrainerSliceError), "the slice error", run, timeout=START_TIMEOUT)[0]
         assert report.event.slices == frozenset({1}), report.event  # named by pathwaysutils' health check
         held = sc.wait_for(lambda: sc.applied(TrainerHeld, report.at), "the hold", run)[0].event
