@@ -166,16 +166,22 @@ def record(path: Path | None, kind: str, **fields: Any) -> None:
 
 
 def _sizes(state: Any) -> dict[str, int]:
-    """The train state's bytes and its model parameters (the ``params`` subtree), as MaxText counts them."""
+    """The train state's bytes and its model parameters: the floating-point leaves under ``model``
+    (MaxText 0.2.5 splits its ``TrainStateNNX`` into ``model`` and ``optimizer``) or ``params``."""
     import jax
+    import numpy as np
 
-    leaves = [x for x in jax.tree_util.tree_leaves(state) if hasattr(x, "nbytes")]
-    out = {"state_bytes": int(sum(x.nbytes for x in leaves))}
-    params = getattr(state, "params", None)
-    if params is None and isinstance(state, Mapping):
-        params = state.get("params")
-    if params is not None:
-        out["params"] = int(sum(x.size for x in jax.tree_util.tree_leaves(params) if hasattr(x, "size")))
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    out = {"state_bytes": int(sum(x.nbytes for _, x in flat if hasattr(x, "nbytes")))}
+
+    def top(path: Any) -> str:
+        k = path[0] if path else None
+        return str(getattr(k, "key", getattr(k, "name", k)))
+
+    model = [x for p, x in flat if top(p) in ("model", "params") and hasattr(x, "dtype")]
+    floats = [x for x in model if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]  # not PRNG keys
+    if floats:
+        out["params"] = int(sum(int(np.prod(x.shape)) for x in floats))
     return out
 
 
