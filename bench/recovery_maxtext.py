@@ -284,9 +284,10 @@ def summarise(
         row["invalid_reason"] = "no fault-free reference run succeeded"
     elif not ok:
         row["invalid_reason"] = "no faulted run measured what it should: " + "; ".join(row["failures"])
-    params = sorted({r["params"] for r in [*runs, *refs] if r.get("params")})
-    if params:
-        row["params"] = params[0] if len(params) == 1 else params
+    for key in ("params", "state_bytes"):
+        seen = sorted({r[key] for r in [*runs, *refs] if r.get(key)})
+        if seen:
+            row[key] = seen[0] if len(seen) == 1 else seen
     costs_snap = [r["snapshot"] for r in good_refs if r.get("snapshot")]
     if costs_snap:
         row["snapshot_ms_per_step_median"] = rnd(median(c["snapshot_ms_per_step"] for c in costs_snap), 3)
@@ -397,6 +398,22 @@ def run_one(
     return out
 
 
+def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[str, Any]:
+    """:func:`run_one`; a run that raises is a failed run with the exception as its reason, not a lost benchmark."""
+    try:
+        return run_one(job, strategy, root, tag, **kw)
+    except Exception as e:  # noqa: BLE001 - recorded in the row's failures
+        return {
+            "strategy": strategy,
+            "tag": tag,
+            "fault_step": kw.get("fault_step"),
+            "replacement_delay": kw.get("delay"),
+            "lost_steps": None,
+            "recovery_s": None,
+            "error": f"{type(e).__name__}: {e}",
+        }
+
+
 def _wait_for_fault(events: Path, run: Any, timeout: float) -> dict[str, Any] | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -423,7 +440,7 @@ def run(
 
     Returns the rows, each run's figures and the fault-free runs.
     """
-    from simjob.maxtext.job import MODELS
+    from simjob.maxtext.job import MAXTEXT_PYTHON, MODELS
 
     if model not in MODELS:
         raise ValueError(f"unknown MaxText model size {model!r}: expected one of {sorted(MODELS)}")
@@ -431,6 +448,12 @@ def run(
     unknown = [s for s in strategies if s not in STRATEGIES and s not in NOT_RUN_STRATEGIES]
     if unknown:
         raise ValueError(f"unknown strategy {unknown}: expected some of {[*STRATEGIES, *NOT_RUN_STRATEGIES]}")
+    no_venv = None
+    if ours and not MAXTEXT_PYTHON.exists():
+        # The example trainer's rows of the same run are kept; every MaxText row says why it has no figure.
+        no_venv = f"not run: no MaxText interpreter at {MAXTEXT_PYTHON} (python3.12 venv with maxtext[tpu]==0.2.5)"
+        log(f"recovery maxtext: {no_venv}")
+        ours = []
     periods = sorted({p for f, p, _ in cases if f in FAULTS})
     cache = root / "jax-cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -442,7 +465,7 @@ def run(
             job = Job(model, period)
             for s in ours if rep < n_refs else []:
                 log(f"recovery maxtext: {s} fault-free, period {period}, {job.steps} steps, round {rep + 1}/{runs}")
-                r = run_one(job, s, root, f"mx-ref-{s}-p{period}-r{rep}", fault_step=None, delay=0.0, cache=cache)
+                r = guarded(job, s, root, f"mx-ref-{s}-p{period}-r{rep}", fault_step=None, delay=0.0, cache=cache)
                 r["checkpoint_period"] = period
                 log(f"  -> {r.get('seconds')} s for {r.get('work_steps')} steps{_err(r)}")
                 refs.setdefault((s, period), []).append(r)
@@ -453,7 +476,7 @@ def run(
             at = fault_index(job, seed, rep)
             for s in ours:
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
-                r = run_one(
+                r = guarded(
                     job, s, root, f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}", fault_step=at, delay=delay, cache=cache
                 )
                 r.update({"fault": fault, "checkpoint_period": period})
@@ -464,6 +487,8 @@ def run(
         for s in strategies:
             if s in NOT_RUN_STRATEGIES:
                 rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_STRATEGIES[s]))
+            elif no_venv is not None:
+                rows.append(not_run_row(s, fault, period, delay, model, no_venv))
             elif fault in NOT_RUN_FAULTS:
                 rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_FAULTS[fault]))
             else:

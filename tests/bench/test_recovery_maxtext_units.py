@@ -191,3 +191,29 @@ def test_maxtext_rows_that_cannot_run_here_say_why_and_run_nothing(tmp_path: Pat
 def test_an_unknown_model_size_is_named() -> None:
     with pytest.raises(ValueError, match="'huge'"):
         recovery_maxtext.run(strategies=["sidecar"], cases=[], runs=1, seed=0, root=Path("/nonexistent"), model="huge")
+
+
+def test_a_run_that_raises_is_a_failed_run_with_the_reason(tmp_path: Path) -> None:
+    r = recovery_maxtext.guarded(
+        Job("tiny", 20), "no_such_strategy", tmp_path, "x", fault_step=42, delay=1.0, cache=tmp_path
+    )
+    assert r["error"].startswith("ValueError: unknown MaxText strategy 'no_such_strategy'"), r
+    assert (r["fault_step"], r["lost_steps"], r["recovery_s"]) == (42, None, None)
+
+
+def test_without_the_maxtext_venv_every_maxtext_row_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simjob.maxtext import job
+
+    monkeypatch.setattr(job, "MAXTEXT_PYTHON", tmp_path / "absent" / "python")
+    r = recovery_maxtext.run(
+        strategies=["full_restart", "sidecar", "memory_snapshot"],
+        cases=[("kill", 20, 1.0)],
+        runs=3,
+        seed=0,
+        root=tmp_path,
+    )
+    rows = {x["strategy"]: x for x in r["rows"]}
+    assert all(x["runs"] == 0 and x["status"] == "not_run" for x in rows.values())
+    assert "no MaxText interpreter" in rows["sidecar"]["invalid_reason"]
+    assert "no MaxText interpreter" in rows["full_restart"]["invalid_reason"]
+    assert r["runs"] == [] and r["fault_free_runs"] == []
