@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="example",
         help="maxtext: the real MaxText 0.2.5 on the CPU (needs .venv-maxtext), full_restart, checkpoint_rewind "
         "and sidecar on one job, the kill fault (hang and notice rows say not run); --quick: 3 runs per row, "
-        "checkpoint period 20, delay 1 s, about 10-15 min on an idle 2-core machine; full: 5 runs per row at "
-        "periods 25,100 and delays 5,30 s, about 1.5 h (see bench/recovery_maxtext.py)",
+        "checkpoint period 20, delay 1 s, 18 MaxText runs, about 11 min on 2 cores; full: 5 runs per row at "
+        "periods 25,100 and delays 5,30 s, 90 MaxText runs, about 1.5 h (see bench/recovery_maxtext.py)",
     )
     g.add_argument(
         "--maxtext-model", choices=["tiny", "larger"], default=None, help="MaxText model size (default tiny)"

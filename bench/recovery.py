@@ -45,9 +45,10 @@ A run that ends before the strategy is back on every slice is a failed run
 a slice lost inside a step by pathwaysutils' own fault injection; its rows
 also give the snapshot's cost per step. What it runs and how it measures:
 :mod:`bench.recovery_maxtext`. ``--quick`` there: 3 runs per row, the kill
-fault, checkpoint period 20, replacement delay 1 s (about 10-15 minutes on an
-idle 2-core machine); the full run: 5 runs per row at checkpoint periods 25
-and 100 and delays 5 and 30 s (about an hour and a half).
+fault, checkpoint period 20, replacement delay 1 s, 18 MaxText runs (11 minutes
+on the 2-core machine with other work on it); the full run: 5 runs per row at
+checkpoint periods 25 and 100 and delays 5 and 30 s, 90 MaxText runs (about
+an hour and a half, estimated from the quick run).
 """
 
 from __future__ import annotations
