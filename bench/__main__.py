@@ -60,7 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=None, help="runs per figure (recovery: runs per row)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs' files here (default: temp, removed)")
     g = ap.add_argument_group("recovery")
-    g.add_argument("--trainer", choices=["example", "maxtext", "all"], default="example")
+    g.add_argument(
+        "--trainer",
+        choices=["example", "maxtext", "all"],
+        default="example",
+        help="maxtext: the real MaxText 0.2.5 on the CPU (needs .venv-maxtext), full_restart, checkpoint_rewind "
+        "and sidecar on one job, the kill fault (hang and notice rows say not run); --quick: 3 runs per row, "
+        "checkpoint period 20, delay 1 s, 18 MaxText runs, about 11 min on 2 cores; full: 5 runs per row at "
+        "periods 25,100 and delays 5,30 s, 90 MaxText runs, about 1.5 h (see bench/recovery_maxtext.py)",
+    )
+    g.add_argument(
+        "--maxtext-model", choices=["tiny", "larger"], default=None, help="MaxText model size (default tiny)"
+    )
     g.add_argument("--strategies", type=_words, default=None, help="comma list (default: all five)")
     g.add_argument("--faults", type=_words, default=None, help="comma list of kill,hang,notice (default: all)")
     g.add_argument("--delays", type=_floats, default=None, help="replacement delays in s, e.g. 5,30")
@@ -118,6 +129,7 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             donate=False if ns.no_donate else None,
             local_checkpoint_period=ns.local_checkpoint_period,
             poll_interval=ns.poll_interval,
+            maxtext_model=ns.maxtext_model,
         )
     if name == "detection":
         from bench import detection

@@ -38,6 +38,17 @@ Measured, per run, from the trainer's event log:
 
 A run that ends before the strategy is back on every slice is a failed run
 (its cost would be understated): rows count those in ``failed_runs``.
+
+``--trainer maxtext`` runs the real MaxText (0.2.5, on the CPU) instead:
+``full_restart``, ``checkpoint_rewind`` (MaxText's own elastic mode) and
+``sidecar`` (the hook with an in-memory snapshot every step) on one job, with
+a slice lost inside a step by pathwaysutils' own fault injection; its rows
+also give the snapshot's cost per step. What it runs and how it measures:
+:mod:`bench.recovery_maxtext`. ``--quick`` there: 3 runs per row, the kill
+fault, checkpoint period 20, replacement delay 1 s, 18 MaxText runs (11 minutes
+on the 2-core machine with other work on it); the full run: 5 runs per row at
+checkpoint periods 25 and 100 and delays 5 and 30 s, 90 MaxText runs (about
+an hour and a half, estimated from the quick run).
 """
 
 from __future__ import annotations
@@ -71,11 +82,6 @@ BASE_CMD = {
 }
 WARMUP_STEP = 3
 """Work is counted from the end of this step: the first steps compile."""
-MAXTEXT_NOT_RUN = (
-    "not implemented: the recovery benchmark has no runner for the real MaxText trainer yet "
-    "(tests/maxtext/harness.py drives MaxText with the sidecar for correctness tests, not under "
-    "every strategy); no MaxText figure is measured"
-)
 
 
 @dataclass
@@ -110,6 +116,8 @@ class Config:
     timeout: float = 180.0
     fault_free_steps: int = 0
     """Steps of each fault-free reference run; 0: three checkpoint periods, at least 100."""
+    maxtext_model: str = "tiny"
+    """``--trainer maxtext``: the model size (:data:`simjob.maxtext.job.MODELS`)."""
     quick: bool = False
 
     def ballast_mib(self) -> int | None:
@@ -425,23 +433,6 @@ def summarise(
             if snaps:
                 row["snapshot_seconds_median"] = rnd(median(snaps), 5)
             rows.append(row)
-    if "maxtext" in cfg.trainers:
-        for fault, period, delay in cfg.cases():
-            for s in cfg.strategies:
-                row = _row(cfg, "maxtext", s, fault, period, delay)
-                row.update(
-                    {
-                        "runs": 0,
-                        "failed_runs": 0,
-                        "lost_steps_median": None,
-                        "fault_cost_seconds_median": None,
-                        "fault_cost_seconds_p90": None,
-                        "recovery_seconds_median": None,
-                        "status": "not_run",
-                        "invalid_reason": MAXTEXT_NOT_RUN,
-                    }
-                )
-                rows.append(row)
     return rows
 
 
@@ -529,15 +520,30 @@ def run(
                     runs.append(m)
             _notice_kill_runs(cfg, cases, runs, refs, root, rep)
     rows = summarise(cfg, runs, refs)
+    maxtext: dict[str, Any] = {}
+    if "maxtext" in cfg.trainers:
+        from bench import recovery_maxtext
+
+        maxtext = recovery_maxtext.run(
+            strategies=cfg.strategies,
+            cases=cases,
+            runs=cfg.runs,
+            seed=cfg.seed,
+            root=root / "maxtext",
+            model=cfg.maxtext_model,
+        )
+        rows += maxtext["rows"]
+        runs += maxtext["runs"]
     result = {
         "name": NAME,
         "quick": cfg.quick,
         "config": asdict(cfg)
-        | {"state_bytes": cfg.state_bytes(), "ballast_mib_per_replica": cfg.ballast_mib(), "cases": cases},
+        | {"state_bytes": cfg.state_bytes(), "ballast_mib_per_replica": cfg.ballast_mib(), "cases": cases}
+        | ({"maxtext": maxtext["config"]} if maxtext else {}),
         "results": rows,
         "ratios": ratios(rows),
         "runs": runs,
-        "fault_free_runs": [x for v in refs.values() for x in v],
+        "fault_free_runs": [x for v in refs.values() for x in v] + maxtext.get("fault_free_runs", []),
         "duration_s": round(time.monotonic() - t0, 1),
     }
     if not keep and not workdir:

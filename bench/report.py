@@ -460,6 +460,28 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 for x in ratios
             ],
         )
+    snaps: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in s.get("results", []):  # one line per job: the cost comes from its fault-free runs
+        if r.get("snapshot_ms_per_step_median") is not None:
+            snaps.setdefault((r["trainer"], r["strategy"], r["checkpoint_period"], r.get("model")), r)
+    if snaps:
+        out += ["", "In-memory snapshot before every step (fault-free runs; not in the fault cost above):", ""]
+        out += table(
+            ["trainer", "strategy", "period", "model", "params", "snapshot ms per step", "of the step", "n"],
+            [
+                [
+                    r["trainer"],
+                    r["strategy"],
+                    fmt(r["checkpoint_period"]),
+                    fmt(r.get("model")),
+                    fmt(r.get("params")),
+                    fmt(r["snapshot_ms_per_step_median"]),
+                    fmt(r.get("snapshot_fraction_of_step_median")),
+                    fmt(r.get("snapshot_cost_runs")),
+                ]
+                for r in snaps.values()
+            ],
+        )
     notes = sorted({f"{r['strategy']}: {r['note']}" for r in s.get("results", []) if r.get("note")})
     if notes:
         out += [""] + [f"- {n}" for n in notes]

@@ -80,7 +80,7 @@ def test_recovery_smoke(tmp_path: Path) -> None:
         "--faults",
         "kill",
         "--trainer",
-        "all",
+        "example",
         timeout=600,
     )
     rows = d["results"]
@@ -92,10 +92,7 @@ def test_recovery_smoke(tmp_path: Path) -> None:
         assert r["runs"] == 1 and r["fault"] == "kill", r
         assert is_number(r["fault_cost_seconds_median"]) and is_number(r["lost_steps_median"]), r
         assert r["donate"] is True
-    # The MaxText rows say they were not run rather than carrying figures.
-    maxtext = [r for r in rows if r["trainer"] == "maxtext"]
-    assert maxtext and all(r["runs"] == 0 and r["fault_cost_seconds_median"] is None for r in maxtext)
-    assert all("not implemented" in r["invalid_reason"] for r in maxtext)
+    assert not [r for r in rows if r["trainer"] != "example"]  # MaxText: test_recovery_maxtext_smoke
     assert any(x["baseline"] == "checkpoint_rewind" for x in d["ratios"])
 
 
@@ -147,3 +144,38 @@ def test_footprint_smoke(tmp_path: Path) -> None:
     for role in ("coordinator", "worker"):
         for key in ("idle_cpu_pct_median", "rss_mib_median", "startup_seconds_median"):
             assert is_number(rows[role][key]), (role, key, rows[role])
+
+
+@pytest.mark.e2e
+@pytest.mark.maxtext
+@pytest.mark.slow
+def test_recovery_maxtext_smoke(tmp_path: Path) -> None:
+    """``--trainer maxtext``, one run per row (a few minutes): the real MaxText under each strategy."""
+    d = run_bench(
+        tmp_path,
+        "recovery",
+        "--trainer",
+        "maxtext",
+        "--repeats",
+        "1",
+        "--faults",
+        "kill",
+        "--checkpoint-periods",
+        "10",
+        "--delays",
+        "1",
+        timeout=1800,
+    )
+    rows = d["results"]
+    for r in rows:
+        assert RECOVERY_FIELDS <= set(r) and r["trainer"] == "maxtext", r
+    ran = {r["strategy"]: r for r in rows if r["runs"]}
+    assert set(ran) == {"full_restart", "checkpoint_rewind", "sidecar"}, [r.get("invalid_reason") for r in rows]
+    for r in ran.values():
+        assert r["runs"] == 1 and r["failed_runs"] == 0, r
+        assert is_number(r["fault_cost_seconds_median"]) and is_number(r["recovery_seconds_median"]), r
+        assert is_number(r["params"]) and r["params"] > 0
+    assert ran["sidecar"]["lost_steps_median"] == 0
+    assert ran["sidecar"]["snapshot_ms_per_step_median"] > 0 and ran["sidecar"]["snapshot_cost_runs"] == 1
+    not_run = {r["strategy"] for r in rows if not r["runs"]}
+    assert not_run == {"local_checkpoint_rewind", "memory_snapshot"}

@@ -169,8 +169,6 @@ def test_combined_file_names_one_commit_only_when_all_agree() -> None:
     assert mixed["git_sha"] is None and mixed["git_shas"] == ["a" * 40, "b" * 40] and mixed["dirty"] is True
 
 
-def test_maxtext_alone_gives_only_not_run_maxtext_rows() -> None:
+def test_the_example_rows_leave_maxtext_to_its_runner() -> None:
     cfg = recovery.Config.make(quick=True, trainers=["maxtext"], faults=["kill"])
-    rows = recovery.summarise(cfg, [], {})
-    assert rows and all(r["trainer"] == "maxtext" and r["runs"] == 0 and r["status"] == "not_run" for r in rows)
-    assert {r["strategy"] for r in rows} == set(recovery.STRATEGIES)
+    assert recovery.summarise(cfg, [], {}) == []  # bench.recovery_maxtext makes (and measures) those rows

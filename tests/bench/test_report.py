@@ -355,6 +355,21 @@ def test_command_line_writes_the_page(tmp_path: Path) -> None:
     assert "**NOT RUN**" in md  # the MaxText rows
 
 
+def test_the_snapshot_cost_per_step_is_on_the_page_once_per_job(tmp_path: Path) -> None:
+    data = fixture()
+    snap = {"model": "tiny", "params": 115008, "snapshot_ms_per_step_median": 11.65, "snapshot_cost_runs": 3}
+    snap["snapshot_fraction_of_step_median"] = 0.9246
+    rows = data["benchmarks"]["recovery"]["results"]
+    rows += [rec_row("maxtext", "sidecar", 3.2, **snap), rec_row("maxtext", "sidecar", 3.9, fault="notice", **snap)]
+    store = tmp_path / "benchmarks.json"
+    store.write_text(json.dumps(data))
+    assert report_main(["--json", str(store), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "benchmarks.md").read_text()
+    assert "snapshot ms per step" in md
+    lines = [x for x in md.splitlines() if "11.65" in x]
+    assert len(lines) == 1 and "0.9246" in lines[0] and "maxtext" in lines[0], lines
+
+
 def test_quick_or_too_few_runs_are_not_judged() -> None:
     quick = fixture()
     quick["benchmarks"]["recovery"]["quick"] = True

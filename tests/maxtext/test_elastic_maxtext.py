@@ -1,7 +1,7 @@
 """MaxText's own elastic path (``elastic_enabled``), driven by the sidecar, on the CPU.
 
-MaxText runs through ``python -m tests.maxtext.run_patched`` with the patches
-of :mod:`tests.maxtext.cpu_elastic_support`. The coordinator's policy has two
+MaxText runs through ``python -m simjob.maxtext`` with the patches
+of :mod:`simjob.maxtext.cpu_elastic`. The coordinator's policy has two
 slices, each with one (submitted) worker; MaxText reports its own flags
 (``elastic_min_slice_count=1`` ...), which the coordinator adopts. Losing
 slice 1 makes the sidecar resume on slice 0 alone: the hook flushes and
@@ -15,6 +15,7 @@ acknowledgement names the slices of the mesh built.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -32,8 +33,9 @@ from agent.core.model import (
     WorkerJoined,
     WorkerLost,
 )
-from tests.maxtext.cpu_elastic_support import ENV, ENV_CONTROL, ENV_FAIL_AT, ENV_SLICES
+from simjob.maxtext.cpu_elastic import ENV, ENV_CONTROL, ENV_EVENTS, ENV_FAIL_AT, ENV_SLICES
 from tests.maxtext.harness import (
+    PATCHED_MODULE,
     START_TIMEOUT,
     WAIT,
     MaxTextRun,
@@ -80,7 +82,7 @@ def test_elastic_retry_restarts_at_once_from_the_flushed_step_on_shrink_and_grow
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         args = maxtext_args(tmp_path, "elastic", 100_000, *ELASTIC_FLAGS, jax_cache=tmp_path / "jax-cache")
         env = {ENV: "1", ENV_SLICES: "2"}
-        run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
+        run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
         p = sc.state.policy
         assert (p.elastic_min_slice_count, p.elastic_timeout_seconds, p.elastic_max_retries) == (1, 60, 5)
@@ -156,7 +158,7 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
         args = maxtext_args(tmp_path, "budget", 100_000, *BUDGET_FLAGS, jax_cache=tmp_path / "jax-cache")
         env = {ENV: "1", ENV_SLICES: "2"}
-        run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=env)
+        run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
         assert sc.state.policy.elastic_max_retries == 10
         first = sc.applied(TrainerResumed)[-1].event
@@ -250,24 +252,28 @@ fault); the data axis over the two CPU slices, so each slice holds a whole repli
 rewind would go back to step 0."""
 
 
-def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_rewinding(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["tiny", pytest.param("larger", marks=pytest.mark.slow)])
+def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_rewinding(
+    tmp_path: Path, model: str
+) -> None:
     """Two CPU slices; pathwaysutils' DeviceLossSimulator loses slice 1 inside a random step, whose
     donated state is then gone. The hook saves its snapshot of the step boundary from slice 0's
     copies; the replacement comes; MaxText's next attempt restores that step: no completed step is
-    lost, and every loss from there on equals a run without the fault."""
+    lost, and every loss from there on equals a run without the fault. ``larger`` (``--runslow``):
+    the same with a model of about ten times the parameters (:data:`simjob.maxtext.job.MODELS`)."""
     require_maxtext_venv()
     seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
     fail_at = random.Random(seed).randint(3, 7)
     steps = fail_at + 5
-    env = {ENV: "1", ENV_SLICES: "2", ENV_SNAPSHOT_EVERY: "1"}
+    env = {ENV: "1", ENV_SLICES: "2", ENV_SNAPSHOT_EVERY: "1", ENV_EVENTS: str(tmp_path / "events.jsonl")}
     cache = tmp_path / "jax-cache"
 
     ref_sc = Sidecar(num_slices=2)
     try:
         ref_sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         ref_sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        ref_args = maxtext_args(tmp_path, "reference", steps, *SNAPSHOT_FLAGS, jax_cache=cache)
-        ref = MaxTextRun("reference", ref_args, tmp_path, sidecar=ref_sc, module="tests.maxtext.run_patched", env=env)
+        ref_args = maxtext_args(tmp_path, "reference", steps, *SNAPSHOT_FLAGS, jax_cache=cache, model=model)
+        ref = MaxTextRun("reference", ref_args, tmp_path, sidecar=ref_sc, module=PATCHED_MODULE, env=env)
         assert ref.wait(START_TIMEOUT) == 0, ref.tail()
         want = ref.losses()
     finally:
@@ -282,9 +288,9 @@ def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_
     try:
         sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        args = maxtext_args(tmp_path, "crash", steps, *SNAPSHOT_FLAGS, jax_cache=cache)
+        args = maxtext_args(tmp_path, "crash", steps, *SNAPSHOT_FLAGS, jax_cache=cache, model=model)
         fault_env = {**env, ENV_FAIL_AT: f"{fail_at}:1", ENV_CONTROL: str(control)}
-        run = MaxTextRun("crash", args, tmp_path, sidecar=sc, module="tests.maxtext.run_patched", env=fault_env)
+        run = MaxTextRun("crash", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=fault_env)
         report = sc.wait_for(lambda: sc.applied(TrainerSliceError), "the slice error", run, timeout=START_TIMEOUT)[0]
         assert report.event.slices == frozenset({1}), report.event  # named by pathwaysutils' health check
         held = sc.wait_for(lambda: sc.applied(TrainerHeld, report.at), "the hold", run)[0].event
@@ -308,8 +314,12 @@ def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_
         assert after and all(s in got for s in after), (sorted(got), after)
         worst = max(abs(got[s] - want[s]) for s in after)
         assert worst <= 1e-5, {s: (got[s], want[s]) for s in after}
+        sizes = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        params = {e["params"] for e in sizes if e["kind"] == "state"}
+        assert len(params) == 1, params  # both runs, every attempt: the same model
         print(
-            f"\nsnapshot (seed {seed}): slice lost in step index {fail_at}; lost steps 0; slice error to the "
+            f"\nsnapshot ({model} model, {params.pop()} parameters, seed {seed}): slice lost in step index "
+            f"{fail_at}; lost steps 0; slice error to the "
             f"first step after the replacement {fault_to_step:.2f} s (replacement at "
             f"{t_back - report.at:.2f} s); snapshot {cost['snapshot_seconds_mean'] * 1e3:.2f} ms per step "
             f"against {cost['step_seconds_mean'] * 1e3:.1f} ms of step; worst loss difference {worst:.2e}"

@@ -1,9 +1,9 @@
-"""Test support only: let MaxText's Pathways-only elastic path run on the CPU.
+"""Tests and benchmarks only: let MaxText's Pathways-only elastic path run on the CPU.
 
 MaxText's ``elastic_enabled`` path (``elastic_utils.elastic_retry`` around
 the train function, pathwaysutils' ``Manager``) refuses to run without
 Pathways. Three patches, applied by :func:`apply` inside the MaxText process
-before MaxText runs (``python -m tests.maxtext.run_patched`` does that when
+before MaxText runs (``python -m simjob.maxtext`` does that when
 ``ELASTIC_SIDECAR_TEST_CPU_ELASTIC=1``); see FACTS section 9:
 
 1. ``pathwaysutils.is_pathways_backend_used`` returns True: otherwise
@@ -35,6 +35,10 @@ state is after a failed step; pathwaysutils' health check then finds that
 slice down. A file named ``reconnect`` appearing in
 ``ELASTIC_SIDECAR_TEST_CONTROL`` (a directory) brings the slice back (the
 replacement) and stops the simulator.
+With ``ELASTIC_SIDECAR_TEST_EVENTS=PATH`` every completed step (once its state
+is computed) and the injected loss append one JSON line to PATH with the
+wall-clock time (``time.time()``, comparable across processes), which is how
+the recovery benchmark times a run whatever recovers it.
 Nothing in ``trainer_hooks`` imports this module.
 """
 
@@ -56,6 +60,9 @@ ENV_FAIL_AT = "ELASTIC_SIDECAR_TEST_FAIL_AT"
 """``STEP:SLICE``: lose SLICE during step index STEP (once per process)."""
 ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 """A directory; a file ``reconnect`` in it ends the simulated loss."""
+ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
+"""A JSON-lines file: ``{"kind": "step", "step": N, "t": ...}`` (N completed steps, the index run + 1),
+``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
 
 _applied: list[str] = []
 
@@ -100,13 +107,13 @@ def clean_up_local_checkpoints(checkpoint_dir: str, *, gcs: Any = None) -> None:
         else []
     )
     if not steps:
-        max_logging.log(f"cpu_elastic_support: no checkpoints under {root}")
+        max_logging.log(f"cpu_elastic: no checkpoints under {root}")
         return
     latest = steps[-1]
     if any(latest.glob("commit_success*")):
-        max_logging.log(f"cpu_elastic_support: keeping committed checkpoint {latest}")
+        max_logging.log(f"cpu_elastic: keeping committed checkpoint {latest}")
         return
-    max_logging.log(f"cpu_elastic_support: deleting uncommitted checkpoint {latest}")
+    max_logging.log(f"cpu_elastic: deleting uncommitted checkpoint {latest}")
     shutil.rmtree(latest, ignore_errors=True)
 
 
@@ -138,12 +145,70 @@ def apply() -> None:
             return jax.devices()
 
         elastic_utils.live_devices = live_devices
+    events = Path(os.environ[ENV_EVENTS]) if os.environ.get(ENV_EVENTS) else None
     if os.environ.get(ENV_FAIL_AT):
-        _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."))
+        _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
+    if events is not None:
+        _record_steps(events)
     _applied.append("yes")
 
 
-def _lose_a_slice_during_a_step(spec: str, control: Path) -> None:
+def record(path: Path | None, kind: str, **fields: Any) -> None:
+    """Append one event line (``time.time()``) to ``path``; one write per line, so lines never interleave."""
+    if path is None:
+        return
+    import json
+    import time
+
+    line = json.dumps({"kind": kind, "t": time.time(), "pid": os.getpid(), **fields}) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+
+
+def _sizes(state: Any) -> dict[str, int]:
+    """The train state's bytes and its model parameters: the floating-point leaves under ``model``
+    (MaxText 0.2.5 splits its ``TrainStateNNX`` into ``model`` and ``optimizer``) or ``params``."""
+    import jax
+    import numpy as np
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    out = {"state_bytes": int(sum(x.nbytes for _, x in flat if hasattr(x, "nbytes")))}
+
+    def top(path: Any) -> str:
+        k = path[0] if path else None
+        return str(getattr(k, "key", getattr(k, "name", k)))
+
+    model = [x for p, x in flat if top(p) in ("model", "params") and hasattr(x, "dtype")]
+    floats = [x for x in model if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]  # not PRNG keys
+    if floats:
+        out["params"] = int(sum(int(np.prod(x.shape)) for x in floats))
+    return out
+
+
+def _record_steps(path: Path) -> None:
+    """Wrap ``training_loop_iteration``: a ``step`` event once the step's new state is computed."""
+    import jax
+    from maxtext.trainers.pre_train import train
+
+    original = train.training_loop_iteration
+    counted: list[bool] = []
+    record(path, "start")
+
+    def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
+        step = int(python_vars["step"])
+        if not counted:
+            counted.append(True)
+            record(path, "state", step=step, **_sizes(jax_device_state["state"]))
+        metrics = original(jax_device_state, python_vars, immutable_data)
+        # JAX dispatches asynchronously: the step is done when its state is (the same for every run).
+        jax.block_until_ready(jax_device_state["state"])
+        record(path, "step", step=step + 1)
+        return metrics
+
+    train.training_loop_iteration = iteration
+
+
+def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = None) -> None:
     """Wrap MaxText's ``training_loop_iteration`` so that step index STEP loses SLICE (see the module doc)."""
     import threading
     import time
@@ -162,7 +227,8 @@ def _lose_a_slice_during_a_step(spec: str, control: Path) -> None:
             time.sleep(0.05)
         sim.mark_slice_connected(lost, mapping)
         sim.stop()
-        print(f"cpu_elastic_support: slice {lost} reconnected", flush=True)
+        record(events, "reconnected", slice=lost)
+        print(f"cpu_elastic: slice {lost} reconnected", flush=True)
 
     def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
         if fired or int(python_vars["step"]) != at:
@@ -172,7 +238,8 @@ def _lose_a_slice_during_a_step(spec: str, control: Path) -> None:
         sim = DeviceLossSimulator()
         sim.start()
         sim.mark_slice_lost(lost, mapping)
-        print(f"cpu_elastic_support: slice {lost} lost during step {at}", flush=True)
+        record(events, "fault", step=at, slice=lost)
+        print(f"cpu_elastic: slice {lost} lost during step {at}", flush=True)
         threading.Thread(target=reconnect_when_told, args=(sim, mapping), daemon=True).start()
         leaves = [x for x in jax.tree_util.tree_leaves(jax_device_state["state"]) if isinstance(x, jax.Array)]
         try:

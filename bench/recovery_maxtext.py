@@ -1,0 +1,518 @@
+"""Recovery on the real MaxText: ``python -m bench recovery --trainer maxtext``.
+
+One job (maxtext[tpu]==0.2.5 on the CPU, :mod:`simjob.maxtext`): the tests'
+tiny model (``--maxtext-model larger``: about ten times its parameters), four
+CPU devices in two simulated slices of two with the data axis across them
+(``ici_data_parallelism=2``: each slice holds a whole replica, as over DCN),
+MaxText's own periodic checkpoint every ``checkpoint_period`` steps (async
+Orbax), a fixed learning-rate schedule, the same ``steps`` in every run. Only
+what happens on a fault differs:
+
+* ``full_restart``: MaxText without ``elastic_enabled``; the failed step ends
+  the process, and a new MaxText process (what JobSet starts) begins once the
+  replacement slice is there (the replacement delay after the fault) and
+  restores the last committed periodic checkpoint.
+* ``checkpoint_rewind``: MaxText's own elastic mode (``elastic_enabled``,
+  pathwaysutils ``Manager.elastic_retry``, ``elastic_min_slice_count=-1``): the
+  next attempt waits for every slice (pathwaysutils polls every 10 s) and
+  rewinds to the last committed periodic checkpoint.
+* ``sidecar``: the same elastic MaxText served by ``trainer_hooks.maxtext``
+  under a real coordinator (hosted by the benchmark process), with an
+  in-memory snapshot before every step (``ELASTIC_SIDECAR_SNAPSHOT_EVERY``):
+  the hook saves the snapshot of the failed step's boundary from the surviving
+  slice's copies, and the next attempt restores it.
+
+The fault (``kill``): pathwaysutils' own ``DeviceLossSimulator`` loses slice 1
+inside step index F (the step raises ``DATA_LOSS`` and its donated state is
+gone), F at a seeded random phase of a checkpoint period, the third or later
+(a save still in flight then leaves the one before it: :func:`fault_index`);
+the replacement (the simulator reconnects the slice, and for the sidecar a new
+worker registers) comes ``replacement_delay`` seconds after the fault.
+``hang`` and ``notice`` are not run on MaxText (rows say why), nor are the
+example trainer's other baselines.
+
+Every MaxText process appends its completed steps with wall-clock times to an
+event log (:mod:`simjob.maxtext.cpu_elastic`), read the same way for every
+strategy (:func:`analyse`): fault cost ``T - W / r0`` (``T`` from the end of
+the warm-up step to the last step, ``W`` the steps kept, ``r0`` the median
+rate of the same strategy's fault-free runs), lost steps (completed steps run
+again), recovery (fault to the first completed step past those completed at
+the fault) and the same from the replacement. A run that did not do what it
+measures (no fault, training not finished, a non-zero exit) is counted in
+``failed_runs`` with its reason, never as a figure. The sidecar rows also
+report the snapshot's cost per step, as the hook measures it (``finished``
+line): milliseconds and the fraction of the step time, over fault-free runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import log, median, read_jsonl, rnd, spread
+
+STRATEGIES = ("full_restart", "checkpoint_rewind", "sidecar")
+FAULTS = ("kill",)
+NOT_RUN_STRATEGIES = {
+    "local_checkpoint_rewind": "not run on MaxText: Orbax multi-tier / emergency checkpointing is not set up here",
+    "memory_snapshot": (
+        "not run on MaxText: MaxText has no in-memory snapshot of its own (elastic_backup_kind is not wired "
+        "in 0.2.5); the sidecar row is the snapshot"
+    ),
+}
+NOT_RUN_FAULTS = {
+    "hang": (
+        "not run on MaxText: pathwaysutils' DeviceLossSimulator only raises DATA_LOSS; there is no way here "
+        "to hang one CPU slice inside a single MaxText process"
+    ),
+    "notice": "not run on MaxText yet: no MaxText runner delivers a maintenance notice in this benchmark",
+}
+WARMUP_STEP = 3
+"""Completed steps after which work is counted (the first steps compile)."""
+TAIL_STEPS = 10
+"""Steps after the second checkpoint period: the job runs on after any fault."""
+SLICES = 2
+ELASTIC_FLAGS = (
+    "elastic_enabled=true",
+    "enable_single_controller=true",
+    "elastic_min_slice_count=-1",
+    "elastic_max_retries=3",
+)
+START_SECONDS = 240.0
+"""A MaxText process's start to its first step, on a loaded 2-core machine (about 20 s when idle)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """The MaxText job every strategy runs: model, checkpoint period, steps."""
+
+    model: str
+    checkpoint_period: int
+    snapshot_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_period < 1:
+            raise ValueError(f"checkpoint_period={self.checkpoint_period}: expected a whole number of steps >= 1")
+
+    @property
+    def first_period_end(self) -> int:
+        """Completed steps where the faulted period starts (a multiple of the period, past the warm-up).
+
+        At least the second periodic save: a save still in flight when the fault hits (an async
+        Orbax commit takes a while) leaves the one before it, as in a long-running job, not step 0.
+        """
+        p = self.checkpoint_period
+        return p * max(2, math.ceil((WARMUP_STEP + 5) / p))
+
+    @property
+    def steps(self) -> int:
+        return self.first_period_end + self.checkpoint_period + TAIL_STEPS
+
+
+def fault_index(job: Job, seed: int, rep: int) -> int:
+    """Step index (= completed steps) in which the slice is lost: a seeded random phase of the period.
+
+    MaxText saves after step index ``k * period`` (label k * period, ``k * period + 1`` completed), so
+    index ``first_period_end + 1 + r`` is ``r`` steps (0 .. period - 1) past that save.
+    """
+    rng = random.Random(f"{seed}/maxtext/{job.checkpoint_period}/{rep}")
+    return job.first_period_end + 1 + rng.randrange(job.checkpoint_period)
+
+
+def maxtext_flags(job: Job, strategy: str, delay: float) -> list[str]:
+    """The strategy's MaxText arguments beyond the job's own (elastic or not)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown MaxText strategy {strategy!r}: expected one of {list(STRATEGIES)}")
+    flags = [f"checkpoint_period={job.checkpoint_period}", "ici_data_parallelism=2"]
+    if strategy != "full_restart":
+        flags += [*ELASTIC_FLAGS, f"elastic_timeout_seconds={int(max(60.0, 2 * delay + 40))}"]
+    return flags
+
+
+# ---------------------------------------------------------------------------
+# reading one run
+# ---------------------------------------------------------------------------
+
+
+def analyse(
+    events: Sequence[dict[str, Any]],
+    *,
+    steps: int,
+    fault_step: int | None,
+    replacement_time: float | None = None,
+) -> dict[str, Any]:
+    """One run's figures from its event log (``step`` / ``fault`` lines, wall-clock ``t``).
+
+    ``error`` says why the run does not measure what it should; its figures are then not used.
+    """
+    out: dict[str, Any] = {"lost_steps": None, "recovery_s": None}
+    done = [e for e in events if e.get("kind") == "step"]
+    start = next((e["t"] for e in done if e["step"] == WARMUP_STEP), None)
+    if start is None:
+        out["error"] = f"no step {WARMUP_STEP} (the end of the warm-up) in the event log"
+        return out
+    kept = {e["step"] for e in done if e["step"] > WARMUP_STEP}
+    end = max(e["t"] for e in done)
+    out["work_steps"], out["seconds"] = len(kept), rnd(end - start)
+    last = max(e["step"] for e in done)
+    out["last_step"] = last
+    if last != steps:
+        out["error"] = f"training did not finish: last completed step {last}, expected {steps}"
+        return out
+    if fault_step is None:
+        if any(e.get("kind") == "fault" for e in events):
+            out["error"] = "a fault happened in a fault-free run"
+        return out
+    fault = next((e for e in events if e.get("kind") == "fault"), None)
+    if fault is None:
+        out["error"] = f"no fault happened (expected slice loss in step index {fault_step})"
+        return out
+    ft = float(fault["t"])
+    before = max((e["step"] for e in done if e["t"] <= ft), default=0)
+    if before != fault_step:
+        out["error"] = f"the fault hit with {before} steps completed, expected {fault_step}"
+        return out
+    after = [e for e in done if e["t"] > ft]
+    if not after:
+        out["error"] = "no step completed after the fault"
+        return out
+    restored = after[0]["step"] - 1  # the first step of the next attempt runs from its restored state
+    regained = next(e for e in after if e["step"] > before)
+    out["step_at_fault"] = before
+    out["restored_step"] = restored
+    out["lost_steps"] = max(0, before - restored)
+    out["recovery_s"] = rnd(regained["t"] - ft)
+    if replacement_time is not None:
+        out["replacement_after_s"] = rnd(replacement_time - ft)
+        out["recovery_after_replacement_s"] = rnd(regained["t"] - replacement_time)
+    return out
+
+
+def snapshot_cost(finished: dict[str, Any] | None) -> dict[str, Any]:
+    """The hook's ``finished`` figures as the snapshot's cost per step (ms and fraction of the step)."""
+    if not finished or not finished.get("snapshots"):
+        return {}
+    snap, step = finished.get("snapshot_seconds_mean"), finished.get("step_seconds_mean")
+    if snap is None or not step:
+        return {}
+    return {
+        "snapshots": int(finished["snapshots"]),
+        "snapshot_ms_per_step": rnd(snap * 1e3, 3),
+        "step_ms": rnd(step * 1e3, 3),
+        "snapshot_fraction_of_step": rnd(snap / step, 4),
+    }
+
+
+# ---------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------
+
+
+def _base_row(strategy: str, fault: str, period: int, delay: float, model: str) -> dict[str, Any]:
+    return {
+        "trainer": "maxtext",
+        "strategy": strategy,
+        "fault": fault,
+        "replacement_delay": delay,
+        "checkpoint_period": period,
+        "model": model,
+    }
+
+
+def not_run_row(strategy: str, fault: str, period: int, delay: float, model: str, why: str) -> dict[str, Any]:
+    return {
+        **_base_row(strategy, fault, period, delay, model),
+        "runs": 0,
+        "failed_runs": 0,
+        "lost_steps_median": None,
+        "fault_cost_seconds_median": None,
+        "fault_cost_seconds_p90": None,
+        "recovery_seconds_median": None,
+        "status": "not_run",
+        "invalid_reason": why,
+    }
+
+
+def summarise(
+    strategy: str,
+    fault: str,
+    period: int,
+    delay: float,
+    model: str,
+    runs: Sequence[dict[str, Any]],
+    refs: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """One row: fault cost of ``runs`` against the rate of the same strategy's fault-free ``refs``."""
+    row = _base_row(strategy, fault, period, delay, model)
+    good_refs = [r for r in refs if not r.get("error")]
+    rate = median(r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds"))
+    ok = [r for r in runs if not r.get("error")]
+    costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
+    for r, c in zip(ok, costs, strict=False):
+        r["fault_cost_s"] = rnd(c)
+    cost = spread(costs)
+    lost = spread([r["lost_steps"] for r in ok])
+    rec = spread([r["recovery_s"] for r in ok])
+    rep = spread([r.get("recovery_after_replacement_s") for r in ok])
+    row.update(
+        {
+            "runs": len(ok) if rate else 0,
+            "failed_runs": len(runs) - len(ok),
+            "failures": sorted({r["error"] for r in runs if r.get("error")}),
+            "fault_free_runs": len(good_refs),
+            "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
+            "lost_steps_median": lost["median"],
+            "lost_steps_max": lost["max"],
+            "fault_cost_seconds_median": rnd(cost["median"], 3),
+            "fault_cost_seconds_p90": rnd(cost["p90"], 3),
+            "fault_cost_seconds_min": rnd(cost["min"], 3),
+            "fault_cost_seconds_max": rnd(cost["max"], 3),
+            "recovery_seconds_median": rnd(rec["median"], 3),
+            "recovery_seconds_p90": rnd(rec["p90"], 3),
+            "recovery_after_replacement_seconds_median": rnd(rep["median"], 3),
+            "fault_steps": sorted(r["fault_step"] for r in runs),
+        }
+    )
+    if not rate:
+        row["invalid_reason"] = "no fault-free reference run succeeded"
+    elif not ok:
+        row["invalid_reason"] = "no faulted run measured what it should: " + "; ".join(row["failures"])
+    for key in ("params", "state_bytes"):
+        seen = sorted({r[key] for r in [*runs, *refs] if r.get(key)})
+        if seen:
+            row[key] = seen[0] if len(seen) == 1 else seen
+    costs_snap = [r["snapshot"] for r in good_refs if r.get("snapshot")]
+    if costs_snap:
+        row["snapshot_ms_per_step_median"] = rnd(median(c["snapshot_ms_per_step"] for c in costs_snap), 3)
+        row["snapshot_fraction_of_step_median"] = rnd(median(c["snapshot_fraction_of_step"] for c in costs_snap), 4)
+        row["snapshot_cost_runs"] = len(costs_snap)
+    return row
+
+
+# ---------------------------------------------------------------------------
+# running MaxText
+# ---------------------------------------------------------------------------
+
+
+def run_one(
+    job: Job,
+    strategy: str,
+    root: Path,
+    tag: str,
+    *,
+    fault_step: int | None,
+    delay: float,
+    cache: Path,
+) -> dict[str, Any]:
+    """One MaxText job under ``strategy`` (with a fault at ``fault_step``, or none), read by :func:`analyse`."""
+    from agent.core.model import WorkerJoined
+    from simjob.maxtext import cpu_elastic
+    from simjob.maxtext.job import PATCHED_MODULE, MaxTextRun, Sidecar, maxtext_args
+    from trainer_hooks.maxtext.snapshot import ENV_SNAPSHOT_EVERY
+
+    wd = root / tag
+    if wd.exists():
+        shutil.rmtree(wd)
+    (wd / "control").mkdir(parents=True)
+    events = wd / "events.jsonl"
+    args = maxtext_args(wd, "job", job.steps, *maxtext_flags(job, strategy, delay), jax_cache=cache, model=job.model)
+    env = {
+        cpu_elastic.ENV: "1",
+        cpu_elastic.ENV_SLICES: str(SLICES),
+        cpu_elastic.ENV_EVENTS: str(events),
+        cpu_elastic.ENV_CONTROL: str(wd / "control"),
+    }
+    if strategy == "sidecar":
+        env[ENV_SNAPSHOT_EVERY] = str(job.snapshot_every)
+    fault_env = {cpu_elastic.ENV_FAIL_AT: f"{fault_step}:1"} if fault_step is not None else {}
+    sc = Sidecar(num_slices=SLICES) if strategy == "sidecar" else None
+    procs: list[MaxTextRun] = []
+    out: dict[str, Any] = {"strategy": strategy, "fault_step": fault_step, "replacement_delay": delay, "tag": tag}
+    t0 = time.monotonic()
+    replaced: float | None = None
+    try:
+        if sc is not None:
+            for s in range(SLICES):
+                sc.submit(WorkerJoined(s, 0, "inc-1", node=f"node-{s}"))
+        first = MaxTextRun("maxtext", args, wd, sidecar=sc, module=PATCHED_MODULE, env={**env, **fault_env})
+        procs.append(first)
+        budget = START_SECONDS + job.steps * 2.0 + delay + 60.0
+        if fault_step is not None:
+            fault = _wait_for_fault(events, first, budget)
+            if fault is None:
+                out["error"] = f"no fault event; {first.name} exit code {first.poll()}"
+            else:
+                due = float(fault["t"]) + delay
+                if strategy == "full_restart":
+                    # The failed step ends the process (JobSet then recreates the job): wait for it, not longer
+                    # than the replacement, and start a new MaxText process once the replacement is there.
+                    try:
+                        first.proc.wait(max(5.0, due - time.time()))
+                    except subprocess.TimeoutExpired:  # still running at the replacement: the pods go
+                        first.kill()
+                        out["note"] = "the faulted process was still running at the replacement; killed"
+                    out["first_exit_code"] = first.poll()
+                    time.sleep(max(0.0, due - time.time()))
+                    replaced = time.time()
+                    procs.append(MaxTextRun("maxtext-restart", args, wd, module=PATCHED_MODULE, env=env))
+                else:
+                    time.sleep(max(0.0, due - time.time()))
+                    (wd / "control" / "reconnect").touch()
+                    replaced = time.time()
+                    if sc is not None:
+                        sc.request(WorkerJoined(1, 0, "inc-2", node="node-1"))
+        last = procs[-1]
+        try:
+            code = last.proc.wait(max(10.0, budget - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:  # a hung run is a failed run
+            last.kill()
+            code = None
+            out.setdefault("error", f"{last.name} did not finish within {budget:.0f} s; see {last.log}")
+        out["exit_code"] = code
+        if code not in (0, None):
+            out.setdefault("error", f"{last.name} exited with {code}; see {last.log}")
+    finally:
+        for p in procs:
+            p.kill()
+        if sc is not None:
+            sc.stop()
+    evs = read_jsonl(events)
+    figures = analyse(evs, steps=job.steps, fault_step=fault_step, replacement_time=replaced)
+    if "error" in out:
+        figures.pop("error", None)
+    out.update(figures)
+    sizes = next((e for e in evs if e.get("kind") == "state"), {})
+    out["params"], out["state_bytes"] = sizes.get("params"), sizes.get("state_bytes")
+    finished = procs[-1].hook_lines("finished") if procs else []
+    if finished:
+        out["snapshot"] = snapshot_cost(finished[-1][1])
+    out["run_wall_s"] = round(time.monotonic() - t0, 2)
+    out["processes"] = len(procs)
+    return out
+
+
+def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[str, Any]:
+    """:func:`run_one`; a run that raises is a failed run with the exception as its reason, not a lost benchmark."""
+    try:
+        return run_one(job, strategy, root, tag, **kw)
+    except Exception as e:  # noqa: BLE001 - recorded in the row's failures
+        return {
+            "strategy": strategy,
+            "tag": tag,
+            "fault_step": kw.get("fault_step"),
+            "replacement_delay": kw.get("delay"),
+            "lost_steps": None,
+            "recovery_s": None,
+            "error": f"{type(e).__name__}: {e}",
+        }
+
+
+def _wait_for_fault(events: Path, run: Any, timeout: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fault = next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None)
+        if fault is not None:
+            return fault
+        if run.poll() is not None:
+            return next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None)
+        time.sleep(0.02)
+    return None
+
+
+def run(
+    *,
+    strategies: Sequence[str],
+    cases: Sequence[tuple[str, int, float]],
+    runs: int,
+    seed: int,
+    root: Path,
+    model: str = "tiny",
+    fault_free_runs: int | None = None,
+) -> dict[str, Any]:
+    """Every (fault, period, delay) case under every strategy, ``runs`` times, interleaved by round.
+
+    Returns the rows, each run's figures and the fault-free runs.
+    """
+    from simjob.maxtext.job import MAXTEXT_PYTHON, MODELS
+
+    if model not in MODELS:
+        raise ValueError(f"unknown MaxText model size {model!r}: expected one of {sorted(MODELS)}")
+    ours = [s for s in strategies if s in STRATEGIES]
+    unknown = [s for s in strategies if s not in STRATEGIES and s not in NOT_RUN_STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown strategy {unknown}: expected some of {[*STRATEGIES, *NOT_RUN_STRATEGIES]}")
+    no_venv = None
+    if ours and not MAXTEXT_PYTHON.exists():
+        # The example trainer's rows of the same run are kept; every MaxText row says why it has no figure.
+        no_venv = f"not run: no MaxText interpreter at {MAXTEXT_PYTHON} (python3.12 venv with maxtext[tpu]==0.2.5)"
+        log(f"recovery maxtext: {no_venv}")
+        ours = []
+    periods = sorted({p for f, p, _ in cases if f in FAULTS})
+    cache = root / "jax-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    refs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    done: list[dict[str, Any]] = []
+    n_refs = runs if fault_free_runs is None else fault_free_runs
+    for rep in range(runs):
+        for period in periods:
+            job = Job(model, period)
+            for s in ours if rep < n_refs else []:
+                log(f"recovery maxtext: {s} fault-free, period {period}, {job.steps} steps, round {rep + 1}/{runs}")
+                r = guarded(job, s, root, f"mx-ref-{s}-p{period}-r{rep}", fault_step=None, delay=0.0, cache=cache)
+                r["checkpoint_period"] = period
+                log(f"  -> {r.get('seconds')} s for {r.get('work_steps')} steps{_err(r)}")
+                refs.setdefault((s, period), []).append(r)
+        for fault, period, delay in cases:
+            if fault not in FAULTS:
+                continue
+            job = Job(model, period)
+            at = fault_index(job, seed, rep)
+            for s in ours:
+                log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
+                r = guarded(
+                    job, s, root, f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}", fault_step=at, delay=delay, cache=cache
+                )
+                r.update({"fault": fault, "checkpoint_period": period})
+                log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s{_err(r)}")
+                done.append(r)
+    rows = []
+    for fault, period, delay in cases:
+        for s in strategies:
+            if s in NOT_RUN_STRATEGIES:
+                rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_STRATEGIES[s]))
+            elif no_venv is not None:
+                rows.append(not_run_row(s, fault, period, delay, model, no_venv))
+            elif fault in NOT_RUN_FAULTS:
+                rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_FAULTS[fault]))
+            else:
+                mine = [
+                    r
+                    for r in done
+                    if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
+                    == (s, fault, period, delay)
+                ]
+                rows.append(summarise(s, fault, period, delay, model, mine, refs.get((s, period), [])))
+    return {
+        "rows": rows,
+        "runs": done,
+        "fault_free_runs": [r for v in refs.values() for r in v],
+        "config": {
+            "model": model,
+            "slices": SLICES,
+            "steps": {p: Job(model, p).steps for p in periods},
+            "snapshot_every": 1,
+            "warmup_step": WARMUP_STEP,
+            "fault_free_runs_per_strategy": min(n_refs, runs),
+        },
+    }
+
+
+def _err(r: dict[str, Any]) -> str:
+    return f" ERROR {r['error']}" if r.get("error") else ""

@@ -1,0 +1,219 @@
+"""The MaxText recovery benchmark's arithmetic, without running MaxText: fault phases, one run's
+figures from its event log, rows from recorded runs, and which rows say they were not run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import recovery, recovery_maxtext
+from bench.recovery_maxtext import Job, analyse, fault_index, maxtext_flags, snapshot_cost, summarise
+
+
+def test_fault_phases_are_seeded_and_cover_the_checkpoint_period() -> None:
+    for period in (5, 20, 100):
+        job = Job("tiny", period)
+        at = [fault_index(job, 0, rep) for rep in range(30)]
+        assert at == [fault_index(job, 0, rep) for rep in range(30)]
+        first = job.first_period_end
+        assert first % period == 0 and first > recovery_maxtext.WARMUP_STEP
+        assert all(first < a <= first + period for a in at), at
+        assert len({a - first for a in at}) > min(3, period - 1), "phases vary"
+        assert all(a + recovery_maxtext.TAIL_STEPS <= job.steps for a in at), "the job runs on after every fault"
+    assert [fault_index(Job("tiny", 100), 1, r) for r in range(20)] != [
+        fault_index(Job("tiny", 100), 0, r) for r in range(20)
+    ]
+    with pytest.raises(ValueError, match="checkpoint_period=0"):
+        Job("tiny", 0)
+
+
+def test_only_the_baseline_without_elastic_restarts_the_process() -> None:
+    assert not any(f.startswith("elastic_enabled") for f in maxtext_flags(Job("tiny", 20), "full_restart", 5.0))
+    for s in ("checkpoint_rewind", "sidecar"):
+        flags = maxtext_flags(Job("tiny", 20), s, 30.0)
+        assert "elastic_enabled=true" in flags and "checkpoint_period=20" in flags
+        timeout = int(next(f for f in flags if f.startswith("elastic_timeout_seconds=")).split("=")[1])
+        assert timeout > 30.0 + 10.0, "the attempt outlives the replacement delay and pathwaysutils' 10 s poll"
+    with pytest.raises(ValueError, match="'memory_snapshot'"):
+        maxtext_flags(Job("tiny", 20), "memory_snapshot", 1.0)
+
+
+def steps(first: int, last: int, t0: float, dt: float = 0.1) -> list[dict[str, Any]]:
+    return [{"kind": "step", "step": s, "t": t0 + (i + 1) * dt} for i, s in enumerate(range(first, last + 1))]
+
+
+def test_a_rewind_counts_the_steps_run_again_and_the_time_to_the_next_new_step() -> None:
+    # 25 steps at 0.1 s (t 0.1 .. 2.5); the slice is lost in step index 25 at t 2.55; the replacement at 3.55;
+    # the next attempt restores 20 completed steps and runs 21.. from t 10.0 (0.1 s each) to 40.
+    ev = [*steps(1, 25, 0.0), {"kind": "fault", "step": 25, "t": 2.55}, *steps(21, 40, 10.0)]
+    m = analyse(ev, steps=40, fault_step=25, replacement_time=3.55)
+    assert "error" not in m, m
+    assert (m["step_at_fault"], m["restored_step"], m["lost_steps"]) == (25, 20, 5)
+    assert m["recovery_s"] == pytest.approx(10.6 - 2.55)  # step 26 completes at 10.0 + 6 * 0.1
+    assert m["recovery_after_replacement_s"] == pytest.approx(10.6 - 3.55)
+    assert m["replacement_after_s"] == pytest.approx(1.0)
+    assert m["work_steps"] == 37  # steps 4..40, each counted once however often it ran
+    assert m["seconds"] == pytest.approx(12.0 - 0.3)
+
+
+def test_a_snapshot_restore_loses_no_completed_step() -> None:
+    ev = [*steps(1, 25, 0.0), {"kind": "fault", "step": 25, "t": 2.55}, *steps(26, 40, 5.0)]
+    m = analyse(ev, steps=40, fault_step=25)
+    assert (m["restored_step"], m["lost_steps"]) == (25, 0) and m["recovery_s"] == pytest.approx(5.1 - 2.55)
+    assert "recovery_after_replacement_s" not in m
+
+
+@pytest.mark.parametrize(
+    ("events", "fault_step", "why"),
+    [
+        (steps(1, 40, 0.0), 25, "no fault happened"),
+        ([*steps(1, 30, 0.0), {"kind": "fault", "step": 30, "t": 3.05}, *steps(31, 40, 5.0)], 25, "expected 25"),
+        ([*steps(1, 25, 0.0), {"kind": "fault", "step": 25, "t": 2.55}, *steps(21, 33, 9.0)], 25, "did not finish"),
+        ([*steps(1, 20, 0.0), {"kind": "fault", "step": 20, "t": 2.05}, *steps(21, 40, 5.0)], None, "fault-free"),
+        (steps(1, 2, 0.0), None, "warm-up"),
+    ],
+)
+def test_a_run_that_did_not_do_what_it_measures_is_an_error_not_a_figure(
+    events: list[dict[str, Any]], fault_step: int | None, why: str
+) -> None:
+    m = analyse(events, steps=40, fault_step=fault_step)
+    assert why in m.get("error", ""), m
+    assert m["lost_steps"] is None and m["recovery_s"] is None
+
+
+def ref(strategy: str, seconds: float, work: int = 100, **kw: Any) -> dict[str, Any]:
+    return {"strategy": strategy, "fault_step": None, "seconds": seconds, "work_steps": work, "params": 1000, **kw}
+
+
+def faulted(strategy: str, seconds: float, lost: int, rec: float, **kw: Any) -> dict[str, Any]:
+    return {
+        "strategy": strategy,
+        "fault": "kill",
+        "checkpoint_period": 20,
+        "replacement_delay": 1.0,
+        "fault_step": 30,
+        "seconds": seconds,
+        "work_steps": 100,
+        "lost_steps": lost,
+        "recovery_s": rec,
+        "recovery_after_replacement_s": rec - 1.0,
+        "params": 1000,
+        **kw,
+    }
+
+
+def test_rows_cost_a_fault_against_the_same_strategys_fault_free_rate() -> None:
+    refs = [
+        ref(
+            "sidecar",
+            10.0,
+            snapshot=snapshot_cost({"snapshots": 99, "snapshot_seconds_mean": 0.005, "step_seconds_mean": 0.02}),
+        ),
+        ref("sidecar", 12.0),
+        ref("sidecar", 1.0, error="exit code 1"),
+    ]
+    runs = [
+        faulted("sidecar", 13.0, 0, 4.0),
+        faulted("sidecar", 14.0, 0, 5.0),
+        faulted("sidecar", 15.0, 0, 6.0),
+        faulted("sidecar", 99.0, 0, 99.0, error="training did not finish: last completed step 33, expected 50"),
+    ]
+    row = summarise("sidecar", "kill", 20, 1.0, "tiny", runs, refs)
+    # rate: median of 100/10 and 100/12 steps a second (the failed reference is left out)
+    rate = (10.0 + 100 / 12) / 2
+    assert (row["runs"], row["failed_runs"], row["fault_free_runs"]) == (3, 1, 2)
+    assert row["fault_cost_seconds_median"] == pytest.approx(14.0 - 100 / rate, abs=1e-3)
+    assert row["fault_cost_seconds_max"] == pytest.approx(15.0 - 100 / rate, abs=1e-3)
+    assert row["lost_steps_median"] == 0 and row["recovery_seconds_median"] == 5.0
+    assert row["recovery_after_replacement_seconds_median"] == 4.0
+    assert row["failures"] == ["training did not finish: last completed step 33, expected 50"]
+    assert (row["snapshot_ms_per_step_median"], row["snapshot_fraction_of_step_median"]) == (5.0, 0.25)
+    assert row["params"] == 1000 and "invalid_reason" not in row
+    for key in recovery_maxtext_fields():
+        assert key in row, key
+
+
+def recovery_maxtext_fields() -> set[str]:
+    return {
+        "trainer",
+        "strategy",
+        "fault",
+        "replacement_delay",
+        "checkpoint_period",
+        "runs",
+        "lost_steps_median",
+        "fault_cost_seconds_median",
+        "fault_cost_seconds_p90",
+        "recovery_seconds_median",
+    }
+
+
+def test_a_row_without_a_good_run_or_reference_is_invalid_and_has_no_figures() -> None:
+    bad = [faulted("checkpoint_rewind", 20.0, 5, 12.0, error="no fault happened")]
+    row = summarise("checkpoint_rewind", "kill", 20, 1.0, "tiny", bad, [ref("checkpoint_rewind", 10.0)])
+    assert row["runs"] == 0 and row["fault_cost_seconds_median"] is None and row["lost_steps_median"] is None
+    assert "no fault happened" in row["invalid_reason"]
+    row = summarise("checkpoint_rewind", "kill", 20, 1.0, "tiny", [faulted("checkpoint_rewind", 20.0, 5, 12.0)], [])
+    assert row["runs"] == 0 and row["fault_cost_seconds_median"] is None
+    assert row["invalid_reason"] == "no fault-free reference run succeeded"
+
+
+def test_snapshot_cost_needs_snapshots() -> None:
+    assert snapshot_cost({"snapshots": 0, "snapshot_every": 1}) == {}
+    assert snapshot_cost(None) == {}
+    c = snapshot_cost({"snapshots": 4, "snapshot_seconds_mean": 0.0116, "step_seconds_mean": 0.0126})
+    assert c["snapshot_ms_per_step"] == 11.6 and c["snapshot_fraction_of_step"] == round(0.0116 / 0.0126, 4)
+
+
+def test_maxtext_rows_that_cannot_run_here_say_why_and_run_nothing(tmp_path: Path) -> None:
+    r = recovery.run(
+        quick=True,
+        workdir=tmp_path,
+        trainers=["maxtext"],
+        strategies=["local_checkpoint_rewind", "memory_snapshot", "sidecar"],
+        faults=["hang", "notice"],
+    )
+    rows = r["results"]
+    assert {(x["strategy"], x["fault"]) for x in rows} == {
+        (s, f) for s in ("local_checkpoint_rewind", "memory_snapshot", "sidecar") for f in ("hang", "notice")
+    }
+    assert all(x["trainer"] == "maxtext" and x["runs"] == 0 and x["status"] == "not_run" for x in rows)
+    assert all(x["fault_cost_seconds_median"] is None and x["invalid_reason"] for x in rows)
+    assert (
+        "DeviceLossSimulator"
+        in next(x for x in rows if x["fault"] == "hang" and x["strategy"] == "sidecar")["invalid_reason"]
+    )
+    assert r["runs"] == [] and r["fault_free_runs"] == []
+
+
+def test_an_unknown_model_size_is_named() -> None:
+    with pytest.raises(ValueError, match="'huge'"):
+        recovery_maxtext.run(strategies=["sidecar"], cases=[], runs=1, seed=0, root=Path("/nonexistent"), model="huge")
+
+
+def test_a_run_that_raises_is_a_failed_run_with_the_reason(tmp_path: Path) -> None:
+    r = recovery_maxtext.guarded(
+        Job("tiny", 20), "no_such_strategy", tmp_path, "x", fault_step=42, delay=1.0, cache=tmp_path
+    )
+    assert r["error"].startswith("ValueError: unknown MaxText strategy 'no_such_strategy'"), r
+    assert (r["fault_step"], r["lost_steps"], r["recovery_s"]) == (42, None, None)
+
+
+def test_without_the_maxtext_venv_every_maxtext_row_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simjob.maxtext import job
+
+    monkeypatch.setattr(job, "MAXTEXT_PYTHON", tmp_path / "absent" / "python")
+    r = recovery_maxtext.run(
+        strategies=["full_restart", "sidecar", "memory_snapshot"],
+        cases=[("kill", 20, 1.0)],
+        runs=3,
+        seed=0,
+        root=tmp_path,
+    )
+    rows = {x["strategy"]: x for x in r["rows"]}
+    assert all(x["runs"] == 0 and x["status"] == "not_run" for x in rows.values())
+    assert "no MaxText interpreter" in rows["sidecar"]["invalid_reason"]
+    assert "no MaxText interpreter" in rows["full_restart"]["invalid_reason"]
+    assert r["runs"] == [] and r["fault_free_runs"] == []
