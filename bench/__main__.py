@@ -241,6 +241,33 @@ def combine(sections: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A recovery run for some trainers replaces only those trainers' rows.
+
+    So the example trainer and MaxText can be run separately (each with the rounds it can afford)
+    into one section. Only runs of the same commit are combined; a run of another commit replaces
+    the section. Each trainer keeps the config it ran with under ``config["by_trainer"]``.
+    """
+    mine = set(new.get("config", {}).get("trainers") or [])
+    if old.get("git_sha") != new.get("git_sha") or old.get("dirty") or new.get("dirty") or not mine:
+        return new
+    old_cfg = old.get("config", {})
+    by_trainer = {
+        t: (old_cfg.get("by_trainer") or {}).get(t, {k: v for k, v in old_cfg.items() if k != "by_trainer"})
+        for t in old_cfg.get("trainers") or []
+        if t not in mine
+    }
+    if not by_trainer:
+        return new
+    new_cfg = {k: v for k, v in new.get("config", {}).items() if k != "by_trainer"}
+    by_trainer.update({t: new_cfg for t in mine})
+    out = dict(new)
+    out["config"] = {**new_cfg, "trainers": sorted(by_trainer), "by_trainer": by_trainer}
+    for key in ("results", "ratios"):
+        out[key] = [r for r in old.get(key) or [] if r.get("trainer") not in mine] + list(new.get(key) or [])
+    return out
+
+
 def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:
     old: dict[str, Any] = {}
     if store.exists():
@@ -250,6 +277,8 @@ def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:
             old = {}
     sections = {k: v for k, v in old.items() if isinstance(v, dict) and v.get("schema") == 2}
     for s in new:
+        if s["name"] == "recovery" and "recovery" in sections:
+            s = merge_recovery(sections["recovery"], s)
         sections[s["name"]] = s
     data = combine([sections[k] for k in NAMES if k in sections])
     store.parent.mkdir(parents=True, exist_ok=True)

@@ -113,13 +113,19 @@ class Verdict:
     basis: str
 
 
+def trainer_config(rec: dict[str, Any], trainer: str) -> dict[str, Any]:
+    """The config a trainer's recovery rows ran with (one run of several trainers, or one run each)."""
+    cfg = rec.get("config", {})
+    return (cfg.get("by_trainer") or {}).get(trainer, cfg)
+
+
 def _recovery_ratio_target(
     rec: dict[str, Any] | None, baseline: str, factor: float, trainer: str, goal_name: str
 ) -> list[Verdict]:
     goal = f">= {factor:g}x lower fault cost than {baseline}"
     if rec is None:
         return [Verdict(goal_name, goal, "–", "not measured", "no recovery results")]
-    cfg = rec.get("config", {})
+    cfg = trainer_config(rec, trainer)
     period, delay = cfg.get("realistic_checkpoint_period"), cfg.get("realistic_delay")
     rows = [r for r in rec.get("results", []) if r.get("trainer") == trainer]
     at = [r for r in rows if r.get("checkpoint_period") == period and r.get("replacement_delay") == delay]
@@ -396,13 +402,28 @@ def sweep_lines(cfg: dict[str, Any]) -> list[str]:
 
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
-    out = [
-        f"State: {fmt(cfg.get('state_bytes'))} bytes across {fmt(cfg.get('slices'))} slices, donated: "
-        f"{fmt(cfg.get('donate'))}; realistic point: checkpoint period {fmt(cfg.get('realistic_checkpoint_period'))} "
-        f"steps, replacement delay {fmt(cfg.get('realistic_delay'))} s; fault phases seeded with {fmt(cfg.get('seed'))}.",
-        "",
-    ]
-    out += sweep_lines(cfg)
+    out: list[str] = []
+    by_trainer = cfg.get("by_trainer") or {}
+    for trainer, c in sorted(by_trainer.items()) or [(None, cfg)]:
+        if trainer is not None:
+            out += [f"**Trainer {trainer}** (its own run):", ""]
+        if trainer != "maxtext" and "example" in (c.get("trainers") or ["example"]):
+            out.append(
+                f"Example trainer state: {fmt(c.get('state_bytes'))} bytes across {fmt(c.get('slices'))} slices, "
+                f"donated: {fmt(c.get('donate'))}."
+            )
+        mx = c.get("maxtext")
+        if mx and trainer in (None, "maxtext"):
+            out.append(
+                f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
+                f"bytes per row below), steps per run {fmt(mx.get('steps'))}, snapshot every "
+                f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar."
+            )
+        out += [
+            f"Realistic point: checkpoint period {fmt(c.get('realistic_checkpoint_period'))} steps, replacement "
+            f"delay {fmt(c.get('realistic_delay'))} s; fault phases seeded with {fmt(c.get('seed'))}.",
+        ]
+        out += sweep_lines(c) + [""]
     out += [
         "",
         "Fault cost (s): median [min–max], p90, n = successful runs. Lost steps: median (worst).",

@@ -380,3 +380,68 @@ def test_quick_or_too_few_runs_are_not_judged() -> None:
         r["runs"] = min(r["runs"], 3)
     v = next(v for v in targets(sections(few)) if v.target == "sidecar vs checkpoint rewind, example trainer (kill)")
     assert v.verdict == "not measured" and "fewer than the 5" in v.basis
+
+
+def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -> None:
+    """The example trainer and MaxText run separately (their own rounds) into one recovery section."""
+    from bench.__main__ import merge
+
+    cfg = {"realistic_checkpoint_period": 50, "realistic_delay": 10.0, "slices": 4, "seed": 0, "runs": 3}
+    example = section(
+        "recovery",
+        {**cfg, "trainers": ["example"], "state_bytes": 1073741824, "donate": True},
+        [rec_row("example", s, c, checkpoint_period=50, replacement_delay=10.0) for s, c in [("sidecar", 1.5)]],
+        ratios=[
+            {
+                "trainer": "example",
+                "fault": "kill",
+                "checkpoint_period": 50,
+                "replacement_delay": 10.0,
+                "baseline": "checkpoint_rewind",
+                "baseline_fault_cost_seconds_median": 3.0,
+                "sidecar_fault_cost_seconds_median": 1.5,
+                "ratio": 2.0,
+            }
+        ],
+    )
+    mx = {**cfg, "trainers": ["maxtext"], "runs": 5, "maxtext": {"model": "tiny", "slices": 2, "steps": {"50": 110}}}
+    maxtext = section(
+        "recovery",
+        mx,
+        [
+            rec_row("maxtext", s, c, checkpoint_period=50, replacement_delay=10.0)
+            for s, c in [("sidecar", 4.25), ("checkpoint_rewind", 17.5)]
+        ],
+        ratios=[
+            {
+                "trainer": "maxtext",
+                "fault": "kill",
+                "checkpoint_period": 50,
+                "replacement_delay": 10.0,
+                "baseline": "checkpoint_rewind",
+                "baseline_fault_cost_seconds_median": 17.5,
+                "sidecar_fault_cost_seconds_median": 4.25,
+                "ratio": 4.12,
+            }
+        ],
+    )
+    store = tmp_path / "b.json"
+    merge(store, [example])
+    data = merge(store, [maxtext])
+    rec = sections(data)["recovery"]
+    assert sorted({r["trainer"] for r in rec["results"]}) == ["example", "maxtext"]
+    assert [x["trainer"] for x in rec["ratios"]] == ["example", "maxtext"]
+    assert rec["config"]["by_trainer"]["example"]["runs"] == 3 and rec["config"]["by_trainer"]["maxtext"]["runs"] == 5
+    page = render(data)
+    assert "**Trainer example**" in page and "**Trainer maxtext**" in page and "MaxText: model tiny" in page
+    # The MaxText target is judged on MaxText's own config (5 runs), not the example run's.
+    (v,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
+    assert v.verdict == "met", v
+    # A run of the example trainer again replaces only its own rows.
+    merge(store, [example])
+    assert len(sections(json.loads(store.read_text()))["recovery"]["results"]) == 3
+    # A run at another commit replaces the whole section: no mixing of commits.
+    other = copy.deepcopy(example)
+    other["git_sha"] = "f" * 40
+    data = merge(store, [other])
+    assert {r["trainer"] for r in sections(data)["recovery"]["results"]} == {"example"}
