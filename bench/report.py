@@ -403,6 +403,10 @@ def sweep_lines(cfg: dict[str, Any]) -> list[str]:
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out: list[str] = []
+    ran = set(cfg.get("trainers") or [])
+    for t in ("example", "maxtext"):
+        if ran and t not in ran:
+            out += [f"**Trainer {t}: not run** at this commit: no {t} rows, and its targets are not measured.", ""]
     by_trainer = cfg.get("by_trainer") or {}
     for trainer, c in sorted(by_trainer.items()) or [(None, cfg)]:
         if trainer is not None:

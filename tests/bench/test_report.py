@@ -440,8 +440,10 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     # A run of the example trainer again replaces only its own rows.
     merge(store, [example])
     assert len(sections(json.loads(store.read_text()))["recovery"]["results"]) == 3
+    assert "not run" not in page.split("**Trainer example**")[0]
     # A run at another commit replaces the whole section: no mixing of commits.
     other = copy.deepcopy(example)
     other["git_sha"] = "f" * 40
     data = merge(store, [other])
     assert {r["trainer"] for r in sections(data)["recovery"]["results"]} == {"example"}
+    assert "**Trainer maxtext: not run** at this commit" in render(data)
