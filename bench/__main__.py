@@ -224,14 +224,17 @@ def main(argv: list[str] | None = None) -> int:
 def combine(sections: list[dict[str, Any]]) -> dict[str, Any]:
     """Several benchmarks in one file: the common top level over per-benchmark sections.
 
-    ``git_sha`` is the one commit every section ran at, or None with ``git_shas`` listing them;
-    ``dirty`` is true when any section's tree was dirty; ``results`` is every row, each with its
-    ``benchmark``.
+    ``git_sha`` is the commit of the newest run (by ``started_at``) when every section ran on a
+    clean tree at a known commit, else None; ``git_shas`` lists every section's commit, and each
+    section keeps its own ``git_sha``. ``dirty`` is true when any section's tree was dirty;
+    ``results`` is every row, each with its ``benchmark``.
     """
     shas = sorted({s.get("git_sha") or "unknown" for s in sections})
+    clean = bool(sections) and "unknown" not in shas and all(s.get("dirty") is False for s in sections)
+    newest = max(sections, key=lambda s: str(s.get("started_at") or ""))["git_sha"] if clean else None
     return {
         "schema": 2,
-        "git_sha": shas[0] if len(shas) == 1 and shas[0] != "unknown" else None,
+        "git_sha": newest,
         "git_shas": shas,
         "dirty": any(s.get("dirty") is not False for s in sections),
         "machine": sections[-1]["machine"] if sections else machine(),

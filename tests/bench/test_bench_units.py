@@ -157,16 +157,27 @@ def test_scale_row_fields() -> None:
         assert key in r
 
 
-def section(name: str, sha: str | None, dirty: bool) -> dict[str, Any]:
-    return {"name": name, "git_sha": sha, "dirty": dirty, "machine": {"cores": 2}, "config": {}, "results": [{"x": 1}]}
+def section(name: str, sha: str | None, dirty: bool, started: str = "2026-12-01 00:00:00 UTC") -> dict[str, Any]:
+    return {
+        "name": name,
+        "git_sha": sha,
+        "dirty": dirty,
+        "started_at": started,
+        "machine": {"cores": 2},
+        "config": {},
+        "results": [{"x": 1}],
+    }
 
 
-def test_combined_file_names_one_commit_only_when_all_agree() -> None:
+def test_combined_file_names_the_newest_runs_commit_only_when_every_run_was_clean() -> None:
     one = combine([section("flush", "a" * 40, False), section("scale", "a" * 40, False)])
     assert one["git_sha"] == "a" * 40 and one["dirty"] is False
     assert [r["benchmark"] for r in one["results"]] == ["flush", "scale"]
+    later = combine([section("flush", "b" * 40, False, "2026-12-01 02:00:00 UTC"), section("scale", "a" * 40, False)])
+    assert later["git_sha"] == "b" * 40 and later["git_shas"] == ["a" * 40, "b" * 40]
     mixed = combine([section("flush", "a" * 40, False), section("scale", "b" * 40, True)])
     assert mixed["git_sha"] is None and mixed["git_shas"] == ["a" * 40, "b" * 40] and mixed["dirty"] is True
+    assert combine([section("flush", None, False)])["git_sha"] is None
 
 
 def test_the_example_rows_leave_maxtext_to_its_runner() -> None:
