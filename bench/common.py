@@ -268,3 +268,37 @@ def spread(xs: Sequence[float | None]) -> dict[str, Any]:
     if not v:
         return {"n": 0, "median": None, "p90": None, "min": None, "max": None}
     return {"n": len(v), "median": statistics.median(v), "p90": percentile(v, 90), "min": v[0], "max": v[-1]}
+
+
+def fault_cost(
+    runs: Sequence[dict[str, Any]], refs: Sequence[dict[str, Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], float | None]:
+    """A recovery row's shared figures: each faulted run's fault cost (``seconds`` less its
+    ``work_steps`` at the median rate of the fault-free ``refs``, stored as ``fault_cost_s``), lost
+    steps and recovery time over the runs without an error.
+
+    Returns (row fields, successful runs, successful references, the reference rate in steps/s).
+    """
+    good_refs = [r for r in refs if not r.get("error")]
+    rate = median(r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds"))
+    ok = [r for r in runs if not r.get("error")]
+    costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
+    for r, c in zip(ok, costs, strict=False):
+        r["fault_cost_s"] = rnd(c)
+    cost, lost, rec = spread(costs), spread([r["lost_steps"] for r in ok]), spread([r["recovery_s"] for r in ok])
+    fields = {
+        "runs": len(ok),
+        "failed_runs": len(runs) - len(ok),
+        "failures": sorted({r["error"] for r in runs if r.get("error")}),
+        "fault_free_runs": len(good_refs),
+        "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
+        "lost_steps_median": lost["median"],
+        "lost_steps_max": lost["max"],
+        "fault_cost_seconds_median": rnd(cost["median"], 3),
+        "fault_cost_seconds_p90": rnd(cost["p90"], 3),
+        "fault_cost_seconds_min": rnd(cost["min"], 3),
+        "fault_cost_seconds_max": rnd(cost["max"], 3),
+        "recovery_seconds_median": rnd(rec["median"], 3),
+        "recovery_seconds_p90": rnd(rec["p90"], 3),
+    }
+    return fields, ok, good_refs, rate

@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PY, ROOT, env, log, median, read_jsonl, rnd, spread
+from bench.common import PY, ROOT, env, fault_cost, log, median, read_jsonl, rnd
 
 NAME = "recovery"
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot", "sidecar")
@@ -390,8 +390,6 @@ def summarise(
             if ran_as != fault:
                 row["ran_as"] = ran_as
                 row["note"] = "does not listen to notices: the host dies at the deadline, as in its kill runs"
-            good_refs = [x for x in refs.get((s, period), []) if not x.get("error")]
-            rate = median(x["work_steps"] / x["seconds"] for x in good_refs if x.get("seconds"))
             every = [
                 r
                 for r in runs
@@ -400,33 +398,10 @@ def summarise(
                 and r["checkpoint_period"] == period
                 and r["replacement_delay"] == delay
             ]
-            ok = [r for r in every if not r.get("error")]
-            costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
-            for r, c in zip(ok, costs, strict=False):
-                r["fault_cost_s"] = rnd(c)
-            cost, lost, rec = (
-                spread(costs),
-                spread([r["lost_steps"] for r in ok]),
-                spread([r["recovery_s"] for r in ok]),
-            )
-            row.update(
-                {
-                    "runs": len(ok),
-                    "failed_runs": len(every) - len(ok),
-                    "failures": sorted({r["error"] for r in every if r.get("error")}),
-                    "fault_free_runs": len(good_refs),
-                    "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
-                    "lost_steps_median": cost_round(lost["median"]),
-                    "lost_steps_max": lost["max"],
-                    "fault_cost_seconds_median": rnd(cost["median"], 3),
-                    "fault_cost_seconds_p90": rnd(cost["p90"], 3),
-                    "fault_cost_seconds_min": rnd(cost["min"], 3),
-                    "fault_cost_seconds_max": rnd(cost["max"], 3),
-                    "recovery_seconds_median": rnd(rec["median"], 3),
-                    "recovery_seconds_p90": rnd(rec["p90"], 3),
-                    "restored_from": sorted({str(r.get("restored_from")) for r in ok}),
-                }
-            )
+            fields, ok, good_refs, rate = fault_cost(every, refs.get((s, period), []))
+            fields["lost_steps_median"] = cost_round(fields["lost_steps_median"])
+            row.update(fields)
+            row["restored_from"] = sorted({str(r.get("restored_from")) for r in ok})
             if not rate:
                 row["invalid_reason"] = "no fault-free reference run succeeded"
             snaps = [r.get("snapshot_seconds_median") for r in ok + good_refs if r.get("snapshot_seconds_median")]

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, median, read_jsonl, rnd, spread
+from bench.common import fault_cost, log, median, read_jsonl, rnd, spread
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "sidecar")
 FAULTS = ("kill",)
@@ -251,31 +251,12 @@ def summarise(
 ) -> dict[str, Any]:
     """One row: fault cost of ``runs`` against the rate of the same strategy's fault-free ``refs``."""
     row = _base_row(strategy, fault, period, delay, model)
-    good_refs = [r for r in refs if not r.get("error")]
-    rate = median(r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds"))
-    ok = [r for r in runs if not r.get("error")]
-    costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
-    for r, c in zip(ok, costs, strict=False):
-        r["fault_cost_s"] = rnd(c)
-    cost = spread(costs)
-    lost = spread([r["lost_steps"] for r in ok])
-    rec = spread([r["recovery_s"] for r in ok])
+    fields, ok, good_refs, rate = fault_cost(runs, refs)
     rep = spread([r.get("recovery_after_replacement_s") for r in ok])
     row.update(
-        {
+        fields
+        | {
             "runs": len(ok) if rate else 0,
-            "failed_runs": len(runs) - len(ok),
-            "failures": sorted({r["error"] for r in runs if r.get("error")}),
-            "fault_free_runs": len(good_refs),
-            "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
-            "lost_steps_median": lost["median"],
-            "lost_steps_max": lost["max"],
-            "fault_cost_seconds_median": rnd(cost["median"], 3),
-            "fault_cost_seconds_p90": rnd(cost["p90"], 3),
-            "fault_cost_seconds_min": rnd(cost["min"], 3),
-            "fault_cost_seconds_max": rnd(cost["max"], 3),
-            "recovery_seconds_median": rnd(rec["median"], 3),
-            "recovery_seconds_p90": rnd(rec["p90"], 3),
             "recovery_after_replacement_seconds_median": rnd(rep["median"], 3),
             "fault_steps": sorted(r["fault_step"] for r in runs),
         }
