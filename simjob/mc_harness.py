@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from simjob.harness import PY, Demo, Job, _flags, _interrupt, free_port
+from simjob.mc_trainer import events_path
 from simjob.options import MC_DEFAULT_FAULTS, MC_KINDS, FaultSpec, check_faults, parse_fault
 from simjob.summary import render
 
@@ -55,6 +56,20 @@ JOBSET_REACTION_SECONDS = 1.0
 def _container_code(code: int | None) -> int | None:
     """Popen's -N (ended by signal N) as a container reports it: 128 + N."""
     return 128 - code if code is not None and code < 0 else code
+
+
+def _last_line(path: Path) -> dict[str, Any]:
+    """The last JSON line of an event file ({} when there is none)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            return dict(json.loads(line))
+        except ValueError:
+            continue
+    return {}
 
 
 def committed_steps(ckdir: Path) -> list[int]:
@@ -290,8 +305,45 @@ class McDemo(Demo):
         )
         return True
 
+    def diagnose(self) -> dict[str, Any]:
+        """Where a run that gave up was stuck: read before every process is stopped.
+
+        Each trainer process of the current attempt (alive or its exit code, its last event),
+        each host's processes, and the coordinator's last decisions from its journal.
+        """
+        job = self.job
+        base = job.workdir / "trainer-events.jsonl"
+        procs: dict[str, Any] = {}
+        for index, (key, p) in enumerate(job.trainers.items()):
+            last = _last_line(events_path(base, index))
+            procs[f"{key[0]}.{key[1]}"] = {
+                "exit_code": p.poll(),
+                "last_event": {k: last.get(k) for k in ("kind", "step", "from_step", "reason") if k in last}
+                if last
+                else None,
+            }
+        journal = []
+        if job.journal_path.exists():
+            for line in job.journal_path.read_text().splitlines()[-6:]:
+                try:
+                    j = json.loads(line)
+                except ValueError:
+                    continue
+                journal.append(f"{j.get('trigger')}: {str(j.get('reason'))[:240]}")
+        return {
+            "attempt": job.attempt,
+            "restart_due": self.restart_due is not None,
+            "trainer_processes": procs,
+            "hosts": {f"{s}.{h}": [p.poll() for p in host.procs] for (s, h), host in job.hosts.items()},
+            "coordinator_exit_code": None if job.coordinator is None else job.coordinator.poll(),
+            "journal_tail": journal,
+        }
+
     def finish(self) -> dict[str, Any]:
+        stuck = self.diagnose() if self.gave_up else None
         summary = super().finish()
+        if stuck is not None:
+            summary["gave_up"] = stuck
         for i, f in enumerate(summary["faults"]):
             rec = self.records[i]
             att = next((a for a in self.attempts if a["fault"] == i), None)
@@ -361,6 +413,8 @@ def run_mc_demo(ns: argparse.Namespace) -> int:
             f"fault (every pod deleted by the JobSet stand-in at {f['jobset_cleanup_seconds']} s); restart to "
             f"first step {f['restart_to_first_step_seconds']} s, resumed from step {f['resumed_from_step']}"
         )
+    if "gave_up" in summary:
+        print(f"  gave up; where it was (None: still running): {json.dumps(summary['gave_up'])}")
     if ns.summary_json:
         ns.summary_json.parent.mkdir(parents=True, exist_ok=True)
         ns.summary_json.write_text(json.dumps(summary, indent=2))
