@@ -128,24 +128,27 @@ def test_elastic_retry_restarts_at_once_from_the_flushed_step_on_shrink_and_grow
         sc.stop()
 
 
-BUDGET_FLAGS = (
-    "elastic_enabled=true",
-    "enable_single_controller=true",
-    "elastic_min_slice_count=1",
-    "elastic_timeout_seconds=60",
-    "elastic_max_retries=10",
-)
-"""Ten recoveries. Each loss-and-replacement cycle is two ``elastic_retry`` attempts, so
-pathwaysutils' own ``ElasticRetryLimit(10)`` would refuse (exit 1) at the fifth cycle's grow."""
-CYCLES = 10
+def budget_flags(retries: int) -> tuple[str, ...]:
+    """``elastic_max_retries=retries`` (the test runs as many cycles). Each loss-and-replacement
+    cycle is two ``elastic_retry`` attempts, so pathwaysutils' own ``ElasticRetryLimit(retries)``
+    would refuse (exit 1) once half the cycles are done: three cycles in the default run, the
+    issue's ten under ``--runslow``."""
+    return (
+        "elastic_enabled=true",
+        "enable_single_controller=true",
+        "elastic_min_slice_count=1",
+        "elastic_timeout_seconds=60",
+        f"elastic_max_retries={retries}",
+    )
 
 
+@pytest.mark.parametrize("cycles", [3, pytest.param(10, marks=pytest.mark.slow)])
 def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh_spans_the_slices_decided(
-    tmp_path: Path,
+    tmp_path: Path, cycles: int
 ) -> None:
-    """Two slices of two CPU devices each (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``), ``elastic_max_retries=10``.
+    """Two slices of two CPU devices each (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``), ``elastic_max_retries=cycles``.
 
-    Ten loss-and-replacement cycles (twenty ``elastic_retry`` attempts) keep training; the mesh
+    ``cycles`` loss-and-replacement cycles (twice as many ``elastic_retry`` attempts) keep training; the mesh
     MaxText builds spans exactly the slices the sidecar resumed on each time; a drain of the
     healthy slice 1 keeps it out of the mesh even after pathwaysutils' monitor (10 s poll) sees
     it healthy; then one more loss, past the budget, exits 42 with the reason.
@@ -156,16 +159,16 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
     try:
         sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        args = maxtext_args(tmp_path, "budget", 100_000, *BUDGET_FLAGS, jax_cache=tmp_path / "jax-cache")
+        args = maxtext_args(tmp_path, "budget", 100_000, *budget_flags(cycles), jax_cache=tmp_path / "jax-cache")
         env = {ENV: "1", ENV_SLICES: "2"}
         run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
-        assert sc.state.policy.elastic_max_retries == 10
+        assert sc.state.policy.elastic_max_retries == cycles
         first = sc.applied(TrainerResumed)[-1].event
         assert first.active == frozenset({0, 1})
 
         recoveries: list[float] = []
-        for cycle in range(CYCLES):
+        for cycle in range(cycles):
             t0 = time.monotonic()
             sc.request(WorkerLost(1, 0, f"inc-{cycle + 1}", "stream_closed"))
             resumed_on(sc, {0}, t0, run)  # the ack names the mesh's slices: 2 devices of slice 0
@@ -177,13 +180,13 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
             resumed_on(sc, {0, 1}, t1, run)
             at = sc.state.trainer.last_step
             sc.wait_for(lambda at=at: sc.state.trainer.last_step > at, "a step on both slices", run)
-        assert sc.state.retries_used == CYCLES
+        assert sc.state.retries_used == cycles
         assert run.poll() is None
         meshes = [(f["decided"], f["slices"]) for _, f in run.hook_lines("resumed")]
         assert all(d == m for d, m in meshes), meshes
         assert [m for _, m in meshes][-4:] == [[0], [0, 1], [0], [0, 1]]
         budget = run.hook_lines("resumed")[-1][1]["retry_budget"]
-        assert budget == {"decided_attempts": 2 * CYCLES, "reported_failures": 0}
+        assert budget == {"decided_attempts": 2 * cycles, "reported_failures": 0}
         assert "Retry policy rejected" not in run.text()
 
         # drain the healthy slice 1: the mesh excludes it, also after the monitor's poll sees it up
@@ -198,14 +201,14 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
         assert run.poll() is None and len(run.hook_lines("restart")) == restarts, run.tail()
         assert "Scale up requested" not in run.text()[-20000:]
         assert sc.state.trainer.last_step > drained.step
-        assert sc.state.retries_used == CYCLES, "a drain spends no retry"
+        assert sc.state.retries_used == cycles, "a drain spends no retry"
 
         # one real failure past the budget: exit 42, with the reason, never 1
         t3 = time.monotonic()
         sc.request(WorkerLost(0, 0, "inc-1", "stream_closed"))
         assert run.wait(WAIT) == 42, run.tail()
         aborts = run.hook_lines("abort")
-        assert aborts and "elastic_max_retries=10" in aborts[-1][1]["reason"], run.tail()
+        assert aborts and f"elastic_max_retries={cycles}" in aborts[-1][1]["reason"], run.tail()
         print(
             f"\nretry budget: loss to next step on the survivor {[round(r, 3) for r in recoveries]} s; "
             f"terminal failure to exit {time.monotonic() - t3:.3f} s"
