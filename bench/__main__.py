@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--realistic-delay", type=float, default=None)
     g.add_argument("--sweep-faults", type=_words, default=None, help="faults run at the sweep's points")
     g.add_argument(
+        "--sweep-strategies",
+        type=_words,
+        default=None,
+        help="strategies run at the sweep's points other than the realistic one (default: all)",
+    )
+    g.add_argument(
         "--sweep",
         choices=["grid", "cross"],
         default=None,
@@ -121,6 +127,7 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             realistic_checkpoint_period=ns.realistic_checkpoint_period,
             realistic_delay=ns.realistic_delay,
             sweep_faults=ns.sweep_faults,
+            sweep_strategies=ns.sweep_strategies,
             sweep=ns.sweep,
             fault_free_runs=ns.fault_free_runs,
             runs=ns.repeats,

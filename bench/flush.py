@@ -9,9 +9,10 @@ method starts from the device and its time includes the device-to-host copy
   directory;
 * ``orbax_zstd``: :class:`trainer_hooks.orbax_flush.OrbaxFlusher` over a real
   ``orbax.checkpoint.CheckpointManager`` with async checkpointing on (the
-  trainer's configuration, Orbax's default compressed writer): wait for any
-  save in flight, ``save(force=True)``, ``wait_until_finished()``, re-read the
-  committed steps;
+  trainer's configuration, Orbax's default compressed writer), handed the JAX
+  arrays as a trainer hands them (Orbax copies them to the host itself): wait
+  for any save in flight, ``save(force=True)``, ``wait_until_finished()``,
+  re-read the committed steps;
 * ``orbax_uncompressed``: the same with
   :func:`trainer_hooks.orbax_flush.uncompressed_item_handlers`.
 
@@ -127,7 +128,10 @@ def one_flush(method: str, state: dict[str, Any], root: Path, step: int, manager
 
 
 def make_flusher(method: str, ckdir: Path, holder: dict[str, Any]) -> Any:
-    """An OrbaxFlusher whose ``make_args`` copies ``holder["state"]`` to the host, as the trainer's does."""
+    """An OrbaxFlusher whose ``make_args`` hands Orbax ``holder["state"]``, the JAX arrays on the device, as
+    the trainers do (``simjob.mc_trainer``, MaxText's checkpoint manager): Orbax makes the
+    device-to-host copy itself, inside the timed flush. (Copying to NumPy first, as this bench did
+    up to 4fa2252, adds a second copy and Orbax's slower NumPy path: a trainer never flushes that way.)"""
     import orbax.checkpoint as ocp
 
     from trainer_hooks.orbax_flush import OrbaxFlusher, tree_nbytes, uncompressed_item_handlers
@@ -137,14 +141,14 @@ def make_flusher(method: str, ckdir: Path, holder: dict[str, Any]) -> Any:
         mngr = ocp.CheckpointManager(ckdir, options=opts)
 
         def make_args(step: int, down: frozenset[int]) -> tuple[Any, int]:
-            host = to_host(holder["state"])
-            return ocp.args.Composite(state=ocp.args.StandardSave(host)), tree_nbytes(host)
+            state = holder["state"]
+            return ocp.args.Composite(state=ocp.args.StandardSave(state)), tree_nbytes(state)
     else:
         mngr = ocp.CheckpointManager(ckdir, options=opts, item_handlers=uncompressed_item_handlers("state"))
 
         def make_args(step: int, down: frozenset[int]) -> tuple[Any, int]:
-            host = to_host(holder["state"])
-            return ocp.args.Composite(state=ocp.args.PyTreeSave(host)), tree_nbytes(host)
+            state = holder["state"]
+            return ocp.args.Composite(state=ocp.args.PyTreeSave(state)), tree_nbytes(state)
 
     return OrbaxFlusher(mngr, make_args)
 

@@ -95,6 +95,8 @@ class Config:
     realistic_delay: float = 30.0
     sweep_faults: list[str] = field(default_factory=lambda: ["kill"])
     """Faults run at the sweep's (period, delay) points; the others only at the realistic point."""
+    sweep_strategies: list[str] | None = None
+    """Strategies run at the sweep's points other than the realistic one; None: every strategy."""
     sweep: str = "grid"
     """``grid``: every period x every delay; ``cross``: each period at the realistic delay and each
     delay at the realistic period (one axis varied at a time: fewer runs)."""
@@ -143,6 +145,12 @@ class Config:
                 out.append((fault, self.realistic_checkpoint_period, self.realistic_delay))
         return out
 
+    def runs_at_period(self, strategy: str, period: int) -> bool:
+        """Whether some case runs ``strategy`` at checkpoint ``period`` (see ``sweep_strategies``)."""
+        if period == self.realistic_checkpoint_period or self.sweep_strategies is None:
+            return True
+        return strategy in self.sweep_strategies
+
     @classmethod
     def make(cls, quick: bool = False, **over: Any) -> Config:
         c = cls()
@@ -163,7 +171,12 @@ class Config:
             c.realistic_checkpoint_period = max(c.checkpoint_periods)
         if c.realistic_delay not in c.delays:
             c.realistic_delay = max(c.delays)
-        bad = set(c.strategies) - set(STRATEGIES) or set(c.faults) - set(FAULTS) or set(c.trainers) - set(TRAINERS)
+        bad = (
+            set(c.strategies) - set(STRATEGIES)
+            or set(c.sweep_strategies or ()) - set(STRATEGIES)
+            or set(c.faults) - set(FAULTS)
+            or set(c.trainers) - set(TRAINERS)
+        )
         if bad:
             raise ValueError(f"unknown strategy, fault or trainer {sorted(bad)}")
         if c.sweep not in ("grid", "cross"):
@@ -195,6 +208,24 @@ def margin_seconds(cfg: Config, strategy: str, period: int, step_s: float) -> fl
         return 4.0 + cfg.notice_deadline
     rewind = {"checkpoint_rewind": period, "local_checkpoint_rewind": cfg.local_checkpoint_period}.get(strategy, 1)
     return cfg.poll_interval + 4.0 + rewind * step_s
+
+
+SURVIVOR_PACE = 1.5
+"""How much faster the rewinding baselines may step on the surviving slices than on all of them."""
+
+
+def post_fault_seconds(cfg: Config, strategy: str, period: int, step_s: float, delay: float) -> float:
+    """Seconds of full-capacity steps a faulted run gets after the fault (the run's steps are sized from it).
+
+    The rewinding baselines train on the surviving slices until their poll sees the replacement,
+    and those steps are shorter on the CPU (fewer devices to run): they get :data:`SURVIVOR_PACE`
+    times as many, or a run can end before the poll brings the replacement in (seen:
+    local_checkpoint_rewind and memory_snapshot at period 20, delay 10 s, at 4fa2252).
+    """
+    wait = 0.0 if strategy == "full_restart" else delay
+    total = wait + margin_seconds(cfg, strategy, period, step_s)
+    rewinds = strategy in ("checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot")
+    return total * SURVIVOR_PACE if rewinds else total
 
 
 def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
@@ -460,6 +491,8 @@ def run(
             # case with the strategies interleaved, so drift on a shared machine hits them alike.
             for period in cfg.checkpoint_periods if rep < (cfg.fault_free_runs or cfg.runs) else []:
                 for s in cfg.strategies:
+                    if not cfg.runs_at_period(s, period):
+                        continue  # no faulted run of this strategy at this period needs the reference
                     n = cfg.fault_free_steps or max(100, 3 * period)
                     log(f"recovery: {s} fault-free, period {period}, round {rep + 1}/{cfg.runs}")
                     ref = run_one(
@@ -468,13 +501,15 @@ def run(
                     refs.setdefault((s, period), []).append(ref)
             for fault, period, delay in cases:
                 at = fault_step(cfg, period, rep)
+                realistic = (period, delay) == (cfg.realistic_checkpoint_period, cfg.realistic_delay)
                 for s in cfg.strategies:
                     if fault == "notice" and s != "sidecar":
                         continue  # baselines ignore notices: their kill runs stand for it (see the rows)
+                    if not realistic and cfg.sweep_strategies is not None and s not in cfg.sweep_strategies:
+                        continue
                     step_s = median(x["seconds"] / x["work_steps"] for x in refs[(s, period)] if x.get("work_steps"))
                     step_s = max(cfg.step_seconds, step_s or cfg.step_seconds)
-                    wait = 0.0 if s == "full_restart" else delay
-                    steps = at + math.ceil((wait + margin_seconds(cfg, s, period, step_s)) / step_s)
+                    steps = at + math.ceil(post_fault_seconds(cfg, s, period, step_s, delay) / step_s)
                     log(f"recovery: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{cfg.runs}")
                     m = run_one(
                         cfg,
@@ -544,8 +579,7 @@ def _notice_kill_runs(
                 continue
             step_s = median(x["seconds"] / x["work_steps"] for x in refs[(s, period)] if x.get("work_steps"))
             step_s = max(cfg.step_seconds, step_s or cfg.step_seconds)
-            wait = 0.0 if s == "full_restart" else delay
-            steps = at + math.ceil((wait + margin_seconds(cfg, s, period, step_s)) / step_s)
+            steps = at + math.ceil(post_fault_seconds(cfg, s, period, step_s, delay) / step_s)
             log(f"recovery: {s} kill@{at} (for its notice row) period {period} delay {delay:g}s")
             runs.append(
                 run_one(

@@ -183,3 +183,26 @@ def test_combined_file_names_the_newest_runs_commit_only_when_every_run_was_clea
 def test_the_example_rows_leave_maxtext_to_its_runner() -> None:
     cfg = recovery.Config.make(quick=True, trainers=["maxtext"], faults=["kill"])
     assert recovery.summarise(cfg, [], {}) == []  # bench.recovery_maxtext makes (and measures) those rows
+
+
+def test_sweep_strategies_are_checked_and_the_rewinding_baselines_get_longer_after_a_fault() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="bogus"):
+        recovery.Config.make(sweep_strategies=["sidecar", "bogus"])
+    cfg = recovery.Config.make(sweep_strategies=["sidecar"])
+    assert cfg.sweep_strategies == ["sidecar"]
+    # Full restart waits for nothing; the sidecar's run is the delay plus its margin; the
+    # baselines that train on the survivors until their poll sees the replacement get half again.
+    step = 0.1
+    full = recovery.post_fault_seconds(cfg, "full_restart", 50, step, 10.0)
+    assert full == recovery.margin_seconds(cfg, "full_restart", 50, step)
+    side = recovery.post_fault_seconds(cfg, "sidecar", 50, step, 10.0)
+    assert side == 10.0 + recovery.margin_seconds(cfg, "sidecar", 50, step)
+    for s in ("checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot"):
+        got = recovery.post_fault_seconds(cfg, s, 50, step, 10.0)
+        assert got == recovery.SURVIVOR_PACE * (10.0 + recovery.margin_seconds(cfg, s, 50, step))
+    # A strategy left out of the sweep needs no fault-free reference at a period it never runs at.
+    assert cfg.runs_at_period("memory_snapshot", cfg.realistic_checkpoint_period)
+    assert not cfg.runs_at_period("memory_snapshot", min(cfg.checkpoint_periods))
+    assert cfg.runs_at_period("sidecar", min(cfg.checkpoint_periods))
