@@ -595,7 +595,17 @@ def sec_footprint(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         ]
         for r in s.get("results", [])
     ]
-    return table(["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"], rows)
+    out = table(["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"], rows)
+    summ = s.get("summary") or {}
+    main, others = summ.get("coordinator_main_thread_cpu_pct"), summ.get("coordinator_other_threads_cpu_pct")
+    if main is not None and others is not None:
+        n = len(s.get("rounds") or [])
+        out += [
+            "",
+            f"Coordinator idle CPU by thread (median of {n} rounds): main thread (Python: asyncio loop, "
+            f"decisions, grpc.aio) {fmt(main)} %, all other threads (gRPC core) {fmt(others)} %.",
+        ]
+    return out
 
 
 SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, str]], list[str]]]] = {

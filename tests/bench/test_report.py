@@ -232,6 +232,8 @@ def fixture() -> dict[str, Any]:
             }
             for role, cpu, rss in (("coordinator", 0.7, 55.1), ("worker", 0.3, 55.6))
         ],
+        summary={"coordinator_main_thread_cpu_pct": 0.45, "coordinator_other_threads_cpu_pct": 0.25},
+        rounds=[{}, {}, {}],
     )
     return combine([rec, detection, scale, flush, footprint])
 
@@ -447,3 +449,13 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     data = merge(store, [other])
     assert {r["trainer"] for r in sections(data)["recovery"]["results"]} == {"example"}
     assert "**Trainer maxtext: not run** at this commit" in render(data)
+
+
+def test_the_coordinators_idle_cpu_is_split_by_thread_when_measured() -> None:
+    data = fixture()
+    md = render(data)
+    assert "main thread (Python: asyncio loop, decisions, grpc.aio) 0.45 %" in md
+    assert "all other threads (gRPC core) 0.25 %" in md
+    assert "(median of 3 rounds)" in md
+    del data["benchmarks"]["footprint"]["summary"]
+    assert "Coordinator idle CPU by thread" not in render(data)
