@@ -167,8 +167,14 @@ def _recovery_ratio_target(
             out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "not measured", f"{basis}: {why}"))
             continue
         ok = ratio["ratio"] >= factor
+        if not ok and trainer in WHY_NOT_MET:
+            basis += f"; why not met: {WHY_NOT_MET[trainer]}"
         out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "met" if ok else "not met", basis))
     return out
+
+
+WHY_NOT_MET = {"maxtext": "[maxtext.md](maxtext.md#recovery-benchmark-on-maxtext)"}
+"""Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
 
 def scale_causes(sc: dict[str, Any], r: dict[str, Any]) -> list[str]:

@@ -439,6 +439,12 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     # The MaxText target is judged on MaxText's own config (5 runs), not the example run's.
     (v,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
     assert v.verdict == "met", v
+    assert "why not met" not in v.basis  # met: nothing to explain
+    for x in data["benchmarks"]["recovery"]["ratios"]:
+        x["ratio"] = 0.94
+    (short,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
+    assert short.verdict == "not met"
+    assert "why not met: [maxtext.md](maxtext.md#recovery-benchmark-on-maxtext)" in short.basis
     # A run of the example trainer again replaces only its own rows.
     merge(store, [example])
     assert len(sections(json.loads(store.read_text()))["recovery"]["results"]) == 3
