@@ -417,6 +417,16 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     for trainer, c in sorted(by_trainer.items()) or [(None, cfg)]:
         if trainer is not None:
             out += [f"**Trainer {trainer}** (its own run):", ""]
+            if c.get("git_sha"):
+                out += [
+                    f"Commit `{c['git_sha']}`"
+                    + (" **with uncommitted changes (dirty)**" if c.get("dirty") else "")
+                    + f"; started {c.get('started_at') or '–'}, took {fmt(c.get('duration_s'))} s; load average "
+                    f"at end {fmt(c.get('load_average_at_end'))}.",
+                ]
+                if c.get("argv") is not None:
+                    out += ["", "```sh", "python -m bench " + " ".join(c["argv"]), "```"]
+                out.append("")
         if trainer != "maxtext" and "example" in (c.get("trainers") or ["example"]):
             out.append(
                 f"Example trainer state: {fmt(c.get('state_bytes'))} bytes across {fmt(c.get('slices'))} slices, "
@@ -705,7 +715,9 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
 def render(data: dict[str, Any], plots: dict[str, str] | None = None, source: str = "benchmarks.json") -> str:
     secs = sections(data)
     plots = plots or {}
-    shas = sorted({s.get("git_sha") or "unknown" for s in secs.values()})
+    from bench.__main__ import section_shas
+
+    shas = sorted(set().union(*(section_shas(s) for s in secs.values())) if secs else set())
     lines = [
         "# Benchmarks",
         "",

@@ -449,10 +449,25 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     merge(store, [example])
     assert len(sections(json.loads(store.read_text()))["recovery"]["results"]) == 3
     assert "not run" not in page.split("**Trainer example**")[0]
-    # A run at another commit replaces the whole section: no mixing of commits.
+    # A clean run at another commit replaces only its trainer's rows; each trainer's rows keep
+    # their own commit, printed with them, and the page lists both commits.
     other = copy.deepcopy(example)
     other["git_sha"] = "f" * 40
+    other["started_at"] = "2026-12-02 00:00:00 UTC"
     data = merge(store, [other])
+    rec = sections(data)["recovery"]
+    assert {r["trainer"] for r in rec["results"]} == {"example", "maxtext"}
+    assert rec["config"]["by_trainer"]["example"]["git_sha"] == "f" * 40
+    assert rec["config"]["by_trainer"]["maxtext"]["git_sha"] == SHA
+    assert set(data["git_shas"]) >= {"f" * 40, SHA}
+    page = render(data)
+    assert f"Commit `{'f' * 40}`" in page.split("**Trainer example**")[1].split("**Trainer maxtext**")[0]
+    assert f"Commit `{SHA}`" in page.split("**Trainer maxtext**")[1]
+    assert f"`{'f' * 40}`" in page.split("## Targets")[0]
+    # A dirty run replaces the whole section: figures of uncommitted code are never mixed in.
+    dirty = copy.deepcopy(example)
+    dirty["dirty"] = True
+    data = merge(store, [dirty])
     assert {r["trainer"] for r in sections(data)["recovery"]["results"]} == {"example"}
     assert "**Trainer maxtext: not run** at this commit" in render(data)
 
