@@ -252,7 +252,7 @@ def combine(sections: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-RUN_KEYS = ("git_sha", "dirty", "started_at", "duration_s", "load_average_at_end")
+RUN_KEYS = ("git_sha", "dirty", "started_at", "duration_s", "machine", "load_average_at_end")
 """What says which run a trainer's recovery rows come from: kept with its config under ``by_trainer``."""
 
 

@@ -357,18 +357,32 @@ def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
 
 def header(s: dict[str, Any]) -> list[str]:
     m = s.get("machine", {})
+    runs = {
+        str(c.get("git_sha")) for c in ((s.get("config") or {}).get("by_trainer") or {}).values() if c.get("git_sha")
+    }
+    if len(runs) > 1:
+        # Separate runs per trainer: each trainer's block below names its commit and command line.
+        first = (
+            "Separate runs per trainer, at commits "
+            + ", ".join(f"`{x}`" for x in sorted(runs))
+            + ": each trainer's commit, start, duration and command line are given with its rows."
+        )
+    else:
+        first = (
+            f"Commit `{s.get('git_sha') or 'unknown'}`"
+            + (" **with uncommitted changes (dirty)**" if s.get("dirty") else "")
+            + f"; started {s.get('started_at', '–')}, took {fmt(s.get('duration_s'))} s"
+            + ("; **quick (smoke-sized: figures not representative)**" if s.get("quick") else "")
+            + "."
+        )
     lines = [
-        f"Commit `{s.get('git_sha') or 'unknown'}`"
-        + (" **with uncommitted changes (dirty)**" if s.get("dirty") else "")
-        + f"; started {s.get('started_at', '–')}, took {fmt(s.get('duration_s'))} s"
-        + ("; **quick (smoke-sized: figures not representative)**" if s.get("quick") else "")
-        + ".",
+        first,
         f"Machine: {fmt(m.get('cores'))} cores ({fmt(m.get('cores_usable'))} usable), {fmt(m.get('memory_gib'))} GiB, "
         f"{m.get('cpu_model') or '–'}; Python {m.get('python') or '–'}, jax {m.get('jax') or '–'}; load average at "
         f"start {fmt(m.get('load_average_at_start'))}, at end {fmt(s.get('load_average_at_end'))}.",
     ]
     argv = (s.get("config") or {}).get("argv")
-    if argv is not None:
+    if argv is not None and len(runs) <= 1:
         lines += ["", "```sh", "python -m bench " + " ".join(argv), "```"]
     if s.get("error"):
         lines += ["", f"**The benchmark failed**: {s['error']}"]
@@ -422,7 +436,8 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     f"Commit `{c['git_sha']}`"
                     + (" **with uncommitted changes (dirty)**" if c.get("dirty") else "")
                     + f"; started {c.get('started_at') or '–'}, took {fmt(c.get('duration_s'))} s; load average "
-                    f"at end {fmt(c.get('load_average_at_end'))}.",
+                    f"at start {fmt((c.get('machine') or {}).get('load_average_at_start'))}, at end "
+                    f"{fmt(c.get('load_average_at_end'))}.",
                 ]
                 if c.get("argv") is not None:
                     out += ["", "```sh", "python -m bench " + " ".join(c["argv"]), "```"]

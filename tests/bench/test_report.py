@@ -464,6 +464,7 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     assert f"Commit `{'f' * 40}`" in page.split("**Trainer example**")[1].split("**Trainer maxtext**")[0]
     assert f"Commit `{SHA}`" in page.split("**Trainer maxtext**")[1]
     assert f"`{'f' * 40}`" in page.split("## Targets")[0]
+    assert "Separate runs per trainer, at commits" in page
     # A dirty run replaces the whole section: figures of uncommitted code are never mixed in.
     dirty = copy.deepcopy(example)
     dirty["dirty"] = True
