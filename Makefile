@@ -62,14 +62,19 @@ protos: setup
 BENCH := $(BIN)/python -m bench
 BENCH_OUT ?= docs/benchmarks.json
 
-# The documented recovery run: 1 GiB donated state, all five strategies, kill swept one axis at a
-# time through the realistic point (checkpoint period 20 or 50 steps at a 10 s replacement delay,
-# delay 2 or 10 s at period 50), hang and notice at the realistic point, fault-free references in
-# the first round. 5 rounds (the method's minimum for a judged target): about 70 min on a quiet
-# 2-core machine; RECOVERY_ROUNDS=3 takes about 40 min, and the page then reports the recovery
-# targets as not measured (fewer than 5 runs).
+# The full recovery run: 1 GiB donated state, kill swept one axis at a time through the realistic
+# point (checkpoint period 20 or 50 steps at a 10 s replacement delay, delay 2 or 10 s at period
+# 50), hang and notice at the realistic point, fault-free references in the first round; all five
+# strategies at the realistic point, full restart, rewind and sidecar at the sweep's other points;
+# 5 rounds (the method's minimum for a judged target). The example trainer alone (--trainer
+# example) takes about 95 min on a quiet 2-core machine (at 86a1022 the references took 5.5 min
+# and one round 17.5 min); --trainer all adds MaxText's three strategies (kill) at the same three
+# points, an estimated 50 min more (one point took 17 min at 4cd4707). docs/benchmarks.md prints
+# the command line each published run used, and docs/benchmarks.json what each trainer ran
+# (config.by_trainer).
 RECOVERY_ROUNDS ?= 5
 RECOVERY_ARGS := --trainer all --state-mib 1024 --faults kill,hang,notice --sweep-faults kill --sweep cross \
+	--sweep-strategies full_restart,checkpoint_rewind,sidecar \
 	--checkpoint-periods 20,50 --realistic-checkpoint-period 50 --delays 2,10 --realistic-delay 10 \
 	--repeats $(RECOVERY_ROUNDS) --fault-free-runs 1
 

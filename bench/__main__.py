@@ -232,11 +232,12 @@ def combine(sections: list[dict[str, Any]]) -> dict[str, Any]:
     """Several benchmarks in one file: the common top level over per-benchmark sections.
 
     ``git_sha`` is the commit of the newest run (by ``started_at``) when every section ran on a
-    clean tree at a known commit, else None; ``git_shas`` lists every section's commit, and each
-    section keeps its own ``git_sha``. ``dirty`` is true when any section's tree was dirty;
+    clean tree at a known commit, else None; ``git_shas`` lists every commit any figure comes
+    from (a recovery section's trainers may each have their own), and each section keeps its own
+    ``git_sha``. ``dirty`` is true when any section's tree was dirty;
     ``results`` is every row, each with its ``benchmark``.
     """
-    shas = sorted({s.get("git_sha") or "unknown" for s in sections})
+    shas = sorted(set().union(*(section_shas(s) for s in sections)) if sections else set())
     clean = bool(sections) and "unknown" not in shas and all(s.get("dirty") is False for s in sections)
     newest = max(sections, key=lambda s: str(s.get("started_at") or ""))["git_sha"] if clean else None
     return {
@@ -251,26 +252,46 @@ def combine(sections: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+RUN_KEYS = ("git_sha", "dirty", "started_at", "duration_s", "machine", "load_average_at_end")
+"""What says which run a trainer's recovery rows come from: kept with its config under ``by_trainer``."""
+
+
+def section_shas(s: dict[str, Any]) -> set[str]:
+    """Every commit a section's figures come from (a recovery section may hold one per trainer)."""
+    by_trainer = (s.get("config") or {}).get("by_trainer") or {}
+    shas = {str(c.get("git_sha")) for c in by_trainer.values() if c.get("git_sha")}
+    return shas or {s.get("git_sha") or "unknown"}
+
+
 def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """A recovery run for some trainers replaces only those trainers' rows.
 
     So the example trainer and MaxText can be run separately (each with the rounds it can afford)
-    into one section. Only runs of the same commit are combined; a run of another commit replaces
-    the section. Each trainer keeps the config it ran with under ``config["by_trainer"]``.
+    into one section, also at different commits when both ran on a clean tree: each trainer keeps
+    the config it ran with and its run's commit, start and duration under ``config["by_trainer"]``
+    (the page prints them per trainer), and the section's ``git_sha`` is the newest run's. A dirty
+    run, or one that names no trainer, replaces the section.
     """
     mine = set(new.get("config", {}).get("trainers") or [])
-    if old.get("git_sha") != new.get("git_sha") or old.get("dirty") or new.get("dirty") or not mine:
+    if old.get("dirty") is not False or new.get("dirty") is not False or not mine:
+        return new
+    if not old.get("git_sha") or not new.get("git_sha"):
         return new
     old_cfg = old.get("config", {})
+    old_run = {k: old.get(k) for k in RUN_KEYS}
     by_trainer = {
-        t: (old_cfg.get("by_trainer") or {}).get(t, {k: v for k, v in old_cfg.items() if k != "by_trainer"})
+        t: {
+            **old_run,
+            **(old_cfg.get("by_trainer") or {}).get(t, {k: v for k, v in old_cfg.items() if k != "by_trainer"}),
+        }
         for t in old_cfg.get("trainers") or []
         if t not in mine
     }
     if not by_trainer:
         return new
     new_cfg = {k: v for k, v in new.get("config", {}).items() if k != "by_trainer"}
-    by_trainer.update({t: new_cfg for t in mine})
+    new_run = {k: new.get(k) for k in RUN_KEYS}
+    by_trainer.update({t: {**new_cfg, **new_run} for t in mine})
     out = dict(new)
     out["config"] = {**new_cfg, "trainers": sorted(by_trainer), "by_trainer": by_trainer}
     for key in ("results", "ratios"):

@@ -52,6 +52,11 @@ def _registered_time(path: Path) -> float | None:
     return None
 
 
+def _thread_times(proc: Any) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of a psutil process, by thread id."""
+    return {t.id: t.user_time + t.system_time for t in proc.threads()}
+
+
 def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
     import psutil
 
@@ -150,11 +155,21 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
             **{f"worker-{i}": psutil.Process(w.pid) for i, w in enumerate(workers)},
         }
         c0 = {k: sum(p.cpu_times()[:2]) for k, p in ps.items()}
+        t0_threads = _thread_times(ps["coordinator"])
         tw = time.monotonic()
         time.sleep(idle_s)
         span = time.monotonic() - tw
         c1 = {k: sum(p.cpu_times()[:2]) for k, p in ps.items()}
+        t1_threads = _thread_times(ps["coordinator"])
         cpu = {k: (c1[k] - c0[k]) / span * 100 for k in ps}
+        # Where the coordinator's idle CPU goes: its main thread (Python: the asyncio loop, the
+        # decisions, grpc.aio's Python side) against every other thread (gRPC core's pollers and
+        # timers).
+        main = t1_threads.get(coord.pid, 0.0) - t0_threads.get(coord.pid, 0.0)
+        others = sum(v - t0_threads.get(k, 0.0) for k, v in t1_threads.items() if k != coord.pid)
+        out["coordinator_main_thread_cpu_pct"] = rnd(main / span * 100, 3)
+        out["coordinator_other_threads_cpu_pct"] = rnd(others / span * 100, 3)
+        out["coordinator_threads"] = len(t1_threads)
         rss = {k: p.memory_info().rss / 2**20 for k, p in ps.items()}
         uss = {}
         for k, p in ps.items():
@@ -201,6 +216,8 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
         "coordinator_rss_mib",
         "coordinator_uss_mib",
         "coordinator_startup_s",
+        "coordinator_main_thread_cpu_pct",
+        "coordinator_other_threads_cpu_pct",
         "worker_cpu_pct",
         "worker_rss_mib",
         "worker_uss_mib",

@@ -167,8 +167,14 @@ def _recovery_ratio_target(
             out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "not measured", f"{basis}: {why}"))
             continue
         ok = ratio["ratio"] >= factor
+        if not ok and trainer in WHY_NOT_MET:
+            basis += f"; why not met: {WHY_NOT_MET[trainer]}"
         out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "met" if ok else "not met", basis))
     return out
+
+
+WHY_NOT_MET = {"maxtext": "[maxtext.md](maxtext.md#recovery-benchmark-on-maxtext)"}
+"""Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
 
 def scale_causes(sc: dict[str, Any], r: dict[str, Any]) -> list[str]:
@@ -351,18 +357,32 @@ def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
 
 def header(s: dict[str, Any]) -> list[str]:
     m = s.get("machine", {})
+    runs = {
+        str(c.get("git_sha")) for c in ((s.get("config") or {}).get("by_trainer") or {}).values() if c.get("git_sha")
+    }
+    if len(runs) > 1:
+        # Separate runs per trainer: each trainer's block below names its commit and command line.
+        first = (
+            "Separate runs per trainer, at commits "
+            + ", ".join(f"`{x}`" for x in sorted(runs))
+            + ": each trainer's commit, start, duration and command line are given with its rows."
+        )
+    else:
+        first = (
+            f"Commit `{s.get('git_sha') or 'unknown'}`"
+            + (" **with uncommitted changes (dirty)**" if s.get("dirty") else "")
+            + f"; started {s.get('started_at', '–')}, took {fmt(s.get('duration_s'))} s"
+            + ("; **quick (smoke-sized: figures not representative)**" if s.get("quick") else "")
+            + "."
+        )
     lines = [
-        f"Commit `{s.get('git_sha') or 'unknown'}`"
-        + (" **with uncommitted changes (dirty)**" if s.get("dirty") else "")
-        + f"; started {s.get('started_at', '–')}, took {fmt(s.get('duration_s'))} s"
-        + ("; **quick (smoke-sized: figures not representative)**" if s.get("quick") else "")
-        + ".",
+        first,
         f"Machine: {fmt(m.get('cores'))} cores ({fmt(m.get('cores_usable'))} usable), {fmt(m.get('memory_gib'))} GiB, "
         f"{m.get('cpu_model') or '–'}; Python {m.get('python') or '–'}, jax {m.get('jax') or '–'}; load average at "
         f"start {fmt(m.get('load_average_at_start'))}, at end {fmt(s.get('load_average_at_end'))}.",
     ]
     argv = (s.get("config") or {}).get("argv")
-    if argv is not None:
+    if argv is not None and len(runs) <= 1:
         lines += ["", "```sh", "python -m bench " + " ".join(argv), "```"]
     if s.get("error"):
         lines += ["", f"**The benchmark failed**: {s['error']}"]
@@ -411,6 +431,17 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     for trainer, c in sorted(by_trainer.items()) or [(None, cfg)]:
         if trainer is not None:
             out += [f"**Trainer {trainer}** (its own run):", ""]
+            if c.get("git_sha"):
+                out += [
+                    f"Commit `{c['git_sha']}`"
+                    + (" **with uncommitted changes (dirty)**" if c.get("dirty") else "")
+                    + f"; started {c.get('started_at') or '–'}, took {fmt(c.get('duration_s'))} s; load average "
+                    f"at start {fmt((c.get('machine') or {}).get('load_average_at_start'))}, at end "
+                    f"{fmt(c.get('load_average_at_end'))}.",
+                ]
+                if c.get("argv") is not None:
+                    out += ["", "```sh", "python -m bench " + " ".join(c["argv"]), "```"]
+                out.append("")
         if trainer != "maxtext" and "example" in (c.get("trainers") or ["example"]):
             out.append(
                 f"Example trainer state: {fmt(c.get('state_bytes'))} bytes across {fmt(c.get('slices'))} slices, "
@@ -595,7 +626,17 @@ def sec_footprint(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         ]
         for r in s.get("results", [])
     ]
-    return table(["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"], rows)
+    out = table(["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"], rows)
+    summ = s.get("summary") or {}
+    main, others = summ.get("coordinator_main_thread_cpu_pct"), summ.get("coordinator_other_threads_cpu_pct")
+    if main is not None and others is not None:
+        n = len(s.get("rounds") or [])
+        out += [
+            "",
+            f"Coordinator idle CPU by thread (median of {n} rounds): main thread (Python: asyncio loop, "
+            f"decisions, grpc.aio) {fmt(main)} %, all other threads (gRPC core) {fmt(others)} %.",
+        ]
+    return out
 
 
 SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, str]], list[str]]]] = {
@@ -689,7 +730,9 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
 def render(data: dict[str, Any], plots: dict[str, str] | None = None, source: str = "benchmarks.json") -> str:
     secs = sections(data)
     plots = plots or {}
-    shas = sorted({s.get("git_sha") or "unknown" for s in secs.values()})
+    from bench.__main__ import section_shas
+
+    shas = sorted(set().union(*(section_shas(s) for s in secs.values())) if secs else set())
     lines = [
         "# Benchmarks",
         "",

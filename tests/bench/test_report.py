@@ -232,6 +232,8 @@ def fixture() -> dict[str, Any]:
             }
             for role, cpu, rss in (("coordinator", 0.7, 55.1), ("worker", 0.3, 55.6))
         ],
+        summary={"coordinator_main_thread_cpu_pct": 0.45, "coordinator_other_threads_cpu_pct": 0.25},
+        rounds=[{}, {}, {}],
     )
     return combine([rec, detection, scale, flush, footprint])
 
@@ -437,13 +439,45 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     # The MaxText target is judged on MaxText's own config (5 runs), not the example run's.
     (v,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
     assert v.verdict == "met", v
+    assert "why not met" not in v.basis  # met: nothing to explain
+    for x in data["benchmarks"]["recovery"]["ratios"]:
+        x["ratio"] = 0.94
+    (short,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
+    assert short.verdict == "not met"
+    assert "why not met: [maxtext.md](maxtext.md#recovery-benchmark-on-maxtext)" in short.basis
     # A run of the example trainer again replaces only its own rows.
     merge(store, [example])
     assert len(sections(json.loads(store.read_text()))["recovery"]["results"]) == 3
     assert "not run" not in page.split("**Trainer example**")[0]
-    # A run at another commit replaces the whole section: no mixing of commits.
+    # A clean run at another commit replaces only its trainer's rows; each trainer's rows keep
+    # their own commit, printed with them, and the page lists both commits.
     other = copy.deepcopy(example)
     other["git_sha"] = "f" * 40
+    other["started_at"] = "2026-12-02 00:00:00 UTC"
     data = merge(store, [other])
+    rec = sections(data)["recovery"]
+    assert {r["trainer"] for r in rec["results"]} == {"example", "maxtext"}
+    assert rec["config"]["by_trainer"]["example"]["git_sha"] == "f" * 40
+    assert rec["config"]["by_trainer"]["maxtext"]["git_sha"] == SHA
+    assert set(data["git_shas"]) >= {"f" * 40, SHA}
+    page = render(data)
+    assert f"Commit `{'f' * 40}`" in page.split("**Trainer example**")[1].split("**Trainer maxtext**")[0]
+    assert f"Commit `{SHA}`" in page.split("**Trainer maxtext**")[1]
+    assert f"`{'f' * 40}`" in page.split("## Targets")[0]
+    assert "Separate runs per trainer, at commits" in page
+    # A dirty run replaces the whole section: figures of uncommitted code are never mixed in.
+    dirty = copy.deepcopy(example)
+    dirty["dirty"] = True
+    data = merge(store, [dirty])
     assert {r["trainer"] for r in sections(data)["recovery"]["results"]} == {"example"}
     assert "**Trainer maxtext: not run** at this commit" in render(data)
+
+
+def test_the_coordinators_idle_cpu_is_split_by_thread_when_measured() -> None:
+    data = fixture()
+    md = render(data)
+    assert "main thread (Python: asyncio loop, decisions, grpc.aio) 0.45 %" in md
+    assert "all other threads (gRPC core) 0.25 %" in md
+    assert "(median of 3 rounds)" in md
+    del data["benchmarks"]["footprint"]["summary"]
+    assert "Coordinator idle CPU by thread" not in render(data)
