@@ -41,7 +41,7 @@ from typing import Any
 from simjob.harness import PY, Demo, Job, _flags, _interrupt, free_port
 from simjob.mc_trainer import events_path
 from simjob.options import MC_DEFAULT_FAULTS, MC_KINDS, FaultSpec, check_faults, parse_fault
-from simjob.summary import render
+from simjob.summary import read_jsonl, render
 
 RESTART_EXIT_CODES = frozenset({42, *range(127, 256)})
 """Exit codes xpk's JobSet failure policy restarts on (FACTS section 5)."""
@@ -56,20 +56,6 @@ JOBSET_REACTION_SECONDS = 1.0
 def _container_code(code: int | None) -> int | None:
     """Popen's -N (ended by signal N) as a container reports it: 128 + N."""
     return 128 - code if code is not None and code < 0 else code
-
-
-def _last_line(path: Path) -> dict[str, Any]:
-    """The last JSON line of an event file ({} when there is none)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return {}
-    for line in reversed(lines):
-        try:
-            return dict(json.loads(line))
-        except ValueError:
-            continue
-    return {}
 
 
 def committed_steps(ckdir: Path) -> list[int]:
@@ -315,21 +301,14 @@ class McDemo(Demo):
         base = job.workdir / "trainer-events.jsonl"
         procs: dict[str, Any] = {}
         for index, (key, p) in enumerate(job.trainers.items()):
-            last = _last_line(events_path(base, index))
+            last = (read_jsonl(events_path(base, index)) or [{}])[-1]
             procs[f"{key[0]}.{key[1]}"] = {
                 "exit_code": p.poll(),
                 "last_event": {k: last.get(k) for k in ("kind", "step", "from_step", "reason") if k in last}
                 if last
                 else None,
             }
-        journal = []
-        if job.journal_path.exists():
-            for line in job.journal_path.read_text().splitlines()[-6:]:
-                try:
-                    j = json.loads(line)
-                except ValueError:
-                    continue
-                journal.append(f"{j.get('trigger')}: {str(j.get('reason'))[:240]}")
+        journal = [f"{j.get('trigger')}: {str(j.get('reason'))[:240]}" for j in read_jsonl(job.journal_path)[-6:]]
         return {
             "attempt": job.attempt,
             "restart_due": self.restart_due is not None,

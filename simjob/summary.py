@@ -47,7 +47,8 @@ class FaultRecord:
     seconds: float | None = None
 
 
-def _read(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON line of an event or journal file (a line cut short by a kill is skipped)."""
     if not path.exists():
         return []
     out = []
@@ -100,8 +101,8 @@ def summarize(
     state_path: Path | None = None,
     status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    journal = _read(journal_path or workdir / "journal.jsonl")
-    tev = _read(workdir / "trainer-events.jsonl")
+    journal = read_jsonl(journal_path or workdir / "journal.jsonl")
+    tev = read_jsonl(workdir / "trainer-events.jsonl")
     steps = [e for e in tev if e["kind"] == "step"]
     resumes = [e for e in tev if e["kind"] == "resumed"]
     failures = [e for e in tev if e["kind"] == "step_failed"]
@@ -241,8 +242,8 @@ def render(
     lines: list[str] = []
     if timeline:
         lines.append("\nTimeline (coordinator decisions and trainer resumes):")
-        journal = _read(journal_path or workdir / "journal.jsonl")
-        tev = _read(workdir / "trainer-events.jsonl")
+        journal = read_jsonl(journal_path or workdir / "journal.jsonl")
+        tev = read_jsonl(workdir / "trainer-events.jsonl")
         rows: list[tuple[float, str]] = []
         for j in journal:
             if j["actions"] or j["trigger"] in ("WorkerLost", "TrainerSliceError", "WorkerHealth"):
