@@ -145,11 +145,17 @@ class Config:
                 out.append((fault, self.realistic_checkpoint_period, self.realistic_delay))
         return out
 
+    def runs_at(self, strategy: str, period: int, delay: float) -> bool:
+        """Whether ``strategy`` runs at the point (``period``, ``delay``): every strategy runs at the
+        realistic point, only ``sweep_strategies`` (None: all) at the sweep's others."""
+        realistic = (period, delay) == (self.realistic_checkpoint_period, self.realistic_delay)
+        return realistic or self.sweep_strategies is None or strategy in self.sweep_strategies
+
     def runs_at_period(self, strategy: str, period: int) -> bool:
-        """Whether some case runs ``strategy`` at checkpoint ``period`` (see ``sweep_strategies``)."""
-        if period == self.realistic_checkpoint_period or self.sweep_strategies is None:
-            return True
-        return strategy in self.sweep_strategies
+        """Whether some case runs ``strategy`` at checkpoint ``period`` (it then needs a fault-free reference)."""
+        return period == self.realistic_checkpoint_period or any(
+            p == period and self.runs_at(strategy, p, d) for _, p, d in self.cases()
+        )
 
     @classmethod
     def make(cls, quick: bool = False, **over: Any) -> Config:
@@ -501,11 +507,10 @@ def run(
                     refs.setdefault((s, period), []).append(ref)
             for fault, period, delay in cases:
                 at = fault_step(cfg, period, rep)
-                realistic = (period, delay) == (cfg.realistic_checkpoint_period, cfg.realistic_delay)
                 for s in cfg.strategies:
                     if fault == "notice" and s != "sidecar":
                         continue  # baselines ignore notices: their kill runs stand for it (see the rows)
-                    if not realistic and cfg.sweep_strategies is not None and s not in cfg.sweep_strategies:
+                    if not cfg.runs_at(s, period, delay):
                         continue
                     step_s = median(x["seconds"] / x["work_steps"] for x in refs[(s, period)] if x.get("work_steps"))
                     step_s = max(cfg.step_seconds, step_s or cfg.step_seconds)
