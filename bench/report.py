@@ -355,11 +355,19 @@ def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
 # ---------------------------------------------------------------------------
 
 
+def commit_line(d: dict[str, Any]) -> str:
+    """A run's commit, whether its tree was dirty, when it started and how long it took."""
+    return (
+        f"Commit `{d.get('git_sha') or 'unknown'}`"
+        + (" **with uncommitted changes (dirty)**" if d.get("dirty") else "")
+        + f"; started {d.get('started_at') or '–'}, took {fmt(d.get('duration_s'))} s"
+    )
+
+
 def header(s: dict[str, Any]) -> list[str]:
     m = s.get("machine", {})
-    runs = {
-        str(c.get("git_sha")) for c in ((s.get("config") or {}).get("by_trainer") or {}).values() if c.get("git_sha")
-    }
+    by_trainer = (s.get("config") or {}).get("by_trainer") or {}
+    runs = {str(c["git_sha"]) for c in by_trainer.values() if c.get("git_sha")}
     if len(runs) > 1:
         # Separate runs per trainer: each trainer's block below names its commit and command line.
         first = (
@@ -369,11 +377,7 @@ def header(s: dict[str, Any]) -> list[str]:
         )
     else:
         first = (
-            f"Commit `{s.get('git_sha') or 'unknown'}`"
-            + (" **with uncommitted changes (dirty)**" if s.get("dirty") else "")
-            + f"; started {s.get('started_at', '–')}, took {fmt(s.get('duration_s'))} s"
-            + ("; **quick (smoke-sized: figures not representative)**" if s.get("quick") else "")
-            + "."
+            commit_line(s) + ("; **quick (smoke-sized: figures not representative)**" if s.get("quick") else "") + "."
         )
     lines = [
         first,
@@ -433,11 +437,9 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             out += [f"**Trainer {trainer}** (its own run):", ""]
             if c.get("git_sha"):
                 out += [
-                    f"Commit `{c['git_sha']}`"
-                    + (" **with uncommitted changes (dirty)**" if c.get("dirty") else "")
-                    + f"; started {c.get('started_at') or '–'}, took {fmt(c.get('duration_s'))} s; load average "
-                    f"at start {fmt((c.get('machine') or {}).get('load_average_at_start'))}, at end "
-                    f"{fmt(c.get('load_average_at_end'))}.",
+                    commit_line(c)
+                    + f"; load average at start {fmt((c.get('machine') or {}).get('load_average_at_start'))}"
+                    f", at end {fmt(c.get('load_average_at_end'))}.",
                 ]
                 if c.get("argv") is not None:
                     out += ["", "```sh", "python -m bench " + " ".join(c["argv"]), "```"]
@@ -730,9 +732,8 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
 def render(data: dict[str, Any], plots: dict[str, str] | None = None, source: str = "benchmarks.json") -> str:
     secs = sections(data)
     plots = plots or {}
-    from bench.__main__ import section_shas
-
-    shas = sorted(set().union(*(section_shas(s) for s in secs.values())) if secs else set())
+    # Every commit a figure comes from (combine() stores them, per-trainer recovery runs included).
+    shas = data.get("git_shas") or sorted({s.get("git_sha") or "unknown" for s in secs.values()})
     lines = [
         "# Benchmarks",
         "",
