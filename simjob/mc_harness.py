@@ -12,9 +12,15 @@ with the host, ``hang`` SIGSTOPs it with the host; ``notice`` and
 still there) at ``--notice-deadline``.
 
 **Stand-in for JobSet's restart.** When a trainer process exits with a code
-JobSet restarts on (42, or 127-255), it deletes every pod of the job: the
-trainer processes still there (a hung one too) and the coordinator are ended.
-It then recreates them, the coordinator with the next ``--restart-attempt``;
+JobSet restarts on (42, or 127-255), it deletes every pod of the job. A pod
+deletion is graceful (Kubernetes, "Pod Lifecycle: Termination of Pods"): the
+container gets SIGTERM, and SIGKILL only after ``terminationGracePeriodSeconds``
+(the overlay's 120 s for a slice pod). So the trainer processes on hosts that
+were not hit get SIGTERM and the grace (JAX takes SIGTERM once
+``jax.distributed`` is up, so a process blocked in a collective stays until its
+hooks end it); a process on a host the fault hit goes at once (the host is
+gone or replaced); the coordinator is ended. Once every trainer process is
+gone, it recreates them, the coordinator with the next ``--restart-attempt``;
 like pods waiting for their nodes, the new processes start only once no host
 is about to go (an announced death still pending) and every host is up again
 (the provisioner replaced lost slices). A process that vanished with its host
@@ -51,6 +57,9 @@ JOBSET_RESTART_DELAY = 1.0
 """Seconds from deleting the job's pods until their replacements start."""
 JOBSET_REACTION_SECONDS = 1.0
 """Seconds from the first exit JobSet restarts on until it deletes the job's other pods."""
+POD_TERMINATION_GRACE = 120.0
+"""A deleted slice pod's ``terminationGracePeriodSeconds`` (deploy/overlays/multi-controller):
+seconds from SIGTERM until SIGKILL."""
 
 
 def _container_code(code: int | None) -> int | None:
@@ -130,8 +139,19 @@ class McJob(Job):
         if p is not None and p.poll() is None:
             p.send_signal(sig)
 
+    def delete_pods(self, hit: set[tuple[int, int]]) -> None:
+        """JobSet deletes the pods: SIGTERM to the trainer processes on hosts not hit (their grace
+        runs from now), SIGKILL to those on hosts the fault hit (a stopped one too)."""
+        for key, p in self.trainers.items():
+            if p.poll() is None:
+                if key in hit:
+                    p.kill()
+                    p.send_signal(signal.SIGCONT)
+                else:
+                    p.terminate()
+
     def end_trainers(self) -> None:
-        """JobSet deletes the pods: every trainer process still there goes (a stopped one too)."""
+        """The grace is over: SIGKILL to every trainer process still there."""
         for p in self.trainers.values():
             if p.poll() is None:
                 p.kill()
@@ -253,9 +273,15 @@ class McDemo(Demo):
             cur.setdefault("first_restart_exit", mono)
             if mono < cur["first_restart_exit"] + JOBSET_REACTION_SECONDS:
                 return True
-            # JobSet restarts the job: it deletes every pod still there (a hung host's too).
+            # JobSet restarts the job: it deletes every pod still there (a hung host's too) and
+            # recreates them once they are gone, at the latest when their grace is over.
+            if cur.get("cleaned_up") is None:
+                job.delete_pods(hit)
+                cur["cleaned_up"] = time.time()
+                cur["grace_ends"] = mono + POD_TERMINATION_GRACE
+            if any(p.poll() is None for p in job.trainers.values()) and mono < cur["grace_ends"]:
+                return True
             job.end_trainers()
-            cur["cleaned_up"] = time.time()
             cur["exit_codes"] = {
                 f"{s}.{h}": (p.returncode if (s, h) in hit else _container_code(p.returncode))
                 for (s, h), p in job.trainers.items()
@@ -346,7 +372,7 @@ class McDemo(Demo):
             {
                 k: (round(v - self.t_start, 3) if k in ("started", "all_exited", "first_step", "cleaned_up") else v)
                 for k, v in a.items()
-                if k not in ("hit", "first_restart_exit")
+                if k not in ("hit", "first_restart_exit", "grace_ends")
             }
             for a in self.attempts
         ]
