@@ -211,6 +211,31 @@ def topology_line(sc: dict[str, Any] | None) -> str | None:
     return "Topologies measured: " + ", ".join(tops) + "."
 
 
+def scale_gap(sc: dict[str, Any]) -> str | None:
+    """The gap to 10,000 workers stated from the largest valid run at the shipped heartbeats (the
+    page prints only figures the JSON holds, plus a whole-number factor of workers)."""
+    cfg = sc.get("config", {})
+    shipped = cfg.get("shipped_heartbeat_interval")
+    ok = [
+        r
+        for r in sc.get("results", [])
+        if is_valid(r) and r.get("coordinator_cores") is not None and r.get("heartbeat_interval") == shipped
+    ]
+    if not ok or shipped is None:
+        return None
+    r = max(ok, key=lambda x: x["workers"])
+    if r["workers"] >= 10000:
+        return None
+    return (
+        f"Gap: the largest valid run at the shipped heartbeats had {fmt(r['workers'])} workers and used "
+        f"{fmt(r['coordinator_cores'])} cores (main thread {fmt(r.get('coordinator_cores_main_thread'))}). Every "
+        f"worker's heartbeat ({fmt(shipped)} s) is a message the coordinator handles, so at the same CPU per worker "
+        f"10,000 workers would need about {round(10000 / r['workers'])} times that (an extrapolation, not a "
+        f"measurement). The cause is the {r.get('topology') or 'flat'} topology: one stream and one heartbeat per "
+        "worker at the coordinator; per-slice leaders are not built"
+    )
+
+
 def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str, unit: str) -> Verdict:
     goal = f"< {limit:g} {unit} at 10,000 workers, shipped heartbeat settings, every fan-out delivered"
     if sc is None:
@@ -232,7 +257,8 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
         shown += f" {unit} ({fmt(r.get('cpu_windows'))} windows)"
     causes = scale_causes(sc, r)
     if not is_valid(r):
-        return Verdict(name, goal, shown, "invalid", f"{basis}: " + "; ".join(causes))
+        gap = scale_gap(sc) if field == "coordinator_cores" else None
+        return Verdict(name, goal, shown, "invalid", f"{basis}: " + "; ".join(causes) + (f". {gap}" if gap else ""))
     if v is None:
         return Verdict(name, goal, "–", "not measured", basis)
     why = unjudged(sc, r.get("cycles"))
@@ -424,6 +450,17 @@ def sweep_lines(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
+def left_out(cfg: dict[str, Any], r: dict[str, Any]) -> str | None:
+    """Why a recovery row has no runs when the run's ``--sweep-strategies`` left its strategy out
+    at this point (every strategy runs at the realistic point); None otherwise."""
+    chosen = cfg.get("sweep_strategies")
+    point = (r.get("checkpoint_period"), r.get("replacement_delay"))
+    realistic = (cfg.get("realistic_checkpoint_period"), cfg.get("realistic_delay"))
+    if r.get("runs") or r.get("failed_runs") or chosen is None or point == realistic or r["strategy"] in chosen:
+        return None
+    return f"not run by choice: --sweep-strategies {','.join(chosen)} away from the realistic point"
+
+
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out: list[str] = []
@@ -472,7 +509,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             rows.append(
                 [r["trainer"], r["strategy"], r["fault"], fmt(r["checkpoint_period"]), fmt(r["replacement_delay"])]
                 + ["–"] * 4
-                + [fmt(r.get("failed_runs")), status(r)]
+                + [fmt(r.get("failed_runs")), left_out(trainer_config(s, r["trainer"]), r) or status(r)]
             )
             continue
         cost = spread_text(

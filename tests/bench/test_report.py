@@ -481,3 +481,30 @@ def test_the_coordinators_idle_cpu_is_split_by_thread_when_measured() -> None:
     assert "(median of 3 rounds)" in md
     del data["benchmarks"]["footprint"]["summary"]
     assert "Coordinator idle CPU by thread" not in render(data)
+
+
+def test_the_10000_worker_gap_is_stated_from_the_largest_valid_run() -> None:
+    data = fixture()
+    cpu = next(v for v in targets(sections(data)) if v.target == "coordinator CPU")
+    assert "largest valid run at the shipped heartbeats had 1000 workers and used 0.137 cores" in cpu.basis
+    assert "about 10 times that" in cpu.basis and "not a measurement" in cpu.basis
+    # No valid run at the shipped heartbeats: no gap is claimed.
+    none = copy.deepcopy(data)
+    none["benchmarks"]["scale"]["results"][0]["valid"] = False
+    cpu = next(v for v in targets(sections(none)) if v.target == "coordinator CPU")
+    assert "Gap:" not in cpu.basis
+
+
+def test_rows_left_out_by_sweep_strategies_say_so_and_failed_rows_do_not() -> None:
+    data = fixture()
+    rec = data["benchmarks"]["recovery"]
+    rec["config"]["sweep_strategies"] = ["full_restart", "checkpoint_rewind", "sidecar"]
+    away = rec_row("example", "memory_snapshot", None, runs=0, replacement_delay=2.0)
+    failed = rec_row("example", "local_checkpoint_rewind", None, runs=0, failed_runs=5, replacement_delay=2.0)
+    here = rec_row("example", "memory_snapshot", None, runs=0)  # at the realistic point: it should have run
+    rec["results"] += [away, failed, here]
+    lines = [x for x in render(data).splitlines() if x.startswith("| example |") and "| – |" in x]
+    by = {(x.split("|")[2].strip(), x.split("|")[5].strip()): x for x in lines}
+    assert "not run by choice: --sweep-strategies" in by[("memory_snapshot", "2")]
+    assert "**NOT RUN**" in by[("local_checkpoint_rewind", "2")]
+    assert "**NOT RUN**" in by[("memory_snapshot", "30")]
