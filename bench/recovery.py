@@ -249,6 +249,33 @@ def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
     return args
 
 
+MIN_FREE_STATES = 6
+"""A run starts only with at least this many copies of the state free on the disk under the
+benchmark's root (its periodic, local and flushed checkpoints); otherwise it fails with that reason."""
+
+
+def free_space_error(cfg: Config, root: Path) -> str | None:
+    """Why a run must not start for lack of disk space (None when there is enough)."""
+    need = MIN_FREE_STATES * cfg.state_bytes()
+    free = shutil.disk_usage(root).free
+    if free >= need:
+        return None
+    return (
+        f"not run: {free / 2**30:.1f} GiB free under {root}, fewer than the {need / 2**30:.1f} GiB "
+        f"({MIN_FREE_STATES} copies of the state) a run may write"
+    )
+
+
+def drop_checkpoints(job: Path) -> None:
+    """Once a run is read, remove its checkpoint directories (a GiB or more each); its event logs,
+    journal and process logs stay. Without this, a full run fills the disk in its later rounds."""
+    if not job.is_dir():
+        return
+    for p in job.iterdir():
+        if p.is_dir() and p.name != "logs":
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def run_one(
     cfg: Config,
     strategy: str,
@@ -266,6 +293,19 @@ def run_one(
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
+    no_space = free_space_error(cfg, root)
+    if no_space is not None:
+        log(f"recovery: {no_space}")
+        return {
+            "strategy": strategy,
+            "fault": fault,
+            "checkpoint_period": period,
+            "replacement_delay": delay,
+            "fault_step": at_step if fault else None,
+            "steps": steps,
+            "exit_code": None,
+            "error": no_space,
+        }
     # Generous: a shared or slow machine makes a late run a failed run, not a hung benchmark.
     run_timeout = 120.0 + delay + steps * max(cfg.step_seconds, step_s or 0.0) * 4
     cmd = [
@@ -312,6 +352,7 @@ def run_one(
                     proc.wait()
     summary = json.loads((wd / "summary.json").read_text()) if (wd / "summary.json").exists() else {}
     m = analyse(wd / "job", summary, cfg.slices, fault is not None)
+    drop_checkpoints(wd / "job")
     m.update(
         {
             "strategy": strategy,

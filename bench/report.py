@@ -577,6 +577,15 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 for r in snaps.values()
             ],
         )
+    failed = [r for r in s.get("results", []) if r.get("failed_runs") and r.get("failures")]
+    if failed:
+        out += ["", "Why runs failed (they count in no figure):", ""]
+        for r in failed:
+            why = "; ".join(sorted({str(x).split("; see ")[0] for x in r["failures"]}))
+            out.append(
+                f"- {r['trainer']} {r['strategy']} {r['fault']}, period {fmt(r['checkpoint_period'])}, delay "
+                f"{fmt(r['replacement_delay'])} s: {fmt(r['failed_runs'])} failed: {why}"
+            )
     notes = sorted({f"{r['strategy']}: {r['note']}" for r in s.get("results", []) if r.get("note")})
     if notes:
         out += [""] + [f"- {n}" for n in notes]

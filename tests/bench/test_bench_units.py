@@ -3,6 +3,7 @@ against the fault-free rate, ratios, scale validity, and the combined JSON's pro
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench import recovery, scale
@@ -206,3 +207,32 @@ def test_sweep_strategies_are_checked_and_the_rewinding_baselines_get_longer_aft
     assert cfg.runs_at_period("memory_snapshot", cfg.realistic_checkpoint_period)
     assert not cfg.runs_at_period("memory_snapshot", min(cfg.checkpoint_periods))
     assert cfg.runs_at_period("sidecar", min(cfg.checkpoint_periods))
+
+
+def test_a_read_run_keeps_its_logs_but_not_its_checkpoints(tmp_path: Path) -> None:
+    from bench.recovery import drop_checkpoints
+
+    job = tmp_path / "job"
+    for d in ("checkpoints/50/state", "local-checkpoints/70", "logs"):
+        (job / d).mkdir(parents=True)
+    (job / "checkpoints" / "50" / "state" / "data").write_bytes(b"x" * 1024)
+    (job / "logs" / "trainer.log").write_text("log\n")
+    (job / "trainer-events.jsonl").write_text("{}\n")
+    drop_checkpoints(job)
+    assert sorted(p.name for p in job.iterdir()) == ["logs", "trainer-events.jsonl"]
+    assert (job / "logs" / "trainer.log").read_text() == "log\n"
+    drop_checkpoints(tmp_path / "missing")  # a run that never made its directory
+
+
+def test_a_run_does_not_start_without_disk_space_for_its_checkpoints(tmp_path: Path, monkeypatch: Any) -> None:
+    import shutil as sh
+
+    cfg = recovery.Config.make(state_mib=1024)
+    usage = sh.disk_usage(tmp_path)
+    monkeypatch.setattr(recovery.shutil, "disk_usage", lambda p: usage._replace(free=2 * 2**30))
+    why = recovery.free_space_error(cfg, tmp_path)
+    assert why is not None and "2.0 GiB free" in why and str(tmp_path) in why
+    m = recovery.run_one(cfg, "sidecar", 50, tmp_path, "r", fault="kill", at_step=71, delay=10.0, steps=200)
+    assert m["error"] == why and m["exit_code"] is None and m["strategy"] == "sidecar"
+    monkeypatch.setattr(recovery.shutil, "disk_usage", lambda p: usage._replace(free=100 * 2**30))
+    assert recovery.free_space_error(cfg, tmp_path) is None

@@ -508,3 +508,12 @@ def test_rows_left_out_by_sweep_strategies_say_so_and_failed_rows_do_not() -> No
     assert "not run by choice: --sweep-strategies" in by[("memory_snapshot", "2")]
     assert "**NOT RUN**" in by[("local_checkpoint_rewind", "2")]
     assert "**NOT RUN**" in by[("memory_snapshot", "30")]
+
+
+def test_the_page_says_why_runs_failed() -> None:
+    data = fixture()
+    row = data["benchmarks"]["recovery"]["results"][1]
+    row.update(failed_runs=2, failures=["exit code 1; see /tmp/x/output.log", "no fault time"])
+    md = render(data)
+    line = next(x for x in md.splitlines() if x.startswith("- example checkpoint_rewind kill"))
+    assert "2 failed: exit code 1; no fault time" in line and "/tmp/x" not in line
