@@ -587,6 +587,7 @@ def run(
             seed=cfg.seed,
             root=root / "maxtext",
             model=cfg.maxtext_model,
+            fault_free_runs=cfg.fault_free_runs or None,  # 0: every round
         )
         rows += maxtext["rows"]
         runs += maxtext["runs"]

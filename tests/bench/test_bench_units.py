@@ -236,3 +236,18 @@ def test_a_run_does_not_start_without_disk_space_for_its_checkpoints(tmp_path: P
     assert m["error"] == why and m["exit_code"] is None and m["strategy"] == "sidecar"
     monkeypatch.setattr(recovery.shutil, "disk_usage", lambda p: usage._replace(free=100 * 2**30))
     assert recovery.free_space_error(cfg, tmp_path) is None
+
+
+def test_the_maxtext_runner_gets_the_fault_free_run_count(tmp_path: Path, monkeypatch: Any) -> None:
+    from bench import recovery_maxtext
+
+    seen: list[Any] = []
+
+    def fake(**kw: Any) -> dict[str, Any]:
+        seen.append(kw.get("fault_free_runs"))
+        return {"rows": [], "runs": [], "config": {}, "fault_free_runs": []}
+
+    monkeypatch.setattr(recovery_maxtext, "run", fake)
+    recovery.run(workdir=tmp_path, trainers=["maxtext"], runs=5, fault_free_runs=1)
+    recovery.run(workdir=tmp_path, trainers=["maxtext"], runs=5)
+    assert seen == [1, None]  # None: a fault-free run in every round
