@@ -293,19 +293,18 @@ def run_one(
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
+    ident = {
+        "strategy": strategy,
+        "fault": fault,
+        "checkpoint_period": period,
+        "replacement_delay": delay,
+        "fault_step": at_step if fault else None,
+        "steps": steps,
+    }
     no_space = free_space_error(cfg, root)
     if no_space is not None:
         log(f"recovery: {no_space}")
-        return {
-            "strategy": strategy,
-            "fault": fault,
-            "checkpoint_period": period,
-            "replacement_delay": delay,
-            "fault_step": at_step if fault else None,
-            "steps": steps,
-            "exit_code": None,
-            "error": no_space,
-        }
+        return {**ident, "exit_code": None, "error": no_space}
     # Generous: a shared or slow machine makes a late run a failed run, not a hung benchmark.
     run_timeout = 120.0 + delay + steps * max(cfg.step_seconds, step_s or 0.0) * 4
     cmd = [
@@ -353,18 +352,7 @@ def run_one(
     summary = json.loads((wd / "summary.json").read_text()) if (wd / "summary.json").exists() else {}
     m = analyse(wd / "job", summary, cfg.slices, fault is not None)
     drop_checkpoints(wd / "job")
-    m.update(
-        {
-            "strategy": strategy,
-            "fault": fault,
-            "checkpoint_period": period,
-            "replacement_delay": delay,
-            "fault_step": at_step if fault else None,
-            "steps": steps,
-            "exit_code": proc.returncode,
-            "run_wall_s": round(time.monotonic() - t0, 2),
-        }
-    )
+    m.update({**ident, "exit_code": proc.returncode, "run_wall_s": round(time.monotonic() - t0, 2)})
     if proc.returncode != 0:
         m["error"] = f"exit code {proc.returncode}; see {wd / 'output.log'}"
     elif fault is not None and not m.get("back_on_all_slices"):
