@@ -452,7 +452,10 @@ def sweep_lines(cfg: dict[str, Any]) -> list[str]:
 
 def left_out(cfg: dict[str, Any], r: dict[str, Any]) -> str | None:
     """Why a recovery row has no runs when the run's ``--sweep-strategies`` left its strategy out
-    at this point (every strategy runs at the realistic point); None otherwise."""
+    at this point (every strategy runs at the realistic point); None otherwise.
+
+    The rule is ``bench.recovery.Config.runs_at``'s, read here from the config the run recorded
+    (the page is rendered from the JSON alone, also for runs made before rows said it)."""
     chosen = cfg.get("sweep_strategies")
     point = (r.get("checkpoint_period"), r.get("replacement_delay"))
     realistic = (cfg.get("realistic_checkpoint_period"), cfg.get("realistic_delay"))
