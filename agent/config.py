@@ -99,6 +99,13 @@ def project_list(values: list[str] | None, flag: str, *, digits: bool) -> tuple[
     return tuple(dict.fromkeys(out))
 
 
+def on_off(value: str) -> bool:
+    """Whether "on" or "off" (a flag's value, or its ES_ environment variable)."""
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
+
+
 def nonneg_int(value: str) -> int:
     try:
         i = int(value)
@@ -193,6 +200,15 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         default=C.HEARTBEAT_TIMEOUT_SECONDS,
         type=positive_float,
         help=f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})",
+    )
+    _add(
+        p,
+        "--heartbeat-datagrams",
+        default="on",
+        type=on_off,
+        help="on (default): workers send heartbeats as UDP datagrams to the --listen port, which costs the "
+        "coordinator far less CPU than stream messages; a worker whose datagrams do not arrive keeps "
+        "heartbeating on its stream. off: heartbeats only on the streams",
     )
     _add(
         p,
@@ -442,6 +458,8 @@ class CoordinatorConfig:
     log_level: str
     trainer_listen: str = "127.0.0.1:0"
     """The trainer link; the command line defaults to 127.0.0.1:29313, a config built in code to a free port."""
+    heartbeat_datagrams: bool = True
+    """Offer workers UDP heartbeats on the --listen port (agent.sources.heartbeat_datagrams)."""
     trainer_token: BearerToken | None = None
     state_dir: Path | None = None
     journal_max_bytes: int = 16 * 1024 * 1024
@@ -512,6 +530,7 @@ class CoordinatorConfig:
             policy=policy,
             heartbeat_interval=hb,
             heartbeat_timeout=hbt,
+            heartbeat_datagrams=bool(getattr(ns, "heartbeat_datagrams", True)),
             state_file=state_file,
             journal=journal,
             trainer_listen=trainer_listen,

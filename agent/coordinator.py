@@ -102,6 +102,7 @@ from agent.core.model import (
 )
 from agent.metrics import Metrics
 from agent.sources.health import probe_once
+from agent.sources.heartbeat_datagrams import DatagramReceiver, new_token, same_token
 from agent.trainer_group import TrainerGroup
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
@@ -135,6 +136,10 @@ class _Conn:
     incarnation: str = ""
     health_address: str = ""
     health_check: str = ""
+    token: bytes = b""
+    """This registration's heartbeat datagram token (empty: datagrams are off)."""
+    datagrams: bool = False
+    """A heartbeat datagram of this registration arrived (the worker was told so)."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -193,6 +198,9 @@ class Coordinator:
         self._journal: IO[str] | None = None
         self.port: int = 0
         self.trainer_port: int = 0
+        self.datagram_port: int = 0
+        """UDP port of the heartbeat datagrams (0: off)."""
+        self.datagrams = DatagramReceiver(self._datagram_heartbeat, self.metrics.count_heartbeat_datagrams)
         self.server: grpc.aio.Server | None = None
         self.trainer_server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
@@ -554,6 +562,17 @@ class Coordinator:
 
     # -- liveness --------------------------------------------------------------
 
+    def _datagram_heartbeat(self, slice_: int, host: int, token: bytes, now: float) -> bool:
+        """A heartbeat datagram (agent.sources.heartbeat_datagrams): the registration it names is alive."""
+        conn = self.workers.get((slice_, host))
+        if conn is None or conn.closed.is_set() or not same_token(conn.token, token):
+            return False
+        conn.last_seen = now
+        if not conn.datagrams:
+            conn.datagrams = True
+            conn.outbox.put_nowait(peer_pb2.CoordinatorMessage(datagrams_received=peer_pb2.DatagramsReceived()))
+        return True
+
     def check_liveness(self, now: float) -> None:
         """End the streams of workers silent past the heartbeat timeout.
 
@@ -648,6 +667,8 @@ class Coordinator:
             raise OSError(f"could not listen on {self.cfg.trainer_listen} (--trainer-listen)")
         await self.server.start()
         await self.trainer_server.start()
+        if self.cfg.heartbeat_datagrams:
+            self.datagram_port = self.datagrams.open(self.cfg.listen, self.port)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
         self._loop_resumed_at = time.monotonic()
@@ -676,6 +697,7 @@ class Coordinator:
             port=self.port,
             trainer_address=self.cfg.trainer_listen,
             trainer_port=self.trainer_port,
+            heartbeat_datagram_port=self.datagram_port or None,
             epoch=self.epoch,
             policy=vars(self.state.policy),
             peer_auth=self.cfg.peer_token is not None,
@@ -808,6 +830,7 @@ class Coordinator:
             conn.closed.set()
         if self.workers or self.trainer_conns:
             await asyncio.sleep(EOF_GRACE_SECONDS)
+        self.datagrams.close()
         if self.server is not None:
             await self.server.stop(grace)
         if self.trainer_server is not None:
@@ -897,7 +920,12 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             )
             return
         key = (ident.slice, ident.host)
-        conn = _Conn(incarnation=ident.incarnation, health_address=reg.health_address, health_check=reg.health_check)
+        conn = _Conn(
+            incarnation=ident.incarnation,
+            health_address=reg.health_address,
+            health_check=reg.health_check,
+            token=new_token() if self.c.datagram_port else b"",
+        )
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
         self.c.metrics.workers.set(len(self.c.workers))
@@ -914,6 +942,8 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                     generation=self.c.state.generation,
                     heartbeat_interval_seconds=cfg.heartbeat_interval,
                     epoch=self.c.epoch,
+                    heartbeat_datagram_port=self.c.datagram_port,
+                    heartbeat_datagram_token=conn.token,
                 )
             )
         )

@@ -119,6 +119,14 @@ class Metrics(ServerMetrics):
             f"{PREFIX}_goodput_ratio", "Reported step time over wall time since the first step", registry=r
         )
         self.workers = Gauge(f"{PREFIX}_workers_connected", "Worker sidecars with an open stream", registry=r)
+        self.heartbeat_datagrams = Counter(
+            f"{PREFIX}_heartbeat_datagrams_total",
+            "Worker heartbeat datagrams read: accepted, or refused (unknown registration, wrong token, not parsable)",
+            ["result"],
+            registry=r,
+        )
+        self._datagrams_accepted = self.heartbeat_datagrams.labels("accepted")
+        self._datagrams_refused = self.heartbeat_datagrams.labels("refused")
         self.messages_received = Counter(
             f"{PREFIX}_pubsub_messages_received_total", "Pub/Sub messages received (redeliveries included)", registry=r
         )
@@ -209,6 +217,13 @@ class Metrics(ServerMetrics):
         if before.phase != s.phase or not self.phase._metrics:  # noqa: SLF001
             for p in Phase:
                 self.phase.labels(str(p)).set(1 if p == s.phase else 0)
+
+    def count_heartbeat_datagrams(self, accepted: int, refused: int) -> None:
+        """What one read of the heartbeat datagram socket found (agent.sources.heartbeat_datagrams)."""
+        if accepted:
+            self._datagrams_accepted.inc(accepted)
+        if refused:
+            self._datagrams_refused.inc(refused)
 
     def count_pubsub(self, key: str) -> None:
         """One of :class:`agent.sources.pubsub.PubSubIntake`'s counter keys, into its own metric."""

@@ -29,6 +29,7 @@ from agent.config import WorkerConfig
 from agent.metrics import WorkerMetrics
 from agent.servers.feed import EventFeed
 from agent.sources.health import HealthChecker
+from agent.sources.heartbeat_datagrams import DatagramSender
 from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
@@ -62,6 +63,8 @@ class Worker:
         self.http: Any = None
         self.node_pool = cfg.node_pool
         """The node's GKE node pool: the flag, or what :meth:`learn_node_pool` found."""
+        self.datagrams: DatagramSender | None = None
+        """Heartbeat datagrams to the coordinator, when it offers them (this stream's registration)."""
 
     def _note(self, trigger: str, reason: str) -> None:
         """Record a local event for the read-only admin API and the status page."""
@@ -152,6 +155,7 @@ class Worker:
 
     async def _session(self) -> None:
         """One Join stream, until it breaks."""
+        c = self.cfg
         async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.PEER_KEEPALIVE_OPTIONS)) as ch:
             token = self.cfg.peer_token
             call = peer_pb2_grpc.PeerStub(ch).Join(metadata=token.metadata() if token is not None else None)
@@ -180,6 +184,10 @@ class Worker:
             self.epoch_seen = max(self.epoch_seen, first.registered.epoch)
             interval = first.registered.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
             self.generation = first.registered.generation
+            reg = first.registered
+            self.datagrams = await DatagramSender.create(
+                self.cfg.coordinator, reg.heartbeat_datagram_port, reg.heartbeat_datagram_token, c.slice, c.host
+            )
             self.registered.set()
             self.metrics.connected.set(1)
             self.metrics.generation.set(self.generation)
@@ -205,9 +213,12 @@ class Worker:
                             )
                         )
                     seq += 1
-                    await call.write(
-                        peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
-                    )
+                    # A datagram alone once the coordinator has received one; on the stream until then.
+                    dg = self.datagrams
+                    if not (dg is not None and dg.send(seq) and dg.confirmed):
+                        await call.write(
+                            peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
+                        )
                     self._health_changed.clear()
                     try:
                         await asyncio.wait_for(self._health_changed.wait(), interval)
@@ -219,6 +230,9 @@ class Worker:
             finally:
                 self.registered.clear()
                 self.metrics.connected.set(0)
+                if self.datagrams is not None:
+                    self.datagrams.close()
+                    self.datagrams = None
                 reader.cancel()
                 if self._stopping:
                     await call.done_writing()
@@ -228,6 +242,11 @@ class Worker:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 raise ConnectionError("coordinator ended the stream")
+            if msg.HasField("datagrams_received"):
+                if self.datagrams is not None and not self.datagrams.confirmed:
+                    self.datagrams.confirmed = True
+                    log.info("coordinator receives heartbeat datagrams; heartbeats leave the stream")
+                continue
             if msg.HasField("command"):
                 cmd = msg.command
                 if cmd.epoch < self.epoch_seen:

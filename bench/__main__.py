@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--heartbeat-interval", type=float, default=None, help="default: the shipped default")
     g.add_argument("--heartbeat-timeout", type=float, default=None, help="default: the shipped default")
     g.add_argument("--profile", action="store_true", help="run the coordinator under cProfile")
+    g.add_argument(
+        "--heartbeats",
+        choices=["datagram", "stream"],
+        default="datagram",
+        help="datagram (shipped): UDP heartbeats once the coordinator confirms them; stream: every heartbeat a "
+        "message on the worker's stream (the design before datagrams; coordinator --heartbeat-datagrams off)",
+    )
     g = ap.add_argument_group("flush")
     g.add_argument("--sizes-mib", type=_ints, default=None, help="state sizes in MiB, e.g. 256,1024")
     return ap
@@ -153,6 +160,7 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             profile=ns.profile,
             heartbeat_interval=ns.heartbeat_interval,
             heartbeat_timeout=ns.heartbeat_timeout,
+            heartbeats=ns.heartbeats,
         )
     if name == "flush":
         from bench import flush

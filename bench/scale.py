@@ -33,8 +33,15 @@ loop is saturated and the CPU figure is a ceiling, not the demand.
 
 Topology measured (each row's ``topology``): ``flat``, every worker holds its own ``Join``
 stream to the one coordinator and heartbeats it directly. Per-slice leaders (one aggregated
-stream per slice, so the coordinator sees slices rather than hosts) are a design change that is
-not built; no row measures them.
+stream per slice, so the coordinator sees slices rather than hosts) are not built; no row
+measures them.
+
+Heartbeat transport (each row's ``heartbeats``): ``datagram`` (shipped) sends each heartbeat as
+a UDP datagram once the coordinator has confirmed it receives them (the stream carries them until
+then; agent/sources/heartbeat_datagrams.py); ``stream`` (``--heartbeats stream``, the coordinator
+with ``--heartbeat-datagrams off``) sends every heartbeat as a message on the worker's stream, the
+design before datagrams. A ``datagram`` run is valid only if every connected worker's datagrams
+were confirmed once the job ran (``datagram_workers``): otherwise it measured the stream path.
 """
 
 from __future__ import annotations
@@ -142,7 +149,15 @@ class LogTail:
 
 
 class Generator:
-    def __init__(self, addr: str, first: int, count: int, logf: IO[bytes], cpus: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        first: int,
+        count: int,
+        logf: IO[bytes],
+        cpus: set[int] | None = None,
+        datagrams: bool = True,
+    ) -> None:
         self.first = first
         self.count = count
         self.proc = subprocess.Popen(
@@ -160,6 +175,7 @@ class Generator:
                 str(count),
                 "--hosts-per-slice",
                 str(HOSTS_PER_SLICE),
+                *([] if datagrams else ["--no-datagrams"]),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -329,9 +345,20 @@ def _timeouts_since(log_path: Path, pos: int) -> tuple[int, int]:
     return n, end
 
 
-def validate(n: int, cyc: list[dict[str, Any]], cycles: int, timeouts: int) -> list[str]:
-    """Why a run's figures cannot stand (empty when they can)."""
+def validate(
+    n: int, cyc: list[dict[str, Any]], cycles: int, timeouts: int, datagrams: tuple[int, int] | None = None
+) -> list[str]:
+    """Why a run's figures cannot stand (empty when they can).
+
+    ``datagrams``: (workers whose heartbeat datagrams the coordinator confirmed, workers connected)
+    in a ``datagram`` run; None in a ``stream`` run.
+    """
     why = []
+    if datagrams is not None and datagrams[0] < datagrams[1]:
+        why.append(
+            f"only {datagrams[0]} of {datagrams[1]} connected workers heartbeat by datagram: "
+            "the run measured the stream path for the rest"
+        )
     if len(cyc) < cycles:
         why.append(f"{len(cyc)} of {cycles} hold cycles completed")
     for i, c in enumerate(cyc, 1):
@@ -353,7 +380,14 @@ def validate(n: int, cyc: list[dict[str, Any]], cycles: int, timeouts: int) -> l
 
 
 def run_size(
-    n: int, root: Path, quick: bool, cycles: int, hb: float, hbt: float, profile: bool = False
+    n: int,
+    root: Path,
+    quick: bool,
+    cycles: int,
+    hb: float,
+    hbt: float,
+    profile: bool = False,
+    heartbeats: str = "datagram",
 ) -> dict[str, Any]:
     import psutil
 
@@ -372,6 +406,8 @@ def run_size(
     cmd += ["--num-slices", str(num_slices), "--hosts-per-slice", str(hosts)]
     cmd += ["--heartbeat-interval", f"{hb:g}", "--heartbeat-timeout", f"{hbt:g}", "--elastic-timeout-seconds", "1800"]
     cmd += ["--elastic-max-retries", "100000"]
+    datagrams = heartbeats == "datagram"
+    cmd += ["--heartbeat-datagrams", "on" if datagrams else "off"]
     cmd += ["--log-format", "json", *daemon_port_flags("coordinator")]
     coord_cpus, other_cpus = pinning()
     _pin(os.getpid(), other_cpus)  # this process hosts the fake trainer
@@ -385,6 +421,7 @@ def run_size(
         "hosts_per_slice": hosts,
         "heartbeat_interval": hb,
         "heartbeat_timeout": hbt,
+        "heartbeats": heartbeats,
         "pinned": coord_cpus is not None,
         "coordinator_cpus": sorted(coord_cpus) if coord_cpus else None,
         "load_cpus": sorted(other_cpus) if other_cpus else None,
@@ -400,7 +437,7 @@ def run_size(
         per = math.ceil(n / ng)
         for g in range(ng):
             first = g * per
-            gens.append(Generator(addr, first, min(per, n - first), genlog, other_cpus))
+            gens.append(Generator(addr, first, min(per, n - first), genlog, other_cpus, datagrams))
         regs = wait_registered(gens, wd / "coordinator.log", sampler, t0, cpu0, out)
         t_reg = max(r["t1"] for r in regs)
         out["registration_s"] = rnd(t_reg - t0, 2)
@@ -412,6 +449,9 @@ def run_size(
         out["registration_cpu_s"] = rnd(sampler.cpu_seconds() - cpu0, 2)
         log(f"scale {n}: registered in {out['registration_s']} s ({out['registration_failed']} failed); running")
         time.sleep(2.0 if quick else 5.0)
+        dg_counts = [g.ask({"cmd": "datagrams"}) for g in gens]
+        out["datagram_workers"] = sum(d["confirmed"] for d in dg_counts)
+        out["connected_workers"] = sum(d["connected"] for d in dg_counts)
         threads0 = {t.id: t.user_time + t.system_time for t in psutil.Process(coord.pid).threads()}
         tw0 = time.monotonic()
         windows = sampler.windows(3.0 if quick else 10.0, 3 if quick else 5)
@@ -504,7 +544,8 @@ def run_size(
         delivered = [c["hold_received"] / c["hold_expected"] for c in good if c["hold_expected"]]
         delivered += [c["resume_received"] / c["resume_expected"] for c in good if c.get("resume_expected")]
         out["delivered_fraction"] = rnd(min(delivered), 4) if delivered else 0.0
-        why = [c["error"] for c in cyc if "error" in c] + validate(n, good, cycles, timeouts)
+        dg = (out["datagram_workers"], out["connected_workers"]) if datagrams else None
+        why = [c["error"] for c in cyc if "error" in c] + validate(n, good, cycles, timeouts, dg)
         out["valid"] = not why
         if why:
             out["invalid_reason"] = "; ".join(why)
@@ -543,6 +584,8 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
     return {
         "workers": r["workers"],
         "topology": TOPOLOGY,
+        "heartbeats": r.get("heartbeats", "stream"),
+        "datagram_workers": r.get("datagram_workers"),
         "heartbeat_interval": r.get("heartbeat_interval"),
         "heartbeat_timeout": r.get("heartbeat_timeout"),
         "coordinator_cores": r.get("cpu_cores"),
@@ -576,6 +619,7 @@ def run(
     profile: bool = False,
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
+    heartbeats: str = "datagram",
 ) -> dict[str, Any]:
     from agent import constants as C
 
@@ -588,7 +632,7 @@ def run(
     results = []
     for n in sizes:
         try:
-            results.append(run_size(n, root, quick, cycles, hb, hbt, profile))
+            results.append(run_size(n, root, quick, cycles, hb, hbt, profile, heartbeats))
         except Exception as e:  # noqa: BLE001 - report the failure as a result
             log(f"scale {n}: FAILED: {e}")
             results.append(
@@ -596,6 +640,7 @@ def run(
                     "workers": n,
                     "heartbeat_interval": hb,
                     "heartbeat_timeout": hbt,
+                    "heartbeats": heartbeats,
                     "error": f"{type(e).__name__}: {e}",
                     "valid": False,
                     "invalid_reason": f"{type(e).__name__}: {e}",
@@ -613,6 +658,7 @@ def run(
             "workers_per_generator": PER_GENERATOR,
             "heartbeat_interval": hb,
             "heartbeat_timeout": hbt,
+            "heartbeats": heartbeats,
             "shipped_heartbeat_interval": C.HEARTBEAT_INTERVAL_SECONDS,
             "shipped_heartbeat_timeout": C.HEARTBEAT_TIMEOUT_SECONDS,
         },

@@ -5,12 +5,16 @@ channel (with the worker's keepalive options, and a private subchannel pool so
 that every worker has its own TCP connection, as separate hosts would), one
 ``Peer.Join`` stream, a ``Register``, then a heartbeat every
 ``heartbeat_interval_seconds`` the coordinator asks for (phases spread at
-random). It records the arrival time (``time.time()``) of every
+random). Like the worker, it sends each heartbeat as a UDP datagram when the
+coordinator offers a datagram port, and on its stream too until the coordinator
+says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
+heartbeat on the stream. It records the arrival time (``time.time()``) of every
 ``PeerCommand``.
 
 Controlled over stdin/stdout with one JSON object per line::
 
     <- {"event": "registered", "ok": N, "failed": M, "t0": ..., "t1": ...}
+    -> {"cmd": "datagrams"}                         <- {"event": "datagrams", "confirmed": N, "connected": M}
     -> {"cmd": "disconnect", "index": I}            <- {"event": "disconnected", "index": I, "t": ...}
     -> {"cmd": "reconnect", "index": I}             <- {"event": "reconnected", "index": I, "t": ...}
        (as a replaced host: a new incarnation)
@@ -29,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import sys
 import threading
 import time
@@ -67,6 +72,7 @@ class FakeWorker:
         self.connected = False
         self.task: asyncio.Task[None] | None = None
         self.channel: grpc.aio.Channel | None = None
+        self.datagrams_confirmed = False
 
     def start(self) -> None:
         self.registered.clear()
@@ -85,6 +91,9 @@ class FakeWorker:
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 raise ConnectionError("no Registered")
             interval = first.registered.heartbeat_interval_seconds or 1.0
+            port, token = first.registered.heartbeat_datagram_port, first.registered.heartbeat_datagram_token
+            use_datagrams = g.datagrams and bool(port and token)
+            self.datagrams_confirmed = False
             self.connected = True
             self.registered.set()
             reader = asyncio.create_task(self._read(call))
@@ -92,7 +101,13 @@ class FakeWorker:
             seq = 0
             while not reader.done():
                 seq += 1
-                await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=True)))
+                if use_datagrams:
+                    g.send_datagram(
+                        port,
+                        peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=token, seq=seq),
+                    )
+                if not (use_datagrams and self.datagrams_confirmed):
+                    await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=True)))
                 await asyncio.sleep(interval)
         finally:
             self.connected = False
@@ -103,6 +118,9 @@ class FakeWorker:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 return
+            if msg.HasField("datagrams_received"):
+                self.datagrams_confirmed = True
+                continue
             if msg.HasField("command"):
                 t = time.time()
                 cmd = msg.command
@@ -126,10 +144,24 @@ class LoadGen:
         self.hosts_per_slice = ns.hosts_per_slice
         self.concurrency = ns.concurrency
         self.options = channel_options(ns.keepalive_ms)
+        self.datagrams = not ns.no_datagrams
+        self.datagram_host = ns.coordinator.rpartition(":")[0].strip("[]")
+        self.sock: socket.socket | None = None
         self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
         self.by_index = {w.index: w for w in self.workers}
         self.counts: Counter[tuple[str, int]] = Counter()
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    def send_datagram(self, port: int, dg: peer_pb2.HeartbeatDatagram) -> None:
+        """One worker's heartbeat datagram (one socket for the process: the coordinator checks the token)."""
+        if self.sock is None:
+            family = socket.AF_INET6 if ":" in self.datagram_host else socket.AF_INET
+            self.sock = socket.socket(family, socket.SOCK_DGRAM)
+            self.sock.setblocking(False)
+        try:
+            self.sock.sendto(dg.SerializeToString(), (self.datagram_host, port))
+        except OSError:
+            pass  # the stream heartbeats carry on until the coordinator confirms datagrams
 
     def _stdin_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         for line in sys.stdin:
@@ -181,6 +213,15 @@ class LoadGen:
                 while self.counts[key] < expected and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
                 emit({"event": "waited", "have": self.counts[key], "expected": expected})
+            elif c == "datagrams":
+                live = [w for w in self.workers if w.connected]
+                emit(
+                    {
+                        "event": "datagrams",
+                        "confirmed": sum(1 for w in live if w.datagrams_confirmed),
+                        "connected": len(live),
+                    }
+                )
             elif c == "dump":
                 data = {str(w.index): w.received for w in self.workers}
                 with open(cmd["path"], "w", encoding="utf-8") as f:
@@ -201,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hosts-per-slice", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=100, help="registrations in flight at once")
     ap.add_argument("--keepalive-ms", type=int, default=None, help="override the worker's keepalive (what-if)")
+    ap.add_argument(
+        "--no-datagrams", action="store_true", help="heartbeat on the streams even when datagrams are offered"
+    )
     ns = ap.parse_args(argv)
     raise_nofile()
     asyncio.run(LoadGen(ns).run())

@@ -79,6 +79,10 @@ def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: 
         (["worker", "--slice", "-1"], ["--slice", "'-1'"]),
         (["worker"], ["--slice"]),
         (["worker", "--slice", "0", "--coordinator", "localhost"], ["--coordinator", "'localhost'"]),
+        (
+            ["coordinator", "--num-slices", "2", "--heartbeat-datagrams", "yes"],
+            ["--heartbeat-datagrams", "'yes'", "on or off"],
+        ),
         ([], ["coordinator,worker,admin,inject,demo"]),
     ],
     ids=[
@@ -90,6 +94,7 @@ def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: 
         "negative-slice",
         "slice-missing",
         "coordinator-no-port",
+        "datagrams-yes",
         "no-role",
     ],
 )
@@ -186,6 +191,14 @@ def test_flag_wins_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ES_NUM_SLICES", "3")
     cfg = CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "5"))
     assert cfg.policy.num_slices == 5
+
+
+def test_heartbeat_datagrams_default_on_and_off_by_flag_or_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).heartbeat_datagrams is True
+    off = parse("coordinator", "--num-slices", "2", "--heartbeat-datagrams", "off")
+    assert CoordinatorConfig.from_args(off).heartbeat_datagrams is False
+    monkeypatch.setenv("ES_HEARTBEAT_DATAGRAMS", "off")
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).heartbeat_datagrams is False
 
 
 def test_bad_env_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -84,8 +84,11 @@ class Observed:
         return [a.decision.reason for a in self.log if type(a.event).__name__ != "Tick"][-20:]
 
 
-async def start_coordinator(num_slices: int = 2, hosts_per_slice: int = 1, **policy: Any) -> Observed:
+async def start_coordinator(
+    num_slices: int = 2, hosts_per_slice: int = 1, datagrams: bool = True, **policy: Any
+) -> Observed:
     cfg = CoordinatorConfig(
+        heartbeat_datagrams=datagrams,
         job=JOB,
         listen="127.0.0.1:0",
         policy=Policy(num_slices=num_slices, hosts_per_slice=hosts_per_slice, **policy),
@@ -532,3 +535,101 @@ async def test_a_sidecar_away_past_the_rejoin_grace_counts_as_a_lost_host(procs:
         assert 1.4 <= lost[0].at - away[0].at <= 3.0
     finally:
         await obs.coord.stop(grace=0.1)
+
+
+# ---------------------------------------------------------------------------
+# heartbeat datagrams (agent/sources/heartbeat_datagrams.py)
+# ---------------------------------------------------------------------------
+
+
+def datagram_counts(obs: Observed) -> tuple[float, float]:
+    m = obs.coord.metrics.heartbeat_datagrams
+    return m.labels("accepted")._value.get(), m.labels("refused")._value.get()  # noqa: SLF001
+
+
+async def test_heartbeats_move_to_datagrams_once_the_coordinator_receives_them(
+    coordinator: Observed, procs: Procs
+) -> None:
+    obs = coordinator
+    assert obs.coord.datagram_port > 0
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+    conns = [obs.coord.workers[(s, 0)] for s in range(2)]
+    await obs.wait_for(lambda: all(c.datagrams for c in conns), 5.0, "both workers' datagrams", ps)
+    # Each worker says it stopped heartbeating on its stream.
+    for p in ps:
+        await obs.wait_for(
+            lambda p=p: any("heartbeats leave the stream" in r.get("message", "") for r in log_lines(p)),
+            5.0,
+            "the worker to log the switch",
+            ps,
+        )
+    accepted0, _ = datagram_counts(obs)
+    await asyncio.sleep(HEARTBEAT_TIMEOUT * 2)
+    accepted1, refused = datagram_counts(obs)
+    # About 4 a second from each of the two workers; they alone keep the workers registered.
+    assert accepted1 - accepted0 >= 2 * (HEARTBEAT_TIMEOUT * 2 / HEARTBEAT_INTERVAL) / 2
+    assert refused == 0
+    assert not obs.events(WorkerLost), obs.reasons()
+
+
+async def test_a_worker_whose_datagrams_never_arrive_keeps_heartbeating_on_its_stream(procs: Procs) -> None:
+    """UDP blocked between the hosts: the coordinator offers a port but nothing reaches it."""
+    obs = await start_coordinator()
+    try:
+        obs.coord.datagrams.close()  # the offered port now drops everything, as a firewall would
+        ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+        await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+        await asyncio.sleep(HEARTBEAT_TIMEOUT * 3)
+        assert not obs.events(WorkerLost), obs.reasons()
+        assert not any(c.datagrams for c in obs.coord.workers.values())
+        # and a hang is still found, through the stream's heartbeats
+        ps[1].send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the hung worker to be lost", ps)
+        assert lost[0].event.cause == "heartbeat_timeout" and lost[0].at - t0 < 2.0
+    finally:
+        await obs.coord.stop(grace=0.1)
+
+
+async def test_datagrams_off_keeps_heartbeats_on_the_streams(procs: Procs) -> None:
+    obs = await start_coordinator(datagrams=False)
+    try:
+        assert obs.coord.datagram_port == 0
+        ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+        await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+        await asyncio.sleep(HEARTBEAT_TIMEOUT * 2)
+        assert not obs.events(WorkerLost), obs.reasons()
+        assert datagram_counts(obs) == (0, 0)
+    finally:
+        await obs.coord.stop(grace=0.1)
+
+
+async def test_a_datagram_with_another_token_does_not_keep_a_hung_worker_alive(
+    coordinator: Observed, procs: Procs
+) -> None:
+    from protos.elastic_sidecar.v1 import peer_pb2
+
+    obs = coordinator
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+    conn = obs.coord.workers[(0, 0)]
+    await obs.wait_for(lambda: conn.datagrams, 5.0, "the worker's datagrams", ps)
+    ps[0].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    forged = [
+        peer_pb2.HeartbeatDatagram(slice=0, host=0, token=b"x" * 16, seq=1).SerializeToString(),
+        peer_pb2.HeartbeatDatagram(slice=0, host=0, token=b"", seq=1).SerializeToString(),
+        peer_pb2.HeartbeatDatagram(slice=7, host=3, token=conn.token, seq=1).SerializeToString(),
+        b"\xff\xfe not a protobuf",
+    ]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        while not obs.events(WorkerLost) and time.monotonic() - t0 < 5.0:
+            for data in forged:
+                s.sendto(data, ("127.0.0.1", obs.coord.datagram_port))
+            await asyncio.sleep(0.05)
+    lost = obs.events(WorkerLost)
+    assert lost, obs.reasons()
+    assert (lost[0].event.slice, lost[0].event.cause) == (0, "heartbeat_timeout")
+    assert lost[0].at - t0 < 2.0
+    assert datagram_counts(obs)[1] >= len(forged)

@@ -112,6 +112,9 @@ def test_scale_smoke(tmp_path: Path) -> None:
     (cycle,) = size["cycles"]
     assert cycle["hold_received"] == cycle["hold_expected"] == 199
     assert cycle["resume_received"] == cycle["resume_expected"] == 200
+    # The shipped heartbeat transport: every connected worker's datagrams reached the coordinator.
+    assert row["heartbeats"] == "datagram"
+    assert row["datagram_workers"] == size["connected_workers"] == 200
 
 
 def test_flush_smoke(tmp_path: Path) -> None:

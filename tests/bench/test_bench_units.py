@@ -149,6 +149,10 @@ def test_scale_validity() -> None:
     )
     assert "1 of 3 hold cycles" in " ".join(scale.validate(100, [cycle()], 3, 0))
     assert "heartbeat timeouts" in " ".join(scale.validate(100, [cycle()], 1, 5))
+    assert "only 97 of 100 connected workers heartbeat by datagram" in " ".join(
+        scale.validate(100, [cycle()], 1, 0, datagrams=(97, 100))
+    )
+    assert scale.validate(100, [cycle()], 1, 0, datagrams=(100, 100)) == []
 
 
 def test_scale_row_fields() -> None:

@@ -70,14 +70,34 @@ class WorkerMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., report: _Optional[_Union[LocalReport, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("generation", "heartbeat_interval_seconds", "epoch")
+    __slots__ = ("generation", "heartbeat_interval_seconds", "epoch", "heartbeat_datagram_port", "heartbeat_datagram_token")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_DATAGRAM_PORT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_DATAGRAM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     generation: int
     heartbeat_interval_seconds: float
     epoch: int
-    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
+    heartbeat_datagram_port: int
+    heartbeat_datagram_token: bytes
+    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat_datagram_port: _Optional[int] = ..., heartbeat_datagram_token: _Optional[bytes] = ...) -> None: ...
+
+class HeartbeatDatagram(_message.Message):
+    __slots__ = ("slice", "host", "token", "seq")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    host: int
+    token: bytes
+    seq: int
+    def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., token: _Optional[bytes] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class DatagramsReceived(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class PeerCommand(_message.Message):
     __slots__ = ("generation", "kind", "reason", "epoch")
@@ -92,9 +112,11 @@ class PeerCommand(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("registered", "command")
+    __slots__ = ("registered", "command", "datagrams_received")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    DATAGRAMS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     command: PeerCommand
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., command: _Optional[_Union[PeerCommand, _Mapping]] = ...) -> None: ...
+    datagrams_received: DatagramsReceived
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., command: _Optional[_Union[PeerCommand, _Mapping]] = ..., datagrams_received: _Optional[_Union[DatagramsReceived, _Mapping]] = ...) -> None: ...

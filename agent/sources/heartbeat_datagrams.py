@@ -1,0 +1,234 @@
+"""Worker heartbeats as UDP datagrams (``HeartbeatDatagram`` in protos/.../peer.proto).
+
+Why: at thousands of workers a heartbeat that arrives as a message on a gRPC
+stream costs the coordinator tens of microseconds of Python (the asyncio
+stream read) plus gRPC's own HTTP/2 work, four times a second per worker, and
+that was most of its CPU (docs/benchmarks.md, scale). A datagram is read here
+with one ``recv`` and one protobuf parse, many per event-loop wake-up.
+
+What stays on the stream: registration, every report (health changes,
+notices), every command, and the stream's end, which is how a killed host is
+noticed. A datagram only proves that its sender still runs, which is all a
+heartbeat proves. The worker keeps heartbeating on its stream until the
+coordinator has received its first datagram (``DatagramsReceived``), so a path
+that drops UDP never costs a worker its liveness.
+
+Each registration gets a random token; a datagram counts only for the stream
+whose token it carries, so a stale worker process (or anybody else) cannot keep
+another registration alive by accident. The token travels on the (possibly
+authenticated, possibly TLS) stream; the datagram itself is plaintext, so on a
+network where an attacker can read UDP between the hosts, turn datagrams off
+(``--heartbeat-datagrams off``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from agent import log as logmod
+from protos.elastic_sidecar.v1 import peer_pb2
+
+log = logmod.get("heartbeat-datagrams")
+
+MAX_PER_WAKE = 4096
+"""Most datagrams read per wake-up, so that a flood cannot starve the event loop."""
+RECV_BUFFER_BYTES = 4 * 1024 * 1024
+"""Socket receive buffer asked for (the kernel caps it at net.core.rmem_max): room for a
+short event-loop stall's worth of heartbeats at 10,000 workers."""
+TOKEN_BYTES = 16
+MAX_DATAGRAM = 256
+"""A HeartbeatDatagram is about 40 bytes; anything longer is not one."""
+
+
+def new_token() -> bytes:
+    """A registration's datagram token."""
+    return os.urandom(TOKEN_BYTES)
+
+
+def same_token(expected: bytes, got: bytes) -> bool:
+    return bool(expected) and hmac.compare_digest(expected, got)
+
+
+def _bind_addresses(listen: str) -> list[tuple[int, str]]:
+    """(family, host) pairs to bind for the gRPC listen address ``HOST:PORT``, as gRPC binds it."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host in ("", "*"):
+        host = "::"
+    if host == "localhost":
+        return [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")]
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
+    out: list[tuple[int, str]] = []
+    for family, _, _, _, addr in infos:
+        pair = (int(family), str(addr[0]))
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
+class DatagramReceiver:
+    """Reads heartbeat datagrams on the coordinator's UDP sockets.
+
+    ``on_heartbeat(slice, host, token, now)`` returns whether the datagram
+    belonged to a live registration; ``on_counts(accepted, refused)`` is
+    called once per wake-up with what it read.
+    """
+
+    def __init__(
+        self,
+        on_heartbeat: Callable[[int, int, bytes, float], bool],
+        on_counts: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.on_heartbeat = on_heartbeat
+        self.on_counts = on_counts
+        self.socks: list[socket.socket] = []
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def open(self, listen: str, port: int) -> int:
+        """Bind UDP ``port`` on the hosts of ``listen`` (another free port if it is taken); return the port.
+
+        Returns 0 (datagrams off) when no socket could be bound at all.
+        """
+        self._loop = asyncio.get_running_loop()
+        addrs = _bind_addresses(listen)
+        for want in (port, 0):
+            socks: list[socket.socket] = []
+            bound = want
+            try:
+                for family, host in addrs:
+                    s = socket.socket(family, socket.SOCK_DGRAM)
+                    socks.append(s)
+                    if family == socket.AF_INET6 and host == "::":
+                        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
+                    s.bind((host, bound))
+                    bound = s.getsockname()[1]
+                    s.setblocking(False)
+            except OSError as e:
+                for s in socks:
+                    s.close()
+                log.warning(
+                    "could not bind the heartbeat datagram port", listen=listen, port=want or "any", error=str(e)
+                )
+                continue
+            self.socks = socks
+            self.port = bound
+            for s in socks:
+                self._loop.add_reader(s.fileno(), self._drain, s)
+            if want and bound != want:
+                log.warning("heartbeat datagrams on another port than --listen's", port=bound)
+            return bound
+        log.warning("heartbeat datagrams are off: no UDP port could be bound; workers heartbeat on their streams")
+        return 0
+
+    def close(self) -> None:
+        for s in self.socks:
+            if self._loop is not None:
+                self._loop.remove_reader(s.fileno())
+            s.close()
+        self.socks = []
+
+    def _drain(self, sock: socket.socket) -> None:
+        now = time.monotonic()
+        accepted = refused = 0
+        parse = peer_pb2.HeartbeatDatagram.FromString
+        seen = self.on_heartbeat
+        for _ in range(MAX_PER_WAKE):
+            try:
+                data = sock.recv(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            try:
+                dg = parse(data)
+            except DecodeError:
+                refused += 1
+                continue
+            if seen(dg.slice, dg.host, dg.token, now):
+                accepted += 1
+            else:
+                refused += 1
+        if self.on_counts is not None and (accepted or refused):
+            self.on_counts(accepted, refused)
+
+
+def target_host(coordinator: str) -> str:
+    """The host part of a gRPC target ``[scheme:///]HOST:PORT``."""
+    target = coordinator.rpartition("/")[2] if "://" in coordinator or ":///" in coordinator else coordinator
+    return target.rpartition(":")[0].strip("[]")
+
+
+class DatagramSender:
+    """A worker's heartbeat datagrams to the coordinator's address.
+
+    The coordinator's name may resolve to several addresses (``localhost``: 127.0.0.1 and
+    ::1); until the coordinator confirms, each address is tried for a few heartbeats in turn.
+    """
+
+    TRIES_PER_ADDRESS = 4
+
+    def __init__(self, addrs: list[tuple[int, Any]], token: bytes, slice_: int, host: int) -> None:
+        self.addrs = addrs
+        self.token = token
+        self.slice = slice_
+        self.host = host
+        self.confirmed = False
+        self._i = 0
+        self._sent = 0
+        self._socks: dict[int, socket.socket] = {}
+        self._warned = False
+
+    @classmethod
+    async def create(cls, coordinator: str, port: int, token: bytes, slice_: int, host: int) -> DatagramSender | None:
+        """None when the coordinator offers no datagram port or its name does not resolve."""
+        if not port or not token:
+            return None
+        name = target_host(coordinator)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_DGRAM)
+        except OSError as e:
+            log.warning("heartbeat datagrams off: cannot resolve the coordinator", host=name, error=str(e))
+            return None
+        addrs: list[tuple[int, Any]] = []
+        for family, _, _, _, addr in infos:
+            if (int(family), addr) not in addrs:
+                addrs.append((int(family), addr))
+        return cls(addrs, token, slice_, host) if addrs else None
+
+    def send(self, seq: int) -> bool:
+        """Send one heartbeat; False when it could not be sent (the caller heartbeats on the stream then)."""
+        if not self.confirmed:
+            if self._sent and self._sent % self.TRIES_PER_ADDRESS == 0:
+                self._i = (self._i + 1) % len(self.addrs)
+            self._sent += 1
+        family, addr = self.addrs[self._i]
+        sock = self._socks.get(family)
+        try:
+            if sock is None:
+                sock = self._socks[family] = socket.socket(family, socket.SOCK_DGRAM)
+                sock.setblocking(False)
+            data = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=self.token, seq=seq)
+            sock.sendto(data.SerializeToString(), addr)
+            return True
+        except OSError as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("heartbeat datagram not sent; the stream keeps the heartbeats", error=str(e), to=str(addr))
+            return False
+
+    def close(self) -> None:
+        for s in self._socks.values():
+            s.close()
+        self._socks.clear()
