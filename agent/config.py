@@ -204,7 +204,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     _add(
         p,
         "--heartbeat-datagrams",
-        default="on",
+        default="on" if C.HEARTBEAT_DATAGRAMS else "off",
         type=on_off,
         help="on (default): workers send heartbeats as UDP datagrams to the --listen port, which costs the "
         "coordinator far less CPU than stream messages; a worker whose datagrams do not arrive keeps "
@@ -458,7 +458,7 @@ class CoordinatorConfig:
     log_level: str
     trainer_listen: str = "127.0.0.1:0"
     """The trainer link; the command line defaults to 127.0.0.1:29313, a config built in code to a free port."""
-    heartbeat_datagrams: bool = True
+    heartbeat_datagrams: bool = C.HEARTBEAT_DATAGRAMS
     """Offer workers UDP heartbeats on the --listen port (agent.sources.heartbeat_datagrams)."""
     trainer_token: BearerToken | None = None
     state_dir: Path | None = None

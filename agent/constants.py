@@ -46,6 +46,8 @@ LABEL_NODE_POOL = "cloud.google.com/gke-nodepool"
 HEARTBEAT_INTERVAL_SECONDS = 0.25
 HEARTBEAT_TIMEOUT_SECONDS = 1.2
 """A worker silent for this long is lost (a hung host: SIGSTOP)."""
+HEARTBEAT_DATAGRAMS = True
+"""The coordinator offers UDP heartbeats (--heartbeat-datagrams; agent/sources/heartbeat_datagrams.py)."""
 KEEPALIVE_TIME_MS = 500
 KEEPALIVE_TIMEOUT_MS = 1000
 """Fast transport keepalive, for the few channels whose hang must be seen in

@@ -188,6 +188,9 @@ def scale_causes(sc: dict[str, Any], r: dict[str, Any]) -> list[str]:
             f"heartbeat {fmt(used[0])} s / timeout {fmt(used[1])} s, not the shipped {fmt(shipped[0])} s / "
             f"{fmt(shipped[1])} s"
         )
+    shipped_transport = cfg.get("shipped_heartbeats")
+    if shipped_transport and transport(r) != shipped_transport:
+        out.append(f"heartbeats by {transport(r)}, not the shipped {shipped_transport}")
     if r.get("saturated"):
         out.append(
             f"the coordinator's event loop was saturated (main thread {fmt(r.get('coordinator_cores_main_thread'))} "
@@ -196,6 +199,11 @@ def scale_causes(sc: dict[str, Any], r: dict[str, Any]) -> list[str]:
     if not is_valid(r):
         out.append(status(r))
     return out
+
+
+def transport(r: dict[str, Any]) -> str:
+    """How a scale row's workers heartbeat: "datagram" or "stream" (rows from before datagrams: stream)."""
+    return str(r.get("heartbeats") or "stream")
 
 
 def topology_line(sc: dict[str, Any] | None) -> str | None:
@@ -229,9 +237,9 @@ def scale_gap(sc: dict[str, Any]) -> str | None:
     return (
         f"Gap: the largest valid run at the shipped heartbeats had {fmt(r['workers'])} workers and used "
         f"{fmt(r['coordinator_cores'])} cores (main thread {fmt(r.get('coordinator_cores_main_thread'))}). Every "
-        f"worker's heartbeat ({fmt(shipped)} s) is a message the coordinator handles, so at the same CPU per worker "
-        f"10,000 workers would need about {round(10000 / r['workers'])} times that (an extrapolation, not a "
-        f"measurement). The cause is the {r.get('topology') or 'flat'} topology: one stream and one heartbeat per "
+        f"worker's heartbeat ({fmt(shipped)} s, by {transport(r)}) reaches the coordinator itself, so at the same CPU "
+        f"per worker 10,000 workers would need about {round(10000 / r['workers'])} times that (an extrapolation, not "
+        f"a measurement). The cause is the {r.get('topology') or 'flat'} topology: one stream and one heartbeat per "
         "worker at the coordinator; per-slice leaders are not built"
     )
 
@@ -250,6 +258,7 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
     )
     if r.get("topology"):
         basis += f", topology {r['topology']}"
+    basis += f", heartbeats by {transport(r)}"
     v = r.get(field)
     shown = "–" if v is None else f"{fmt(v)} {unit}"
     if field == "coordinator_cores" and v is not None:
@@ -262,7 +271,7 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
     if v is None:
         return Verdict(name, goal, "–", "not measured", basis)
     why = unjudged(sc, r.get("cycles"))
-    off_shipped = [c for c in causes if c.startswith("heartbeat ")]
+    off_shipped = [c for c in causes if c.startswith(("heartbeat ", "heartbeats by "))]
     if why or off_shipped:
         return Verdict(
             name, goal, shown, "not measured", f"{basis}: " + "; ".join([*([why] if why else []), *off_shipped])
@@ -600,6 +609,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         [
             fmt(r["workers"]),
             f"{fmt(r.get('heartbeat_interval'))} / {fmt(r.get('heartbeat_timeout'))}",
+            transport(r),
             spread_text(r.get("coordinator_cores"), r.get("coordinator_cores_min"), r.get("coordinator_cores_max"))
             + (f" ({fmt(r['cpu_windows'])} windows)" if r.get("cpu_windows") else "")
             + (" (saturated: a ceiling)" if r.get("saturated") else ""),
@@ -614,7 +624,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         ]
         for r in s.get("results", [])
     ]
-    head = ["workers", "heartbeat / timeout s", "coordinator cores", "main thread cores", "RSS MiB"]
+    head = ["workers", "heartbeat / timeout s", "heartbeats by", "coordinator cores", "main thread cores", "RSS MiB"]
     head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "delivered", "cycles", "pinned", "status"]
     top = topology_line(s)
     return table(head, rows) + (["", top] if top else []) + plot_line(plots, "scale")

@@ -659,6 +659,7 @@ def run(
             "heartbeat_interval": hb,
             "heartbeat_timeout": hbt,
             "heartbeats": heartbeats,
+            "shipped_heartbeats": "datagram" if C.HEARTBEAT_DATAGRAMS else "stream",
             "shipped_heartbeat_interval": C.HEARTBEAT_INTERVAL_SECONDS,
             "shipped_heartbeat_timeout": C.HEARTBEAT_TIMEOUT_SECONDS,
         },

@@ -340,6 +340,21 @@ def test_the_10000_worker_target_states_its_cause_and_the_topology() -> None:
     assert cpu.verdict == "not measured" and "not the shipped 0.25 s" in cpu.basis
 
 
+def test_a_scale_row_heartbeating_by_another_transport_than_the_shipped_one_is_not_measured() -> None:
+    data = fixture()
+    sc = data["benchmarks"]["scale"]
+    sc["config"]["shipped_heartbeats"] = "datagram"
+    r = sc["results"][1]
+    r.update(valid=True, cycles=3, heartbeats="datagram")
+    del r["invalid_reason"]
+    assert next(v for v in targets(sections(data)) if v.target == "coordinator CPU").verdict == "met"
+    # A row without the field is from before datagrams: it heartbeat on its stream.
+    del r["heartbeats"]
+    cpu = next(v for v in targets(sections(data)) if v.target == "coordinator CPU")
+    assert cpu.verdict == "not measured" and "heartbeats by stream, not the shipped datagram" in cpu.basis
+    assert "| 10000 | 0.25 / 1.2 | stream |" in render(data)
+
+
 def test_ratio_below_target_is_not_met() -> None:
     data = fixture()
     for x in data["benchmarks"]["recovery"]["ratios"]:
