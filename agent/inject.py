@@ -480,10 +480,12 @@ def _coordinator_container(job: _Job, opts: InjectOptions, in_head: bool) -> dic
     ]
     c["ports"] = [
         {"name": "es-peer", "containerPort": C.COORDINATOR_PORT, "protocol": "TCP"},
+        # Worker heartbeat datagrams (--heartbeat-datagrams, on by default).
+        {"name": "es-peer-udp", "containerPort": C.COORDINATOR_PORT, "protocol": "UDP"},
         {"name": "es-http", "containerPort": C.HTTP_PORT, "protocol": "TCP"},
     ]
     if job.mode == MULTI_CONTROLLER:
-        c["ports"].insert(1, {"name": "es-trainer", "containerPort": C.TRAINER_PORT, "protocol": "TCP"})
+        c["ports"].insert(2, {"name": "es-trainer", "containerPort": C.TRAINER_PORT, "protocol": "TCP"})
     # The startupProbe holds the trainer (a later container of the head pod) until peers are served.
     c["startupProbe"] = {"grpc": {"port": C.COORDINATOR_PORT}, "periodSeconds": 1, "failureThreshold": 60}
     c["livenessProbe"] = {"grpc": {"port": C.COORDINATOR_PORT}, "periodSeconds": 5, "timeoutSeconds": 2}

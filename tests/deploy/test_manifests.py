@@ -759,12 +759,27 @@ def test_volume_mounts_and_secret_volumes_resolve() -> None:
 
 def test_no_port_is_declared_twice_in_a_pod() -> None:
     for pod in all_pods():
-        seen: dict[int, str] = {}
+        seen: dict[tuple[int, str], str] = {}
         for c in pod.all_containers():
             for p in c.get("ports", []):
-                port = p["containerPort"]
+                port = (p["containerPort"], p.get("protocol", "TCP"))
                 assert port not in seen, f"{pod.where}: port {port} declared by {seen[port]} and {c['name']}"
                 seen[port] = c["name"]
+
+
+def test_the_coordinator_declares_its_heartbeat_datagram_port() -> None:
+    """Workers send UDP heartbeats to the --listen port (agent/sources/heartbeat_datagrams.py)."""
+    found = 0
+    for pod, c in sidecars():
+        if role(pod, c) != "coordinator":
+            continue
+        values = flag_values(pod, c)
+        if values.get("--heartbeat-datagrams", "on") == "off":
+            continue
+        udp = {p["containerPort"] for p in c.get("ports", []) if p.get("protocol") == "UDP"}
+        assert port_of(values["--listen"]) in udp, f"{pod.where}: no UDP port for the heartbeat datagrams"
+        found += 1
+    assert found >= 2
 
 
 def test_sidecar_probes() -> None:
