@@ -8,7 +8,8 @@ that every worker has its own TCP connection, as separate hosts would), one
 random). Like the worker, it sends each heartbeat as a UDP datagram when the
 coordinator offers a datagram port, and on its stream too until the coordinator
 says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
-heartbeat on the stream. It records the arrival time (``time.time()``) of every
+heartbeat on the stream. The process sends all its workers' datagrams from one clock
+and one socket, spread over the interval (phases by worker index). It records the arrival time (``time.time()``) of every
 ``PeerCommand``.
 
 Controlled over stdin/stdout with one JSON object per line::
@@ -46,6 +47,8 @@ from agent import constants as C
 from bench.common import raise_nofile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
+DATAGRAM_SLOTS = 25
+"""The datagram clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
@@ -97,20 +100,21 @@ class FakeWorker:
             self.connected = True
             self.registered.set()
             reader = asyncio.create_task(self._read(call))
+            if use_datagrams:
+                # From here on the process's one datagram clock sends this worker's heartbeats
+                # (a datagram is the same bytes every time but for seq, which the coordinator ignores).
+                dg = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=token, seq=1)
+                g.heartbeat_by_datagram(self, port, dg.SerializeToString(), interval)
             await asyncio.sleep(random.uniform(0, interval))
             seq = 0
-            while not reader.done():
+            while not reader.done() and not (use_datagrams and self.datagrams_confirmed):
                 seq += 1
-                if use_datagrams:
-                    g.send_datagram(
-                        port,
-                        peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=token, seq=seq),
-                    )
-                if not (use_datagrams and self.datagrams_confirmed):
-                    await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=True)))
+                await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=True)))
                 await asyncio.sleep(interval)
+            await asyncio.wait({reader})
         finally:
             self.connected = False
+            self.gen.stop_datagrams(self)
             await self.channel.close()
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
@@ -147,21 +151,49 @@ class LoadGen:
         self.datagrams = not ns.no_datagrams
         self.datagram_host = ns.coordinator.rpartition(":")[0].strip("[]")
         self.sock: socket.socket | None = None
+        self.beats: dict[int, bytes] = {}
+        self.slots: list[set[int]] = [set() for _ in range(DATAGRAM_SLOTS)]
+        self.clock: asyncio.Task[None] | None = None
+        self.interval = 0.25
+        self.port = 0
         self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
         self.by_index = {w.index: w for w in self.workers}
         self.counts: Counter[tuple[str, int]] = Counter()
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
-    def send_datagram(self, port: int, dg: peer_pb2.HeartbeatDatagram) -> None:
-        """One worker's heartbeat datagram (one socket for the process: the coordinator checks the token)."""
-        if self.sock is None:
-            family = socket.AF_INET6 if ":" in self.datagram_host else socket.AF_INET
-            self.sock = socket.socket(family, socket.SOCK_DGRAM)
-            self.sock.setblocking(False)
-        try:
-            self.sock.sendto(dg.SerializeToString(), (self.datagram_host, port))
-        except OSError:
-            pass  # the stream heartbeats carry on until the coordinator confirms datagrams
+    def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
+        """Send ``w``'s heartbeat datagrams every ``interval`` from now on (one clock and one socket
+        for the process: 10,000 sleeping tasks would cost this process more than the coordinator)."""
+        self.interval = interval
+        self.port = port
+        self.beats[w.index] = data
+        self.slots[w.index % DATAGRAM_SLOTS].add(w.index)
+        if self.clock is None:
+            self.clock = asyncio.create_task(self._datagram_clock())
+
+    def stop_datagrams(self, w: FakeWorker) -> None:
+        self.beats.pop(w.index, None)
+        self.slots[w.index % DATAGRAM_SLOTS].discard(w.index)
+
+    async def _datagram_clock(self) -> None:
+        family = socket.AF_INET6 if ":" in self.datagram_host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        tick = self.interval / DATAGRAM_SLOTS
+        slot, t = 0, time.monotonic()
+        while True:
+            addr = (self.datagram_host, self.port)
+            for i in list(self.slots[slot]):
+                data = self.beats.get(i)
+                if data is None:
+                    continue
+                try:
+                    self.sock.sendto(data, addr)
+                except OSError:
+                    pass  # a worker's stream heartbeats carry on until the coordinator confirms its datagrams
+            slot = (slot + 1) % DATAGRAM_SLOTS
+            t += tick
+            await asyncio.sleep(max(0.0, t - time.monotonic()))
 
     def _stdin_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         for line in sys.stdin:
