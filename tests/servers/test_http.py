@@ -37,6 +37,7 @@ COORDINATOR_METRICS = {
     "elastic_sidecar_committed_step",
     "elastic_sidecar_goodput_ratio",
     "elastic_sidecar_workers_connected",
+    "elastic_sidecar_heartbeat_datagrams_total",
     "elastic_sidecar_pubsub_messages_received_total",
     "elastic_sidecar_pubsub_message_outcomes_total",
     "elastic_sidecar_pubsub_settlements_total",
