@@ -1,0 +1,128 @@
+"""Heartbeat datagrams on real loopback UDP sockets: binding, the sender's address rotation, refusals.
+
+The end-to-end behaviour (a worker switching to datagrams, a hung worker still lost, UDP that
+never arrives) is in tests/agent/test_liveness.py with real worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from agent.sources.heartbeat_datagrams import DatagramReceiver, DatagramSender, new_token, same_token, target_host
+from protos.elastic_sidecar.v1 import peer_pb2
+
+
+@pytest.mark.parametrize(
+    ("target", "host"),
+    [
+        ("127.0.0.1:29310", "127.0.0.1"),
+        ("[::1]:29310", "::1"),
+        ("coord-0-0.job:29310", "coord-0-0.job"),
+        ("dns:///coord-0-0.job:29310", "coord-0-0.job"),
+    ],
+)
+def test_target_host(target: str, host: str) -> None:
+    assert target_host(target) == host
+
+
+def test_tokens_are_random_and_an_empty_one_matches_nothing() -> None:
+    a, b = new_token(), new_token()
+    assert len(a) == 16 and a != b
+    assert same_token(a, a) and not same_token(a, b)
+    assert not same_token(b"", b"")
+
+
+async def test_localhost_binds_both_loopbacks_on_one_port_and_counts_what_it_reads() -> None:
+    seen: list[tuple[int, int, bytes]] = []
+    counts: list[tuple[int, int]] = []
+    token = new_token()
+
+    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float) -> bool:
+        seen.append((slice_, host, tok))
+        return tok == token
+
+    rx = DatagramReceiver(on_heartbeat, lambda a, r: counts.append((a, r)))
+    port = rx.open("localhost:0", 0)
+    try:
+        assert port > 0 and len(rx.socks) == 2
+        assert {s.getsockname()[1] for s in rx.socks} == {port}
+        good = peer_pb2.HeartbeatDatagram(slice=1, host=2, token=token, seq=1).SerializeToString()
+        wrong = peer_pb2.HeartbeatDatagram(slice=1, host=2, token=b"y" * 16, seq=2).SerializeToString()
+        for family, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.sendto(good, (addr, port))
+                s.sendto(wrong, (addr, port))
+                s.sendto(b"\xff\xff\xff\xff", (addr, port))
+        for _ in range(200):
+            if sum(a + r for a, r in counts) >= 6:
+                break
+            await asyncio.sleep(0.01)
+        assert sum(a for a, _ in counts) == 2 and sum(r for _, r in counts) == 4, counts
+        assert seen.count((1, 2, token)) == 2
+    finally:
+        rx.close()
+    assert rx.socks == []
+
+
+async def test_a_taken_port_falls_back_to_another_one() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        taken = busy.getsockname()[1]
+        rx = DatagramReceiver(lambda *a: True)
+        try:
+            port = rx.open(f"127.0.0.1:{taken}", taken)
+            assert port not in (0, taken)
+        finally:
+            rx.close()
+
+
+async def test_the_sender_tries_each_address_in_turn_until_confirmed() -> None:
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dead,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as live,
+    ):
+        dead.bind(("127.0.0.1", 0))
+        live.bind(("127.0.0.1", 0))
+        live.setblocking(False)
+        addrs = [(int(socket.AF_INET), dead.getsockname()), (int(socket.AF_INET), live.getsockname())]
+        tx = DatagramSender(addrs, b"t" * 16, 3, 4)
+        try:
+            per = DatagramSender.TRIES_PER_ADDRESS
+            for seq in range(1, 2 * per + 1):
+                assert tx.send(seq)
+            await asyncio.sleep(0.05)
+            got = []
+            while True:
+                try:
+                    got.append(peer_pb2.HeartbeatDatagram.FromString(live.recv(256)))
+                except BlockingIOError:
+                    break
+            # The first address got the first few; the second one the rest.
+            assert [d.seq for d in got] == list(range(per + 1, 2 * per + 1))
+            assert all((d.slice, d.host, d.token) == (3, 4, b"t" * 16) for d in got)
+            tx.confirmed = True
+            for seq in range(100, 100 + 3 * per):
+                tx.send(seq)
+            await asyncio.sleep(0.05)
+            later = 0
+            while True:
+                try:
+                    live.recv(256)
+                    later += 1
+                except BlockingIOError:
+                    break
+            assert later == 3 * per  # confirmed: it stays on the address that worked
+        finally:
+            tx.close()
+
+
+async def test_create_resolves_the_coordinators_name_and_needs_a_port_and_a_token() -> None:
+    assert await DatagramSender.create("127.0.0.1:1", 0, b"t", 0, 0) is None
+    assert await DatagramSender.create("127.0.0.1:1", 5000, b"", 0, 0) is None
+    tx = await DatagramSender.create("localhost:1", 5000, b"t", 0, 0)
+    assert tx is not None
+    assert {a[1][1] for a in tx.addrs} == {5000}
+    assert {a[1][0] for a in tx.addrs} <= {"127.0.0.1", "::1"}
