@@ -410,11 +410,13 @@ class Trainer:
         self.events("start", {"slices": ns.slices, "steps": ns.steps, "pid": os.getpid()})
         step = self._apply(self.session.start(-1), 0)
         while step < ns.steps:
+            tb = time.monotonic()
             d = self.session.step_boundary(step)
             if d is not None:
                 step = self._apply(d, step)
                 continue
             self._seen_lost |= self.runtime.apply(self.sim, self.slice_devices)
+            ts = time.monotonic()
             self._snapshot(step)
             t0 = time.monotonic()
             x, y = self._batch(step, len(self.active))
@@ -445,6 +447,10 @@ class Trainer:
                 {
                     "step": step,
                     "seconds": dt,
+                    # What the boundary before the step took: the hooks' check and the fault stand-in,
+                    # then the in-memory snapshot (a resume's first step shows where its time goes).
+                    "boundary_seconds": round(ts - tb, 4),
+                    "snapshot_seconds": round(t0 - ts, 4),
                     "loss": loss_v,
                     "slices": list(self.active),
                     "generation": self.session.generation,
