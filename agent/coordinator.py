@@ -2,8 +2,10 @@
 
 Sources -> decision core -> executors:
 
-* sources: the Peer service (worker sidecars register and heartbeat over one
-  stream each; a closed stream or a missed heartbeat deadline is a lost host),
+* sources: the Peer service (worker sidecars register and report over one
+  stream each and heartbeat by UDP datagram once this side confirms it receives
+  them, :mod:`agent.sources.heartbeat_datagrams`; a closed stream or a missed
+  heartbeat deadline is a lost host),
   the TrainerLink service (steps, slice errors and acknowledgements from the
   trainer hooks; one link per JAX process of a multi-controller job, presented
   to the core as one trainer by :mod:`agent.trainer_group`) and a ticker that

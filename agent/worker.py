@@ -2,7 +2,9 @@
 
 It watches the local Pathways worker (a pluggable health checker), registers
 with the coordinator once that worker serves, and keeps one stream open that
-carries heartbeats and health changes. If the stream breaks (coordinator
+carries health changes and notices, and its heartbeats until the coordinator
+confirms it receives them as UDP datagrams (then only datagrams carry them:
+:mod:`agent.sources.heartbeat_datagrams`). If the stream breaks (coordinator
 restart) it reconnects with backoff, keeping its incarnation so the
 coordinator knows it is the same process.
 
