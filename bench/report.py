@@ -618,6 +618,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             fmt(r.get("fanout_p99_seconds")),
             fmt(r.get("resume_fanout_p99_seconds")),
             fmt(r.get("delivered_fraction")),
+            fmt(r.get("udp_receive_buffer_drops")),
             fmt(r.get("cycles")),
             fmt(r.get("pinned")),
             status(r),
@@ -625,7 +626,8 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         for r in s.get("results", [])
     ]
     head = ["workers", "heartbeat / timeout s", "heartbeats by", "coordinator cores", "main thread cores", "RSS MiB"]
-    head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "delivered", "cycles", "pinned", "status"]
+    head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "delivered", "UDP datagrams dropped"]
+    head += ["cycles", "pinned", "status"]
     top = topology_line(s)
     return table(head, rows) + (["", top] if top else []) + plot_line(plots, "scale")
 

@@ -345,6 +345,18 @@ def _timeouts_since(log_path: Path, pos: int) -> tuple[int, int]:
     return n, end
 
 
+def udp_counters() -> dict[str, int]:
+    """The kernel's UDP counters (/proc/net/snmp; {} where there is none): ``RcvbufErrors`` counts
+    datagrams dropped because a socket's receive buffer was full."""
+    try:
+        lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines() if ln.startswith("Udp:")]
+    except OSError:
+        return {}
+    if len(lines) < 2:
+        return {}
+    return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:], strict=False)}
+
+
 def validate(
     n: int, cyc: list[dict[str, Any]], cycles: int, timeouts: int, datagrams: tuple[int, int] | None = None
 ) -> list[str]:
@@ -426,6 +438,7 @@ def run_size(
         "coordinator_cpus": sorted(coord_cpus) if coord_cpus else None,
         "load_cpus": sorted(other_cpus) if other_cpus else None,
     }
+    udp0 = udp_counters()
     try:
         if not wait_until(lambda: _health_serving(addr), 30, 0.05):
             raise RuntimeError("coordinator did not serve")
@@ -512,6 +525,11 @@ def run_size(
             last_gen = resume["generation"] if resume else gen
             time.sleep(1.0)
         timeouts, _ = _timeouts_since(wd / "coordinator.log", log_pos)
+        udp1 = udp_counters()
+        if "RcvbufErrors" in udp0 and "RcvbufErrors" in udp1:
+            # Machine-wide, but on this loopback-only machine the run's datagrams are the UDP traffic.
+            out["udp_receive_buffer_drops"] = udp1["RcvbufErrors"] - udp0["RcvbufErrors"]
+            out["udp_datagrams_received"] = udp1["InDatagrams"] - udp0["InDatagrams"]
         good = [c for c in cyc if "error" not in c]
         dumps = []
         for i, g in enumerate(gens):
@@ -586,6 +604,7 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "topology": TOPOLOGY,
         "heartbeats": r.get("heartbeats", "stream"),
         "datagram_workers": r.get("datagram_workers"),
+        "udp_receive_buffer_drops": r.get("udp_receive_buffer_drops"),
         "heartbeat_interval": r.get("heartbeat_interval"),
         "heartbeat_timeout": r.get("heartbeat_timeout"),
         "coordinator_cores": r.get("cpu_cores"),

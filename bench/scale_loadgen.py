@@ -47,7 +47,7 @@ from agent import constants as C
 from bench.common import raise_nofile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
-DATAGRAM_SLOTS = 25
+DATAGRAM_SLOTS = 125
 """The datagram clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 

@@ -255,3 +255,15 @@ def test_the_maxtext_runner_gets_the_fault_free_run_count(tmp_path: Path, monkey
     recovery.run(workdir=tmp_path, trainers=["maxtext"], runs=5, fault_free_runs=1)
     recovery.run(workdir=tmp_path, trainers=["maxtext"], runs=5)
     assert seen == [1, None]  # None: a fault-free run in every round
+
+
+def test_udp_counters_read_the_kernels_receive_buffer_drops() -> None:
+    import socket
+
+    before = scale.udp_counters()
+    assert "RcvbufErrors" in before and "InDatagrams" in before
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        rx.bind(("127.0.0.1", 0))
+        tx.sendto(b"x", rx.getsockname())
+        assert rx.recv(8) == b"x"
+    assert scale.udp_counters()["InDatagrams"] > before["InDatagrams"]
