@@ -265,6 +265,7 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             "settle_s": settle_s,
             "heartbeat_interval_s": C.HEARTBEAT_INTERVAL_SECONDS,
             "heartbeat_timeout_s": C.HEARTBEAT_TIMEOUT_SECONDS,
+            "heartbeats": "datagram" if C.HEARTBEAT_DATAGRAMS else "stream",
         },
         "summary": summary,
         "rounds": rounds,
