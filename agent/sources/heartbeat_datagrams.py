@@ -98,36 +98,42 @@ class DatagramReceiver:
     def open(self, listen: str, port: int) -> int:
         """Bind UDP ``port`` on the hosts of ``listen`` (another free port if it is taken); return the port.
 
-        Returns 0 (datagrams off) when no socket could be bound at all.
+        Every address of ``listen`` that can be bound on one port is (``localhost``: 127.0.0.1 and
+        ::1, either alone where the other is missing). Returns 0 (datagrams off) when none could be.
         """
         self._loop = asyncio.get_running_loop()
         addrs = _bind_addresses(listen)
-        for want in (port, 0):
+        for want in dict.fromkeys((port, 0)):
             socks: list[socket.socket] = []
             bound = want
-            try:
-                for family, host in addrs:
-                    s = socket.socket(family, socket.SOCK_DGRAM)
-                    socks.append(s)
+            errors: list[str] = []
+            for family, host in addrs:
+                s = socket.socket(family, socket.SOCK_DGRAM)
+                try:
                     if family == socket.AF_INET6 and host == "::":
                         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
                     s.bind((host, bound))
-                    bound = s.getsockname()[1]
-                    s.setblocking(False)
-            except OSError as e:
-                for s in socks:
+                except OSError as e:
                     s.close()
+                    errors.append(f"{host}: {e}")
+                    continue
+                bound = s.getsockname()[1]
+                s.setblocking(False)
+                socks.append(s)
+            if not socks:
                 log.warning(
-                    "could not bind the heartbeat datagram port", listen=listen, port=want or "any", error=str(e)
+                    "could not bind the heartbeat datagram port", listen=listen, port=want or "any", errors=errors
                 )
                 continue
+            if errors:
+                log.warning("heartbeat datagrams not on every address of --listen", port=bound, errors=errors)
+            if port and bound != port:
+                log.warning("heartbeat datagrams on another port than --listen's", port=bound, listen=listen)
             self.socks = socks
             self.port = bound
             for s in socks:
                 self._loop.add_reader(s.fileno(), self._drain, s)
-            if want and bound != want:
-                log.warning("heartbeat datagrams on another port than --listen's", port=bound)
             return bound
         log.warning("heartbeat datagrams are off: no UDP port could be bound; workers heartbeat on their streams")
         return 0

@@ -126,3 +126,19 @@ async def test_create_resolves_the_coordinators_name_and_needs_a_port_and_a_toke
     assert tx is not None
     assert {a[1][1] for a in tx.addrs} == {5000}
     assert {a[1][0] for a in tx.addrs} <= {"127.0.0.1", "::1"}
+
+
+async def test_localhost_with_one_loopback_taken_keeps_the_other_on_the_wanted_port() -> None:
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as busy:
+        busy.bind(("::1", 0))
+        taken = busy.getsockname()[1]
+        rx = DatagramReceiver(lambda *a: True)
+        try:
+            try:
+                port = rx.open(f"localhost:{taken}", taken)
+            except OSError:  # pragma: no cover - 127.0.0.1 at that port taken by someone else meanwhile
+                pytest.skip("127.0.0.1 port taken")
+            assert port == taken
+            assert [s.family for s in rx.socks] == [socket.AF_INET]
+        finally:
+            rx.close()
