@@ -85,12 +85,21 @@ SATURATED_MAIN_THREAD = 0.9
 """Main-thread CPU (cores) at and above which the coordinator's event loop counts as saturated."""
 
 
+def _usable_cpus() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+USABLE_CPUS = _usable_cpus()
+"""This process's CPUs when the module was loaded: every size pins from these. (Read afresh, a size
+would see only the CPUs the size before pinned this process to, and run everything on one core.)"""
+
+
 def pinning() -> tuple[set[int] | None, set[int] | None]:
     """(coordinator's CPUs, everyone else's), or (None, None) where there is only one usable core."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None, None
+    cpus = sorted(USABLE_CPUS or ())
     if len(cpus) < 2:
         return None, None
     return {cpus[0]}, set(cpus[1:])
@@ -592,6 +601,7 @@ def run_size(
         stop_process(coord, grace=30.0)
         logf.close()
         genlog.close()
+        _pin(os.getpid(), USABLE_CPUS)
     return out
 
 

@@ -267,3 +267,17 @@ def test_udp_counters_read_the_kernels_receive_buffer_drops() -> None:
         tx.sendto(b"x", rx.getsockname())
         assert rx.recv(8) == b"x"
     assert scale.udp_counters()["InDatagrams"] > before["InDatagrams"]
+
+
+def test_every_scale_size_pins_from_all_usable_cpus() -> None:
+    import os
+
+    if not scale.USABLE_CPUS or len(scale.USABLE_CPUS) < 2:
+        return
+    before = os.sched_getaffinity(0)
+    coord, others = scale.pinning()
+    try:
+        scale._pin(os.getpid(), others)  # what a size does to this process
+        assert scale.pinning() == (coord, others)  # the next size still pins the coordinator apart
+    finally:
+        os.sched_setaffinity(0, before)
