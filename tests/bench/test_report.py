@@ -532,3 +532,17 @@ def test_the_page_says_why_runs_failed() -> None:
     md = render(data)
     line = next(x for x in md.splitlines() if x.startswith("- example checkpoint_rewind kill"))
     assert "2 failed: exit code 1; no fault time" in line and "/tmp/x" not in line
+
+
+def test_a_valid_10000_worker_row_over_the_target_states_where_the_time_goes() -> None:
+    data = fixture()
+    sc = data["benchmarks"]["scale"]
+    r = sc["results"][1]
+    r.update(valid=True, cycles=3, coordinator_cores=0.61, coordinator_cores_main_thread=0.4558, fanout_p99_seconds=3.4)
+    del r["invalid_reason"]
+    sc["sizes"] = [{"workers": 10000, "cpu_cores_other_threads": 0.1439, "load_cpus": [1], "generators_cpu_cores": 0.7}]
+    vs = {v.target: v for v in targets(sections(data))}
+    cpu, fan = vs["coordinator CPU"], vs["hold fan-out p99 (worst cycle)"]
+    assert cpu.verdict == "not met" and "main thread (the event loop) 0.4558 cores" in cpu.basis
+    assert "gRPC's own threads 0.1439" in cpu.basis
+    assert fan.verdict == "not met" and "shared 1 CPU(s) apart from the coordinator's, using 0.7 cores" in fan.basis
