@@ -80,7 +80,11 @@ def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> No
         check_step(state, replace(ev, cleared=True) if lifted else ev, now, d)  # type: ignore[type-var]
         before, state = state, d.state
         assert state.retries_used == 0 and not state.slice_errors, "a notice counted as a failure"
-        assert all(p.since > now for p in state.planned.values()), "a due planned drain did not begin"
+        # Once the job has ended (e.g. the elastic timeout ran out while a drained slice stayed away)
+        # nothing begins any more; its planned drains stay recorded, nothing acts on them.
+        assert state.phase.terminal or all(p.since > now for p in state.planned.values()), (
+            "a due planned drain did not begin"
+        )
         for a in d.actions:
             # A drained slice the trainer runs on leaves with a flush; one it already left (a resume
             # that excluded it) holds nothing of the trainer's state.
