@@ -188,7 +188,7 @@ class Worker:
             self.generation = first.registered.generation
             reg = first.registered
             self.datagrams = await DatagramSender.create(
-                self.cfg.coordinator, reg.heartbeat_datagram_port, reg.heartbeat_datagram_token, c.slice, c.host
+                c.coordinator, reg.heartbeat_datagram_port, reg.heartbeat_datagram_token, c.slice, c.host
             )
             self.registered.set()
             self.metrics.connected.set(1)

@@ -8,9 +8,9 @@ that every worker has its own TCP connection, as separate hosts would), one
 random). Like the worker, it sends each heartbeat as a UDP datagram when the
 coordinator offers a datagram port, and on its stream too until the coordinator
 says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
-heartbeat on the stream. The process sends all its workers' datagrams from one clock
-and one socket, spread over the interval (phases by worker index). It records the arrival time (``time.time()``) of every
-``PeerCommand``.
+heartbeat on the stream. The process sends all its workers' datagrams from one
+clock and one socket, spread over the interval (phases by worker index). It
+records the arrival time (``time.time()``) of every ``PeerCommand``.
 
 Controlled over stdin/stdout with one JSON object per line::
 
@@ -44,6 +44,7 @@ from typing import Any
 import grpc
 
 from agent import constants as C
+from agent.sources.heartbeat_datagrams import target_host
 from bench.common import raise_nofile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
@@ -149,7 +150,7 @@ class LoadGen:
         self.concurrency = ns.concurrency
         self.options = channel_options(ns.keepalive_ms)
         self.datagrams = not ns.no_datagrams
-        self.datagram_host = ns.coordinator.rpartition(":")[0].strip("[]")
+        self.datagram_host = target_host(ns.coordinator)
         self.sock: socket.socket | None = None
         self.beats: dict[int, bytes] = {}
         self.slots: list[set[int]] = [set() for _ in range(DATAGRAM_SLOTS)]

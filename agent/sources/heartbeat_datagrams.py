@@ -153,9 +153,7 @@ class DatagramReceiver:
         for _ in range(MAX_PER_WAKE):
             try:
                 data = sock.recv(MAX_DATAGRAM)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
+            except OSError:  # BlockingIOError: nothing left to read
                 break
             try:
                 dg = parse(data)
