@@ -218,6 +218,26 @@ class _Undecodable:
     error: str
 
 
+class _CountsAbort:
+    """A servicer context whose ``abort`` counts the call before grpc sends the status.
+
+    grpc.aio's ``abort`` sends the status to the client and only then raises, so a count taken
+    on the way out would land after the client already has its answer (and a scrape right
+    after a refused call could miss it). Everything else is the wrapped context's.
+    """
+
+    def __init__(self, context: grpc.aio.ServicerContext, count: Callable[[str], None]) -> None:
+        self._context = context
+        self._count = count
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        self._count(code.name if isinstance(code, grpc.StatusCode) else str(code))
+        await self._context.abort(code, details, trailing_metadata)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._context, attr)
+
+
 class _CallCounter(grpc.aio.ServerInterceptor):
     """Counts admin calls by method and final status code (``elastic_sidecar_admin_requests_total``)."""
 
@@ -240,6 +260,14 @@ class _CallCounter(grpc.aio.ServerInterceptor):
                 return code.name
             return "OK" if code in (None, 0) else str(code)
 
+        def count_once(counted: list[str]) -> Callable[[str], None]:
+            def count(code: str) -> None:
+                if not counted:
+                    counted.append(code)
+                    counter.labels(name, code).inc()
+
+            return count
+
         decode = handler.request_deserializer
 
         def tolerant_decode(raw: bytes) -> Any:
@@ -250,7 +278,7 @@ class _CallCounter(grpc.aio.ServerInterceptor):
             except Exception as e:
                 return _Undecodable(f"{type(e).__name__}: {e}")
 
-        async def refuse_corrupt(request: Any, context: grpc.aio.ServicerContext) -> None:
+        async def refuse_corrupt(request: Any, context: Any) -> None:
             if isinstance(request, _Undecodable):
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -261,16 +289,18 @@ class _CallCounter(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                counted: list[str] = []
+                ctx = _CountsAbort(context, count_once(counted))
                 cancelled = False
                 try:
-                    await refuse_corrupt(request, context)
-                    async for item in inner_stream(request, context):
+                    await refuse_corrupt(request, ctx)
+                    async for item in inner_stream(request, ctx):
                         yield item
                 except (asyncio.CancelledError, GeneratorExit):
                     cancelled = True
                     raise
                 finally:
-                    counter.labels(name, "CANCELLED" if cancelled else code_of(context)).inc()
+                    count_once(counted)("CANCELLED" if cancelled else code_of(context))
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
@@ -280,11 +310,13 @@ class _CallCounter(grpc.aio.ServerInterceptor):
         inner = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            counted: list[str] = []
+            ctx = _CountsAbort(context, count_once(counted))
             try:
-                await refuse_corrupt(request, context)
-                return await inner(request, context)
+                await refuse_corrupt(request, ctx)
+                return await inner(request, ctx)
             finally:
-                counter.labels(name, code_of(context)).inc()
+                count_once(counted)(code_of(context))
 
         return grpc.unary_unary_rpc_method_handler(
             unary,

@@ -152,6 +152,7 @@ async def test_resume_while_running_is_failed_precondition_with_the_cores_reason
         code, detail = await call_code(s.Resume(admin_pb2.ResumeRequest(reason="go"), metadata=admin_token.metadata()))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert detail == "the job is running and not held by an operator"
+    # Counted before the status leaves (the interceptor counts inside abort), so no waiting here.
     assert counter(job, "elastic_sidecar_admin_requests_total", method="Resume", code="FAILED_PRECONDITION") == 1
 
 

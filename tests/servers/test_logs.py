@@ -124,6 +124,17 @@ async def test_every_line_is_cloud_logging_json_and_a_recovery_is_one_operation(
                 await admin_pb2_grpc.AdminStub(ch).GetStatus(admin_pb2.GetStatusRequest())
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.UNAUTHENTICATED
+        # The trainer can start before a worker has printed its registration (the coordinator
+        # decides on the registration it received; the worker logs on the reply): wait for
+        # the line, or the kill below can leave that worker's output empty.
+        await wait_for(
+            lambda: all(
+                any('"registered with coordinator"' in ln for ln in lines(tmp_path / f"worker-{s}.stdout"))
+                for s in (0, 1)
+            ),
+            30.0,
+            "both workers to log their registration",
+        )
         workers[1].kill()
         workers[1].wait()
         await wait_for(lambda: trainer.kinds() == ["resume", "hold", "resume"], 10.0, "hold and resume after the kill")
