@@ -245,6 +245,35 @@ def machine() -> dict[str, Any]:
     }
 
 
+def fresh_memory_seconds(gib: int) -> list[float]:
+    """Seconds to write each GiB of ``gib`` GiB of private memory the process had not touched, in turn.
+
+    Most of a trainer's start, rebuild, snapshot and restart is allocating and filling GiB-sized
+    buffers, so this sets the scale of the example trainer's fault costs. On the VM this project
+    is measured on it is far from constant: one run of this measured 0.74-0.78 s for each of the
+    first three GiB and 8.8 s for the fourth (memory the guest has not used lately comes from the
+    VM's host, and freed memory goes back to it within about 20 s), so a recovery run records it
+    at its start. The mapping is held until every GiB is written, as a trainer holds its state.
+    """
+    import mmap
+
+    step, page = 1 << 30, mmap.PAGESIZE
+    held: list[mmap.mmap] = []
+    out: list[float] = []
+    try:
+        for _ in range(gib):
+            t0 = time.perf_counter()
+            m = mmap.mmap(-1, step, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            held.append(m)
+            for off in range(0, step, page):
+                m[off] = 1
+            out.append(round(time.perf_counter() - t0, 3))
+    finally:
+        for m in held:
+            m.close()
+    return out
+
+
 def envelope(name: str, config: dict[str, Any], results: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     """One benchmark's output: provenance, machine, the arguments, and a list of result rows.
 

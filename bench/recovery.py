@@ -36,6 +36,13 @@ Measured, per run, from the trainer's event log:
 * ``recovery_seconds``: fault until the trainer completes a step above the
   last step it had completed when its recovery began.
 
+The example trainer's costs are mostly moving GiB-sized state through memory,
+so a full run first writes ``FRESH_MEMORY_GIB`` GiB of fresh memory and records
+the seconds of each GiB (``config.fresh_memory_seconds``): on the VM these
+figures come from, memory the guest has not used lately comes from the VM's
+host at about ten times the usual cost, so the same run can cost more on a day
+when less memory is warm.
+
 A run that ends before the strategy is back on every slice is a failed run
 (its cost would be understated): rows count those in ``failed_runs``.
 
@@ -66,7 +73,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PY, ROOT, env, fault_cost, log, median, read_jsonl, rnd
+from bench.common import PY, ROOT, env, fault_cost, fresh_memory_seconds, log, median, read_jsonl, rnd
 
 NAME = "recovery"
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot", "sidecar")
@@ -81,6 +88,8 @@ BASE_CMD = {
     "sidecar": [PY, "-m", "agent", "demo"],
 }
 WARMUP_STEP = 3
+FRESH_MEMORY_GIB = 4
+"""GiB written at the start of a full run to record how fast this machine hands out fresh memory."""
 """Work is counted from the end of this step: the first steps compile."""
 
 
@@ -516,6 +525,8 @@ def run(
     cfg = Config.make(quick, **over)
     root = Path(workdir or tempfile.mkdtemp(prefix="bench-recovery-"))
     root.mkdir(parents=True, exist_ok=True)
+    # About the state's size in replicas: what a trainer start allocates (see fresh_memory_seconds).
+    fresh = fresh_memory_seconds(1 if cfg.quick else FRESH_MEMORY_GIB) if "example" in cfg.trainers else []
     t0 = time.monotonic()
     runs: list[dict[str, Any]] = []
     refs: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -583,7 +594,12 @@ def run(
         "name": NAME,
         "quick": cfg.quick,
         "config": asdict(cfg)
-        | {"state_bytes": cfg.state_bytes(), "ballast_mib_per_replica": cfg.ballast_mib(), "cases": cases}
+        | {
+            "state_bytes": cfg.state_bytes(),
+            "ballast_mib_per_replica": cfg.ballast_mib(),
+            "cases": cases,
+            "fresh_memory_seconds": fresh,
+        }
         | ({"maxtext": maxtext["config"]} if maxtext else {}),
         "results": rows,
         "ratios": ratios(rows),

@@ -519,6 +519,12 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 f"Example trainer state: {fmt(c.get('state_bytes'))} bytes across {fmt(c.get('slices'))} slices, "
                 f"donated: {fmt(c.get('donate'))}."
             )
+            if c.get("fresh_memory_seconds"):
+                out.append(
+                    "Writing fresh memory at the start of the run, each GiB in turn (s): "
+                    + ", ".join(fmt(x) for x in c["fresh_memory_seconds"])
+                    + " (the trainers' allocations pay this; see the method)."
+                )
         mx = c.get("maxtext")
         if mx and trainer in (None, "maxtext"):
             out.append(

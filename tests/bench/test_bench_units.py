@@ -281,3 +281,11 @@ def test_every_scale_size_pins_from_all_usable_cpus() -> None:
         assert scale.pinning() == (coord, others)  # the next size still pins the coordinator apart
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_fresh_memory_is_timed_one_gib_at_a_time() -> None:
+    from bench.common import fresh_memory_seconds
+
+    got = fresh_memory_seconds(1)
+    assert len(got) == 1 and isinstance(got[0], float) and 0 < got[0] < 600
+    assert fresh_memory_seconds(0) == []

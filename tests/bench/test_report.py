@@ -110,6 +110,7 @@ def fixture() -> dict[str, Any]:
             "slices": 4,
             "donate": True,
             "seed": 0,
+            "fresh_memory_seconds": [0.74, 0.782, 8.814],
         },
         rec_rows,
         ratios=ratios,
@@ -273,6 +274,7 @@ def test_commit_and_machine_are_printed() -> None:
     md = render(fixture())
     assert SHA in md
     assert "Test CPU" in md and "2 cores" in md
+    assert "Writing fresh memory at the start of the run, each GiB in turn (s): 0.74, 0.782, 8.814" in md
 
 
 def test_invalid_rows_are_printed_invalid_and_never_met() -> None:
