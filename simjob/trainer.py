@@ -155,8 +155,6 @@ class Trainer:
         )
         self.state: dict[str, Any] | None = None
         self.host_snapshot: Snapshot | None = None
-        self._spare_buffers: Snapshot | None = None
-        """A dropped snapshot whose host buffers the next one writes into (never read as state)."""
         """With --donate: the state before the newest step that may consume it, per slice (see ``_snapshot``)."""
         self._snap_seconds: list[float] = []
         self._seen_lost: frozenset[int] = frozenset()
@@ -305,9 +303,7 @@ class Trainer:
             return
         if step % self.ns.snapshot_every or (self.host_snapshot is not None and self.host_snapshot.step == step):
             return
-        # Its buffers are written over (or a rebuild's spare ones): neither stays readable.
-        reuse = self.host_snapshot or self._spare_buffers
-        self.host_snapshot = self._spare_buffers = None
+        reuse, self.host_snapshot = self.host_snapshot, None  # its buffers are written over
         try:
             snap = take_snapshot(
                 self.state,
@@ -381,14 +377,7 @@ class Trainer:
             if host is None:
                 host = self._from_snapshot(exclude, step)
         self._seen_lost = frozenset()
-        # Its lost slices' copies must not outlive this rebuild (the next boundary takes a new
-        # snapshot), but its host buffers stay allocated for that snapshot to write into: a
-        # fresh allocation of the whole state per slice is what made the first step after a
-        # resume slow. (On TPU each host keeps its own buffers, and a replacement host allocates
-        # its own while it starts, before the job grows back onto it; one process holds every
-        # slice's buffers here.)
-        self._spare_buffers = self.host_snapshot
-        self.host_snapshot = None
+        self.host_snapshot = None  # its lost slices' copies must not outlive this rebuild: the next boundary takes one
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in d.active_slices]), ("replica", "model"))

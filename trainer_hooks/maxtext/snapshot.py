@@ -85,9 +85,6 @@ class Snapshot:
     leaves: list[_Leaf]
     seconds: float
     nbytes: int
-    spare: list[Any] = field(default_factory=list)
-    """Host buffers of the snapshot this one replaced that it did not need (a slice it skipped),
-    kept for a later snapshot to write into instead of allocating; never read as state."""
 
     def assemble(self, lost: Iterable[int]) -> Any | None:
         """The state from the copies of slices not in ``lost``; None when a shard has no surviving copy."""
@@ -127,13 +124,9 @@ def take(
 
     ``reuse``: the snapshot this one replaces. Its host buffers are written over where a shard's
     shape and dtype match (copying into pages already mapped is several times faster than into a
-    fresh allocation: about 0.13 s against 0.7 s a GiB here, and on this project's VMs a page the
-    guest has not touched lately costs up to ten times that), so it is no longer valid afterwards,
-    even when this call raises part-way: the caller drops it either way. A shard copy first takes
-    the buffer its slice held for the same shard, then any unused buffer of the same shape and
-    dtype (also ``reuse.spare``); the buffers left over become this snapshot's ``spare``, so a
-    snapshot on fewer slices keeps the others' buffers for when the job grows back.
-    ``exclude``: slices known to be lost, whose shards are not read (a read would fail).
+    fresh allocation: about 0.13 s against 0.7 s a GiB here), so it is no longer valid afterwards,
+    even when this call raises part-way: the caller drops it either way. ``exclude``: slices known
+    to be lost, whose shards are not read (a read would fail).
     """
     import jax
     import numpy as np
@@ -141,7 +134,6 @@ def take(
     t0 = time.monotonic()
     flat, treedef = jax.tree_util.tree_flatten(state)
     old = reuse.leaves if reuse is not None and reuse.treedef == treedef else None
-    pool = _BufferPool(reuse)
     skip = set(exclude)
     leaves: list[_Leaf] = []
     nbytes = 0
@@ -160,8 +152,8 @@ def take(
                 s = slice_of(sh.device)
                 if s not in per_slice and s not in skip:  # one copy per slice is enough
                     data = np.asarray(sh.data)
-                    buf = pool.take(prev.get(key, {}).get(s), data.shape, data.dtype)
-                    if buf is not None:
+                    buf = prev.get(key, {}).get(s)
+                    if buf is not None and buf.shape == data.shape and buf.dtype == data.dtype:
                         np.copyto(buf, data)
                         per_slice[s] = buf
                     else:
@@ -170,38 +162,7 @@ def take(
             leaves.append(leaf)
         else:
             leaves.append(_Leaf(value=np.array(x, copy=True) if hasattr(x, "shape") else x))
-    return Snapshot(step, treedef, leaves, time.monotonic() - t0, nbytes, spare=pool.left())
-
-
-class _BufferPool:
-    """The host buffers of a replaced snapshot (its shard copies and its spares), each handed out once."""
-
-    def __init__(self, reuse: Snapshot | None) -> None:
-        self._free: dict[int, Any] = {}
-        if reuse is None:
-            return
-        for leaf in reuse.leaves:
-            for copies in leaf.shards.values():
-                for buf in copies.values():
-                    self._free[id(buf)] = buf
-        for buf in reuse.spare:
-            self._free[id(buf)] = buf
-
-    def take(self, preferred: Any, shape: tuple[int, ...], dtype: Any) -> Any | None:
-        """``preferred`` if still free and of this shape and dtype, else any free buffer that is, else None."""
-        if preferred is not None and id(preferred) in self._free and _fits(preferred, shape, dtype):
-            return self._free.pop(id(preferred))
-        for key, buf in self._free.items():
-            if _fits(buf, shape, dtype):
-                return self._free.pop(key)
-        return None
-
-    def left(self) -> list[Any]:
-        return list(self._free.values())
-
-
-def _fits(buf: Any, shape: tuple[int, ...], dtype: Any) -> bool:
-    return bool(buf.shape == tuple(shape) and buf.dtype == dtype and buf.flags.writeable and buf.flags.c_contiguous)
+    return Snapshot(step, treedef, leaves, time.monotonic() - t0, nbytes)
 
 
 def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
