@@ -88,9 +88,10 @@ BASE_CMD = {
     "sidecar": [PY, "-m", "agent", "demo"],
 }
 WARMUP_STEP = 3
-FRESH_MEMORY_GIB = 4
-"""GiB written at the start of a full run to record how fast this machine hands out fresh memory."""
 """Work is counted from the end of this step: the first steps compile."""
+FRESH_MEMORY_GIB = 4
+"""GiB written at the start of a full run to record how fast this machine hands out fresh memory
+(the documented state, 1 GiB, in its four replicas)."""
 
 
 @dataclass
@@ -525,7 +526,7 @@ def run(
     cfg = Config.make(quick, **over)
     root = Path(workdir or tempfile.mkdtemp(prefix="bench-recovery-"))
     root.mkdir(parents=True, exist_ok=True)
-    # About the state's size in replicas: what a trainer start allocates (see fresh_memory_seconds).
+    # Before any run: the pages it writes are freed again long before a fault (see fresh_memory_seconds).
     fresh = fresh_memory_seconds(1 if cfg.quick else FRESH_MEMORY_GIB) if "example" in cfg.trainers else []
     t0 = time.monotonic()
     runs: list[dict[str, Any]] = []
