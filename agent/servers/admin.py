@@ -219,19 +219,25 @@ class _Undecodable:
 
 
 class _CountsAbort:
-    """A servicer context whose ``abort`` counts the call before grpc sends the status.
+    """A servicer context that counts its call once, and in ``abort`` before grpc sends the status.
 
     grpc.aio's ``abort`` sends the status to the client and only then raises, so a count taken
     on the way out would land after the client already has its answer (and a scrape right
     after a refused call could miss it). Everything else is the wrapped context's.
     """
 
-    def __init__(self, context: grpc.aio.ServicerContext, count: Callable[[str], None]) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext, inc: Callable[[str], None]) -> None:
         self._context = context
-        self._count = count
+        self._inc = inc
+        self._counted = False
+
+    def count(self, code: str) -> None:
+        if not self._counted:
+            self._counted = True
+            self._inc(code)
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        self._count(code.name if isinstance(code, grpc.StatusCode) else str(code))
+        self.count(code.name if isinstance(code, grpc.StatusCode) else str(code))
         await self._context.abort(code, details, trailing_metadata)
 
     def __getattr__(self, attr: str) -> Any:
@@ -260,13 +266,8 @@ class _CallCounter(grpc.aio.ServerInterceptor):
                 return code.name
             return "OK" if code in (None, 0) else str(code)
 
-        def count_once(counted: list[str]) -> Callable[[str], None]:
-            def count(code: str) -> None:
-                if not counted:
-                    counted.append(code)
-                    counter.labels(name, code).inc()
-
-            return count
+        def inc(code: str) -> None:
+            counter.labels(name, code).inc()
 
         decode = handler.request_deserializer
 
@@ -289,8 +290,7 @@ class _CallCounter(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                counted: list[str] = []
-                ctx = _CountsAbort(context, count_once(counted))
+                ctx = _CountsAbort(context, inc)
                 cancelled = False
                 try:
                     await refuse_corrupt(request, ctx)
@@ -300,7 +300,7 @@ class _CallCounter(grpc.aio.ServerInterceptor):
                     cancelled = True
                     raise
                 finally:
-                    count_once(counted)("CANCELLED" if cancelled else code_of(context))
+                    ctx.count("CANCELLED" if cancelled else code_of(context))
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
@@ -310,13 +310,12 @@ class _CallCounter(grpc.aio.ServerInterceptor):
         inner = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            counted: list[str] = []
-            ctx = _CountsAbort(context, count_once(counted))
+            ctx = _CountsAbort(context, inc)
             try:
                 await refuse_corrupt(request, ctx)
                 return await inner(request, ctx)
             finally:
-                count_once(counted)(code_of(context))
+                ctx.count(code_of(context))
 
         return grpc.unary_unary_rpc_method_handler(
             unary,
