@@ -430,8 +430,12 @@ def repair(rig: Rig, kind: str, s: int) -> None:
 
 
 def measure(rig: Rig, kind: str, s: int, timeout: float = 15.0) -> dict[str, Any]:
-    if not wait_until(rig.running_on_all, 20):
-        return {"kind": kind, "slice": s, "error": "job not running on all slices before the fault"}
+    # A precondition, not a measurement: on a loaded 2-core CI runner nine Python processes can take
+    # well over 20 s to start and register, so the wait is generous.
+    if not wait_until(rig.running_on_all, 90):
+        recs = rig.records()
+        last = {k: recs[-1].get(k) for k in ("phase", "active_slices", "reason")} if recs else "no journal record"
+        return {"kind": kind, "slice": s, "error": f"job not running on all slices before the fault (last: {last})"}
     time.sleep(0.3)
     t = inject(rig, kind, s)
     notice = kind.endswith("_notice")
@@ -476,6 +480,12 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             f"  -> detection {m.get('detection_s')} s, decision {m.get('decision_s')} s "
             f"({m.get('trigger')} {m.get('cause') or ''}){' ERROR ' + m['error'] if m.get('error') else ''}"
         )
+        if m.get("error"):
+            # Say why on stderr, where a failing run's output is read.
+            for name in ("coordinator.log", f"host-{s}.0.log"):
+                f = rig.logs / name
+                tail = f.read_text(errors="replace").splitlines()[-15:] if f.exists() else []
+                log(f"  {name}, last {len(tail)} lines:\n" + "\n".join(tail))
         samples.append(m)
 
     # Faults without notice share one rig; the host is replaced after each.
@@ -513,6 +523,7 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             "available": True,
             "samples": len(ss),
             "errors": sum(1 for x in ss if x.get("error")),
+            "error_reasons": sorted({str(x["error"])[:300] for x in ss if x.get("error")}),
             "detection_s": rnd(median(det)),
             "decision_s": rnd(median(dec)),
             "decision_s_max": rnd(max(dec)) if dec else None,
@@ -545,6 +556,7 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
                 "available": bool(k.get("available")),
                 "runs": len(dec),
                 "errors": k.get("errors", 0),
+                **({"error_reasons": k["error_reasons"]} if k.get("error_reasons") else {}),
                 "detection_seconds_median": k.get("detection_s"),
                 "decision_seconds_median": k.get("decision_s"),
                 "decision_seconds_p90": rnd(percentile(dec, 90)) if dec else None,

@@ -135,7 +135,8 @@ def test_detection_smoke(tmp_path: Path) -> None:
     d = run_bench(tmp_path, "detection")
     rows = {r["kind"]: r for r in d["results"]}
     for kind in ("kill", "hang", "not_serving"):
-        assert rows[kind]["available"] and is_number(rows[kind]["decision_seconds_median"]), rows[kind]
+        # A string message: pytest prints it whole (a dict would be cut to "...", hiding the error reasons).
+        assert rows[kind]["available"] and is_number(rows[kind]["decision_seconds_median"]), json.dumps(rows[kind])
     for kind in ("pubsub_notice", "metadata_notice"):
         r = rows[kind]
         assert is_number(r["decision_seconds_median"]) if r["available"] else r.get("note"), r
