@@ -20,10 +20,23 @@ PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port that was free just now and that this process has not handed out before.
+
+    The kernel can give the same port to two ``bind(0)`` calls once the first socket is closed, so
+    a rig that picks a dozen ports before starting its servers could otherwise give two of them one
+    port (and one server would fail to bind).
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def raise_nofile(want: int | None = None) -> int:

@@ -291,3 +291,30 @@ def test_fresh_memory_is_timed_one_gib_at_a_time() -> None:
     got = fresh_memory_seconds(1)
     assert len(got) == 1 and isinstance(got[0], float) and 0 < got[0] < 600
     assert fresh_memory_seconds(0) == []
+
+
+def test_free_port_never_hands_out_one_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may give a closed port to the next ``bind(0)``; a rig's servers must not share one."""
+    from bench import common
+
+    ports = iter([40001, 40001, 40001, 40002])
+
+    class OneSocket:
+        def __init__(self, *a: Any) -> None:
+            self.port = next(ports)
+
+        def __enter__(self) -> OneSocket:
+            return self
+
+        def __exit__(self, *a: Any) -> None:
+            pass
+
+        def bind(self, addr: tuple[str, int]) -> None:
+            assert addr == ("127.0.0.1", 0)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(common, "_HANDED_OUT", set())
+    monkeypatch.setattr(common.socket, "socket", OneSocket)
+    assert [common.free_port(), common.free_port()] == [40001, 40002]
