@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--maxtext-model", choices=["tiny", "larger"], default=None, help="MaxText model size (default tiny)"
     )
+    g.add_argument(
+        "--maxtext-min-slices",
+        type=int,
+        choices=[-1, 1, 2],
+        default=None,
+        help="MaxText's elastic_min_slice_count for checkpoint_rewind and sidecar: -1 (default) waits for both "
+        "slices, 1 continues on the survivor and grows back when the replacement comes",
+    )
     g.add_argument("--strategies", type=_words, default=None, help="comma list (default: all five)")
     g.add_argument("--faults", type=_words, default=None, help="comma list of kill,hang,notice (default: all)")
     g.add_argument("--delays", type=_floats, default=None, help="replacement delays in s, e.g. 5,30")
@@ -144,6 +152,7 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             local_checkpoint_period=ns.local_checkpoint_period,
             poll_interval=ns.poll_interval,
             maxtext_model=ns.maxtext_model,
+            maxtext_min_slices=ns.maxtext_min_slices,
         )
     if name == "detection":
         from bench import detection

@@ -130,6 +130,8 @@ class Config:
     """Steps of each fault-free reference run; 0: three checkpoint periods, at least 100."""
     maxtext_model: str = "tiny"
     """``--trainer maxtext``: the model size (:data:`simjob.maxtext.job.MODELS`)."""
+    maxtext_min_slices: int = -1
+    """``--trainer maxtext``: ``elastic_min_slice_count`` of both elastic strategies (-1: wait for every slice)."""
     quick: bool = False
 
     def ballast_mib(self) -> int | None:
@@ -587,6 +589,7 @@ def run(
             seed=cfg.seed,
             root=root / "maxtext",
             model=cfg.maxtext_model,
+            min_slices=cfg.maxtext_min_slices,
             fault_free_runs=cfg.fault_free_runs or None,  # 0: every round
         )
         rows += maxtext["rows"]

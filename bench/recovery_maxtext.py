@@ -16,11 +16,20 @@ what happens on a fault differs:
   pathwaysutils ``Manager.elastic_retry``, ``elastic_min_slice_count=-1``): the
   next attempt waits for every slice (pathwaysutils polls every 10 s) and
   rewinds to the last committed periodic checkpoint.
+  With ``--maxtext-min-slices 1`` (``elastic_min_slice_count=1``, both elastic
+  strategies) the next attempt continues on the surviving slice instead, and
+  when the replacement is back MaxText's ``maybe_elastic_scale_up`` raises
+  ``ScaleUpSignalError`` at a step boundary: a second attempt, which rewinds to
+  the last committed checkpoint again (FACTS section 1).
 * ``sidecar``: the same elastic MaxText served by ``trainer_hooks.maxtext``
   under a real coordinator (hosted by the benchmark process), with an
   in-memory snapshot before every step (``ELASTIC_SIDECAR_SNAPSHOT_EVERY``):
   the hook saves the snapshot of the failed step's boundary from the surviving
-  slice's copies, and the next attempt restores it.
+  slice's copies, and the next attempt restores it. With
+  ``--maxtext-min-slices 1`` the coordinator adopts MaxText's
+  ``elastic_min_slice_count``: the job continues on the survivor from the
+  snapshot and grows back (``ScaleUpSignalError`` from the hook) from the
+  snapshot of the step boundary where it grows.
 
 The fault (``kill``): pathwaysutils' own ``DeviceLossSimulator`` loses slice 1
 inside step index F (the step raises ``DATA_LOSS`` and its donated state is
@@ -36,8 +45,14 @@ event log (:mod:`simjob.maxtext.cpu_elastic`), read the same way for every
 strategy (:func:`analyse`): fault cost ``T - W / r0`` (``T`` from the end of
 the warm-up step to the last step, ``W`` the steps kept, ``r0`` the median
 rate of the same strategy's fault-free runs), lost steps (completed steps run
-again), recovery (fault to the first completed step past those completed at
-the fault) and the same from the replacement. A run that did not do what it
+again, over every rewind), recovery (fault to the first completed step past those completed at
+the fault) and the same from the replacement. Each step event names the devices
+its state spans: a step on one of the two slices counts as half a step of work
+in ``W`` (its global batch is half the job's), so running on the survivor is
+work at its real size. On this CPU such a step also takes less time than a
+full one (the four virtual devices share two cores), which a TPU slice would
+not: rows give ``shrunk_steps`` and ``fault_cost_if_shrunk_steps_took_full_time``,
+the cost had every shrunk step taken a fault-free step's time. A run that did not do what it
 measures (no fault, training not finished, a non-zero exit) is counted in
 ``failed_runs`` with its reason, never as a figure. The sidecar rows also
 report the snapshot's cost per step, as the hook measures it (``finished``
@@ -79,12 +94,7 @@ WARMUP_STEP = 3
 TAIL_STEPS = 10
 """Steps after the second checkpoint period: the job runs on after any fault."""
 SLICES = 2
-ELASTIC_FLAGS = (
-    "elastic_enabled=true",
-    "enable_single_controller=true",
-    "elastic_min_slice_count=-1",
-    "elastic_max_retries=3",
-)
+ELASTIC_FLAGS = ("elastic_enabled=true", "enable_single_controller=true")
 START_SECONDS = 240.0
 """A MaxText process's start to its first step, on a loaded 2-core machine (about 20 s when idle)."""
 
@@ -96,10 +106,14 @@ class Job:
     model: str
     checkpoint_period: int
     snapshot_every: int = 1
+    min_slices: int = -1
+    """MaxText's ``elastic_min_slice_count``: -1 waits for every slice, 1 continues on the survivor."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_period < 1:
             raise ValueError(f"checkpoint_period={self.checkpoint_period}: expected a whole number of steps >= 1")
+        if self.min_slices != -1 and not 1 <= self.min_slices <= SLICES:
+            raise ValueError(f"min_slices={self.min_slices}: expected -1 (every slice) or 1..{SLICES}")
 
     @property
     def first_period_end(self) -> int:
@@ -132,7 +146,15 @@ def maxtext_flags(job: Job, strategy: str, delay: float) -> list[str]:
         raise ValueError(f"unknown MaxText strategy {strategy!r}: expected one of {list(STRATEGIES)}")
     flags = [f"checkpoint_period={job.checkpoint_period}", "ici_data_parallelism=2"]
     if strategy != "full_restart":
-        flags += [*ELASTIC_FLAGS, f"elastic_timeout_seconds={int(max(60.0, 2 * delay + 40))}"]
+        # A loss on a shrinking job costs two attempts (the shrink, then the scale-up), and pathwaysutils
+        # counts every attempt against elastic_max_retries (FACTS section 2): room for one more of each.
+        retries = 3 if job.min_slices == -1 else 5
+        flags += [
+            *ELASTIC_FLAGS,
+            f"elastic_min_slice_count={job.min_slices}",
+            f"elastic_max_retries={retries}",
+            f"elastic_timeout_seconds={int(max(60.0, 2 * delay + 40))}",
+        ]
     return flags
 
 
@@ -158,9 +180,35 @@ def analyse(
     if start is None:
         out["error"] = f"no step {WARMUP_STEP} (the end of the warm-up) in the event log"
         return out
-    kept = {e["step"] for e in done if e["step"] > WARMUP_STEP}
+    # The step events in time order; a step completed again after a rewind replaces the earlier one
+    # (the kept state is the last one), and each earlier completion was lost work.
+    done.sort(key=lambda e: e["t"])
+    full = max((int(e.get("devices") or 0) for e in done), default=0)
+    last_run: dict[int, dict[str, Any]] = {}
+    seconds_of: dict[int, float] = {}  # a step's own time: since the step before it, in the same process
+    lost = rewinds = high = 0
+    prev: dict[str, Any] | None = None
+    for e in done:
+        lost += e["step"] <= high
+        rewinds += prev is not None and e["step"] <= prev["step"]
+        if prev is not None and prev.get("pid") == e.get("pid") and prev["step"] == e["step"] - 1:
+            seconds_of[e["step"]] = e["t"] - prev["t"]
+        else:  # the first step of an attempt: its time includes the restart
+            seconds_of.pop(e["step"], None)
+        high = max(high, e["step"])
+        last_run[e["step"]] = e
+        prev = e
+
+    def weight(e: dict[str, Any]) -> float:
+        return int(e["devices"]) / full if full and e.get("devices") else 1.0
+
+    kept = [e for k, e in last_run.items() if k > WARMUP_STEP]
+    shrunk = [e for e in kept if weight(e) < 1.0]
     end = max(e["t"] for e in done)
-    out["work_steps"], out["seconds"] = len(kept), rnd(end - start)
+    out["work_steps"] = rnd(sum(weight(e) for e in kept), 3) if shrunk else len(kept)
+    out["seconds"] = rnd(end - start)
+    out["shrunk_steps"] = len(shrunk)
+    out["shrunk_seconds"] = rnd(sum(seconds_of.get(e["step"], 0.0) for e in shrunk), 3)
     last = max(e["step"] for e in done)
     out["last_step"] = last
     if last != steps:
@@ -187,7 +235,8 @@ def analyse(
     regained = next(e for e in after if e["step"] > before)
     out["step_at_fault"] = before
     out["restored_step"] = restored
-    out["lost_steps"] = max(0, before - restored)
+    out["lost_steps"] = lost  # every completed step run again, over every rewind (a scale-up's too)
+    out["rewinds"] = rewinds
     out["recovery_s"] = rnd(regained["t"] - ft)
     if replacement_time is not None:
         out["replacement_after_s"] = rnd(replacement_time - ft)
@@ -215,7 +264,7 @@ def snapshot_cost(finished: dict[str, Any] | None) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def _base_row(strategy: str, fault: str, period: int, delay: float, model: str) -> dict[str, Any]:
+def _base_row(strategy: str, fault: str, period: int, delay: float, model: str, min_slices: int) -> dict[str, Any]:
     return {
         "trainer": "maxtext",
         "strategy": strategy,
@@ -223,12 +272,15 @@ def _base_row(strategy: str, fault: str, period: int, delay: float, model: str) 
         "replacement_delay": delay,
         "checkpoint_period": period,
         "model": model,
+        "elastic_min_slice_count": min_slices,
     }
 
 
-def not_run_row(strategy: str, fault: str, period: int, delay: float, model: str, why: str) -> dict[str, Any]:
+def not_run_row(
+    strategy: str, fault: str, period: int, delay: float, model: str, why: str, min_slices: int = -1
+) -> dict[str, Any]:
     return {
-        **_base_row(strategy, fault, period, delay, model),
+        **_base_row(strategy, fault, period, delay, model, min_slices),
         "runs": 0,
         "failed_runs": 0,
         "lost_steps_median": None,
@@ -248,10 +300,17 @@ def summarise(
     model: str,
     runs: Sequence[dict[str, Any]],
     refs: Sequence[dict[str, Any]],
+    min_slices: int = -1,
 ) -> dict[str, Any]:
     """One row: fault cost of ``runs`` against the rate of the same strategy's fault-free ``refs``."""
-    row = _base_row(strategy, fault, period, delay, model)
+    row = _base_row(strategy, fault, period, delay, model, min_slices)
     fields, ok, good_refs, rate = fault_cost(runs, refs)
+    if rate and any(r.get("shrunk_steps") for r in ok):
+        # Had each step on the survivor taken a fault-free step's time, as on a TPU slice (see the module doc).
+        full = [r["fault_cost_s"] - r["shrunk_seconds"] + r["shrunk_steps"] / rate for r in ok]
+        row["shrunk_steps_median"] = median(r["shrunk_steps"] for r in ok)
+        row["shrunk_seconds_median"] = rnd(median(r["shrunk_seconds"] for r in ok), 3)
+        row["fault_cost_if_shrunk_steps_took_full_time_seconds_median"] = rnd(median(full), 3)
     rep = spread([r.get("recovery_after_replacement_s") for r in ok])
     row.update(
         fields
@@ -416,6 +475,7 @@ def run(
     root: Path,
     model: str = "tiny",
     fault_free_runs: int | None = None,
+    min_slices: int = -1,
 ) -> dict[str, Any]:
     """Every (fault, period, delay) case under every strategy, ``runs`` times, interleaved by round.
 
@@ -443,7 +503,7 @@ def run(
     n_refs = runs if fault_free_runs is None else fault_free_runs
     for rep in range(runs):
         for period in periods:
-            job = Job(model, period)
+            job = Job(model, period, min_slices=min_slices)
             for s in ours if rep < n_refs else []:
                 log(f"recovery maxtext: {s} fault-free, period {period}, {job.steps} steps, round {rep + 1}/{runs}")
                 r = guarded(job, s, root, f"mx-ref-{s}-p{period}-r{rep}", fault_step=None, delay=0.0, cache=cache)
@@ -453,7 +513,7 @@ def run(
         for fault, period, delay in cases:
             if fault not in FAULTS:
                 continue
-            job = Job(model, period)
+            job = Job(model, period, min_slices=min_slices)
             at = fault_index(job, seed, rep)
             for s in ours:
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
@@ -467,11 +527,11 @@ def run(
     for fault, period, delay in cases:
         for s in strategies:
             if s in NOT_RUN_STRATEGIES:
-                rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_STRATEGIES[s]))
+                rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_STRATEGIES[s], min_slices))
             elif no_venv is not None:
-                rows.append(not_run_row(s, fault, period, delay, model, no_venv))
+                rows.append(not_run_row(s, fault, period, delay, model, no_venv, min_slices))
             elif fault in NOT_RUN_FAULTS:
-                rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_FAULTS[fault]))
+                rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_FAULTS[fault], min_slices))
             else:
                 mine = [
                     r
@@ -479,7 +539,7 @@ def run(
                     if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
                     == (s, fault, period, delay)
                 ]
-                rows.append(summarise(s, fault, period, delay, model, mine, refs.get((s, period), [])))
+                rows.append(summarise(s, fault, period, delay, model, mine, refs.get((s, period), []), min_slices))
     return {
         "rows": rows,
         "runs": done,
@@ -487,6 +547,7 @@ def run(
         "config": {
             "model": model,
             "slices": SLICES,
+            "elastic_min_slice_count": min_slices,
             "steps": {p: Job(model, p).steps for p in periods},
             "snapshot_every": 1,
             "warmup_step": WARMUP_STEP,

@@ -530,7 +530,10 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
                 f"bytes per row below), steps per run {fmt(mx.get('steps'))}, snapshot every "
-                f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar."
+                f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar; elastic_min_slice_count "
+                # Runs before the option existed all passed -1 (bench.recovery_maxtext's flags then).
+                f"{fmt(mx.get('elastic_min_slice_count', -1))} for both elastic strategies "
+                "(-1: wait for every slice; 1: continue on the survivor, grow back when the replacement comes)."
             )
         out += [
             f"Realistic point: checkpoint period {fmt(c.get('realistic_checkpoint_period'))} steps, replacement "
@@ -614,6 +617,40 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     fmt(r.get("snapshot_cost_runs")),
                 ]
                 for r in snaps.values()
+            ],
+        )
+    shrunk = [r for r in s.get("results", []) if r.get("shrunk_steps_median") is not None]
+    if shrunk:
+        out += [
+            "",
+            "Steps run on the survivor alone (kept; each counted as the fraction of the job's devices it ran on). "
+            "Here such a step also takes less time than a full one (virtual CPU devices share the cores), which a "
+            "TPU slice would not; the last column is the fault cost had each taken a fault-free step's time:",
+            "",
+        ]
+        out += table(
+            [
+                "trainer",
+                "strategy",
+                "period",
+                "delay s",
+                "shrunk steps",
+                "their seconds",
+                "fault cost s",
+                "at full time s",
+            ],
+            [
+                [
+                    r["trainer"],
+                    r["strategy"],
+                    fmt(r["checkpoint_period"]),
+                    fmt(r["replacement_delay"]),
+                    fmt(r["shrunk_steps_median"]),
+                    fmt(r.get("shrunk_seconds_median")),
+                    fmt(r.get("fault_cost_seconds_median")),
+                    fmt(r.get("fault_cost_if_shrunk_steps_took_full_time_seconds_median")),
+                ]
+                for r in shrunk
             ],
         )
     failed = [r for r in s.get("results", []) if r.get("failed_runs") and r.get("failures")]

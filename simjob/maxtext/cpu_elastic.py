@@ -61,7 +61,8 @@ ENV_FAIL_AT = "ELASTIC_SIDECAR_TEST_FAIL_AT"
 ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 """A directory; a file ``reconnect`` in it ends the simulated loss."""
 ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
-"""A JSON-lines file: ``{"kind": "step", "step": N, "t": ...}`` (N completed steps, the index run + 1),
+"""A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "t": ...}`` (N completed steps, the index run + 1, D the devices
+its new state spans),
 ``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
 
 _applied: list[str] = []
@@ -202,7 +203,10 @@ def _record_steps(path: Path) -> None:
         metrics = original(jax_device_state, python_vars, immutable_data)
         # JAX dispatches asynchronously: the step is done when its state is (the same for every run).
         jax.block_until_ready(jax_device_state["state"])
-        record(path, "step", step=step + 1)
+        # The devices the new state spans: fewer after a shrink (a step of half the global batch).
+        leaf = next((x for x in jax.tree_util.tree_leaves(jax_device_state["state"]) if hasattr(x, "sharding")), None)
+        devices = len(leaf.sharding.device_set) if leaf is not None else None
+        record(path, "step", step=step + 1, devices=devices)
         return metrics
 
     train.training_loop_iteration = iteration

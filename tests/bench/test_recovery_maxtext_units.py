@@ -40,8 +40,55 @@ def test_only_the_baseline_without_elastic_restarts_the_process() -> None:
         maxtext_flags(Job("tiny", 20), "memory_snapshot", 1.0)
 
 
-def steps(first: int, last: int, t0: float, dt: float = 0.1) -> list[dict[str, Any]]:
-    return [{"kind": "step", "step": s, "t": t0 + (i + 1) * dt} for i, s in enumerate(range(first, last + 1))]
+def test_min_slices_goes_to_both_elastic_strategies_with_room_for_the_scale_up_attempt() -> None:
+    for s in ("checkpoint_rewind", "sidecar"):
+        assert {"elastic_min_slice_count=-1", "elastic_max_retries=3"} <= set(maxtext_flags(Job("tiny", 20), s, 5.0))
+        flags = set(maxtext_flags(Job("tiny", 20, min_slices=1), s, 5.0))
+        assert {"elastic_min_slice_count=1", "elastic_max_retries=5"} <= flags, flags
+    assert not any("min_slice" in f for f in maxtext_flags(Job("tiny", 20, min_slices=1), "full_restart", 5.0))
+    for bad in (0, 3, -2):
+        with pytest.raises(ValueError, match=f"min_slices={bad}"):
+            Job("tiny", 20, min_slices=bad)
+
+
+def steps(first: int, last: int, t0: float, dt: float = 0.1, **kw: Any) -> list[dict[str, Any]]:
+    return [{"kind": "step", "step": s, "t": t0 + (i + 1) * dt, **kw} for i, s in enumerate(range(first, last + 1))]
+
+
+def test_a_shrink_and_a_scale_up_that_both_rewind_count_every_step_run_again_and_weigh_the_shrunk_steps() -> None:
+    # Four devices to step 25; lost in index 25; on two devices from the checkpoint at 20 (steps 21..32, 0.05 s
+    # each); the scale-up rewinds to 20 again and runs 21..40 on four devices.
+    ev = [
+        *steps(1, 25, 0.0, devices=4, pid=1),
+        {"kind": "fault", "step": 25, "t": 2.55},
+        *steps(21, 32, 5.0, dt=0.05, devices=2, pid=1),
+        *steps(21, 40, 9.0, devices=4, pid=1),
+    ]
+    m = analyse(ev, steps=40, fault_step=25, replacement_time=6.0)
+    assert "error" not in m, m
+    assert m["lost_steps"] == 5 + 12 and m["rewinds"] == 2
+    assert m["restored_step"] == 20 and m["shrunk_steps"] == 0  # every shrunk step was run again in full
+    assert m["work_steps"] == 37
+    # The same, but the scale-up restores a snapshot at 32 (the sidecar): the shrunk steps 26..32 are kept.
+    ev = [*ev[:26], *steps(21, 32, 5.0, dt=0.05, devices=2, pid=1), *steps(33, 40, 9.0, devices=4, pid=1)]
+    m = analyse(ev, steps=40, fault_step=25)
+    assert m["lost_steps"] == 5 and m["rewinds"] == 1
+    assert m["shrunk_steps"] == 12  # 21..32 on two devices, kept
+    assert m["work_steps"] == pytest.approx(37 - 12 * 0.5)
+    assert m["shrunk_seconds"] == pytest.approx(11 * 0.05, abs=1e-3)  # step 21 follows the fault: no own time
+
+
+def test_a_row_with_shrunk_steps_says_what_they_would_cost_at_a_full_steps_time() -> None:
+    refs = [ref("sidecar", 10.0)]  # 10 steps a second
+    runs = [faulted("sidecar", 13.0, 0, 4.0, work_steps=95.0, shrunk_steps=10, shrunk_seconds=0.5)]
+    row = summarise("sidecar", "kill", 20, 1.0, "tiny", runs, refs, min_slices=1)
+    assert row["elastic_min_slice_count"] == 1
+    assert row["fault_cost_seconds_median"] == pytest.approx(13.0 - 9.5)
+    assert row["fault_cost_if_shrunk_steps_took_full_time_seconds_median"] == pytest.approx(3.5 - 0.5 + 1.0)
+    assert row["shrunk_steps_median"] == 10
+    assert "shrunk_steps_median" not in summarise(
+        "sidecar", "kill", 20, 1.0, "tiny", [faulted("sidecar", 13.0, 0, 4.0)], refs
+    )
 
 
 def test_a_rewind_counts_the_steps_run_again_and_the_time_to_the_next_new_step() -> None:

@@ -548,3 +548,20 @@ def test_a_valid_10000_worker_row_over_the_target_states_where_the_time_goes() -
     assert cpu.verdict == "not met" and "main thread (the event loop) 0.4558 cores" in cpu.basis
     assert "gRPC's own threads 0.1439" in cpu.basis
     assert fan.verdict == "not met" and "shared 1 CPU(s) apart from the coordinator's, using 0.7 cores" in fan.basis
+
+
+def test_steps_on_the_survivor_are_tabled_with_the_cost_had_they_taken_a_full_steps_time() -> None:
+    data = fixture()
+    rows = data["benchmarks"]["recovery"]["results"]
+    shrunk = {
+        "shrunk_steps_median": 137,
+        "shrunk_seconds_median": 4.321,
+        "fault_cost_if_shrunk_steps_took_full_time_seconds_median": 9.876,
+    }
+    rows.append(rec_row("maxtext", "sidecar", 6.543, elastic_min_slice_count=1, **shrunk))
+    md = render(data)
+    assert "Steps run on the survivor alone" in md
+    (line,) = [x for x in md.splitlines() if "9.876" in x]
+    assert all(v in line for v in ("maxtext", "sidecar", "137", "4.321", "6.543")), line
+    del rows[-1]
+    assert "Steps run on the survivor alone" not in render(data)
