@@ -31,10 +31,11 @@ index STEP, with pathwaysutils' own fault injection
 (``pathwaysutils.test.mock_fault_injection.DeviceLossSimulator``): the
 slice's devices are marked lost, the step raises the simulator's
 ``DATA_LOSS`` error and leaves its input state deleted, as MaxText's donated
-state is after a failed step; pathwaysutils' health check then finds that
-slice down. A file named ``reconnect`` appearing in
-``ELASTIC_SIDECAR_TEST_CONTROL`` (a directory) brings the slice back (the
-replacement) and stops the simulator.
+state is after a failed step. The next ``elastic_retry`` attempt stops the
+simulator (it cannot run a whole attempt: see :func:`_lose_a_slice_during_a_step`),
+and until the replacement pathwaysutils' health check reports that slice down.
+A file named ``reconnect`` appearing in ``ELASTIC_SIDECAR_TEST_CONTROL`` (a
+directory) brings the slice back (the replacement).
 With ``ELASTIC_SIDECAR_TEST_EVENTS=PATH`` every completed step (once its state
 is computed) and the injected loss append one JSON line to PATH with the
 wall-clock time (``time.time()``, comparable across processes), which is how
@@ -226,13 +227,38 @@ def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = 
     original = train.training_loop_iteration
     fired: list[bool] = []
 
+    current: list[DeviceLossSimulator] = []
+    reconnected = threading.Event()
+
     def reconnect_when_told(sim: DeviceLossSimulator, mapping: Mapping[int, Sequence[Any]]) -> None:
         while not (control / "reconnect").exists():
             time.sleep(0.05)
         sim.mark_slice_connected(lost, mapping)
+        reconnected.set()
         sim.stop()
         record(events, "reconnected", slice=lost)
         print(f"cpu_elastic: slice {lost} reconnected", flush=True)
+
+    # The simulator raises the failed step's DATA_LOSS and marks what the lost slice held. It cannot
+    # run a whole attempt on the survivor: its jax.jit wrapper is a plain function without a jitted
+    # function's ``lower`` (MaxText compiles ahead of time), it reads ``devices()`` of donated, deleted
+    # inputs, and it tracks arrays by ``id()``, which new arrays reuse. So the next attempt (MaxText's
+    # ``elastic_retry`` calls ``wait_for_slices`` first, on the main thread) stops it, and until the
+    # replacement comes pathwaysutils' health check reports the lost slice down, as Pathways would,
+    # also to the monitor thread that looks for slices to grow onto.
+    original_wait, original_active = elastic.wait_for_slices, elastic.get_active_slice_indices
+
+    def wait_for_slices(*args: Any, **kwargs: Any) -> Any:
+        if current and threading.current_thread() is threading.main_thread():
+            current[0].stop()
+        return original_wait(*args, **kwargs)
+
+    def get_active_slice_indices(*args: Any, **kwargs: Any) -> Any:
+        found = original_active(*args, **kwargs)
+        return found if not current or reconnected.is_set() else frozenset(found) - {lost}
+
+    elastic.wait_for_slices = wait_for_slices
+    elastic.get_active_slice_indices = get_active_slice_indices
 
     def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
         if fired or int(python_vars["step"]) != at:
@@ -241,6 +267,7 @@ def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = 
         mapping = elastic.get_slice_to_devices(jax.devices())
         sim = DeviceLossSimulator()
         sim.start()
+        current.append(sim)
         sim.mark_slice_lost(lost, mapping)
         record(events, "fault", step=at, slice=lost)
         print(f"cpu_elastic: slice {lost} lost during step {at}", flush=True)

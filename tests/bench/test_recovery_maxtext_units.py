@@ -264,3 +264,17 @@ def test_without_the_maxtext_venv_every_maxtext_row_says_so(tmp_path: Path, monk
     assert "no MaxText interpreter" in rows["sidecar"]["invalid_reason"]
     assert "no MaxText interpreter" in rows["full_restart"]["invalid_reason"]
     assert r["runs"] == [] and r["fault_free_runs"] == []
+
+
+def test_a_shrunk_run_counts_only_once_it_is_back_on_every_slice_after_the_replacement() -> None:
+    before = [*steps(1, 25, 0.0, devices=4, pid=1), {"kind": "fault", "step": 25, "t": 2.55}]
+    ended_shrunk = [*before, *steps(26, 40, 5.0, dt=0.05, devices=2, pid=1)]
+    m = analyse(ended_shrunk, steps=40, fault_step=25, replacement_time=6.0)
+    assert "back on every slice" in m["error"], m
+    grown = [*before, *steps(26, 30, 5.0, dt=0.05, devices=2, pid=1), *steps(31, 40, 9.0, devices=4, pid=1)]
+    m = analyse(grown, steps=40, fault_step=25, replacement_time=6.0)
+    assert "error" not in m, m
+    assert m["back_on_every_slice_after_replacement_s"] == pytest.approx(9.1 - 6.0)
+    assert Job("tiny", 20, min_slices=1).steps == Job("tiny", 20).steps - recovery_maxtext.TAIL_STEPS + (
+        recovery_maxtext.GROW_TAIL_STEPS
+    )
