@@ -328,6 +328,7 @@ def fault_cost(
     for r, c in zip(ok, costs, strict=False):
         r["fault_cost_s"] = rnd(c)
     cost, lost, rec = spread(costs), spread([r["lost_steps"] for r in ok]), spread([r["recovery_s"] for r in ok])
+    rates = [r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds")]
     fields = {
         "runs": len(ok),
         "failed_runs": len(runs) - len(ok),
@@ -342,5 +343,16 @@ def fault_cost(
         "fault_cost_seconds_max": rnd(cost["max"], 3),
         "recovery_seconds_median": rnd(rec["median"], 3),
         "recovery_seconds_p90": rnd(rec["p90"], 3),
+        # How far apart the fault-free runs' rates are ((max - min) / median): each run's cost moves by
+        # about this fraction of its length when the rate is off by as much.
+        "fault_free_rate_spread": rnd((max(rates) - min(rates)) / rate, 4) if rate and len(rates) > 1 else None,
     }
+    below = [c for c in costs if c < 0]
+    if below:
+        # A fault cannot make training faster: a cost below zero means the reference rate's error is
+        # larger than the fault's cost, so the row's figures measure noise, not the fault.
+        fields["invalid_reason"] = (
+            f"fault cost below zero in {len(below)} of {len(costs)} runs (lowest {rnd(min(below), 3)} s): the "
+            "fault-free runs' rate varies by more than the fault costs over runs this long"
+        )
     return fields, ok, good_refs, rate

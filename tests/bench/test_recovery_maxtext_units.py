@@ -278,3 +278,13 @@ def test_a_shrunk_run_counts_only_once_it_is_back_on_every_slice_after_the_repla
     assert Job("tiny", 20, min_slices=1).steps == Job("tiny", 20).steps - recovery_maxtext.TAIL_STEPS + (
         recovery_maxtext.GROW_TAIL_STEPS
     )
+
+
+def test_a_fault_cost_below_zero_makes_the_row_invalid_it_measures_the_reference_rates_noise() -> None:
+    refs = [ref("sidecar", 10.0), ref("sidecar", 11.0), ref("sidecar", 12.0)]  # 100 steps in 10-12 s
+    runs = [faulted("sidecar", 13.0, 0, 4.0), faulted("sidecar", 10.5, 0, 4.0)]  # 10.5 s: below the median ref
+    row = summarise("sidecar", "kill", 20, 1.0, "tiny", runs, refs)
+    assert "fault cost below zero in 1 of 2 runs (lowest -0.5 s)" in row["invalid_reason"], row
+    assert row["fault_free_rate_spread"] == pytest.approx(round((100 / 10 - 100 / 12) / (100 / 11), 4))
+    ok = summarise("sidecar", "kill", 20, 1.0, "tiny", runs[:1], refs)
+    assert "invalid_reason" not in ok, ok
