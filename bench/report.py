@@ -619,6 +619,51 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 for r in snaps.values()
             ],
         )
+    local = [r for r in s.get("results", []) if r.get("fault_cost_method") == "local" and r.get("runs")]
+    if local:
+        out += [
+            "",
+            "Local fault cost (the rows above with these): from the last step completed before the fault to "
+            "the step a few new steps past both the fault and the return to every slice, less the work done in "
+            "that window at the run's own step time over the checkpoint period before the fault. The whole-run "
+            "measure (the run's time less its work at the fault-free runs' rate) is beside it; its error grows "
+            "with the run's length, because fault-free rates differ between runs:",
+            "",
+        ]
+        out += table(
+            [
+                "trainer",
+                "strategy",
+                "period",
+                "delay s",
+                "local fault cost s",
+                "own step s",
+                "window s",
+                "window work steps",
+                "whole-run fault cost s",
+                "fault-free rate spread",
+            ],
+            [
+                [
+                    r["trainer"],
+                    r["strategy"],
+                    fmt(r["checkpoint_period"]),
+                    fmt(r["replacement_delay"]),
+                    fmt(r.get("fault_cost_seconds_median")),
+                    fmt(r.get("own_step_seconds_median")),
+                    fmt(r.get("local_window_seconds_median")),
+                    fmt(r.get("local_window_work_steps_median")),
+                    spread_text(
+                        r.get("whole_run_fault_cost_seconds_median"),
+                        r.get("whole_run_fault_cost_seconds_min"),
+                        r.get("whole_run_fault_cost_seconds_max"),
+                        r.get("runs"),
+                    ),
+                    fmt(r.get("fault_free_rate_spread")),
+                ]
+                for r in local
+            ],
+        )
     shrunk = [r for r in s.get("results", []) if r.get("shrunk_steps_median") is not None]
     if shrunk:
         out += [

@@ -288,3 +288,70 @@ def test_a_fault_cost_below_zero_makes_the_row_invalid_it_measures_the_reference
     assert row["fault_free_rate_spread"] == pytest.approx(round((100 / 10 - 100 / 12) / (100 / 11), 4))
     ok = summarise("sidecar", "kill", 20, 1.0, "tiny", runs[:1], refs)
     assert "invalid_reason" not in ok, ok
+
+
+def test_the_local_fault_cost_uses_the_runs_own_step_time_over_a_short_window_after_the_fault() -> None:
+    # 25 steps at 0.1 s (t 0.1 .. 2.5), the slice lost in index 25; the next attempt restores 20 and runs 21..
+    # from t 10.0 at 0.1 s. Window: from step 25 (t 2.5) to 10 new steps past step 26 (the first new one), t 11.6.
+    ev = [*steps(1, 25, 0.0), {"kind": "fault", "step": 25, "t": 2.55}, *steps(21, 40, 10.0)]
+    m = analyse(ev, steps=40, fault_step=25, reference_steps=20, local_tail=10)
+    assert m["own_step_s"] == pytest.approx(0.1) and m["own_step_reference_steps"] == 20
+    assert m["local_window_work_steps"] == 11 and m["local_window_tail_steps"] == 10
+    # 7.5 s until the restart, 0.5 s running 21..25 again: the work of 26..36 took its own time.
+    assert m["local_fault_cost_s"] == pytest.approx(8.0)
+    # A run slower throughout (0.2 s a step before and after) costs the same fault: the rate is its own.
+    slow = [*steps(1, 25, 0.0, dt=0.2), {"kind": "fault", "step": 25, "t": 5.05}, *steps(21, 40, 12.5, dt=0.2)]
+    assert analyse(slow, steps=40, fault_step=25, reference_steps=20, local_tail=10)["local_fault_cost_s"] == (
+        pytest.approx(7.5 + 1.0)
+    )
+    # The window is cut at the run's end rather than read past it, and says so.
+    m = analyse(ev, steps=40, fault_step=25, reference_steps=20, local_tail=50)
+    assert m["local_window_tail_steps"] == 40 - 26
+    # Too few steps before the fault for a step time of its own: the run keeps the whole-run measure only.
+    early = [*steps(1, 8, 0.0), {"kind": "fault", "step": 8, "t": 0.85}, *steps(9, 40, 5.0)]
+    m = analyse(early, steps=40, fault_step=8)
+    assert "error" not in m and "local_fault_cost_s" not in m and "too few steps" in m["local_note"], m
+
+
+def test_the_local_fault_cost_weighs_the_survivors_steps_and_ends_past_the_return_to_every_slice() -> None:
+    # Four devices at 0.1 s to step 25; lost in 25; steps 26..30 on two devices (0.05 s) from t 5.0, the
+    # snapshot's step boundary kept; back on four devices from step 31 at t 9.1 (replacement at 6.0).
+    ev = [
+        *steps(1, 25, 0.0, devices=4, pid=1),
+        {"kind": "fault", "step": 25, "t": 2.55},
+        *steps(26, 30, 5.0, dt=0.05, devices=2, pid=1),
+        *steps(31, 40, 9.0, devices=4, pid=1),
+    ]
+    m = analyse(ev, steps=40, fault_step=25, replacement_time=6.0, reference_steps=20, local_tail=5)
+    assert "error" not in m, m
+    assert m["local_window_work_steps"] == pytest.approx(5 * 0.5 + 6)  # 26..30 at half, 31..36 whole
+    assert m["local_fault_cost_s"] == pytest.approx((9.6 - 2.5) - 8.5 * 0.1)
+    # The first step after the fault and the first after the grow carry their attempt's start, not a step's
+    # time: only 27..30 count as shrunk steps' own time (0.05 s each), replaced by 0.1 s each.
+    assert m["shrunk_seconds"] == pytest.approx(4 * 0.05, abs=1e-3)
+    assert m["local_fault_cost_if_shrunk_steps_took_full_time_s"] == pytest.approx(
+        m["local_fault_cost_s"] - 4 * 0.05 + 4 * 0.1, abs=1e-3
+    )
+
+
+def test_a_row_of_local_fault_costs_keeps_the_whole_run_measure_beside_it_and_is_invalid_only_by_its_own() -> None:
+    refs = [ref("sidecar", 10.0), ref("sidecar", 11.0), ref("sidecar", 12.0)]
+    local = {"own_step_s": 0.1, "local_window_s": 9.0, "local_window_work_steps": 60}
+    runs = [
+        faulted("sidecar", 10.5, 0, 4.0, local_fault_cost_s=3.0, **local),  # whole-run: below zero (-0.5 s)
+        faulted("sidecar", 13.0, 0, 4.0, local_fault_cost_s=4.0, **local),
+    ]
+    row = summarise("sidecar", "kill", 20, 1.0, "tiny", runs, refs)
+    assert row["fault_cost_method"] == "local" and "invalid_reason" not in row, row
+    assert row["fault_cost_seconds_median"] == pytest.approx(3.5) and row["fault_cost_seconds_min"] == 3.0
+    assert row["whole_run_fault_cost_seconds_min"] == pytest.approx(-0.5)
+    assert "below zero in 1 of 2 runs" in row["whole_run_note"]
+    assert [r["whole_run_fault_cost_s"] for r in runs] == [pytest.approx(-0.5), pytest.approx(2.0)]
+    assert [r["fault_cost_s"] for r in runs] == [3.0, 4.0]
+    runs[1]["local_fault_cost_s"] = -0.2
+    bad = summarise("sidecar", "kill", 20, 1.0, "tiny", runs, refs)
+    assert "local fault cost below zero in 1 of 2 runs (lowest -0.2 s)" in bad["invalid_reason"], bad
+    # No fault-free run is needed for the local measure; the whole-run figures are then absent.
+    alone = summarise("sidecar", "kill", 20, 1.0, "tiny", runs[:1], [])
+    assert alone["runs"] == 1 and alone["fault_cost_seconds_median"] == 3.0 and "invalid_reason" not in alone
+    assert alone["whole_run_fault_cost_seconds_median"] is None
