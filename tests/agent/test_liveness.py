@@ -28,6 +28,7 @@ from agent.config import CoordinatorConfig, WorkerConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, Policy, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
 from agent.worker import Worker
+from bench.common import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "liveness-job"
@@ -187,12 +188,6 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield ps
     finally:
         ps.cleanup()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def serving(p: subprocess.Popen[bytes], port: int, timeout: float = START_TIMEOUT) -> bool:

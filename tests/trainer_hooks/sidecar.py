@@ -9,7 +9,6 @@ start it again on the same port (a sidecar gone and back).
 from __future__ import annotations
 
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from bench.common import free_port
 from protos.elastic_sidecar.v1 import trainer_pb2, trainer_pb2_grpc
 
 _SERVER_OPTIONS = [
@@ -27,13 +27,6 @@ _SERVER_OPTIONS = [
     ("grpc.http2.min_time_between_pings_ms", 100),
     ("grpc.http2.max_ping_strikes", 0),
 ]
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (just released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Stream:
