@@ -138,6 +138,10 @@ def _recovery_ratio_target(
         base = next((r for r in at if r["fault"] == fault and r["strategy"] == baseline), None)
         name = f"{goal_name} ({fault})"
         basis = f"{where}, fault {fault}"
+        if side is not None and side.get("elastic_min_slice_count") is not None:
+            basis += f", elastic_min_slice_count {fmt(side['elastic_min_slice_count'])}"
+        if side is not None and side.get("fault_cost_method"):
+            basis += f", {side['fault_cost_method']} fault cost"
         if side is None or base is None or not is_valid(side) or not is_valid(base):
             why = "; ".join(status(r) for r in (side, base) if r is not None and not is_valid(r)) or "rows missing"
             out.append(Verdict(name, goal, "–", "not measured", f"{basis}: {why}"))
@@ -662,6 +666,33 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     fmt(r.get("fault_free_rate_spread")),
                 ]
                 for r in local
+            ],
+        )
+    each = [r for r in s.get("runs", []) if r.get("local_fault_cost_s") is not None and r.get("checkpoint_period")]
+    if each:
+        out += [
+            "",
+            "Each run with a local fault cost, by the fault's phase (steps past the last periodic save "
+            "MaxText started before the fault):",
+            "",
+        ]
+        out += table(
+            ["strategy", "period", "delay s", "fault in step", "phase", "lost steps", "rewinds", "fault cost s"]
+            + ["window s", "window work steps"],
+            [
+                [
+                    r.get("strategy"),
+                    fmt(r["checkpoint_period"]),
+                    fmt(r.get("replacement_delay")),
+                    fmt(r.get("fault_step")),
+                    fmt((r["fault_step"] - 1) % r["checkpoint_period"]) if r.get("fault_step") else "–",
+                    fmt(r.get("lost_steps")),
+                    fmt(r.get("rewinds")),
+                    fmt(r["local_fault_cost_s"]),
+                    fmt(r.get("local_window_s")),
+                    fmt(r.get("local_window_work_steps")),
+                ]
+                for r in sorted(each, key=lambda r: (str(r.get("strategy")), r.get("fault_step") or 0))
             ],
         )
     shrunk = [r for r in s.get("results", []) if r.get("shrunk_steps_median") is not None]

@@ -565,3 +565,54 @@ def test_steps_on_the_survivor_are_tabled_with_the_cost_had_they_taken_a_full_st
     assert all(v in line for v in ("maxtext", "sidecar", "137", "4.321", "6.543")), line
     del rows[-1]
     assert "Steps run on the survivor alone" not in render(data)
+
+
+def test_local_fault_costs_are_tabled_beside_the_whole_run_measure_and_named_in_the_verdict(tmp_path: Path) -> None:
+    local = {
+        "fault_cost_method": "local",
+        "elastic_min_slice_count": 1,
+        "own_step_seconds_median": 0.0345,
+        "local_window_seconds_median": 31.25,
+        "local_window_work_steps_median": 612.5,
+        "whole_run_fault_cost_seconds_median": -4.931,
+        "whole_run_fault_cost_seconds_min": -8.831,
+        "whole_run_fault_cost_seconds_max": 14.567,
+        "fault_free_rate_spread": 0.1123,
+    }
+    example = section(
+        "recovery", {"trainers": ["maxtext"], "realistic_checkpoint_period": 100, "realistic_delay": 30.0}, []
+    )
+    example["results"] = [
+        rec_row("maxtext", "sidecar", 11.75, **local),
+        rec_row("maxtext", "checkpoint_rewind", 47.0, **local),
+    ]
+    example["ratios"] = [
+        {
+            "trainer": "maxtext",
+            "fault": "kill",
+            "checkpoint_period": 100,
+            "replacement_delay": 30.0,
+            "baseline": "checkpoint_rewind",
+            "baseline_fault_cost_seconds_median": 47.0,
+            "sidecar_fault_cost_seconds_median": 11.75,
+            "ratio": 4.0,
+        }
+    ]
+    from bench.__main__ import merge
+
+    data = merge(tmp_path / "b.json", [example])
+    md = render(data)
+    assert "Local fault cost" in md
+    (line,) = [x for x in md.splitlines() if "612.5" in x and "sidecar" in x]
+    assert all(v in line for v in ("11.75", "0.0345", "31.25", "-4.931 [-8.831–14.567]", "0.1123")), line
+    (v,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
+    assert v.verdict == "met" and "elastic_min_slice_count 1, local fault cost" in v.basis, v
+    for r in data["benchmarks"]["recovery"]["results"]:
+        del r["fault_cost_method"]
+    assert "Local fault cost" not in render(data)
+    # Each run's own figures, by the fault's phase in the checkpoint period.
+    run = {"strategy": "checkpoint_rewind", "checkpoint_period": 100, "replacement_delay": 30.0, "rewinds": 2}
+    run |= {"fault_step": 237, "lost_steps": 613, "local_fault_cost_s": 41.25, "local_window_s": 44.5}
+    data["benchmarks"]["recovery"]["runs"] = [run, {**run, "local_fault_cost_s": None}]
+    (line,) = [x for x in render(data).splitlines() if "41.25" in x]
+    assert all(v in line for v in ("| 237 | 36 | 613 | 2 |", "44.5")), line
