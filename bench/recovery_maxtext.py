@@ -668,7 +668,7 @@ def run(
             "model": model,
             "slices": SLICES,
             "elastic_min_slice_count": min_slices,
-            "steps": {p: Job(model, p).steps for p in periods},
+            "steps": {p: Job(model, p, min_slices=min_slices).steps for p in periods},
             "snapshot_every": 1,
             "warmup_step": WARMUP_STEP,
             "fault_free_runs_per_strategy": min(n_refs, runs),

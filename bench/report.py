@@ -531,9 +531,21 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 )
         mx = c.get("maxtext")
         if mx and trainer in (None, "maxtext"):
+            # The steps the fault-free runs completed, where recorded: until a later fix the config's figure
+            # left out the longer tail of runs that continue on the survivor.
+            ran = sorted(
+                {
+                    r["last_step"]
+                    for r in s.get("fault_free_runs", [])
+                    if r.get("tag", "").startswith("mx-") and r.get("last_step")
+                }
+            )
+            steps = (
+                f"{', '.join(fmt(x) for x in ran)} (as the fault-free runs completed)" if ran else fmt(mx.get("steps"))
+            )
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
-                f"bytes per row below), steps per run {fmt(mx.get('steps'))}, snapshot every "
+                f"bytes per row below), steps per run {steps}, snapshot every "
                 f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar; elastic_min_slice_count "
                 # Runs before the option existed all passed -1 (bench.recovery_maxtext's flags then).
                 f"{fmt(mx.get('elastic_min_slice_count', -1))} for both elastic strategies "

@@ -355,3 +355,15 @@ def test_a_row_of_local_fault_costs_keeps_the_whole_run_measure_beside_it_and_is
     alone = summarise("sidecar", "kill", 20, 1.0, "tiny", runs[:1], [])
     assert alone["runs"] == 1 and alone["fault_cost_seconds_median"] == 3.0 and "invalid_reason" not in alone
     assert alone["whole_run_fault_cost_seconds_median"] is None
+
+
+def test_the_config_records_the_steps_the_runs_have_when_they_continue_on_the_survivor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simjob.maxtext import job
+
+    monkeypatch.setattr(job, "MAXTEXT_PYTHON", tmp_path / "absent" / "python")
+    r = recovery_maxtext.run(
+        strategies=["sidecar"], cases=[("kill", 20, 1.0)], runs=1, seed=0, root=tmp_path, min_slices=1
+    )
+    assert r["config"]["steps"] == {20: Job("tiny", 20, min_slices=1).steps} != {20: Job("tiny", 20).steps}

@@ -582,6 +582,8 @@ def test_local_fault_costs_are_tabled_beside_the_whole_run_measure_and_named_in_
     example = section(
         "recovery", {"trainers": ["maxtext"], "realistic_checkpoint_period": 100, "realistic_delay": 30.0}, []
     )
+    example["config"]["maxtext"] = {"model": "tiny", "slices": 2, "steps": {"100": 3060}}
+    example["fault_free_runs"] = [{"tag": "mx-ref-sidecar-p100-r0", "last_step": 5500, "seconds": 250.5}]
     example["results"] = [
         rec_row("maxtext", "sidecar", 11.75, **local),
         rec_row("maxtext", "checkpoint_rewind", 47.0, **local),
@@ -603,6 +605,8 @@ def test_local_fault_costs_are_tabled_beside_the_whole_run_measure_and_named_in_
     data = merge(tmp_path / "b.json", [example])
     md = render(data)
     assert "Local fault cost" in md
+    # The steps the runs completed, not the config's figure (which left out the survivor's longer tail).
+    assert "steps per run 5500 (as the fault-free runs completed)" in md
     (line,) = [x for x in md.splitlines() if "612.5" in x and "sidecar" in x]
     assert all(v in line for v in ("11.75", "0.0345", "31.25", "-4.931 [-8.831–14.567]", "0.1123")), line
     (v,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
