@@ -578,6 +578,8 @@ def run(
                     runs.append(m)
             _notice_kill_runs(cfg, cases, runs, refs, root, rep)
     rows = summarise(cfg, runs, refs)
+    for r in [*runs, *(x for v in refs.values() for x in v)]:
+        r["trainer"] = "example"
     maxtext: dict[str, Any] = {}
     if "maxtext" in cfg.trainers:
         from bench import recovery_maxtext

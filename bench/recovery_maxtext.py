@@ -492,7 +492,13 @@ def run_one(
     fault_env = {cpu_elastic.ENV_FAIL_AT: f"{fault_step}:1"} if fault_step is not None else {}
     sc = Sidecar(num_slices=SLICES) if strategy == "sidecar" else None
     procs: list[MaxTextRun] = []
-    out: dict[str, Any] = {"strategy": strategy, "fault_step": fault_step, "replacement_delay": delay, "tag": tag}
+    out: dict[str, Any] = {
+        "trainer": "maxtext",
+        "strategy": strategy,
+        "fault_step": fault_step,
+        "replacement_delay": delay,
+        "tag": tag,
+    }
     t0 = time.monotonic()
     replaced: float | None = None
     try:
@@ -564,6 +570,7 @@ def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[st
         return run_one(job, strategy, root, tag, **kw)
     except Exception as e:  # noqa: BLE001 - recorded in the row's failures
         return {
+            "trainer": "maxtext",
             "strategy": strategy,
             "tag": tag,
             "fault_step": kw.get("fault_step"),

@@ -883,23 +883,25 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
     made: dict[str, str] = {}
     rec = secs.get("recovery")
     if rec:
-        cfg = rec.get("config", {})
-        rows = [
+        rows = [  # each trainer's own realistic point (separate runs per trainer have their own)
             r
             for r in rec.get("results", [])
             if is_valid(r)
-            and r.get("checkpoint_period") == cfg.get("realistic_checkpoint_period")
-            and r.get("replacement_delay") == cfg.get("realistic_delay")
+            and r.get("checkpoint_period") == trainer_config(rec, r["trainer"]).get("realistic_checkpoint_period")
+            and r.get("replacement_delay") == trainer_config(rec, r["trainer"]).get("realistic_delay")
             and r.get("fault_cost_seconds_median") is not None
         ]
         if rows:
-            fig, ax = plt.subplots(figsize=(9, 4))
-            labels = [f"{r['trainer']}\n{r['strategy']}\n{r['fault']}" for r in rows]
+            fig, ax = plt.subplots(figsize=(10, 5.5))
+            labels = [
+                f"{r['trainer']} {r['strategy']} {r['fault']}" + (" (local)" if r.get("fault_cost_method") else "")
+                for r in rows
+            ]
             med = [r["fault_cost_seconds_median"] for r in rows]
             lo = [m - (r.get("fault_cost_seconds_min") or m) for m, r in zip(med, rows, strict=True)]
             hi = [(r.get("fault_cost_seconds_max") or m) - m for m, r in zip(med, rows, strict=True)]
             ax.bar(range(len(rows)), med, yerr=[lo, hi], capsize=3)
-            ax.set_xticks(range(len(rows)), labels, fontsize=6)
+            ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=60, ha="right")
             ax.set_ylabel("fault cost, s (median, min-max)")
             fig.tight_layout()
             fig.savefig(out / "recovery.png", dpi=110)

@@ -471,8 +471,19 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     other = copy.deepcopy(example)
     other["git_sha"] = "f" * 40
     other["started_at"] = "2026-12-02 00:00:00 UTC"
+    # Each run's own figures stay with their trainer's rows; runs recorded before they named their
+    # trainer are told apart by MaxText's tags.
+    old_runs = {"runs": [{"tag": "mx-sidecar-kill-p50-d10-r0", "lost_steps": 0}], "fault_free_runs": []}
+    store.write_text(json.dumps({**data, "benchmarks": {**data["benchmarks"], "recovery": {**rec, **old_runs}}}))
+    other["runs"] = [{"trainer": "example", "lost_steps": 3}]
+    other["fault_free_runs"] = [{"trainer": "example", "seconds": 12.5}]
     data = merge(store, [other])
     rec = sections(data)["recovery"]
+    assert rec["runs"] == [
+        {"tag": "mx-sidecar-kill-p50-d10-r0", "lost_steps": 0},
+        {"trainer": "example", "lost_steps": 3},
+    ]
+    assert rec["fault_free_runs"] == [{"trainer": "example", "seconds": 12.5}]
     assert {r["trainer"] for r in rec["results"]} == {"example", "maxtext"}
     assert rec["config"]["by_trainer"]["example"]["git_sha"] == "f" * 40
     assert rec["config"]["by_trainer"]["maxtext"]["git_sha"] == SHA
