@@ -64,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--trainer",
         choices=["example", "maxtext", "all"],
         default="example",
-        help="maxtext: the real MaxText 0.2.5 on the CPU (needs .venv-maxtext), full_restart, checkpoint_rewind "
-        "and sidecar on one job, the kill fault (hang and notice rows say not run); --quick: 3 runs per row, "
-        "checkpoint period 20, delay 1 s, 18 MaxText runs, about 11 min on 2 cores; full: 5 runs per row at "
-        "periods 25,100 and delays 5,30 s, 90 MaxText runs, about 1.5 h (see bench/recovery_maxtext.py)",
+        help="maxtext: the real MaxText 0.2.5 on the CPU (needs .venv-maxtext), full_restart, checkpoint_rewind, "
+        "local_checkpoint_rewind and sidecar on one job, the kill fault (hang and notice rows say not run); "
+        "--quick: 3 runs per row, checkpoint period 20, delay 1 s; a MaxText run takes 1-5 min on 2 cores "
+        "(see bench/recovery_maxtext.py)",
     )
     g.add_argument(
         "--maxtext-model", choices=["tiny", "larger"], default=None, help="MaxText model size (default tiny)"
@@ -104,7 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--state-mib", type=int, default=None, help="train state across all slices (>= 1024 documented)")
     g.add_argument("--no-donate", action="store_true", help="do not donate the state into the step")
-    g.add_argument("--local-checkpoint-period", type=int, default=None)
+    g.add_argument(
+        "--local-checkpoint-period",
+        type=int,
+        default=None,
+        help="local_checkpoint_rewind's checkpoint every N steps, both trainers (default 5)",
+    )
     g.add_argument("--poll-interval", type=float, default=None, help="pathwaysutils poll_interval (default 10)")
     g.add_argument("--seed", type=int, default=None, help="seed of the fault phases")
     g = ap.add_argument_group("scale")

@@ -593,6 +593,7 @@ def run(
             model=cfg.maxtext_model,
             min_slices=cfg.maxtext_min_slices,
             fault_free_runs=cfg.fault_free_runs or None,  # 0: every round
+            local_checkpoint_period=cfg.local_checkpoint_period,
         )
         rows += maxtext["rows"]
         runs += maxtext["runs"]

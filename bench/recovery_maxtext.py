@@ -21,6 +21,15 @@ what happens on a fault differs:
   when the replacement is back MaxText's ``maybe_elastic_scale_up`` raises
   ``ScaleUpSignalError`` at a step boundary: a second attempt, which rewinds to
   the last committed checkpoint again (FACTS section 1).
+* ``local_checkpoint_rewind``: the same rewind, to a checkpoint MaxText saves
+  every ``local_checkpoint_period`` steps (async Orbax, on the local disk
+  here), in place of the periodic one, whose cost is the same with and without
+  the fault. It stands in for Orbax's emergency or multi-tier checkpointing,
+  neither of which runs in this single-controller set-up: with one process,
+  Orbax's emergency ``CheckpointManager`` puts it in the primary replica, which
+  writes only the persistent tier; the multi-tier ``ReplicatorCheckpointManager``
+  fails its first save with "Please call initialize_distributed_to_device_ids()"
+  (both tried with maxtext 0.2.5 on this CPU set-up).
 * ``sidecar``: the same elastic MaxText served by ``trainer_hooks.maxtext``
   under a real coordinator (hosted by the benchmark process), with an
   in-memory snapshot before every step (``ELASTIC_SIDECAR_SNAPSHOT_EVERY``):
@@ -37,8 +46,8 @@ gone), F at a seeded random phase of a checkpoint period, the third or later
 (a save still in flight then leaves the one before it: :func:`fault_index`);
 the replacement (the simulator reconnects the slice, and for the sidecar a new
 worker registers) comes ``replacement_delay`` seconds after the fault.
-``hang`` and ``notice`` are not run on MaxText (rows say why), nor are the
-example trainer's other baselines.
+``hang`` and ``notice`` are not run on MaxText (rows say why), nor is the
+example trainer's ``memory_snapshot`` baseline.
 
 Every MaxText process appends its completed steps with wall-clock times to an
 event log (:mod:`simjob.maxtext.cpu_elastic`), read the same way for every
@@ -80,10 +89,9 @@ from typing import Any
 
 from bench.common import fault_cost, log, median, read_jsonl, rnd, spread
 
-STRATEGIES = ("full_restart", "checkpoint_rewind", "sidecar")
+STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
 FAULTS = ("kill",)
 NOT_RUN_STRATEGIES = {
-    "local_checkpoint_rewind": "not run on MaxText: Orbax multi-tier / emergency checkpointing is not set up here",
     "memory_snapshot": (
         "not run on MaxText: MaxText has no in-memory snapshot of its own (elastic_backup_kind is not wired "
         "in 0.2.5); the sidecar row is the snapshot"
@@ -125,12 +133,16 @@ class Job:
     snapshot_every: int = 1
     min_slices: int = -1
     """MaxText's ``elastic_min_slice_count``: -1 waits for every slice, 1 continues on the survivor."""
+    local_checkpoint_period: int = 5
+    """``local_checkpoint_rewind``'s ``checkpoint_period``: a save this often (see the module doc)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_period < 1:
             raise ValueError(f"checkpoint_period={self.checkpoint_period}: expected a whole number of steps >= 1")
         if self.min_slices != -1 and not 1 <= self.min_slices <= SLICES:
             raise ValueError(f"min_slices={self.min_slices}: expected -1 (every slice) or 1..{SLICES}")
+        if self.local_checkpoint_period < 1:
+            raise ValueError(f"local_checkpoint_period={self.local_checkpoint_period}: expected a whole number >= 1")
 
     @property
     def first_period_end(self) -> int:
@@ -162,7 +174,8 @@ def maxtext_flags(job: Job, strategy: str, delay: float) -> list[str]:
     """The strategy's MaxText arguments beyond the job's own (elastic or not)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown MaxText strategy {strategy!r}: expected one of {list(STRATEGIES)}")
-    flags = [f"checkpoint_period={job.checkpoint_period}", "ici_data_parallelism=2"]
+    period = job.local_checkpoint_period if strategy == "local_checkpoint_rewind" else job.checkpoint_period
+    flags = [f"checkpoint_period={period}", "ici_data_parallelism=2"]
     if strategy != "full_restart":
         # A loss on a shrinking job costs two attempts (the shrink, then the scale-up), and pathwaysutils
         # counts every attempt against elastic_max_retries (FACTS section 2): room for one more of each.
@@ -603,6 +616,7 @@ def run(
     model: str = "tiny",
     fault_free_runs: int | None = None,
     min_slices: int = -1,
+    local_checkpoint_period: int = 5,
 ) -> dict[str, Any]:
     """Every (fault, period, delay) case under every strategy, ``runs`` times, interleaved by round.
 
@@ -630,7 +644,7 @@ def run(
     n_refs = runs if fault_free_runs is None else fault_free_runs
     for rep in range(runs):
         for period in periods:
-            job = Job(model, period, min_slices=min_slices)
+            job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
             for s in ours if rep < n_refs else []:
                 log(f"recovery maxtext: {s} fault-free, period {period}, {job.steps} steps, round {rep + 1}/{runs}")
                 r = guarded(job, s, root, f"mx-ref-{s}-p{period}-r{rep}", fault_step=None, delay=0.0, cache=cache)
@@ -640,7 +654,7 @@ def run(
         for fault, period, delay in cases:
             if fault not in FAULTS:
                 continue
-            job = Job(model, period, min_slices=min_slices)
+            job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
             at = fault_index(job, seed, rep)
             for s in ours:
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
@@ -679,6 +693,7 @@ def run(
             "snapshot_every": 1,
             "warmup_step": WARMUP_STEP,
             "fault_free_runs_per_strategy": min(n_refs, runs),
+            "local_checkpoint_period": local_checkpoint_period,
         },
     }
 

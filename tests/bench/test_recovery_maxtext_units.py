@@ -40,6 +40,18 @@ def test_only_the_baseline_without_elastic_restarts_the_process() -> None:
         maxtext_flags(Job("tiny", 20), "memory_snapshot", 1.0)
 
 
+def test_the_local_checkpoint_rewind_is_the_rewind_with_a_frequent_checkpoint_in_place_of_the_periodic_one() -> None:
+    job = Job("tiny", 300, local_checkpoint_period=7)
+    local, rewind = maxtext_flags(job, "local_checkpoint_rewind", 10.0), maxtext_flags(job, "checkpoint_rewind", 10.0)
+    assert "checkpoint_period=7" in local and "checkpoint_period=300" not in local
+    assert [f for f in local if not f.startswith("checkpoint_period=")] == [
+        f for f in rewind if not f.startswith("checkpoint_period=")
+    ]
+    assert Job("tiny", 300).local_checkpoint_period == 5
+    with pytest.raises(ValueError, match="local_checkpoint_period=0"):
+        Job("tiny", 300, local_checkpoint_period=0)
+
+
 def test_min_slices_goes_to_both_elastic_strategies_with_room_for_the_scale_up_attempt() -> None:
     for s in ("checkpoint_rewind", "sidecar"):
         assert {"elastic_min_slice_count=-1", "elastic_max_retries=3"} <= set(maxtext_flags(Job("tiny", 20), s, 5.0))
