@@ -498,6 +498,14 @@ def left_out(cfg: dict[str, Any], r: dict[str, Any]) -> str | None:
     return f"not run by choice: --sweep-strategies {','.join(chosen)} away from the realistic point"
 
 
+ROW_KEY_HEAD = ["trainer", "strategy", "period", "delay s"]
+
+
+def row_key(r: dict[str, Any]) -> list[str]:
+    """A recovery row's identifying cells, under :data:`ROW_KEY_HEAD`."""
+    return [r["trainer"], r["strategy"], fmt(r["checkpoint_period"]), fmt(r["replacement_delay"])]
+
+
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out: list[str] = []
@@ -648,10 +656,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         ]
         out += table(
             [
-                "trainer",
-                "strategy",
-                "period",
-                "delay s",
+                *ROW_KEY_HEAD,
                 "local fault cost s",
                 "own step s",
                 "window s",
@@ -661,10 +666,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             ],
             [
                 [
-                    r["trainer"],
-                    r["strategy"],
-                    fmt(r["checkpoint_period"]),
-                    fmt(r["replacement_delay"]),
+                    *row_key(r),
                     fmt(r.get("fault_cost_seconds_median")),
                     fmt(r.get("own_step_seconds_median")),
                     fmt(r.get("local_window_seconds_median")),
@@ -718,10 +720,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         ]
         out += table(
             [
-                "trainer",
-                "strategy",
-                "period",
-                "delay s",
+                *ROW_KEY_HEAD,
                 "shrunk steps",
                 "their seconds",
                 "fault cost s",
@@ -729,10 +728,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             ],
             [
                 [
-                    r["trainer"],
-                    r["strategy"],
-                    fmt(r["checkpoint_period"]),
-                    fmt(r["replacement_delay"]),
+                    *row_key(r),
                     fmt(r["shrunk_steps_median"]),
                     fmt(r.get("shrunk_seconds_median")),
                     fmt(r.get("fault_cost_seconds_median")),
