@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import envelope, git_state, log, machine
+from bench.common import envelope, git_state, log, machine, trainer_of
 
 NAMES = ("recovery", "detection", "scale", "flush", "footprint")
 ALL_ORDER = ("footprint", "flush", "detection", "recovery", "scale")
@@ -317,15 +317,8 @@ def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     out = dict(new)
     out["config"] = {**new_cfg, "trainers": sorted(by_trainer), "by_trainer": by_trainer}
     for key in ("results", "ratios", "runs", "fault_free_runs"):
-        out[key] = [r for r in old.get(key) or [] if _trainer_of(r) not in mine] + list(new.get(key) or [])
+        out[key] = [r for r in old.get(key) or [] if trainer_of(r) not in mine] + list(new.get(key) or [])
     return out
-
-
-def _trainer_of(record: dict[str, Any]) -> str:
-    """A row's or a run's trainer; runs recorded before they named it: MaxText's are tagged ``mx-``."""
-    if record.get("trainer"):
-        return str(record["trainer"])
-    return "maxtext" if str(record.get("tag", "")).startswith("mx-") else "example"
 
 
 def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:

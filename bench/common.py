@@ -312,6 +312,27 @@ def spread(xs: Sequence[float | None]) -> dict[str, Any]:
     return {"n": len(v), "median": statistics.median(v), "p90": percentile(v, 90), "min": v[0], "max": v[-1]}
 
 
+def cost_fields(costs: Sequence[float], measure: str, why_below: str) -> dict[str, Any]:
+    """A row's ``fault_cost_seconds_*`` (median, p90, min, max) from its runs' costs, and an
+    ``invalid_reason`` when any is below zero: a fault cannot make training faster, so such a cost
+    measures the reference's error (``why_below``), and the row's figures measure noise, not the fault."""
+    cost = spread(costs)
+    out: dict[str, Any] = {f"fault_cost_seconds_{k}": rnd(cost[k], 3) for k in ("median", "p90", "min", "max")}
+    below = [c for c in costs if c < 0]
+    if below:
+        out["invalid_reason"] = (
+            f"{measure} below zero in {len(below)} of {len(costs)} runs (lowest {rnd(min(below), 3)} s): {why_below}"
+        )
+    return out
+
+
+def trainer_of(record: dict[str, Any]) -> str:
+    """A recovery row's or run's trainer; runs recorded before they named it: MaxText's are tagged ``mx-``."""
+    if record.get("trainer"):
+        return str(record["trainer"])
+    return "maxtext" if str(record.get("tag", "")).startswith("mx-") else "example"
+
+
 def fault_cost(
     runs: Sequence[dict[str, Any]], refs: Sequence[dict[str, Any]]
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], float | None]:
@@ -327,7 +348,7 @@ def fault_cost(
     costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
     for r, c in zip(ok, costs, strict=False):
         r["fault_cost_s"] = rnd(c)
-    cost, lost, rec = spread(costs), spread([r["lost_steps"] for r in ok]), spread([r["recovery_s"] for r in ok])
+    lost, rec = spread([r["lost_steps"] for r in ok]), spread([r["recovery_s"] for r in ok])
     rates = [r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds")]
     fields = {
         "runs": len(ok),
@@ -337,22 +358,13 @@ def fault_cost(
         "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
         "lost_steps_median": lost["median"],
         "lost_steps_max": lost["max"],
-        "fault_cost_seconds_median": rnd(cost["median"], 3),
-        "fault_cost_seconds_p90": rnd(cost["p90"], 3),
-        "fault_cost_seconds_min": rnd(cost["min"], 3),
-        "fault_cost_seconds_max": rnd(cost["max"], 3),
+        **cost_fields(
+            costs, "fault cost", "the fault-free runs' rate varies by more than the fault costs over runs this long"
+        ),
         "recovery_seconds_median": rnd(rec["median"], 3),
         "recovery_seconds_p90": rnd(rec["p90"], 3),
         # How far apart the fault-free runs' rates are ((max - min) / median): each run's cost moves by
         # about this fraction of its length when the rate is off by as much.
         "fault_free_rate_spread": rnd((max(rates) - min(rates)) / rate, 4) if rate and len(rates) > 1 else None,
     }
-    below = [c for c in costs if c < 0]
-    if below:
-        # A fault cannot make training faster: a cost below zero means the reference rate's error is
-        # larger than the fault's cost, so the row's figures measure noise, not the fault.
-        fields["invalid_reason"] = (
-            f"fault cost below zero in {len(below)} of {len(costs)} runs (lowest {rnd(min(below), 3)} s): the "
-            "fault-free runs' rate varies by more than the fault costs over runs this long"
-        )
     return fields, ok, good_refs, rate

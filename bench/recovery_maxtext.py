@@ -87,7 +87,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import fault_cost, log, median, read_jsonl, rnd, spread
+from bench.common import cost_fields, fault_cost, log, median, read_jsonl, rnd, spread
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
 FAULTS = ("kill",)
@@ -444,26 +444,19 @@ def _local_fields(whole: dict[str, Any], ok: Sequence[dict[str, Any]]) -> dict[s
         if r.get("fault_cost_s") is not None:
             r["whole_run_fault_cost_s"] = r["fault_cost_s"]
         r["fault_cost_s"] = r["local_fault_cost_s"]
-    costs = [r["local_fault_cost_s"] for r in ok]
-    cost = spread(costs)
     out.update(
         {
             "fault_cost_method": "local",
-            "fault_cost_seconds_median": rnd(cost["median"], 3),
-            "fault_cost_seconds_p90": rnd(cost["p90"], 3),
-            "fault_cost_seconds_min": rnd(cost["min"], 3),
-            "fault_cost_seconds_max": rnd(cost["max"], 3),
+            **cost_fields(
+                [r["local_fault_cost_s"] for r in ok],
+                "local fault cost",
+                "the run's own step time before the fault is off by more than the fault costs",
+            ),
             "own_step_seconds_median": rnd(median(r["own_step_s"] for r in ok), 6),
             "local_window_seconds_median": rnd(median(r["local_window_s"] for r in ok), 3),
             "local_window_work_steps_median": rnd(median(r["local_window_work_steps"] for r in ok), 3),
         }
     )
-    below = [c for c in costs if c < 0]
-    if below:
-        out["invalid_reason"] = (
-            f"local fault cost below zero in {len(below)} of {len(costs)} runs (lowest {rnd(min(below), 3)} s): "
-            "the run's own step time before the fault is off by more than the fault costs"
-        )
     return out
 
 

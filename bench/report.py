@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.common import trainer_of
+
 ORDER = ("recovery", "detection", "scale", "flush", "footprint")
 
 
@@ -545,7 +547,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 {
                     r["last_step"]
                     for r in s.get("fault_free_runs", [])
-                    if r.get("tag", "").startswith("mx-") and r.get("last_step")
+                    if trainer_of(r) == "maxtext" and r.get("last_step")
                 }
             )
             steps = (
