@@ -104,7 +104,7 @@ from agent.core.model import (
 )
 from agent.metrics import Metrics
 from agent.sources.health import probe_once
-from agent.sources.heartbeat_datagrams import DatagramReceiver, new_token, same_token
+from agent.sources.heartbeat_datagrams import DatagramReceiver, Reply, command_datagram, new_token, same_token
 from agent.trainer_group import TrainerGroup
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
@@ -142,6 +142,8 @@ class _Conn:
     """This registration's heartbeat datagram token (empty: datagrams are off)."""
     datagrams: bool = False
     """A heartbeat datagram of this registration arrived (the worker was told so)."""
+    reply: Reply | None = None
+    """Where this registration's heartbeat datagrams come from: commands go there too."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -539,6 +541,16 @@ class Coordinator:
                         generation=a.generation, kind=a.kind, reason=a.reason, epoch=self.epoch
                     )
                 )
+                # A datagram copy first (agent.sources.heartbeat_datagrams): every worker hears
+                # in milliseconds, where the stream writes below take seconds at thousands.
+                sent = failed = 0
+                for (slice_, host), conn in self.workers.items():
+                    if conn.reply is not None:
+                        if self.datagrams.send(conn.reply, command_datagram(conn.token, slice_, host, msg.command)):
+                            sent += 1
+                        else:
+                            failed += 1
+                self.metrics.count_command_datagrams(sent, failed)
                 for conn in self.workers.values():
                     conn.outbox.put_nowait(msg)
             case ExitCoordinator():
@@ -564,12 +576,13 @@ class Coordinator:
 
     # -- liveness --------------------------------------------------------------
 
-    def _datagram_heartbeat(self, slice_: int, host: int, token: bytes, now: float) -> bool:
+    def _datagram_heartbeat(self, slice_: int, host: int, token: bytes, now: float, reply: Reply) -> bool:
         """A heartbeat datagram (agent.sources.heartbeat_datagrams): the registration it names is alive."""
         conn = self.workers.get((slice_, host))
         if conn is None or conn.closed.is_set() or not same_token(conn.token, token):
             return False
         conn.last_seen = now
+        conn.reply = reply
         if not conn.datagrams:
             conn.datagrams = True
             conn.outbox.put_nowait(peer_pb2.CoordinatorMessage(datagrams_received=peer_pb2.DatagramsReceived()))

@@ -127,6 +127,12 @@ class Metrics(ServerMetrics):
         )
         self._datagrams_accepted = self.heartbeat_datagrams.labels("accepted")
         self._datagrams_refused = self.heartbeat_datagrams.labels("refused")
+        self.command_datagrams = Counter(
+            f"{PREFIX}_command_datagrams_total",
+            "Worker commands sent as UDP datagrams besides the stream: sent, or failed (the stream's copy still goes)",
+            ["result"],
+            registry=r,
+        )
         self.messages_received = Counter(
             f"{PREFIX}_pubsub_messages_received_total", "Pub/Sub messages received (redeliveries included)", registry=r
         )
@@ -217,6 +223,13 @@ class Metrics(ServerMetrics):
         if before.phase != s.phase or not self.phase._metrics:  # noqa: SLF001
             for p in Phase:
                 self.phase.labels(str(p)).set(1 if p == s.phase else 0)
+
+    def count_command_datagrams(self, sent: int, failed: int) -> None:
+        """One fan-out's command datagrams (agent.coordinator)."""
+        if sent:
+            self.command_datagrams.labels("sent").inc(sent)
+        if failed:
+            self.command_datagrams.labels("failed").inc(failed)
 
     def count_heartbeat_datagrams(self, accepted: int, refused: int) -> None:
         """What one read of the heartbeat datagram socket found (agent.sources.heartbeat_datagrams)."""

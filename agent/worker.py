@@ -35,6 +35,9 @@ from agent.sources.heartbeat_datagrams import DatagramSender
 from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
+COMMAND_ORDER = {"hold": 0, "resume": 1, "abort": 2, "completed": 2}
+"""The order of a generation's commands: its hold, then its resume, then an abort or the end."""
+
 log = logmod.get("worker")
 HEALTH_STABLE_SECONDS = 1.0
 """How long a local worker must stay healthy after a failure before it counts again."""
@@ -67,6 +70,8 @@ class Worker:
         """The node's GKE node pool: the flag, or what :meth:`learn_node_pool` found."""
         self.datagrams: DatagramSender | None = None
         """Heartbeat datagrams to the coordinator, when it offers them (this stream's registration)."""
+        self._last_command: tuple[int, int] = (-1, 0)
+        """(generation, COMMAND_ORDER) of the newest coordinator command acted on."""
 
     def _note(self, trigger: str, reason: str) -> None:
         """Record a local event for the read-only admin API and the status page."""
@@ -186,9 +191,15 @@ class Worker:
             self.epoch_seen = max(self.epoch_seen, first.registered.epoch)
             interval = first.registered.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
             self.generation = first.registered.generation
+            self._last_command = (-1, 0)  # a new registration: the old one's datagrams no longer authenticate
             reg = first.registered
             self.datagrams = await DatagramSender.create(
-                c.coordinator, reg.heartbeat_datagram_port, reg.heartbeat_datagram_token, c.slice, c.host
+                c.coordinator,
+                reg.heartbeat_datagram_port,
+                reg.heartbeat_datagram_token,
+                c.slice,
+                c.host,
+                on_command=lambda cmd: self._on_command(cmd, "datagram"),
             )
             self.registered.set()
             self.metrics.connected.set(1)
@@ -250,15 +261,25 @@ class Worker:
                     log.info("coordinator receives heartbeat datagrams; heartbeats leave the stream")
                 continue
             if msg.HasField("command"):
-                cmd = msg.command
-                if cmd.epoch < self.epoch_seen:
-                    log.warning("command from a superseded coordinator ignored", epoch=cmd.epoch, seen=self.epoch_seen)
-                    continue
-                if cmd.generation >= self.generation:
-                    self.generation = cmd.generation
-                    self.metrics.generation.set(cmd.generation)
-                    log.info("coordinator command", kind=cmd.kind, generation=cmd.generation, reason=cmd.reason)
-                    self._note("CoordinatorCommand", f"{cmd.kind} (generation {cmd.generation}): {cmd.reason}")
+                self._on_command(msg.command, "stream")
+
+    def _on_command(self, cmd: peer_pb2.PeerCommand, via: str) -> None:
+        """A coordinator command, from the stream or as a datagram: whichever copy comes first counts."""
+        if cmd.epoch < self.epoch_seen:
+            log.warning("command from a superseded coordinator ignored", epoch=cmd.epoch, seen=self.epoch_seen, via=via)
+            return
+        # Within a generation a hold comes before its resume, and an abort or the end after both
+        # (agent.core.decide): a copy that is not past the last command acted on is a duplicate,
+        # or a late datagram overtaken by the stream.
+        order = (cmd.generation, COMMAND_ORDER.get(cmd.kind, 0))
+        if order <= self._last_command:
+            return
+        if cmd.generation >= self.generation:
+            self._last_command = order
+            self.generation = cmd.generation
+            self.metrics.generation.set(cmd.generation)
+            log.info("coordinator command", kind=cmd.kind, generation=cmd.generation, reason=cmd.reason, via=via)
+            self._note("CoordinatorCommand", f"{cmd.kind} (generation {cmd.generation}): {cmd.reason}")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

@@ -20,7 +20,11 @@ job is RUNNING. Then:
   worker; each generator records when each worker receives it. Latency is
   receive time minus the decision time in the coordinator's log (same
   machine, same clock): p50 / p99 / max over workers per cycle; the row's ``fanout_p99_seconds``
-  is the worst cycle's p99. The
+  is the worst cycle's p99. A worker hears a command by whichever copy comes first: the
+  coordinator sends it on every stream and, to every worker whose heartbeat datagrams arrive,
+  as a ``CommandDatagram`` to their source address. The row keeps the share of first copies
+  that came by datagram (``hold_first_by_datagram``) and the stream copies' worst p99
+  (``stream_fanout_p99_seconds``); every stream copy must arrive too. The
   worker then reconnects, the job resumes (the resume fan-out is recorded
   too), and the cycle repeats.
 
@@ -56,6 +60,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -262,13 +267,34 @@ def _health_serving(addr: str) -> bool:
         return False
 
 
-def _latencies(dumps: list[dict[str, list[list[Any]]]], kind: str, gen: int, t_dec: float) -> list[float]:
+def _latencies(
+    dumps: list[dict[str, list[list[Any]]]], kind: str, gen: int, t_dec: float, via: str | None = None
+) -> list[float]:
+    """Per worker, the decision to its first copy of the command (``via``: only copies that came that way)."""
     out = []
     for d in dumps:
         for recs in d.values():
-            t = next((r[2] for r in recs if r[0] == kind and int(r[1]) == gen), None)
+            t = next(
+                (
+                    r[2]
+                    for r in recs
+                    if r[0] == kind and int(r[1]) == gen and (via is None or (r[3] if len(r) > 3 else "stream") == via)
+                ),
+                None,
+            )
             if t is not None:
                 out.append(t - t_dec)
+    return out
+
+
+def _first_via(dumps: list[dict[str, list[list[Any]]]], kind: str, gen: int) -> Counter[str]:
+    """How many workers' first copy of the command came each way (``stream``, ``datagram``)."""
+    out: Counter[str] = Counter()
+    for d in dumps:
+        for recs in d.values():
+            r = next((r for r in recs if r[0] == kind and int(r[1]) == gen), None)
+            if r is not None:
+                out[r[3] if len(r) > 3 else "stream"] += 1
     return out
 
 
@@ -389,6 +415,9 @@ def validate(
             why.append(f"cycle {i}: {c['hold_expected']} workers were connected at the hold, not {n - 1}")
         if c["hold_received"] < c["hold_expected"]:
             why.append(f"cycle {i}: hold reached {c['hold_received']} of {c['hold_expected']} live workers")
+        stream_n = (c.get("hold_stream_fanout") or {}).get("n")
+        if stream_n is not None and stream_n < c["hold_expected"]:
+            why.append(f"cycle {i}: the hold's stream copy reached {stream_n} of {c['hold_expected']} live workers")
         if c["t_resume"] is None:
             why.append(f"cycle {i}: no resume was decided")
         elif c["resume_received"] < c["resume_expected"] or c["resume_expected"] != n:
@@ -548,6 +577,10 @@ def run_size(
         holds, resumes = [], []
         for c in good:
             c["hold_fanout"] = _stats(_latencies(dumps, "hold", c["generation"], c["t_hold"]))
+            # Every command also goes on each stream (the datagram copy may be lost): the stream's
+            # copies must all arrive too, and how long they took is kept beside the first copies'.
+            c["hold_stream_fanout"] = _stats(_latencies(dumps, "hold", c["generation"], c["t_hold"], "stream"))
+            c["hold_first_via"] = dict(_first_via(dumps, "hold", c["generation"]))
             c["disconnect_to_decision_s"] = rnd(c["t_hold"] - c["t_disconnect"])
             holds.append(c["hold_fanout"])
             if c["t_resume"] is not None:
@@ -562,6 +595,15 @@ def run_size(
             "received": [c["hold_received"] for c in good],
             "expected": [c["hold_expected"] for c in good],
         }
+        out["hold_stream_fanout_p99_s"] = rnd(
+            max((c["hold_stream_fanout"]["p99_s"] for c in good if c["hold_stream_fanout"]["n"]), default=None)
+        )
+        first_via: Counter[str] = Counter()
+        for c in good:
+            first_via.update(c["hold_first_via"])
+        out["hold_first_by_datagram"] = (
+            rnd(first_via["datagram"] / sum(first_via.values()), 4) if sum(first_via.values()) else None
+        )
         out["resume_fanout"] = {
             "p50_s": rnd(median(h["p50_s"] for h in resumes)),
             "p99_s": rnd(median(h["p99_s"] for h in resumes)),
@@ -632,6 +674,8 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "fanout_p99_seconds": hf.get("p99_s_worst_cycle"),
         "fanout_p50_seconds": hf.get("p50_s"),
         "resume_fanout_p99_seconds": (r.get("resume_fanout") or {}).get("p99_s"),
+        "hold_first_by_datagram": r.get("hold_first_by_datagram"),
+        "stream_fanout_p99_seconds": r.get("hold_stream_fanout_p99_s"),
         "delivered_fraction": r.get("delivered_fraction", 0.0),
         "cycles": len([c for c in r.get("cycles", []) if "error" not in c]),
         "pinned": r.get("pinned"),

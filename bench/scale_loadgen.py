@@ -10,7 +10,10 @@ coordinator offers a datagram port, and on its stream too until the coordinator
 says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
 heartbeat on the stream. The process sends all its workers' datagrams from one
 clock and one socket, spread over the interval (phases by worker index). It
-records the arrival time (``time.time()``) of every ``PeerCommand``.
+records the arrival time (``time.time()``) of every ``PeerCommand``, and by which
+way it came: on the stream, or as the coordinator's ``CommandDatagram`` to the
+socket the heartbeats leave from (checked with the worker's token, as the worker
+checks it).
 
 Controlled over stdin/stdout with one JSON object per line::
 
@@ -20,7 +23,9 @@ Controlled over stdin/stdout with one JSON object per line::
     -> {"cmd": "reconnect", "index": I}             <- {"event": "reconnected", "index": I, "t": ...}
        (as a replaced host: a new incarnation)
     -> {"cmd": "wait", "kind": "hold", "generation": G, "timeout": S}
-                                                    <- {"event": "waited", "have": H, "expected": E}
+                                                    <- {"event": "waited", "have": H, "expected": E,
+                                                        "stream_have": SH, "command_datagrams_refused": R}
+       (H: workers that heard it by either copy; SH: stream copies so far)
     -> {"cmd": "dump", "path": P}                   <- {"event": "dumped", "path": P}
     -> {"cmd": "quit"}
 
@@ -42,9 +47,10 @@ from collections import Counter
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from agent import constants as C
-from agent.sources.heartbeat_datagrams import target_host
+from agent.sources.heartbeat_datagrams import MAX_COMMAND_DATAGRAM, open_command_datagram, target_host
 from bench.common import raise_nofile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
@@ -71,7 +77,9 @@ class FakeWorker:
         self.index = index
         self.slice, self.host = divmod(index, gen.hosts_per_slice)
         self.incarnation = f"loadgen-{os.getpid()}-{index}"
-        self.received: list[tuple[str, int, float]] = []
+        self.received: list[tuple[str, int, float, str]] = []
+        self.heard: set[tuple[str, int]] = set()
+        self.token = b""
         self.registered = asyncio.Event()
         self.connected = False
         self.task: asyncio.Task[None] | None = None
@@ -97,6 +105,7 @@ class FakeWorker:
             interval = first.registered.heartbeat_interval_seconds or 1.0
             port, token = first.registered.heartbeat_datagram_port, first.registered.heartbeat_datagram_token
             use_datagrams = g.datagrams and bool(port and token)
+            self.token = token
             self.datagrams_confirmed = False
             self.connected = True
             self.registered.set()
@@ -127,10 +136,17 @@ class FakeWorker:
                 self.datagrams_confirmed = True
                 continue
             if msg.HasField("command"):
-                t = time.time()
-                cmd = msg.command
-                self.received.append((cmd.kind, int(cmd.generation), t))
-                self.gen.counts[(cmd.kind, int(cmd.generation))] += 1
+                self.command(msg.command, "stream")
+
+    def command(self, cmd: peer_pb2.PeerCommand, via: str) -> None:
+        """A PeerCommand's arrival (the stream's copy or the datagram's); ``counts`` holds first copies only."""
+        key = (cmd.kind, int(cmd.generation))
+        self.received.append((cmd.kind, int(cmd.generation), time.time(), via))
+        if key not in self.heard:
+            self.heard.add(key)
+            self.gen.counts[key] += 1
+        if via == "stream":
+            self.gen.stream_counts[key] += 1
 
     async def disconnect(self) -> None:
         if self.task is not None:
@@ -160,6 +176,8 @@ class LoadGen:
         self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
         self.by_index = {w.index: w for w in self.workers}
         self.counts: Counter[tuple[str, int]] = Counter()
+        self.stream_counts: Counter[tuple[str, int]] = Counter()
+        self.command_datagrams_refused = 0
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
@@ -180,6 +198,10 @@ class LoadGen:
         family = socket.AF_INET6 if ":" in self.datagram_host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
+        # The coordinator sends each worker's command datagrams back to where its heartbeats come from:
+        # here, this one socket for all of them, so each is told apart by the slice and host it names.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        asyncio.get_running_loop().add_reader(self.sock.fileno(), self._read_commands)
         tick = self.interval / DATAGRAM_SLOTS
         slot, t = 0, time.monotonic()
         while True:
@@ -195,6 +217,25 @@ class LoadGen:
             slot = (slot + 1) % DATAGRAM_SLOTS
             t += tick
             await asyncio.sleep(max(0.0, t - time.monotonic()))
+
+    def _read_commands(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                data = self.sock.recv(MAX_COMMAND_DATAGRAM)
+            except OSError:
+                return
+            try:
+                body = peer_pb2.CommandDatagramBody.FromString(peer_pb2.CommandDatagram.FromString(data).body)
+            except DecodeError:
+                self.command_datagrams_refused += 1
+                continue
+            w = self.by_index.get(body.slice * self.hosts_per_slice + body.host)
+            cmd = None if w is None else open_command_datagram(w.token, body.slice, body.host, data)
+            if w is None or cmd is None or not w.connected:
+                self.command_datagrams_refused += 1
+                continue
+            w.command(cmd, "datagram")
 
     def _stdin_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         for line in sys.stdin:
@@ -245,7 +286,15 @@ class LoadGen:
                 deadline = time.monotonic() + float(cmd.get("timeout", 30))
                 while self.counts[key] < expected and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
-                emit({"event": "waited", "have": self.counts[key], "expected": expected})
+                emit(
+                    {
+                        "event": "waited",
+                        "have": self.counts[key],
+                        "expected": expected,
+                        "stream_have": self.stream_counts[key],
+                        "command_datagrams_refused": self.command_datagrams_refused,
+                    }
+                )
             elif c == "datagrams":
                 live = [w for w in self.workers if w.connected]
                 emit(

@@ -19,11 +19,19 @@ another registration alive by accident. The token travels on the (possibly
 authenticated, possibly TLS) stream; the datagram itself is plaintext, so on a
 network where an attacker can read UDP between the hosts, turn datagrams off
 (``--heartbeat-datagrams off``).
+
+Commands come back the same way (``CommandDatagram``): the coordinator sends a
+copy of every worker command to the address the worker's heartbeat datagrams
+come from, as well as on the stream. Ten thousand stream writes from one Python
+thread take seconds; ten thousand ``sendto`` calls take tens of milliseconds.
+A command datagram carries an HMAC-SHA256 of its body keyed with the
+registration's token, so nobody without the token can steer a worker by UDP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import os
 import socket
@@ -46,6 +54,11 @@ short event-loop stall's worth of heartbeats at 10,000 workers."""
 TOKEN_BYTES = 16
 MAX_DATAGRAM = 256
 """A HeartbeatDatagram is about 40 bytes; anything longer is not one."""
+MAX_COMMAND_DATAGRAM = 2048
+"""A CommandDatagram: a PeerCommand (its reason is short text) and a 32-byte mac."""
+
+Reply = tuple[socket.socket, Any]
+"""Where a worker's heartbeat datagrams came from: the coordinator's socket that read them and the sender's address."""
 
 
 def new_token() -> bytes:
@@ -55,6 +68,33 @@ def new_token() -> bytes:
 
 def same_token(expected: bytes, got: bytes) -> bool:
     return bool(expected) and hmac.compare_digest(expected, got)
+
+
+def _mac(token: bytes, body: bytes) -> bytes:
+    return hmac.digest(token, body, hashlib.sha256)
+
+
+def command_datagram(token: bytes, slice_: int, host: int, command: peer_pb2.PeerCommand) -> bytes:
+    """One worker's copy of ``command`` as a CommandDatagram, authenticated with its registration's token."""
+    body = peer_pb2.CommandDatagramBody(slice=slice_, host=host, command=command).SerializeToString()
+    return peer_pb2.CommandDatagram(body=body, mac=_mac(token, body)).SerializeToString()
+
+
+def open_command_datagram(token: bytes, slice_: int, host: int, data: bytes) -> peer_pb2.PeerCommand | None:
+    """The PeerCommand in ``data`` when it is a CommandDatagram for this worker under ``token``; else None."""
+    try:
+        dg = peer_pb2.CommandDatagram.FromString(data)
+    except DecodeError:
+        return None
+    if not token or not hmac.compare_digest(_mac(token, dg.body), dg.mac):
+        return None
+    try:
+        body = peer_pb2.CommandDatagramBody.FromString(dg.body)
+    except DecodeError:
+        return None
+    if (body.slice, body.host) != (slice_, host) or not body.HasField("command"):
+        return None
+    return body.command
 
 
 def _bind_addresses(listen: str) -> list[tuple[int, str]]:
@@ -79,14 +119,15 @@ def _bind_addresses(listen: str) -> list[tuple[int, str]]:
 class DatagramReceiver:
     """Reads heartbeat datagrams on the coordinator's UDP sockets.
 
-    ``on_heartbeat(slice, host, token, now)`` returns whether the datagram
-    belonged to a live registration; ``on_counts(accepted, refused)`` is
+    ``on_heartbeat(slice, host, token, now, reply)`` returns whether the datagram
+    belonged to a live registration (``reply``: where to send that worker command
+    datagrams, :meth:`send`); ``on_counts(accepted, refused)`` is
     called once per wake-up with what it read.
     """
 
     def __init__(
         self,
-        on_heartbeat: Callable[[int, int, bytes, float], bool],
+        on_heartbeat: Callable[[int, int, bytes, float, Reply], bool],
         on_counts: Callable[[int, int], None] | None = None,
     ) -> None:
         self.on_heartbeat = on_heartbeat
@@ -138,6 +179,16 @@ class DatagramReceiver:
         log.warning("heartbeat datagrams are off: no UDP port could be bound; workers heartbeat on their streams")
         return 0
 
+    @staticmethod
+    def send(reply: Reply, data: bytes) -> bool:
+        """Send one datagram back to where a worker's heartbeats come from; False when it could not go."""
+        sock, addr = reply
+        try:
+            sock.sendto(data, addr)
+            return True
+        except OSError:  # a full send buffer or a closed socket: the stream's copy still goes
+            return False
+
     def close(self) -> None:
         for s in self.socks:
             if self._loop is not None:
@@ -152,7 +203,7 @@ class DatagramReceiver:
         seen = self.on_heartbeat
         for _ in range(MAX_PER_WAKE):
             try:
-                data = sock.recv(MAX_DATAGRAM)
+                data, addr = sock.recvfrom(MAX_DATAGRAM)
             except OSError:  # BlockingIOError: nothing left to read
                 break
             try:
@@ -160,7 +211,7 @@ class DatagramReceiver:
             except DecodeError:
                 refused += 1
                 continue
-            if seen(dg.slice, dg.host, dg.token, now):
+            if seen(dg.slice, dg.host, dg.token, now, (sock, addr)):
                 accepted += 1
             else:
                 refused += 1
@@ -183,19 +234,39 @@ class DatagramSender:
 
     TRIES_PER_ADDRESS = 4
 
-    def __init__(self, addrs: list[tuple[int, Any]], token: bytes, slice_: int, host: int) -> None:
+    def __init__(
+        self,
+        addrs: list[tuple[int, Any]],
+        token: bytes,
+        slice_: int,
+        host: int,
+        on_command: Callable[[peer_pb2.PeerCommand], None] | None = None,
+    ) -> None:
         self.addrs = addrs
         self.token = token
         self.slice = slice_
         self.host = host
+        self.on_command = on_command
+        """Called with each authenticated PeerCommand the coordinator sends back to this socket."""
         self.confirmed = False
+        self.commands_received = 0
+        self.commands_refused = 0
         self._i = 0
         self._sent = 0
         self._socks: dict[int, socket.socket] = {}
         self._warned = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    async def create(cls, coordinator: str, port: int, token: bytes, slice_: int, host: int) -> DatagramSender | None:
+    async def create(
+        cls,
+        coordinator: str,
+        port: int,
+        token: bytes,
+        slice_: int,
+        host: int,
+        on_command: Callable[[peer_pb2.PeerCommand], None] | None = None,
+    ) -> DatagramSender | None:
         """None when the coordinator offers no datagram port or its name does not resolve."""
         if not port or not token:
             return None
@@ -209,7 +280,11 @@ class DatagramSender:
         for family, _, _, _, addr in infos:
             if (int(family), addr) not in addrs:
                 addrs.append((int(family), addr))
-        return cls(addrs, token, slice_, host) if addrs else None
+        if not addrs:
+            return None
+        sender = cls(addrs, token, slice_, host, on_command)
+        sender._loop = asyncio.get_running_loop()
+        return sender
 
     def send(self, seq: int) -> bool:
         """Send one heartbeat; False when it could not be sent (the caller heartbeats on the stream then)."""
@@ -223,6 +298,8 @@ class DatagramSender:
             if sock is None:
                 sock = self._socks[family] = socket.socket(family, socket.SOCK_DGRAM)
                 sock.setblocking(False)
+                if self.on_command is not None and self._loop is not None:
+                    self._loop.add_reader(sock.fileno(), self._read_commands, sock)
             data = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=self.token, seq=seq)
             sock.sendto(data.SerializeToString(), addr)
             return True
@@ -232,7 +309,24 @@ class DatagramSender:
                 log.warning("heartbeat datagram not sent; the stream keeps the heartbeats", error=str(e), to=str(addr))
             return False
 
+    def _read_commands(self, sock: socket.socket) -> None:
+        """Command datagrams back from the coordinator; anything else on this socket is dropped."""
+        for _ in range(64):
+            try:
+                data = sock.recv(MAX_COMMAND_DATAGRAM)
+            except OSError:  # BlockingIOError: nothing left; or an ICMP error from an earlier send
+                return
+            cmd = open_command_datagram(self.token, self.slice, self.host, data)
+            if cmd is None:
+                self.commands_refused += 1
+                continue
+            self.commands_received += 1
+            if self.on_command is not None:
+                self.on_command(cmd)
+
     def close(self) -> None:
         for s in self._socks.values():
+            if self.on_command is not None and self._loop is not None:
+                self._loop.remove_reader(s.fileno())
             s.close()
         self._socks.clear()

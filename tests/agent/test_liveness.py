@@ -628,3 +628,44 @@ async def test_a_datagram_with_another_token_does_not_keep_a_hung_worker_alive(
     assert (lost[0].event.slice, lost[0].event.cause) == (0, "heartbeat_timeout")
     assert lost[0].at - t0 < 2.0
     assert datagram_counts(obs)[1] >= len(forged)
+
+
+def commands_logged(p: subprocess.Popen[bytes]) -> list[tuple[str, int, str]]:
+    """(kind, generation, via) of each command the worker acted on (the generation is a log label)."""
+    return [
+        (r["kind"], int(r["logging.googleapis.com/labels"]["generation"]), r["via"])
+        for r in log_lines(p)
+        if r.get("message") == "coordinator command"
+    ]
+
+
+async def test_worker_commands_go_by_datagram_too_and_are_acted_on_once(coordinator: Observed, procs: Procs) -> None:
+    """A hold reaches a worker by datagram when its stream is slow; the stream's late copy changes nothing."""
+    from agent.core.model import TellWorkers
+
+    obs = coordinator
+    ps = [procs.worker(obs.coord.port, s) for s in range(2)]
+    await wait_registered(obs, {(0, 0), (1, 0)}, ps)
+    conns = {s: obs.coord.workers[(s, 0)] for s in range(2)}
+    await obs.wait_for(lambda: all(c.reply is not None for c in conns.values()), 5.0, "both workers' datagrams", ps)
+    # Worker 0's stream is stuck: its copies wait until released.
+    held_back: list[Any] = []
+    conns[0].outbox.put_nowait = held_back.append  # type: ignore[method-assign]
+    gen = obs.coord.state.generation + 1
+    obs.coord._execute(TellWorkers(gen, "hold", "test: slice 1 lost"))  # noqa: SLF001
+    sent = obs.coord.metrics.command_datagrams.labels("sent")._value.get()  # noqa: SLF001
+    assert sent == 2
+    for p in ps:
+        await obs.wait_for(lambda p=p: commands_logged(p), 5.0, "the hold to reach the worker", ps)
+    first = commands_logged(ps[0])
+    assert first == [("hold", gen, "datagram")]
+    # The stream's copy comes later, and the resume by stream alone still counts.
+    del conns[0].outbox.put_nowait
+    for msg in held_back:
+        conns[0].outbox.put_nowait(msg)
+    obs.coord.datagrams.close()  # from here on only the streams carry commands
+    obs.coord._execute(TellWorkers(gen, "resume", "test: slice 1 back"))  # noqa: SLF001
+    await obs.wait_for(lambda: len(commands_logged(ps[0])) >= 2, 5.0, "the resume to reach worker 0", ps)
+    await asyncio.sleep(0.5)
+    got = commands_logged(ps[0])
+    assert got == [("hold", gen, "datagram"), ("resume", gen, "stream")], got

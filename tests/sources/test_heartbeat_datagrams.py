@@ -7,11 +7,22 @@ never arrives) is in tests/agent/test_liveness.py with real worker processes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import socket
 
 import pytest
 
-from agent.sources.heartbeat_datagrams import DatagramReceiver, DatagramSender, new_token, same_token, target_host
+from agent.sources.heartbeat_datagrams import (
+    DatagramReceiver,
+    DatagramSender,
+    Reply,
+    command_datagram,
+    new_token,
+    open_command_datagram,
+    same_token,
+    target_host,
+)
 from protos.elastic_sidecar.v1 import peer_pb2
 
 
@@ -50,10 +61,12 @@ def test_tokens_are_random_and_an_empty_one_matches_nothing() -> None:
 async def test_localhost_binds_both_loopbacks_on_one_port_and_counts_what_it_reads() -> None:
     seen: list[tuple[int, int, bytes]] = []
     counts: list[tuple[int, int]] = []
+    replies: list[Reply] = []
     token = new_token()
 
-    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float) -> bool:
+    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> bool:
         seen.append((slice_, host, tok))
+        replies.append(reply)
         return tok == token
 
     rx = DatagramReceiver(on_heartbeat, lambda a, r: counts.append((a, r)))
@@ -76,6 +89,9 @@ async def test_localhost_binds_both_loopbacks_on_one_port_and_counts_what_it_rea
         n = len(families)
         assert sum(a for a, _ in counts) == n and sum(r for _, r in counts) == 2 * n, counts
         assert seen.count((1, 2, token)) == n
+        # Each read names the socket that read it and the sender's address, to answer to.
+        assert {r[0].family for r in replies} == {f for f, _ in families}
+        assert all(r[1][0] == dict(families)[r[0].family] for r in replies)
     finally:
         rx.close()
     assert rx.socks == []
@@ -154,3 +170,63 @@ async def test_localhost_with_one_loopback_taken_keeps_the_other_on_the_wanted_p
             assert [s.family for s in rx.socks] == [socket.AF_INET]
         finally:
             rx.close()
+
+
+def _hold(generation: int = 7) -> peer_pb2.PeerCommand:
+    return peer_pb2.PeerCommand(generation=generation, kind="hold", reason="slice 1 lost", epoch=3)
+
+
+def test_a_command_datagram_opens_only_for_its_worker_under_its_token() -> None:
+    token = new_token()
+    data = command_datagram(token, 2, 5, _hold())
+    assert open_command_datagram(token, 2, 5, data) == _hold()
+    assert open_command_datagram(new_token(), 2, 5, data) is None  # another registration's token
+    assert open_command_datagram(token, 2, 6, data) is None  # another worker's copy
+    assert open_command_datagram(b"", 2, 5, data) is None
+    assert open_command_datagram(token, 2, 5, b"\xff\xff\xff") is None
+    # A body changed in flight (or forged without the token) fails the mac.
+    dg = peer_pb2.CommandDatagram.FromString(data)
+    forged = peer_pb2.CommandDatagramBody(slice=2, host=5, command=_hold(8)).SerializeToString()
+    assert (
+        open_command_datagram(token, 2, 5, peer_pb2.CommandDatagram(body=forged, mac=dg.mac).SerializeToString())
+        is None
+    )
+    # A body with a good mac but no command in it opens to nothing.
+    empty = peer_pb2.CommandDatagramBody(slice=2, host=5).SerializeToString()
+    no_cmd = peer_pb2.CommandDatagram(body=empty, mac=hmac.digest(token, empty, hashlib.sha256))
+    assert open_command_datagram(token, 2, 5, no_cmd.SerializeToString()) is None
+
+
+async def test_command_datagrams_come_back_to_the_senders_heartbeat_socket() -> None:
+    token = new_token()
+    replies: dict[tuple[int, int], Reply] = {}
+
+    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> bool:
+        replies[(slice_, host)] = reply
+        return True
+
+    rx = DatagramReceiver(on_heartbeat)
+    port = rx.open("127.0.0.1:0", 0)
+    got: list[peer_pb2.PeerCommand] = []
+    tx = DatagramSender([(int(socket.AF_INET), ("127.0.0.1", port))], token, 1, 4, on_command=got.append)
+    tx._loop = asyncio.get_running_loop()
+    try:
+        assert tx.send(1)
+        for _ in range(200):
+            if (1, 4) in replies:
+                break
+            await asyncio.sleep(0.01)
+        reply = replies[(1, 4)]
+        assert DatagramReceiver.send(reply, command_datagram(token, 1, 4, _hold()))
+        assert DatagramReceiver.send(reply, command_datagram(new_token(), 1, 4, _hold(9)))  # not its token
+        assert DatagramReceiver.send(reply, b"junk")
+        for _ in range(200):
+            if tx.commands_received + tx.commands_refused >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert got == [_hold()]
+        assert (tx.commands_received, tx.commands_refused) == (1, 2)
+    finally:
+        tx.close()
+        rx.close()
+    assert not DatagramReceiver.send(reply, b"x")  # the receiver's socket is closed: reported, not raised

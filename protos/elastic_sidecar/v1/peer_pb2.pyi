@@ -95,6 +95,24 @@ class HeartbeatDatagram(_message.Message):
     seq: int
     def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., token: _Optional[bytes] = ..., seq: _Optional[int] = ...) -> None: ...
 
+class CommandDatagram(_message.Message):
+    __slots__ = ("body", "mac")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    mac: bytes
+    def __init__(self, body: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
+
+class CommandDatagramBody(_message.Message):
+    __slots__ = ("slice", "host", "command")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    host: int
+    command: PeerCommand
+    def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., command: _Optional[_Union[PeerCommand, _Mapping]] = ...) -> None: ...
+
 class DatagramsReceived(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
