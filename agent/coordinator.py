@@ -144,6 +144,8 @@ class _Conn:
     """A heartbeat datagram of this registration arrived (the worker was told so)."""
     reply: Reply | None = None
     """Where this registration's heartbeat datagrams come from: commands go there too."""
+    datagram_key: bytes = b""
+    """Its heartbeat datagram's bytes, matched without parsing (DatagramReceiver.known)."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -576,17 +578,20 @@ class Coordinator:
 
     # -- liveness --------------------------------------------------------------
 
-    def _datagram_heartbeat(self, slice_: int, host: int, token: bytes, now: float, reply: Reply) -> bool:
-        """A heartbeat datagram (agent.sources.heartbeat_datagrams): the registration it names is alive."""
+    def _datagram_heartbeat(self, slice_: int, host: int, token: bytes, now: float, reply: Reply) -> _Conn | None:
+        """A heartbeat datagram (agent.sources.heartbeat_datagrams) not matched by its bytes: whose is it?
+
+        The registration it names is alive, and its commands can go back to ``reply``.
+        """
         conn = self.workers.get((slice_, host))
         if conn is None or conn.closed.is_set() or not same_token(conn.token, token):
-            return False
+            return None
         conn.last_seen = now
         conn.reply = reply
         if not conn.datagrams:
             conn.datagrams = True
             conn.outbox.put_nowait(peer_pb2.CoordinatorMessage(datagrams_received=peer_pb2.DatagramsReceived()))
-        return True
+        return conn
 
     def check_liveness(self, now: float) -> None:
         """End the streams of workers silent past the heartbeat timeout.
@@ -595,10 +600,12 @@ class Coordinator:
         of the newest event-loop stall: messages that arrived while the loop was
         blocked are read only after it, so the stall itself proves nothing.
         """
-        limit = self.cfg.heartbeat_timeout
-        since = self._loop_resumed_at
+        # Late: now - max(last_seen, since) > timeout, i.e. both before the deadline.
+        deadline = now - self.cfg.heartbeat_timeout
+        if self._loop_resumed_at >= deadline:
+            return  # the loop resumed from a stall within the timeout: nobody can be late yet
         for conn in self.workers.values():
-            if not conn.closed.is_set() and now - max(conn.last_seen, since) > limit:
+            if conn.last_seen < deadline and not conn.closed.is_set():
                 conn.cause = "heartbeat_timeout"
                 conn.closed.set()
 
@@ -978,6 +985,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             reader.cancel()
             writer.cancel()
             closer.cancel()
+            self.c.datagrams.forget(conn)
             if self.c.workers.get(key) is conn:
                 del self.c.workers[key]
             self.c.metrics.workers.set(len(self.c.workers))

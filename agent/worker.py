@@ -228,7 +228,7 @@ class Worker:
                     seq += 1
                     # A datagram alone once the coordinator has received one; on the stream until then.
                     dg = self.datagrams
-                    if not (dg is not None and dg.send(seq) and dg.confirmed):
+                    if not (dg is not None and dg.send() and dg.confirmed):
                         await call.write(
                             peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
                         )

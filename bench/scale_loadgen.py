@@ -111,9 +111,9 @@ class FakeWorker:
             self.registered.set()
             reader = asyncio.create_task(self._read(call))
             if use_datagrams:
-                # From here on the process's one datagram clock sends this worker's heartbeats
-                # (a datagram is the same bytes every time but for seq, which the coordinator ignores).
-                dg = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=token, seq=1)
+                # From here on the process's one datagram clock sends this worker's heartbeats:
+                # the same bytes every time, as agent.sources.heartbeat_datagrams.DatagramSender sends.
+                dg = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=token)
                 g.heartbeat_by_datagram(self, port, dg.SerializeToString(), interval)
             await asyncio.sleep(random.uniform(0, interval))
             seq = 0

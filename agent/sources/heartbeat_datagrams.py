@@ -37,7 +37,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -59,6 +59,14 @@ MAX_COMMAND_DATAGRAM = 2048
 
 Reply = tuple[socket.socket, Any]
 """Where a worker's heartbeat datagrams came from: the coordinator's socket that read them and the sender's address."""
+
+
+class Target(Protocol):
+    """What a live registration's heartbeat datagram updates (the coordinator's connection)."""
+
+    last_seen: float
+    datagram_key: bytes
+    """The exact bytes its heartbeat datagrams repeat (empty: not matched that way)."""
 
 
 def new_token() -> bytes:
@@ -119,22 +127,38 @@ def _bind_addresses(listen: str) -> list[tuple[int, str]]:
 class DatagramReceiver:
     """Reads heartbeat datagrams on the coordinator's UDP sockets.
 
-    ``on_heartbeat(slice, host, token, now, reply)`` returns whether the datagram
-    belonged to a live registration (``reply``: where to send that worker command
-    datagrams, :meth:`send`); ``on_counts(accepted, refused)`` is
-    called once per wake-up with what it read.
+    ``on_heartbeat(slice, host, token, now, reply)`` returns the live registration
+    the datagram belongs to, or None (``reply``: where to send that worker command
+    datagrams, :meth:`send`); ``on_counts(accepted, refused)`` is called once per
+    wake-up with what it read.
+
+    A worker sends the same bytes every time (``seq`` left 0), so once one of its
+    datagrams was accepted, the next ones are matched by their bytes alone, without
+    parsing: one dict lookup. At 10,000 workers and four heartbeats a second that is
+    most of the coordinator's steady work. The bytes hold the registration's token,
+    so a match is as good as the token check; the dict hashes bytes with SipHash keyed
+    per process, so a lookup's timing tells a sender nothing about a token it does not
+    have. :meth:`forget` drops a registration when its stream ends.
     """
 
     def __init__(
         self,
-        on_heartbeat: Callable[[int, int, bytes, float, Reply], bool],
+        on_heartbeat: Callable[[int, int, bytes, float, Reply], Target | None],
         on_counts: Callable[[int, int], None] | None = None,
     ) -> None:
         self.on_heartbeat = on_heartbeat
         self.on_counts = on_counts
         self.socks: list[socket.socket] = []
         self.port = 0
+        self.known: dict[bytes, Target] = {}
+        """A registration's heartbeat datagram, byte for byte -> the registration."""
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def forget(self, target: Target) -> None:
+        """``target``'s datagrams no longer count (its stream ended)."""
+        if target.datagram_key and self.known.get(target.datagram_key) is target:
+            del self.known[target.datagram_key]
+        target.datagram_key = b""
 
     def open(self, listen: str, port: int) -> int:
         """Bind UDP ``port`` on the hosts of ``listen`` (another free port if it is taken); return the port.
@@ -201,20 +225,31 @@ class DatagramReceiver:
         accepted = refused = 0
         parse = peer_pb2.HeartbeatDatagram.FromString
         seen = self.on_heartbeat
+        known = self.known
+        recvfrom = sock.recvfrom
         for _ in range(MAX_PER_WAKE):
             try:
-                data, addr = sock.recvfrom(MAX_DATAGRAM)
+                data, addr = recvfrom(MAX_DATAGRAM)
             except OSError:  # BlockingIOError: nothing left to read
                 break
+            target = known.get(data)
+            if target is not None:
+                target.last_seen = now
+                accepted += 1
+                continue
             try:
                 dg = parse(data)
             except DecodeError:
                 refused += 1
                 continue
-            if seen(dg.slice, dg.host, dg.token, now, (sock, addr)):
-                accepted += 1
-            else:
+            target = seen(dg.slice, dg.host, dg.token, now, (sock, addr))
+            if target is None:
                 refused += 1
+                continue
+            accepted += 1
+            if dg.seq == 0 and not target.datagram_key:
+                target.datagram_key = data
+                known[data] = target
         if self.on_counts is not None and (accepted or refused):
             self.on_counts(accepted, refused)
 
@@ -256,6 +291,7 @@ class DatagramSender:
         self._socks: dict[int, socket.socket] = {}
         self._warned = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._data = peer_pb2.HeartbeatDatagram(slice=slice_, host=host, token=token).SerializeToString()
 
     @classmethod
     async def create(
@@ -286,8 +322,11 @@ class DatagramSender:
         sender._loop = asyncio.get_running_loop()
         return sender
 
-    def send(self, seq: int) -> bool:
-        """Send one heartbeat; False when it could not be sent (the caller heartbeats on the stream then)."""
+    def send(self) -> bool:
+        """Send one heartbeat; False when it could not be sent (the caller heartbeats on the stream then).
+
+        Every heartbeat is the same bytes (``seq`` left 0): the coordinator matches them without parsing.
+        """
         if not self.confirmed:
             if self._sent and self._sent % self.TRIES_PER_ADDRESS == 0:
                 self._i = (self._i + 1) % len(self.addrs)
@@ -300,8 +339,7 @@ class DatagramSender:
                 sock.setblocking(False)
                 if self.on_command is not None and self._loop is not None:
                     self._loop.add_reader(sock.fileno(), self._read_commands, sock)
-            data = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=self.token, seq=seq)
-            sock.sendto(data.SerializeToString(), addr)
+            sock.sendto(self._data, addr)
             return True
         except OSError as e:
             if not self._warned:

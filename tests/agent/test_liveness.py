@@ -628,6 +628,9 @@ async def test_a_datagram_with_another_token_does_not_keep_a_hung_worker_alive(
     assert (lost[0].event.slice, lost[0].event.cause) == (0, "heartbeat_timeout")
     assert lost[0].at - t0 < 2.0
     assert datagram_counts(obs)[1] >= len(forged)
+    # Its datagrams were matched by their bytes; once lost, they no longer count.
+    assert conn.datagram_key == b"" and conn not in obs.coord.datagrams.known.values()
+    assert obs.coord.workers[(1, 0)].datagram_key in obs.coord.datagrams.known
 
 
 def commands_logged(p: subprocess.Popen[bytes]) -> list[tuple[str, int, str]]:

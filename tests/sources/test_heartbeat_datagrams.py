@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import hmac
 import socket
+from dataclasses import dataclass
 
 import pytest
 
@@ -38,6 +39,14 @@ def _has_ipv6_loopback() -> bool:
 HAS_V6 = _has_ipv6_loopback()
 
 
+@dataclass
+class Live:
+    """A registration as the receiver sees it (the coordinator's connection)."""
+
+    last_seen: float = 0.0
+    datagram_key: bytes = b""
+
+
 @pytest.mark.parametrize(
     ("target", "host"),
     [
@@ -64,10 +73,10 @@ async def test_localhost_binds_both_loopbacks_on_one_port_and_counts_what_it_rea
     replies: list[Reply] = []
     token = new_token()
 
-    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> bool:
+    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> Live | None:
         seen.append((slice_, host, tok))
         replies.append(reply)
-        return tok == token
+        return Live() if tok == token else None
 
     rx = DatagramReceiver(on_heartbeat, lambda a, r: counts.append((a, r)))
     port = rx.open("localhost:0", 0)
@@ -75,7 +84,7 @@ async def test_localhost_binds_both_loopbacks_on_one_port_and_counts_what_it_rea
         assert port > 0 and len(rx.socks) == (2 if HAS_V6 else 1)
         assert {s.getsockname()[1] for s in rx.socks} == {port}
         families = [(socket.AF_INET, "127.0.0.1"), *([(socket.AF_INET6, "::1")] if HAS_V6 else [])]
-        good = peer_pb2.HeartbeatDatagram(slice=1, host=2, token=token, seq=1).SerializeToString()
+        good = peer_pb2.HeartbeatDatagram(slice=1, host=2, token=token, seq=1).SerializeToString()  # parsed each time
         wrong = peer_pb2.HeartbeatDatagram(slice=1, host=2, token=b"y" * 16, seq=2).SerializeToString()
         for family, addr in families:
             with socket.socket(family, socket.SOCK_DGRAM) as s:
@@ -101,7 +110,7 @@ async def test_a_taken_port_falls_back_to_another_one() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
         busy.bind(("127.0.0.1", 0))
         taken = busy.getsockname()[1]
-        rx = DatagramReceiver(lambda *a: True)
+        rx = DatagramReceiver(lambda *a: Live())
         try:
             port = rx.open(f"127.0.0.1:{taken}", taken)
             assert port not in (0, taken)
@@ -121,21 +130,30 @@ async def test_the_sender_tries_each_address_in_turn_until_confirmed() -> None:
         tx = DatagramSender(addrs, b"t" * 16, 3, 4)
         try:
             per = DatagramSender.TRIES_PER_ADDRESS
-            for seq in range(1, 2 * per + 1):
-                assert tx.send(seq)
+            dead.setblocking(False)
+
+            def drain(sock: socket.socket) -> list[bytes]:
+                out = []
+                while True:
+                    try:
+                        out.append(sock.recv(256))
+                    except BlockingIOError:
+                        return out
+
+            for _ in range(2 * per):
+                assert tx.send()
             await asyncio.sleep(0.05)
-            got = []
-            while True:
-                try:
-                    got.append(peer_pb2.HeartbeatDatagram.FromString(live.recv(256)))
-                except BlockingIOError:
-                    break
             # The first address got the first few; the second one the rest.
-            assert [d.seq for d in got] == list(range(per + 1, 2 * per + 1))
-            assert all((d.slice, d.host, d.token) == (3, 4, b"t" * 16) for d in got)
+            assert len(drain(dead)) == per
+            got = drain(live)
+            assert len(got) == per
+            # Every heartbeat the same bytes, seq left out: the coordinator matches them without parsing.
+            assert len(set(got)) == 1
+            d = peer_pb2.HeartbeatDatagram.FromString(got[0])
+            assert (d.slice, d.host, d.token, d.seq) == (3, 4, b"t" * 16, 0)
             tx.confirmed = True
-            for seq in range(100, 100 + 3 * per):
-                tx.send(seq)
+            for _ in range(3 * per):
+                tx.send()
             await asyncio.sleep(0.05)
             later = 0
             while True:
@@ -163,7 +181,7 @@ async def test_localhost_with_one_loopback_taken_keeps_the_other_on_the_wanted_p
     with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as busy:
         busy.bind(("::1", 0))
         taken = busy.getsockname()[1]
-        rx = DatagramReceiver(lambda *a: True)
+        rx = DatagramReceiver(lambda *a: Live())
         try:
             port = rx.open(f"localhost:{taken}", taken)
             assert port == taken
@@ -201,9 +219,9 @@ async def test_command_datagrams_come_back_to_the_senders_heartbeat_socket() -> 
     token = new_token()
     replies: dict[tuple[int, int], Reply] = {}
 
-    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> bool:
+    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> Live | None:
         replies[(slice_, host)] = reply
-        return True
+        return Live()
 
     rx = DatagramReceiver(on_heartbeat)
     port = rx.open("127.0.0.1:0", 0)
@@ -211,7 +229,7 @@ async def test_command_datagrams_come_back_to_the_senders_heartbeat_socket() -> 
     tx = DatagramSender([(int(socket.AF_INET), ("127.0.0.1", port))], token, 1, 4, on_command=got.append)
     tx._loop = asyncio.get_running_loop()
     try:
-        assert tx.send(1)
+        assert tx.send()
         for _ in range(200):
             if (1, 4) in replies:
                 break
@@ -230,3 +248,49 @@ async def test_command_datagrams_come_back_to_the_senders_heartbeat_socket() -> 
         tx.close()
         rx.close()
     assert not DatagramReceiver.send(reply, b"x")  # the receiver's socket is closed: reported, not raised
+
+
+async def test_a_repeated_datagram_is_matched_by_its_bytes_until_forgotten() -> None:
+    token = new_token()
+    live = Live()
+    parsed: list[int] = []
+
+    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> Live | None:
+        parsed.append(host)
+        return live if tok == token else None
+
+    counts: list[tuple[int, int]] = []
+    rx = DatagramReceiver(on_heartbeat, lambda a, r: counts.append((a, r)))
+    port = rx.open("127.0.0.1:0", 0)
+    same = peer_pb2.HeartbeatDatagram(slice=0, host=1, token=token).SerializeToString()
+    with_seq = peer_pb2.HeartbeatDatagram(slice=0, host=1, token=token, seq=5).SerializeToString()
+    forged = peer_pb2.HeartbeatDatagram(slice=0, host=1, token=new_token()).SerializeToString()
+
+    async def send(*datagrams: bytes) -> None:
+        n0 = sum(a + r for a, r in counts)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for d in datagrams:
+                s.sendto(d, ("127.0.0.1", port))
+        for _ in range(200):
+            if sum(a + r for a, r in counts) >= n0 + len(datagrams):
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        await send(same)
+        assert parsed == [1] and live.datagram_key == same and rx.known == {same: live}
+        t0 = live.last_seen
+        await asyncio.sleep(0.01)
+        await send(same, same, same)
+        assert parsed == [1]  # matched by the bytes: not parsed again
+        assert live.last_seen > t0
+        await send(with_seq, forged)
+        assert parsed == [1, 1, 1]  # other bytes go the parsed way, and a forged token is refused
+        assert rx.known == {same: live}
+        assert sum(r for _, r in counts) == 1
+        rx.forget(live)
+        assert rx.known == {} and live.datagram_key == b""
+        await send(same)
+        assert parsed == [1, 1, 1, 1]  # checked again once forgotten
+    finally:
+        rx.close()
