@@ -262,10 +262,16 @@ def scale_shortfall(sc: dict[str, Any], r: dict[str, Any], field: str) -> str:
         )
     cpus = size.get("load_cpus")
     where = f"{len(cpus)} CPU(s) apart from the coordinator's" if cpus else "the machine's CPUs with the coordinator"
+    by_datagram = r.get("hold_first_by_datagram")
+    how = (
+        f"{fmt(by_datagram)} of the workers heard it first by datagram (the stream copies' p99 "
+        f"{fmt(r.get('stream_fanout_p99_seconds'))} s)"
+        if by_datagram
+        else "the coordinator writes one message per worker stream"
+    )
     return (
-        f"gap: median hold fan-out {fmt(r.get('fanout_p50_seconds'))} s; the coordinator writes one message per "
-        f"worker stream, and the load generators that read them shared {where}, using "
-        f"{fmt(size.get('generators_cpu_cores'))} cores at steady state"
+        f"gap: median hold fan-out {fmt(r.get('fanout_p50_seconds'))} s; {how}, and the load generators that read "
+        f"them shared {where}, using {fmt(size.get('generators_cpu_cores'))} cores at steady state"
     )
 
 
@@ -359,7 +365,7 @@ def _detection_targets(de: dict[str, Any] | None) -> list[Verdict]:
         if r is None or not r.get("available") or not r.get("runs"):
             out.append(Verdict(name, goal, "–", "not measured", (r or {}).get("note", "no result")))
             continue
-        shown = spread_text(r["decision_seconds_median"], None, r["decision_seconds_max"], r["runs"]) + " s"
+        shown = f"{fmt(r['decision_seconds_median'])} s [worst {fmt(r['decision_seconds_max'])} s], n={fmt(r['runs'])}"
         if r.get("errors"):
             out.append(Verdict(name, goal, shown, "invalid", f"{fmt(r['errors'])} runs reached no decision"))
             continue
@@ -767,6 +773,8 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             fmt(r.get("coordinator_rss_mib")),
             fmt(r.get("fanout_p99_seconds")),
             fmt(r.get("resume_fanout_p99_seconds")),
+            fmt(r.get("hold_first_by_datagram")),
+            fmt(r.get("stream_fanout_p99_seconds")),
             fmt(r.get("delivered_fraction")),
             fmt(r.get("udp_receive_buffer_drops")),
             fmt(r.get("cycles")),
@@ -776,7 +784,8 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         for r in s.get("results", [])
     ]
     head = ["workers", "heartbeat / timeout s", "heartbeats by", "coordinator cores", "main thread cores", "RSS MiB"]
-    head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "delivered", "UDP datagrams dropped"]
+    head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "hold first by datagram"]
+    head += ["hold stream copy p99 s (worst cycle)", "delivered", "UDP datagrams dropped"]
     head += ["cycles", "pinned", "status"]
     top = topology_line(s)
     return table(head, rows) + (["", top] if top else []) + plot_line(plots, "scale")

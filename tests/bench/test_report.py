@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.__main__ import combine
 from bench.report import main as report_main
-from bench.report import render, sections, targets
+from bench.report import fmt, render, sections, targets
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -293,7 +293,8 @@ def test_invalid_rows_are_printed_invalid_and_never_met() -> None:
 
 
 def test_targets_from_data() -> None:
-    vs = {v.target: v for v in targets(sections(fixture()))}
+    doc = fixture()
+    vs = {v.target: v for v in targets(sections(doc))}
     # No MaxText row ran: not measured, with the row's own reason.
     mt = vs["sidecar vs checkpoint rewind, MaxText (kill)"]
     assert mt.verdict == "not measured" and "not implemented" in mt.basis
@@ -304,6 +305,12 @@ def test_targets_from_data() -> None:
     assert vs["hold fan-out p99 (worst cycle)"].verdict == "invalid"
     assert vs["step_boundary() with nothing pending"].verdict == "met"
     assert vs["detection: kill to hold decision"].verdict == "met"
+    # The median and the worst run, each with its unit, and the run count.
+    kill = vs["detection: kill to hold decision"]
+    r = next(r for r in doc["benchmarks"]["detection"]["results"] if r["kind"] == "kill")
+    assert kill.measured == (
+        f"{fmt(r['decision_seconds_median'])} s [worst {fmt(r['decision_seconds_max'])} s], n={r['runs']}"
+    )
     assert vs["coordinator RSS"].verdict == "met"
 
 

@@ -1,0 +1,83 @@
+"""Worker commands onto their streams: paced, in order, after the datagram copies (agent.coordinator)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent import coordinator as coordmod
+from agent.config import CoordinatorConfig
+from agent.coordinator import Coordinator, _Conn
+from agent.core.model import Policy, TellWorkers
+from protos.elastic_sidecar.v1 import peer_pb2
+
+
+def _coordinator(workers: int) -> Coordinator:
+    cfg = CoordinatorConfig(
+        job="stream-copies",
+        listen="127.0.0.1:0",
+        policy=Policy(num_slices=workers, hosts_per_slice=1),
+        heartbeat_interval=0.25,
+        heartbeat_timeout=1.2,
+        state_file=None,
+        journal=None,
+        log_format="json",
+        log_level="error",
+    )
+    coord = Coordinator(cfg)
+    for s in range(workers):
+        coord.workers[(s, 0)] = _Conn()
+    return coord
+
+
+def _kinds(conn: _Conn) -> list[str]:
+    out = []
+    while not conn.outbox.empty():
+        msg = conn.outbox.get_nowait()
+        out.append(msg.command.kind)
+    return out
+
+
+async def test_stream_copies_are_queued_a_pass_at_a_time_and_in_order() -> None:
+    n = coordmod.STREAM_COPIES_PER_PASS * 3 + 7
+    coord = _coordinator(n)
+    conns = list(coord.workers.values())
+    closed = conns[5]
+    closed.closed.set()
+    copier = asyncio.create_task(coord._stream_copier())  # noqa: SLF001
+    try:
+        coord._execute(TellWorkers(4, "hold", "slice 1 lost"))  # noqa: SLF001
+        coord._execute(TellWorkers(4, "resume", "slice 1 back"))  # noqa: SLF001
+        assert all(c.outbox.empty() for c in conns)  # nothing on a stream before the loop runs
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        queued = sum(c.outbox.qsize() for c in conns)
+        # One pass queued at most a pass's worth (the copier may have started its second).
+        assert 0 < queued <= 2 * coordmod.STREAM_COPIES_PER_PASS
+        for _ in range(50):
+            if not coord._stream_copies:  # noqa: SLF001
+                break
+            await asyncio.sleep(0)
+        assert not coord._stream_copies  # noqa: SLF001
+        for c in conns:
+            # Every open stream got the hold before the resume; a closed one got nothing.
+            assert _kinds(c) == ([] if c is closed else ["hold", "resume"])
+    finally:
+        copier.cancel()
+
+
+async def test_a_worker_without_datagrams_still_gets_the_stream_copy() -> None:
+    coord = _coordinator(2)
+    copier = asyncio.create_task(coord._stream_copier())  # noqa: SLF001
+    try:
+        coord._execute(TellWorkers(2, "abort", "retries used up"))  # noqa: SLF001
+        for _ in range(10):
+            await asyncio.sleep(0)
+        for c in coord.workers.values():
+            msg = c.outbox.get_nowait()
+            assert msg == peer_pb2.CoordinatorMessage(
+                command=peer_pb2.PeerCommand(generation=2, kind="abort", reason="retries used up", epoch=coord.epoch)
+            )
+        # Neither had a heartbeat datagram: no datagram was sent.
+        assert coord.metrics.command_datagrams.labels("sent")._value.get() == 0  # noqa: SLF001
+    finally:
+        copier.cancel()
