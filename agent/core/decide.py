@@ -90,7 +90,9 @@ host, joined by ``jax.distributed``) cannot shrink: every slice is needed.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import replace as _replace
+from typing import Any
 
 from agent.constants import EXIT_ABORTED, EXIT_RESTART
 from agent.core.model import (
@@ -125,6 +127,16 @@ from agent.core.model import (
     WorkerLost,
     _frozen,
 )
+
+
+def replace(obj: Any, _slices: Iterable[int] | None = None, **changes: Any) -> Any:
+    """:func:`dataclasses.replace`; a new State carries its parent's up slices over
+    (:meth:`State.carry_up`), ``_slices`` naming the slices whose hosts changed."""
+    new = _replace(obj, **changes)
+    if isinstance(obj, State):
+        new.carry_up(obj, _slices)
+    return new
+
 
 RECENT_STEPS = 15
 """Step durations kept for the median that judges a suspected hang."""
@@ -274,6 +286,7 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         lost = _frozen({k: v for k, v in lost.items() if k != key})
     new = replace(
         state,
+        (ev.slice,),
         hosts=_frozen(hosts),
         slice_errors=errors,
         lost_incarnations=lost,
@@ -297,7 +310,9 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
     errors[ev.slice] = now
     lost = dict(state.lost_incarnations)
     lost[key] = ev.incarnation
-    new = replace(state, hosts=_frozen(hosts), slice_errors=_frozen(errors), lost_incarnations=_frozen(lost))
+    new = replace(
+        state, (ev.slice,), hosts=_frozen(hosts), slice_errors=_frozen(errors), lost_incarnations=_frozen(lost)
+    )
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} lost ({ev.cause})")
 
 
@@ -313,7 +328,7 @@ def _worker_away(state: State, ev: WorkerAway, now: float) -> Decision:
         f"sidecar of host {ev.slice}.{ev.host} disconnected but its Pathways worker still answers{detail}: "
         "the host stays in the job while its sidecar comes back"
     )
-    return Decision(replace(state, hosts=_frozen(hosts)), (), why)
+    return Decision(replace(state, (ev.slice,), hosts=_frozen(hosts)), (), why)
 
 
 def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
@@ -330,7 +345,9 @@ def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
         hosts[key] = replace(old, healthy=False, settled=False)
     word = "healthy" if ev.healthy else "unhealthy"
     detail = f": {ev.detail}" if ev.detail else ""
-    return _evaluate(replace(state, hosts=_frozen(hosts)), now, f"host {ev.slice}.{ev.host} {word}{detail}")
+    return _evaluate(
+        replace(state, (ev.slice,), hosts=_frozen(hosts)), now, f"host {ev.slice}.{ev.host} {word}{detail}"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -736,7 +753,7 @@ def _settle(state: State, now: float) -> State:
     hosts = dict(state.hosts)
     for k in due:
         hosts[k] = replace(hosts[k], settled=True)
-    return replace(state, hosts=_frozen(hosts))
+    return replace(state, {k[0] for k in due}, hosts=_frozen(hosts))
 
 
 def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool | None = None) -> Decision:

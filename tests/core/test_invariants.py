@@ -410,6 +410,9 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
     if isinstance(event, OperatorCommand) and d.rejected:
         assert d.state == before and d.actions == (), "a refused operator command changed something"
     up_after = after.up_slices()
+    # The up slices carried over from earlier states (State.carry_up) are what every host says.
+    assert up_after == after.up_slices_afresh(), "carried-over up slices differ from the hosts'"
+    assert before.up_slices() == before.up_slices_afresh()
     # Time alone brings a replacement host up once it has settled.
     up_before = _settle(before, now).up_slices()
     brought_up: frozenset[int] = frozenset()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from agent.core.decide import decide
 from agent.core.model import (
     HoldTrainer,
@@ -215,3 +217,35 @@ def test_a_drain_the_policy_cannot_absorb_is_refused_naming_the_setting() -> Non
     ok = Job(Policy(num_slices=3, elastic_min_slice_count=2))
     ok.start()
     assert holds(ok.feed(OperatorCommand("drain", "kernel upgrade", slice=1), dt=1))
+
+
+def test_registering_looks_again_only_at_the_joining_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each registration re-judges its own slice, not every slice (State.carry_up): 10,000 took minutes."""
+    from agent.core import model as modelmod
+    from agent.core.decide import decide as decide_
+    from agent.core.model import Policy, WorkerJoined, WorkerLost, initial_state
+
+    slices, hosts = 40, 3
+    calls: list[int] = []
+    real = modelmod.State.slice_up
+
+    def counted(self: modelmod.State, s: int) -> bool:
+        calls.append(s)
+        return real(self, s)
+
+    monkeypatch.setattr(modelmod.State, "slice_up", counted)
+    state = initial_state(Policy(num_slices=slices, hosts_per_slice=hosts, settle_seconds=0), 0.0)
+    state.up_slices()
+    now = 1.0
+    for s in range(slices):
+        for h in range(hosts):
+            calls.clear()
+            d = decide_(state, WorkerJoined(s, h, f"i{s}.{h}"), now)
+            state = d.state
+            now += 0.01
+            assert set(calls) <= {s}, (s, h, sorted(set(calls)))
+    monkeypatch.setattr(modelmod.State, "slice_up", real)
+    assert state.up_slices() == state.up_slices_afresh() == frozenset(range(slices))
+    # A loss is judged right too.
+    d = decide_(state, WorkerLost(7, 1, "i7.1", "stream_closed", 0.0), now)
+    assert 7 not in d.state.up_slices() and d.state.up_slices() == d.state.up_slices_afresh()
