@@ -284,6 +284,8 @@ class State:
         """
         if self.policy is not parent.policy:
             return
+        up: frozenset[int]
+        dirty: frozenset[int]
         if "_up" in parent.__dict__:
             up, dirty = parent.__dict__["_up"], frozenset()
         elif "_up_seed" in parent.__dict__:
