@@ -42,6 +42,13 @@ LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 LABEL_NODE_POOL = "cloud.google.com/gke-nodepool"
 
+COMMAND_ORDER = {"hold": 0, "resume": 1, "abort": 2, "completed": 2}
+"""The order of one generation's worker commands (PeerCommand.kind): its hold, then its
+resume, then an abort or the end (agent.core.decide)."""
+COMMAND_ACK_SECONDS = 1.0
+"""How long the coordinator waits for a worker to acknowledge a command datagram before it
+sends the command on the worker's stream as well."""
+
 # --- liveness defaults -------------------------------------------------------
 HEARTBEAT_INTERVAL_SECONDS = 0.25
 HEARTBEAT_TIMEOUT_SECONDS = 1.2

@@ -151,6 +151,8 @@ class _Conn:
     """Where this registration's heartbeat datagrams come from: commands go there too."""
     datagram_key: bytes = b""
     """Its heartbeat datagram's bytes, matched without parsing (DatagramReceiver.known)."""
+    acked: tuple[int, int] = (-1, 0)
+    """(generation, COMMAND_ORDER) of the newest command datagram the worker acknowledged."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -551,22 +553,40 @@ class Coordinator:
                         generation=a.generation, kind=a.kind, reason=a.reason, epoch=self.epoch
                     )
                 )
-                # A datagram copy first (agent.sources.heartbeat_datagrams): every worker hears
-                # in milliseconds, where the stream writes below take seconds at thousands.
-                sent = failed = 0
+                # By datagram where the worker's heartbeats come by datagram (agent.sources.heartbeat_datagrams):
+                # every worker hears in milliseconds, where 10,000 stream writes take seconds. Only
+                # workers without datagrams, and those that do not acknowledge it in time, get the
+                # stream's copy.
+                by_datagram: list[_Conn] = []
+                failed = 0
                 for (slice_, host), conn in self.workers.items():
-                    if conn.reply is not None:
-                        if self.datagrams.send(conn.reply, command_datagram(conn.token, slice_, host, msg.command)):
-                            sent += 1
-                        else:
-                            failed += 1
-                self.metrics.count_command_datagrams(sent, failed)
-                self._stream_copies.extend((conn, msg) for conn in self.workers.values())
+                    if conn.reply is not None and self.datagrams.send(
+                        conn.reply, command_datagram(conn.token, slice_, host, msg.command)
+                    ):
+                        by_datagram.append(conn)
+                    else:
+                        failed += conn.reply is not None
+                        self._stream_copies.append((conn, msg))
+                self.metrics.count_command_datagrams("sent", len(by_datagram))
+                self.metrics.count_command_datagrams("failed", failed)
                 self._stream_copies_due.set()
+                if by_datagram:
+                    asyncio.get_running_loop().call_later(
+                        C.COMMAND_ACK_SECONDS, self._unacknowledged_to_streams, by_datagram, msg
+                    )
             case ExitCoordinator():
                 if self.exit_code is not None and not self.exit_code.done():
                     # Give the streams a moment to deliver the last commands.
                     asyncio.get_running_loop().call_later(0.5, _set_result, self.exit_code, a.exit_code)
+
+    def _unacknowledged_to_streams(self, conns: list[_Conn], msg: peer_pb2.CoordinatorMessage) -> None:
+        """A command's datagram was not acknowledged (lost, or the worker is slow): send it on the stream."""
+        key = (msg.command.generation, C.COMMAND_ORDER.get(msg.command.kind, 0))
+        late = [c for c in conns if c.acked < key and not c.closed.is_set()]
+        self.metrics.count_command_datagrams("unacknowledged", len(late))
+        if late:
+            self._stream_copies.extend((c, msg) for c in late)
+            self._stream_copies_due.set()
 
     async def _stream_copier(self) -> None:
         """Queue worker commands onto their streams, STREAM_COPIES_PER_PASS per loop pass, in order."""
@@ -599,16 +619,18 @@ class Coordinator:
 
     # -- liveness --------------------------------------------------------------
 
-    def _datagram_heartbeat(self, slice_: int, host: int, token: bytes, now: float, reply: Reply) -> _Conn | None:
+    def _datagram_heartbeat(self, dg: peer_pb2.HeartbeatDatagram, now: float, reply: Reply) -> _Conn | None:
         """A heartbeat datagram (agent.sources.heartbeat_datagrams) not matched by its bytes: whose is it?
 
         The registration it names is alive, and its commands can go back to ``reply``.
         """
-        conn = self.workers.get((slice_, host))
-        if conn is None or conn.closed.is_set() or not same_token(conn.token, token):
+        conn = self.workers.get((dg.slice, dg.host))
+        if conn is None or conn.closed.is_set() or not same_token(conn.token, dg.token):
             return None
         conn.last_seen = now
         conn.reply = reply
+        if dg.ack_kind:
+            conn.acked = max(conn.acked, (dg.ack_generation, C.COMMAND_ORDER.get(dg.ack_kind, 0)))
         if not conn.datagrams:
             conn.datagrams = True
             conn.outbox.put_nowait(peer_pb2.CoordinatorMessage(datagrams_received=peer_pb2.DatagramsReceived()))

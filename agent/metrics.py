@@ -129,7 +129,8 @@ class Metrics(ServerMetrics):
         self._datagrams_refused = self.heartbeat_datagrams.labels("refused")
         self.command_datagrams = Counter(
             f"{PREFIX}_command_datagrams_total",
-            "Worker commands sent as UDP datagrams besides the stream: sent, or failed (the stream's copy still goes)",
+            "Worker commands sent as UDP datagrams: sent, failed (sent on the stream instead), or unacknowledged "
+            "(also sent on the stream after the acknowledgement wait)",
             ["result"],
             registry=r,
         )
@@ -224,12 +225,10 @@ class Metrics(ServerMetrics):
             for p in Phase:
                 self.phase.labels(str(p)).set(1 if p == s.phase else 0)
 
-    def count_command_datagrams(self, sent: int, failed: int) -> None:
-        """One fan-out's command datagrams (agent.coordinator)."""
-        if sent:
-            self.command_datagrams.labels("sent").inc(sent)
-        if failed:
-            self.command_datagrams.labels("failed").inc(failed)
+    def count_command_datagrams(self, result: str, n: int) -> None:
+        """Command datagrams of one fan-out (agent.coordinator): sent, failed, or unacknowledged."""
+        if n:
+            self.command_datagrams.labels(result).inc(n)
 
     def count_heartbeat_datagrams(self, accepted: int, refused: int) -> None:
         """What one read of the heartbeat datagram socket found (agent.sources.heartbeat_datagrams)."""

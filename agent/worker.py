@@ -35,9 +35,6 @@ from agent.sources.heartbeat_datagrams import DatagramSender
 from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
-COMMAND_ORDER = {"hold": 0, "resume": 1, "abort": 2, "completed": 2}
-"""The order of a generation's commands: its hold, then its resume, then an abort or the end."""
-
 log = logmod.get("worker")
 HEALTH_STABLE_SECONDS = 1.0
 """How long a local worker must stay healthy after a failure before it counts again."""
@@ -271,7 +268,7 @@ class Worker:
         # Within a generation a hold comes before its resume, and an abort or the end after both
         # (agent.core.decide): a copy that is not past the last command acted on is a duplicate,
         # or a late datagram overtaken by the stream.
-        order = (cmd.generation, COMMAND_ORDER.get(cmd.kind, 0))
+        order = (cmd.generation, C.COMMAND_ORDER.get(cmd.kind, 0))
         if order <= self._last_command:
             return
         if cmd.generation >= self.generation:

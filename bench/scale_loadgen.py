@@ -12,8 +12,8 @@ heartbeat on the stream. The process sends all its workers' datagrams from one
 clock and one socket, spread over the interval (phases by worker index). It
 records the arrival time (``time.time()``) of every ``PeerCommand``, and by which
 way it came: on the stream, or as the coordinator's ``CommandDatagram`` to the
-socket the heartbeats leave from (checked with the worker's token, as the worker
-checks it).
+socket the heartbeats leave from (checked with the worker's token and
+acknowledged at once, as the worker does).
 
 Controlled over stdin/stdout with one JSON object per line::
 
@@ -235,6 +235,14 @@ class LoadGen:
             if w is None or cmd is None or not w.connected:
                 self.command_datagrams_refused += 1
                 continue
+            # Acknowledged at once, as agent.sources.heartbeat_datagrams.DatagramSender does.
+            ack = peer_pb2.HeartbeatDatagram(
+                slice=w.slice, host=w.host, token=w.token, ack_generation=cmd.generation, ack_kind=cmd.kind
+            )
+            try:
+                self.sock.sendto(ack.SerializeToString(), (self.datagram_host, self.port))
+            except OSError:
+                pass  # unacknowledged: the coordinator sends the stream's copy
             w.command(cmd, "datagram")
 
     def _stdin_thread(self, loop: asyncio.AbstractEventLoop) -> None:

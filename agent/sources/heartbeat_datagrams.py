@@ -127,9 +127,9 @@ def _bind_addresses(listen: str) -> list[tuple[int, str]]:
 class DatagramReceiver:
     """Reads heartbeat datagrams on the coordinator's UDP sockets.
 
-    ``on_heartbeat(slice, host, token, now, reply)`` returns the live registration
-    the datagram belongs to, or None (``reply``: where to send that worker command
-    datagrams, :meth:`send`); ``on_counts(accepted, refused)`` is called once per
+    ``on_heartbeat(datagram, now, reply)`` returns the live registration the
+    (parsed) datagram belongs to, or None (``reply``: where to send that worker
+    command datagrams, :meth:`send`); ``on_counts(accepted, refused)`` is called once per
     wake-up with what it read.
 
     A worker sends the same bytes every time (``seq`` left 0), so once one of its
@@ -143,7 +143,7 @@ class DatagramReceiver:
 
     def __init__(
         self,
-        on_heartbeat: Callable[[int, int, bytes, float, Reply], Target | None],
+        on_heartbeat: Callable[[peer_pb2.HeartbeatDatagram, float, Reply], Target | None],
         on_counts: Callable[[int, int], None] | None = None,
     ) -> None:
         self.on_heartbeat = on_heartbeat
@@ -242,12 +242,12 @@ class DatagramReceiver:
             except DecodeError:
                 refused += 1
                 continue
-            target = seen(dg.slice, dg.host, dg.token, now, (sock, addr))
+            target = seen(dg, now, (sock, addr))
             if target is None:
                 refused += 1
                 continue
             accepted += 1
-            if dg.seq == 0 and not target.datagram_key:
+            if dg.seq == 0 and not dg.ack_kind and not target.datagram_key:
                 target.datagram_key = data
                 known[data] = target
         if self.on_counts is not None and (accepted or refused):
@@ -359,6 +359,15 @@ class DatagramSender:
                 self.commands_refused += 1
                 continue
             self.commands_received += 1
+            # Acknowledged at once, from this socket: the coordinator then skips the stream copy.
+            ack = peer_pb2.HeartbeatDatagram(
+                slice=self.slice, host=self.host, token=self.token, ack_generation=cmd.generation, ack_kind=cmd.kind
+            )
+            family, addr = self.addrs[self._i]
+            try:
+                self._socks[family].sendto(ack.SerializeToString(), addr)
+            except (OSError, KeyError):
+                pass  # unacknowledged: the stream's copy follows
             if self.on_command is not None:
                 self.on_command(cmd)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from agent import constants as C
 from agent.config import CoordinatorConfig, WorkerConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, Policy, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
@@ -643,7 +644,7 @@ def commands_logged(p: subprocess.Popen[bytes]) -> list[tuple[str, int, str]]:
 
 
 async def test_worker_commands_go_by_datagram_too_and_are_acted_on_once(coordinator: Observed, procs: Procs) -> None:
-    """A hold reaches a worker by datagram when its stream is slow; the stream's late copy changes nothing."""
+    """A hold reaches the workers by datagram alone (they acknowledge it); without datagrams, by stream."""
     from agent.core.model import TellWorkers
 
     obs = coordinator
@@ -662,7 +663,12 @@ async def test_worker_commands_go_by_datagram_too_and_are_acted_on_once(coordina
         await obs.wait_for(lambda p=p: commands_logged(p), 5.0, "the hold to reach the worker", ps)
     first = commands_logged(ps[0])
     assert first == [("hold", gen, "datagram")]
-    # The stream's copy comes later, and the resume by stream alone still counts.
+    # Both acknowledged the datagram, so neither gets the stream's copy.
+    await obs.wait_for(lambda: all(c.acked == (gen, 0) for c in conns.values()), 5.0, "both acknowledgements", ps)
+    await asyncio.sleep(C.COMMAND_ACK_SECONDS + 0.3)
+    assert held_back == []
+    assert obs.coord.metrics.command_datagrams.labels("unacknowledged")._value.get() == 0  # noqa: SLF001
+    # With the datagram socket gone the resume goes by stream.
     del conns[0].outbox.put_nowait
     for msg in held_back:
         conns[0].outbox.put_nowait(msg)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
+import pytest
+
+from agent import constants as C
 from agent import coordinator as coordmod
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator, _Conn
@@ -81,3 +85,44 @@ async def test_a_worker_without_datagrams_still_gets_the_stream_copy() -> None:
         assert coord.metrics.command_datagrams.labels("sent")._value.get() == 0  # noqa: SLF001
     finally:
         copier.cancel()
+
+
+async def test_only_workers_that_do_not_acknowledge_the_datagram_get_the_stream_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(C, "COMMAND_ACK_SECONDS", 0.2)
+    coord = _coordinator(3)
+    conns = list(coord.workers.values())
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as worker_sock,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as coord_sock,
+    ):
+        worker_sock.bind(("127.0.0.1", 0))
+        coord_sock.setblocking(False)
+        # Workers 0 and 1 heartbeat by datagram; worker 2 only on its stream.
+        for c in conns[:2]:
+            c.reply = (coord_sock, worker_sock.getsockname())
+        copier = asyncio.create_task(coord._stream_copier())  # noqa: SLF001
+        try:
+            coord._execute(TellWorkers(6, "hold", "slice 1 lost"))  # noqa: SLF001
+            for _ in range(10):
+                await asyncio.sleep(0)
+            # The one without datagrams has its stream copy at once; the others wait for their acknowledgement.
+            assert [c.outbox.qsize() for c in conns] == [0, 0, 1]
+            conns[0].acked = (6, C.COMMAND_ORDER["hold"])  # worker 0 acknowledged it; worker 1 did not
+            await asyncio.sleep(0.3)
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert [c.outbox.qsize() for c in conns] == [0, 1, 1]
+            m = coord.metrics.command_datagrams
+            assert m.labels("sent")._value.get() == 2  # noqa: SLF001
+            assert m.labels("unacknowledged")._value.get() == 1  # noqa: SLF001
+            # Acknowledging this command, or a later one of its generation, spares the stream copy.
+            conns[1].acked = (6, C.COMMAND_ORDER["resume"])
+            coord._execute(TellWorkers(6, "hold", "again"))  # noqa: SLF001
+            await asyncio.sleep(0.3)
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert [c.outbox.qsize() for c in conns] == [0, 1, 2]
+        finally:
+            copier.cancel()

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.__main__ import combine
-from bench.report import main as report_main
 from bench.report import fmt, render, sections, targets
+from bench.report import main as report_main
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

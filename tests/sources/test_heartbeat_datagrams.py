@@ -73,10 +73,10 @@ async def test_localhost_binds_both_loopbacks_on_one_port_and_counts_what_it_rea
     replies: list[Reply] = []
     token = new_token()
 
-    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> Live | None:
-        seen.append((slice_, host, tok))
+    def on_heartbeat(dg: peer_pb2.HeartbeatDatagram, now: float, reply: Reply) -> Live | None:
+        seen.append((dg.slice, dg.host, dg.token))
         replies.append(reply)
-        return Live() if tok == token else None
+        return Live() if dg.token == token else None
 
     rx = DatagramReceiver(on_heartbeat, lambda a, r: counts.append((a, r)))
     port = rx.open("localhost:0", 0)
@@ -218,9 +218,11 @@ def test_a_command_datagram_opens_only_for_its_worker_under_its_token() -> None:
 async def test_command_datagrams_come_back_to_the_senders_heartbeat_socket() -> None:
     token = new_token()
     replies: dict[tuple[int, int], Reply] = {}
+    acks: list[tuple[int, str]] = []
 
-    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> Live | None:
-        replies[(slice_, host)] = reply
+    def on_heartbeat(dg: peer_pb2.HeartbeatDatagram, now: float, reply: Reply) -> Live | None:
+        replies[(dg.slice, dg.host)] = reply
+        acks.append((dg.ack_generation, dg.ack_kind))
         return Live()
 
     rx = DatagramReceiver(on_heartbeat)
@@ -244,6 +246,12 @@ async def test_command_datagrams_come_back_to_the_senders_heartbeat_socket() -> 
             await asyncio.sleep(0.01)
         assert got == [_hold()]
         assert (tx.commands_received, tx.commands_refused) == (1, 2)
+        # The one it took is acknowledged at once, in a heartbeat from the same socket.
+        for _ in range(200):
+            if len(acks) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert acks == [(0, ""), (7, "hold")]
     finally:
         tx.close()
         rx.close()
@@ -255,9 +263,9 @@ async def test_a_repeated_datagram_is_matched_by_its_bytes_until_forgotten() -> 
     live = Live()
     parsed: list[int] = []
 
-    def on_heartbeat(slice_: int, host: int, tok: bytes, now: float, reply: Reply) -> Live | None:
-        parsed.append(host)
-        return live if tok == token else None
+    def on_heartbeat(dg: peer_pb2.HeartbeatDatagram, now: float, reply: Reply) -> Live | None:
+        parsed.append(dg.host)
+        return live if dg.token == token else None
 
     counts: list[tuple[int, int]] = []
     rx = DatagramReceiver(on_heartbeat, lambda a, r: counts.append((a, r)))
@@ -284,13 +292,15 @@ async def test_a_repeated_datagram_is_matched_by_its_bytes_until_forgotten() -> 
         await send(same, same, same)
         assert parsed == [1]  # matched by the bytes: not parsed again
         assert live.last_seen > t0
-        await send(with_seq, forged)
-        assert parsed == [1, 1, 1]  # other bytes go the parsed way, and a forged token is refused
+        ack = peer_pb2.HeartbeatDatagram(slice=0, host=1, token=token, ack_generation=3, ack_kind="hold")
+        await send(with_seq, forged, ack.SerializeToString())
+        # Other bytes (a seq, an acknowledgement) go the parsed way; a forged token is refused.
+        assert parsed == [1, 1, 1, 1]
         assert rx.known == {same: live}
         assert sum(r for _, r in counts) == 1
         rx.forget(live)
         assert rx.known == {} and live.datagram_key == b""
         await send(same)
-        assert parsed == [1, 1, 1, 1]  # checked again once forgotten
+        assert parsed == [1, 1, 1, 1, 1]  # checked again once forgotten
     finally:
         rx.close()

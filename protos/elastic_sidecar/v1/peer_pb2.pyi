@@ -84,16 +84,20 @@ class Registered(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat_datagram_port: _Optional[int] = ..., heartbeat_datagram_token: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatDatagram(_message.Message):
-    __slots__ = ("slice", "host", "token", "seq")
+    __slots__ = ("slice", "host", "token", "seq", "ack_generation", "ack_kind")
     SLICE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ACK_KIND_FIELD_NUMBER: _ClassVar[int]
     slice: int
     host: int
     token: bytes
     seq: int
-    def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., token: _Optional[bytes] = ..., seq: _Optional[int] = ...) -> None: ...
+    ack_generation: int
+    ack_kind: str
+    def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., token: _Optional[bytes] = ..., seq: _Optional[int] = ..., ack_generation: _Optional[int] = ..., ack_kind: _Optional[str] = ...) -> None: ...
 
 class CommandDatagram(_message.Message):
     __slots__ = ("body", "mac")
