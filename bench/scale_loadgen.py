@@ -9,7 +9,8 @@ random). Like the worker, it sends each heartbeat as a UDP datagram when the
 coordinator offers a datagram port, and on its stream too until the coordinator
 says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
 heartbeat on the stream. The process sends all its workers' datagrams from one
-clock and one socket, spread over the interval (phases by worker index). It
+clock (a thread of its own) and one socket, spread over the interval (phases by
+worker index). It
 records the arrival time (``time.time()``) of every ``PeerCommand``, and by which
 way it came: on the stream, or as the coordinator's ``CommandDatagram`` to the
 socket the heartbeats leave from (checked with the worker's token and
@@ -170,7 +171,8 @@ class LoadGen:
         self.sock: socket.socket | None = None
         self.beats: dict[int, bytes] = {}
         self.slots: list[set[int]] = [set() for _ in range(DATAGRAM_SLOTS)]
-        self.clock: asyncio.Task[None] | None = None
+        self.clock: threading.Thread | None = None
+        self.stopping = threading.Event()
         self.interval = 0.25
         self.port = 0
         self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
@@ -188,13 +190,15 @@ class LoadGen:
         self.beats[w.index] = data
         self.slots[w.index % DATAGRAM_SLOTS].add(w.index)
         if self.clock is None:
-            self.clock = asyncio.create_task(self._datagram_clock())
+            self._open_datagram_socket()
+            self.clock = threading.Thread(target=self._datagram_clock, name="datagram-clock", daemon=True)
+            self.clock.start()
 
     def stop_datagrams(self, w: FakeWorker) -> None:
         self.beats.pop(w.index, None)
         self.slots[w.index % DATAGRAM_SLOTS].discard(w.index)
 
-    async def _datagram_clock(self) -> None:
+    def _open_datagram_socket(self) -> None:
         family = socket.AF_INET6 if ":" in self.datagram_host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
@@ -202,9 +206,15 @@ class LoadGen:
         # here, this one socket for all of them, so each is told apart by the slice and host it names.
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         asyncio.get_running_loop().add_reader(self.sock.fileno(), self._read_commands)
+
+    def _datagram_clock(self) -> None:
+        """The heartbeat datagrams, from a thread of their own: each real worker heartbeats from its own
+        host, so this process's own work (thousands of channels opening, stream messages read) must not
+        hold them back. The GIL still hands this thread its turn every few milliseconds."""
+        assert self.sock is not None
         tick = self.interval / DATAGRAM_SLOTS
         slot, t = 0, time.monotonic()
-        while True:
+        while not self.stopping.is_set():
             addr = (self.datagram_host, self.port)
             for i in list(self.slots[slot]):
                 data = self.beats.get(i)
@@ -216,7 +226,7 @@ class LoadGen:
                     pass  # a worker's stream heartbeats carry on until the coordinator confirms its datagrams
             slot = (slot + 1) % DATAGRAM_SLOTS
             t += tick
-            await asyncio.sleep(max(0.0, t - time.monotonic()))
+            self.stopping.wait(max(0.0, t - time.monotonic()))
 
     def _read_commands(self) -> None:
         assert self.sock is not None
@@ -317,6 +327,7 @@ class LoadGen:
                 with open(cmd["path"], "w", encoding="utf-8") as f:
                     json.dump(data, f)
                 emit({"event": "dumped", "path": cmd["path"]})
+        self.stopping.set()
         for w in self.workers:
             if w.task is not None:
                 w.task.cancel()

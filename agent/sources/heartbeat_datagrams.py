@@ -20,12 +20,15 @@ authenticated, possibly TLS) stream; the datagram itself is plaintext, so on a
 network where an attacker can read UDP between the hosts, turn datagrams off
 (``--heartbeat-datagrams off``).
 
-Commands come back the same way (``CommandDatagram``): the coordinator sends a
-copy of every worker command to the address the worker's heartbeat datagrams
-come from, as well as on the stream. Ten thousand stream writes from one Python
-thread take seconds; ten thousand ``sendto`` calls take tens of milliseconds.
-A command datagram carries an HMAC-SHA256 of its body keyed with the
-registration's token, so nobody without the token can steer a worker by UDP.
+Commands come back the same way (``CommandDatagram``): the coordinator sends
+every worker command to the address the worker's heartbeat datagrams come
+from, and the worker acknowledges it at once in a heartbeat (``ack_generation``,
+``ack_kind``). Only a worker that has not acknowledged it within
+``COMMAND_ACK_SECONDS`` (and one without datagrams) gets it on its stream. Ten
+thousand stream writes from one Python thread take seconds; ten thousand
+``sendto`` calls take tens of milliseconds. A command datagram carries an
+HMAC-SHA256 of its body keyed with the registration's token, so nobody without
+the token can steer a worker by UDP.
 """
 
 from __future__ import annotations
