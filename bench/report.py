@@ -772,6 +772,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             fmt(r.get("coordinator_cores_main_thread")),
             fmt(r.get("coordinator_rss_mib")),
             fmt(r.get("fanout_p99_seconds")),
+            fmt(r.get("fanout_p99_processed_seconds")),
             fmt(r.get("resume_fanout_p99_seconds")),
             fmt(r.get("hold_first_by_datagram")),
             fmt(r.get("stream_fanout_p99_seconds")),
@@ -784,7 +785,8 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         for r in s.get("results", [])
     ]
     head = ["workers", "heartbeat / timeout s", "heartbeats by", "coordinator cores", "main thread cores", "RSS MiB"]
-    head += ["hold fan-out p99 s (worst cycle)", "resume fan-out p99 s", "hold first by datagram"]
+    head += ["hold fan-out p99 s (worst cycle)", "same, when the generator read it", "resume fan-out p99 s"]
+    head += ["hold first by datagram"]
     head += ["hold stream copy p99 s (worst cycle)", "delivered", "UDP datagrams dropped"]
     head += ["cycles", "pinned", "status"]
     top = topology_line(s)

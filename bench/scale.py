@@ -20,7 +20,11 @@ job is RUNNING. Then:
   worker; each generator records when each worker receives it. Latency is
   receive time minus the decision time in the coordinator's log (same
   machine, same clock): p50 / p99 / max over workers per cycle; the row's ``fanout_p99_seconds``
-  is the worst cycle's p99. A worker hears a command by whichever copy comes first: the
+  is the worst cycle's p99. A datagram counts from the kernel's receive time at the load
+  generator's socket (``SO_TIMESTAMP``): one generator process stands in for thousands of hosts
+  and reads their datagrams one after another on a shared core, so when it gets to one measures
+  its own backlog; the row keeps that figure too (``fanout_p99_processed_seconds``). A stream
+  copy counts from when the generator read it (gRPC gives no receive time). A worker hears a command by whichever copy comes first: the
   coordinator sends it, to every worker whose heartbeat datagrams arrive, as a
   ``CommandDatagram`` to their source address, and on the stream to the others and to any
   that has not acknowledged the datagram within ``COMMAND_ACK_SECONDS``. The row keeps the share of first copies
@@ -269,23 +273,33 @@ def _health_serving(addr: str) -> bool:
         return False
 
 
+def _arrival(r: list[Any], processed: bool) -> float:
+    """When a record's command reached the worker: the kernel's receive time of a datagram where the
+    generator recorded one (``processed``: when the generator got to it instead)."""
+    if not processed and len(r) > 4 and r[4] is not None:
+        return float(r[4])
+    return float(r[2])
+
+
 def _latencies(
-    dumps: list[dict[str, list[list[Any]]]], kind: str, gen: int, t_dec: float, via: str | None = None
+    dumps: list[dict[str, list[list[Any]]]],
+    kind: str,
+    gen: int,
+    t_dec: float,
+    via: str | None = None,
+    processed: bool = False,
 ) -> list[float]:
     """Per worker, the decision to its first copy of the command (``via``: only copies that came that way)."""
     out = []
     for d in dumps:
         for recs in d.values():
-            t = next(
-                (
-                    r[2]
-                    for r in recs
-                    if r[0] == kind and int(r[1]) == gen and (via is None or (r[3] if len(r) > 3 else "stream") == via)
-                ),
-                None,
-            )
-            if t is not None:
-                out.append(t - t_dec)
+            times = [
+                _arrival(r, processed)
+                for r in recs
+                if r[0] == kind and int(r[1]) == gen and (via is None or (r[3] if len(r) > 3 else "stream") == via)
+            ]
+            if times:
+                out.append(min(times) - t_dec)
     return out
 
 
@@ -576,6 +590,7 @@ def run_size(
         holds, resumes = [], []
         for c in good:
             c["hold_fanout"] = _stats(_latencies(dumps, "hold", c["generation"], c["t_hold"]))
+            c["hold_fanout_processed"] = _stats(_latencies(dumps, "hold", c["generation"], c["t_hold"], processed=True))
             # Workers that did not acknowledge the datagram in time (and any without datagrams) get
             # the stream's copy: how many did and how long it took are kept beside the first copies'.
             c["hold_stream_fanout"] = _stats(_latencies(dumps, "hold", c["generation"], c["t_hold"], "stream"))
@@ -598,6 +613,9 @@ def run_size(
             max((c["hold_stream_fanout"]["p99_s"] for c in good if c["hold_stream_fanout"]["n"]), default=None)
         )
         out["hold_stream_copies"] = [c["hold_stream_fanout"]["n"] for c in good]
+        out["hold_fanout_processed_p99_s"] = rnd(
+            max((c["hold_fanout_processed"]["p99_s"] for c in good if c["hold_fanout_processed"]["n"]), default=None)
+        )
         first_via: Counter[str] = Counter()
         for c in good:
             first_via.update(c["hold_first_via"])
@@ -675,6 +693,7 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "fanout_p50_seconds": hf.get("p50_s"),
         "resume_fanout_p99_seconds": (r.get("resume_fanout") or {}).get("p99_s"),
         "hold_first_by_datagram": r.get("hold_first_by_datagram"),
+        "fanout_p99_processed_seconds": r.get("hold_fanout_processed_p99_s"),
         "stream_fanout_p99_seconds": r.get("hold_stream_fanout_p99_s"),
         "hold_stream_copies": r.get("hold_stream_copies"),
         "delivered_fraction": r.get("delivered_fraction", 0.0),

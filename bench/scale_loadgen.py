@@ -14,7 +14,8 @@ worker index). It
 records the arrival time (``time.time()``) of every ``PeerCommand``, and by which
 way it came: on the stream, or as the coordinator's ``CommandDatagram`` to the
 socket the heartbeats leave from (checked with the worker's token and
-acknowledged at once, as the worker does).
+acknowledged at once, as the worker does). A datagram's record also holds the
+kernel's receive time (``SO_TIMESTAMP``): when it reached this stand-in host.
 
 Controlled over stdin/stdout with one JSON object per line::
 
@@ -41,6 +42,7 @@ import json
 import os
 import random
 import socket
+import struct
 import sys
 import threading
 import time
@@ -54,6 +56,12 @@ from agent import constants as C
 from agent.sources.heartbeat_datagrams import MAX_COMMAND_DATAGRAM, open_command_datagram, target_host
 from bench.common import raise_nofile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
+
+SO_TIMESTAMP = SCM_TIMESTAMP = 29
+"""Linux (socket(7)): the kernel's receive time of each datagram as a ``struct timeval`` in the
+ancillary data. One process stands in for thousands of hosts, so when it gets to a datagram says
+more about its own backlog than about the coordinator's fan-out; the receive time is when the
+datagram reached the (stand-in) host. Python's socket module does not name the constant."""
 
 DATAGRAM_SLOTS = 125
 """The datagram clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats."""
@@ -78,7 +86,7 @@ class FakeWorker:
         self.index = index
         self.slice, self.host = divmod(index, gen.hosts_per_slice)
         self.incarnation = f"loadgen-{os.getpid()}-{index}"
-        self.received: list[tuple[str, int, float, str]] = []
+        self.received: list[tuple[str, int, float, str, float | None]] = []
         self.heard: set[tuple[str, int]] = set()
         self.token = b""
         self.registered = asyncio.Event()
@@ -139,10 +147,14 @@ class FakeWorker:
             if msg.HasField("command"):
                 self.command(msg.command, "stream")
 
-    def command(self, cmd: peer_pb2.PeerCommand, via: str) -> None:
-        """A PeerCommand's arrival (the stream's copy or the datagram's); ``counts`` holds first copies only."""
+    def command(self, cmd: peer_pb2.PeerCommand, via: str, arrived: float | None = None) -> None:
+        """A PeerCommand's arrival (the stream's copy or the datagram's); ``counts`` holds first copies only.
+
+        Recorded: kind, generation, when this process got to it, the way it came, and for a datagram
+        the kernel's receive time (``arrived``; None where the kernel gives none).
+        """
         key = (cmd.kind, int(cmd.generation))
-        self.received.append((cmd.kind, int(cmd.generation), time.time(), via))
+        self.received.append((cmd.kind, int(cmd.generation), time.time(), via, arrived))
         if key not in self.heard:
             self.heard.add(key)
             self.gen.counts[key] += 1
@@ -205,6 +217,10 @@ class LoadGen:
         # The coordinator sends each worker's command datagrams back to where its heartbeats come from:
         # here, this one socket for all of them, so each is told apart by the slice and host it names.
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+        except OSError:
+            pass  # no kernel receive times here: the records keep the processing time alone
         asyncio.get_running_loop().add_reader(self.sock.fileno(), self._read_commands)
 
     def _datagram_clock(self) -> None:
@@ -232,9 +248,14 @@ class LoadGen:
         assert self.sock is not None
         while True:
             try:
-                data = self.sock.recv(MAX_COMMAND_DATAGRAM)
+                data, anc, _, _ = self.sock.recvmsg(MAX_COMMAND_DATAGRAM, socket.CMSG_SPACE(16))
             except OSError:
                 return
+            arrived = None
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMP and len(cdata) >= 16:
+                    sec, usec = struct.unpack("qq", cdata[:16])
+                    arrived = sec + usec / 1e6
             try:
                 body = peer_pb2.CommandDatagramBody.FromString(peer_pb2.CommandDatagram.FromString(data).body)
             except DecodeError:
@@ -253,7 +274,7 @@ class LoadGen:
                 self.sock.sendto(ack.SerializeToString(), (self.datagram_host, self.port))
             except OSError:
                 pass  # unacknowledged: the coordinator sends the stream's copy
-            w.command(cmd, "datagram")
+            w.command(cmd, "datagram", arrived)
 
     def _stdin_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         for line in sys.stdin:

@@ -304,3 +304,40 @@ async def test_a_repeated_datagram_is_matched_by_its_bytes_until_forgotten() -> 
         assert parsed == [1, 1, 1, 1, 1]  # checked again once forgotten
     finally:
         rx.close()
+
+
+async def test_a_busy_socket_is_read_in_batches_and_nothing_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.sources import heartbeat_datagrams as hd
+
+    monkeypatch.setattr(hd, "PAUSE_SECONDS", 0.2)
+    token = new_token()
+    wakes: list[int] = []
+    rx = DatagramReceiver(lambda dg, now, reply: Live(), lambda a, r: wakes.append(a + r))
+    port = rx.open("127.0.0.1:0", 0)
+    data = peer_pb2.HeartbeatDatagram(slice=0, host=0, token=token, seq=9).SerializeToString()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(hd.BUSY_READ * 2):
+                s.sendto(data, ("127.0.0.1", port))
+            for _ in range(100):
+                if wakes:
+                    break
+                await asyncio.sleep(0.01)
+            assert sum(wakes) >= hd.BUSY_READ  # one busy read: the socket now rests
+            for _ in range(5):
+                s.sendto(data, ("127.0.0.1", port))
+            await asyncio.sleep(0.1)
+            assert sum(wakes) == hd.BUSY_READ * 2  # the five wait in the buffer during the pause
+            await asyncio.sleep(0.3)
+            assert sum(wakes) == hd.BUSY_READ * 2 + 5  # and are read after it
+            # A quiet socket is read at once.
+            n = len(wakes)
+            s.sendto(data, ("127.0.0.1", port))
+            for _ in range(50):
+                if len(wakes) > n:
+                    break
+                await asyncio.sleep(0.005)
+            assert wakes[-1] == 1
+    finally:
+        rx.close()
+    assert rx._paused == {}  # noqa: SLF001
