@@ -309,6 +309,16 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
         )
     if v >= limit:
         causes.append(scale_shortfall(sc, r, field))
+    if field == "fanout_p99_seconds" and r.get("fanout_p99_processed_seconds") is not None:
+        size = next((x for x in sc.get("sizes", []) if x.get("workers") == r.get("workers")), {})
+        per = sc.get("config", {}).get("workers_per_generator")
+        cpus = size.get("load_cpus")
+        causes.append(
+            f"datagrams timed at the kernel's receive time in the load generators ({fmt(r.get('hold_first_by_datagram'))} "
+            f"of first copies came by datagram); the generators ({fmt(per)} workers a process, "
+            f"{f'on {len(cpus)} CPU(s) of their own' if cpus else 'beside the coordinator'}) read them by "
+            f"{fmt(r['fanout_p99_processed_seconds'])} s p99"
+        )
     return Verdict(name, goal, shown, "met" if v < limit else "not met", "; ".join([basis, *causes]))
 
 
