@@ -92,6 +92,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace as _replace
+from types import MappingProxyType
 from typing import Any
 
 from agent.constants import EXIT_ABORTED, EXIT_RESTART
@@ -103,6 +104,7 @@ from agent.core.model import (
     ExitCoordinator,
     FlushTrainer,
     HoldTrainer,
+    HostKey,
     HostRecord,
     NodeNotice,
     OperatorCommand,
@@ -127,6 +129,13 @@ from agent.core.model import (
     WorkerLost,
     _frozen,
 )
+
+
+def _hosts_copy(state: State) -> dict[HostKey, HostRecord]:
+    """A mutable copy of the hosts: the mapping's own copy (a C copy of the dict under a
+    MappingProxyType), where ``dict(proxy)`` walks 10,000 hosts one by one."""
+    hosts = state.hosts
+    return hosts.copy() if isinstance(hosts, (dict, MappingProxyType)) else dict(hosts)
 
 
 def replace(obj: Any, _slices: Iterable[int] | None = None, **changes: Any) -> Any:
@@ -279,7 +288,7 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
             errs[ev.slice] = now - 1e-6
             errors = _frozen(errs)
             what = f"replaced live incarnation {old.incarnation} (the old one counts as lost)"
-    hosts = dict(state.hosts)
+    hosts = _hosts_copy(state)
     hosts[key] = record
     lost = state.lost_incarnations
     if key in lost and lost[key] != ev.incarnation:
@@ -287,7 +296,7 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
     new = replace(
         state,
         (ev.slice,),
-        hosts=_frozen(hosts),
+        hosts=MappingProxyType(hosts),  # a fresh copy already: _frozen would copy 10,000 hosts again
         slice_errors=errors,
         lost_incarnations=lost,
         expected_rejoin=state.expected_rejoin - {key},
@@ -303,7 +312,7 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
     old = state.hosts.get(key)
     if old is None or old.incarnation != ev.incarnation:
         return Decision(state, (), f"stale loss of host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
-    hosts = dict(state.hosts)
+    hosts = _hosts_copy(state)
     del hosts[key]
     # Marked lost: only a new incarnation that settles brings the slice back.
     errors = dict(state.slice_errors)
@@ -321,7 +330,7 @@ def _worker_away(state: State, ev: WorkerAway, now: float) -> Decision:
     old = state.hosts.get(key)
     if old is None or old.incarnation != ev.incarnation:
         return Decision(state, (), f"stale report about host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
-    hosts = dict(state.hosts)
+    hosts = _hosts_copy(state)
     hosts[key] = replace(old, away_since=now if old.away_since is None else old.away_since)
     detail = f" ({ev.detail})" if ev.detail else ""
     why = (
@@ -338,7 +347,7 @@ def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
         return Decision(state, (), f"health report from unknown host {ev.slice}.{ev.host} ignored")
     if old.healthy == ev.healthy:
         return Decision(state, (), f"host {ev.slice}.{ev.host} health unchanged")
-    hosts = dict(state.hosts)
+    hosts = _hosts_copy(state)
     if ev.healthy:
         hosts[key] = replace(old, healthy=True, healthy_since=now, settled=state.policy.settle_seconds <= 0)
     else:
@@ -745,15 +754,30 @@ def _suspected_hang(state: State, now: float) -> str:
 
 
 def _settle(state: State, now: float) -> State:
-    """Mark hosts healthy for ``settle_seconds`` as settled (they may repair a lost slice)."""
+    """Mark hosts healthy for ``settle_seconds`` as settled (they may repair a lost slice).
+
+    Only hosts of slices with an error or drain mark: ``settled`` matters only to
+    whether a host repairs a mark (:meth:`State.slice_up`, :func:`_forget_repaired`),
+    and a host that registered before a mark never repairs it. Looking at every
+    host at every event made each of 10,000 registrations walk 10,000 hosts.
+    """
+    marked = state.slice_errors.keys() | state.drains.keys()
+    if not marked:
+        return state
     wait = state.policy.settle_seconds
-    due = [k for k, r in state.hosts.items() if not r.settled and r.healthy and now - r.healthy_since >= wait]
+    hosts_of = state.policy.hosts_per_slice
+    due = []
+    for sl in marked:
+        for h in range(hosts_of):
+            r = state.hosts.get((sl, h))
+            if r is not None and not r.settled and r.healthy and now - r.healthy_since >= wait:
+                due.append((sl, h))
     if not due:
         return state
-    hosts = dict(state.hosts)
+    hosts = _hosts_copy(state)
     for k in due:
         hosts[k] = replace(hosts[k], settled=True)
-    return replace(state, {k[0] for k in due}, hosts=_frozen(hosts))
+    return replace(state, {k[0] for k in due}, hosts=MappingProxyType(hosts))
 
 
 def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool | None = None) -> Decision:
