@@ -240,6 +240,9 @@ class Coordinator:
         """Set when the state file found at start could not be used (it was moved aside)."""
         self._lock_fd: int | None = None
         self._loop_resumed_at = 0.0
+        self._drops_seen = 0
+        """Heartbeat datagrams the kernel dropped, as last seen (DatagramReceiver.dropped)."""
+        self._drops_logged_at = -1e9
         """End of the newest event-loop stall: nobody is late for time the loop could not read."""
         self.stalls: list[float] = []
         """Durations of event-loop stalls seen (newest last)."""
@@ -652,6 +655,24 @@ class Coordinator:
                 conn.cause = "heartbeat_timeout"
                 conn.closed.set()
 
+    def _note_datagram_drops(self, now: float) -> None:
+        """Heartbeats the kernel dropped (a full socket buffer: this process fell behind) prove no
+        silence: like a stall, nobody is judged lost for that time."""
+        dropped = self.datagrams.dropped()
+        if dropped <= self._drops_seen:
+            return
+        new, self._drops_seen = dropped - self._drops_seen, dropped
+        self._loop_resumed_at = now
+        self.metrics.heartbeat_datagrams.labels("dropped").inc(new)
+        if now - self._drops_logged_at >= 10.0:
+            self._drops_logged_at = now
+            log.warning(
+                "heartbeat datagrams dropped by the kernel (the socket buffer was full: the coordinator fell "
+                "behind); liveness deadlines restart from now and nobody is judged lost for it",
+                dropped=new,
+                dropped_total=dropped,
+            )
+
     def _note_stall(self, lag: float, now: float) -> None:
         self._loop_resumed_at = now
         self.stalls.append(lag)
@@ -855,7 +876,9 @@ class Coordinator:
             if lag > STALL_SECONDS:
                 self._note_stall(lag, now)
             expected = loop.time() + TICK_SECONDS
-            self.check_liveness(now)
+            self.datagrams.read_now()
+            self._note_datagram_drops(time.monotonic())
+            self.check_liveness(time.monotonic())
             self.submit(Tick())
 
     async def _on_node_event(self, ev: Any) -> None:

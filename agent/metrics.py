@@ -121,7 +121,8 @@ class Metrics(ServerMetrics):
         self.workers = Gauge(f"{PREFIX}_workers_connected", "Worker sidecars with an open stream", registry=r)
         self.heartbeat_datagrams = Counter(
             f"{PREFIX}_heartbeat_datagrams_total",
-            "Worker heartbeat datagrams read: accepted, or refused (unknown registration, wrong token, not parsable)",
+            "Worker heartbeat datagrams: accepted, refused (unknown registration, wrong token, not parsable), or "
+            "dropped (by the kernel: the socket buffer was full)",
             ["result"],
             registry=r,
         )

@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -66,6 +67,10 @@ MAX_DATAGRAM = 256
 """A HeartbeatDatagram is about 40 bytes; anything longer is not one."""
 MAX_COMMAND_DATAGRAM = 2048
 """A CommandDatagram: a PeerCommand (its reason is short text) and a 32-byte mac."""
+
+SO_RXQ_OVFL = 40
+"""Linux (socket(7)): each datagram read carries the socket's count of datagrams the kernel dropped
+for want of buffer space. Python's socket module does not name it."""
 
 Reply = tuple[socket.socket, Any]
 """Where a worker's heartbeat datagrams came from: the coordinator's socket that read them and the sender's address."""
@@ -164,6 +169,8 @@ class DatagramReceiver:
         """A registration's heartbeat datagram, byte for byte -> the registration."""
         self._paused: dict[int, asyncio.TimerHandle] = {}
         """Sockets whose reading pauses after a busy wake-up (BUSY_READ), by file descriptor."""
+        self._drops: dict[int, int] = {}
+        """Datagrams the kernel dropped on each socket (SO_RXQ_OVFL), by file descriptor."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def forget(self, target: Target) -> None:
@@ -190,6 +197,10 @@ class DatagramReceiver:
                     if family == socket.AF_INET6 and host == "::":
                         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
+                    try:
+                        s.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+                    except OSError:
+                        pass  # not Linux: drops go unseen (dropped() stays 0)
                     s.bind((host, bound))
                 except OSError as e:
                     s.close()
@@ -235,6 +246,16 @@ class DatagramReceiver:
             s.close()
         self.socks = []
 
+    def dropped(self) -> int:
+        """Heartbeat datagrams the kernel dropped so far because the sockets' buffers were full (seen
+        with the datagrams read after them). A heartbeat dropped is a silence nobody kept."""
+        return sum(self._drops.values())
+
+    def read_now(self) -> None:
+        """Read whatever has arrived, paused or not: before judging anybody silent."""
+        for sock in self.socks:
+            self._drain(sock)
+
     def _read_again(self, sock: socket.socket) -> None:
         self._paused.pop(sock.fileno(), None)
         if self._loop is not None and sock in self.socks:
@@ -247,9 +268,17 @@ class DatagramReceiver:
         seen = self.on_heartbeat
         known = self.known
         recvfrom = sock.recvfrom
-        for _ in range(MAX_PER_WAKE):
+        for i in range(MAX_PER_WAKE):
             try:
-                data, addr = recvfrom(MAX_DATAGRAM)
+                if i == 0:
+                    # The first with its ancillary data: the kernel's count of drops on this socket.
+                    data, anc, _, addr = sock.recvmsg(MAX_DATAGRAM, socket.CMSG_SPACE(4))
+                    for level, kind, cdata in anc:
+                        if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(cdata) >= 4:
+                            fd = sock.fileno()
+                            self._drops[fd] = max(self._drops.get(fd, 0), int.from_bytes(cdata[:4], sys.byteorder))
+                else:
+                    data, addr = recvfrom(MAX_DATAGRAM)
             except OSError:  # BlockingIOError: nothing left to read
                 break
             target = known.get(data)
@@ -272,7 +301,7 @@ class DatagramReceiver:
                 known[data] = target
         if self.on_counts is not None and (accepted or refused):
             self.on_counts(accepted, refused)
-        if accepted + refused >= BUSY_READ and self._loop is not None:
+        if accepted + refused >= BUSY_READ and self._loop is not None and sock.fileno() not in self._paused:
             fd = sock.fileno()
             self._loop.remove_reader(fd)
             self._paused[fd] = self._loop.call_later(PAUSE_SECONDS, self._read_again, sock)

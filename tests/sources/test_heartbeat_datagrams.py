@@ -341,3 +341,29 @@ async def test_a_busy_socket_is_read_in_batches_and_nothing_is_lost(monkeypatch:
     finally:
         rx.close()
     assert rx._paused == {}  # noqa: SLF001
+
+
+async def test_datagrams_the_kernel_drops_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full socket buffer (the reader fell behind) drops heartbeats; the receiver learns how many."""
+    from agent.sources import heartbeat_datagrams as hd
+
+    monkeypatch.setattr(hd, "RECV_BUFFER_BYTES", 4096)  # the kernel's minimum: a few datagrams
+    rx = DatagramReceiver(lambda dg, now, reply: Live())
+    port = rx.open("127.0.0.1:0", 0)
+    data = peer_pb2.HeartbeatDatagram(slice=0, host=0, token=new_token(), seq=1).SerializeToString()
+    try:
+        assert rx.dropped() == 0
+        loop = asyncio.get_running_loop()
+        for s in rx.socks:
+            loop.remove_reader(s.fileno())  # the reader falls behind
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(500):
+                s.sendto(data, ("127.0.0.1", port))
+            rx.read_now()  # what fitted in the buffer: the drops before it are counted
+            assert rx.dropped() == 0  # the datagrams read were queued before any drop
+            for _ in range(500):
+                s.sendto(data, ("127.0.0.1", port))
+            rx.read_now()
+        assert 0 < rx.dropped() < 1000
+    finally:
+        rx.close()
