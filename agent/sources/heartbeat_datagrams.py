@@ -252,16 +252,20 @@ class DatagramReceiver:
         return sum(self._drops.values())
 
     def read_now(self) -> None:
-        """Read whatever has arrived, paused or not: before judging anybody silent."""
+        """Read everything that has arrived, paused or not: before judging anybody silent. (One
+        wake-up reads at most MAX_PER_WAKE; a full buffer holds more.)"""
         for sock in self.socks:
-            self._drain(sock)
+            for _ in range(16):
+                if self._drain(sock) < MAX_PER_WAKE:
+                    break
 
     def _read_again(self, sock: socket.socket) -> None:
         self._paused.pop(sock.fileno(), None)
         if self._loop is not None and sock in self.socks:
             self._loop.add_reader(sock.fileno(), self._drain, sock)
 
-    def _drain(self, sock: socket.socket) -> None:
+    def _drain(self, sock: socket.socket) -> int:
+        """Read up to MAX_PER_WAKE datagrams; how many were read."""
         now = time.monotonic()
         accepted = refused = 0
         parse = peer_pb2.HeartbeatDatagram.FromString
@@ -305,6 +309,7 @@ class DatagramReceiver:
             fd = sock.fileno()
             self._loop.remove_reader(fd)
             self._paused[fd] = self._loop.call_later(PAUSE_SECONDS, self._read_again, sock)
+        return accepted + refused
 
 
 def target_host(coordinator: str) -> str:
