@@ -9,7 +9,9 @@ channel and one ``Join`` stream per fake worker, as production workers do, and
 heartbeat at the interval the coordinator asks for. Where the machine has more
 than one usable core, the coordinator is pinned to one core and the load
 generators, the fake trainer and this process to the others
-(``os.sched_setaffinity``); the result records the pinning. A fake trainer attaches with
+(``os.sched_setaffinity``); the result records the pinning. Each generator starts at most
+``registration_rate_per_generator`` registrations a second (in the config): unpaced, four
+generators on one core registered about 300 a second and the job collapsed during registration. A fake trainer attaches with
 :class:`trainer_hooks.ElasticSession`, so once every worker has registered the
 job is RUNNING. Then:
 
@@ -89,6 +91,11 @@ from bench.common import (
 NAME = "scale"
 JOB = "bench-scale"
 PER_GENERATOR = 2500
+REGISTRATION_RATE = 25.0
+"""Registrations each load generator starts per second at most (100 a second with four). Unpaced,
+the generators (four processes on one core) registered about 300 a second and the job collapsed
+during registration in seven of seven 10,000-worker runs: workers they had just registered fell
+silent, once with no coordinator stall or dropped datagram before. Not diagnosed further."""
 HOSTS_PER_SLICE = 100
 TOPOLOGY = "flat"
 """Every worker streams to the coordinator itself; per-slice leaders are not built (see the module docstring)."""
@@ -195,6 +202,8 @@ class Generator:
                 str(count),
                 "--hosts-per-slice",
                 str(HOSTS_PER_SLICE),
+                "--rate",
+                str(REGISTRATION_RATE),
                 *([] if datagrams else ["--no-datagrams"]),
             ],
             stdin=subprocess.PIPE,
@@ -749,6 +758,7 @@ def run(
             "cycles": cycles,
             "hosts_per_slice": HOSTS_PER_SLICE,
             "workers_per_generator": PER_GENERATOR,
+            "registration_rate_per_generator": REGISTRATION_RATE,
             "heartbeat_interval": hb,
             "heartbeat_timeout": hbt,
             "heartbeats": heartbeats,

@@ -177,6 +177,7 @@ class LoadGen:
         self.job = ns.job
         self.hosts_per_slice = ns.hosts_per_slice
         self.concurrency = ns.concurrency
+        self.rate = ns.rate
         self.options = channel_options(ns.keepalive_ms)
         self.datagrams = not ns.no_datagrams
         self.datagram_host = target_host(ns.coordinator)
@@ -287,7 +288,13 @@ class LoadGen:
         t0 = time.time()
         sem = asyncio.Semaphore(self.concurrency)
 
+        rate = self.rate
+        gap = 1.0 / rate if rate else 0.0
+
         async def one(w: FakeWorker) -> bool:
+            if gap:
+                # Registrations start at most ``rate`` a second (pods do not all start at once).
+                await asyncio.sleep((w.index - self.workers[0].index) * gap)
             async with sem:
                 w.start()
                 waiter = asyncio.create_task(w.registered.wait())
@@ -363,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--hosts-per-slice", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=100, help="registrations in flight at once")
+    ap.add_argument("--rate", type=float, default=0.0, help="registrations started per second at most (0: no limit)")
     ap.add_argument("--keepalive-ms", type=int, default=None, help="override the worker's keepalive (what-if)")
     ap.add_argument(
         "--no-datagrams", action="store_true", help="heartbeat on the streams even when datagrams are offered"
