@@ -115,6 +115,10 @@ def test_scale_smoke(tmp_path: Path) -> None:
     # The shipped heartbeat transport: every connected worker's datagrams reached the coordinator.
     assert row["heartbeats"] == "datagram"
     assert row["datagram_workers"] == size["connected_workers"] == 200
+    # Commands by datagram: (nearly) every worker heard the hold that way first, timed by the kernel.
+    assert row["hold_first_by_datagram"] >= 0.9, row
+    assert row["fanout_p99_processed_seconds"] >= row["fanout_p99_seconds"] > 0
+    assert d["config"]["registration_rate_per_generator"] > 0
 
 
 def test_flush_smoke(tmp_path: Path) -> None:
