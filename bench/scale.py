@@ -95,7 +95,8 @@ REGISTRATION_RATE = 25.0
 """Registrations each load generator starts per second at most (100 a second with four). Unpaced,
 the generators (four processes on one core) registered about 300 a second and the job collapsed
 during registration in seven of seven 10,000-worker runs: workers they had just registered fell
-silent, once with no coordinator stall or dropped datagram before. Not diagnosed further."""
+silent, once with no coordinator stall or dropped datagram before. Paced, one run was valid and the
+publication run at 14baae3 still lost workers, just after all 10,000 had registered. Not diagnosed."""
 HOSTS_PER_SLICE = 100
 TOPOLOGY = "flat"
 """Every worker streams to the coordinator itself; per-slice leaders are not built (see the module docstring)."""
