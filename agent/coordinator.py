@@ -104,7 +104,14 @@ from agent.core.model import (
 )
 from agent.metrics import Metrics
 from agent.sources.health import probe_once
-from agent.sources.heartbeat_datagrams import DatagramReceiver, Reply, command_datagram, new_token, same_token
+from agent.sources.heartbeat_datagrams import (
+    DatagramReceiver,
+    Reply,
+    command_datagram,
+    command_position,
+    new_token,
+    same_token,
+)
 from agent.trainer_group import TrainerGroup
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
@@ -240,10 +247,10 @@ class Coordinator:
         """Set when the state file found at start could not be used (it was moved aside)."""
         self._lock_fd: int | None = None
         self._loop_resumed_at = 0.0
+        """End of the newest event-loop stall: nobody is late for time the loop could not read."""
         self._drops_seen = 0
         """Heartbeat datagrams the kernel dropped, as last seen (DatagramReceiver.dropped)."""
         self._drops_logged_at = -1e9
-        """End of the newest event-loop stall: nobody is late for time the loop could not read."""
         self.stalls: list[float] = []
         """Durations of event-loop stalls seen (newest last)."""
         self._probing: set[tuple[int, int]] = set()
@@ -584,7 +591,7 @@ class Coordinator:
 
     def _unacknowledged_to_streams(self, conns: list[_Conn], msg: peer_pb2.CoordinatorMessage) -> None:
         """A command's datagram was not acknowledged (lost, or the worker is slow): send it on the stream."""
-        key = (msg.command.generation, C.COMMAND_ORDER.get(msg.command.kind, 0))
+        key = command_position(msg.command.generation, msg.command.kind)
         late = [c for c in conns if c.acked < key and not c.closed.is_set()]
         self.metrics.count_command_datagrams("unacknowledged", len(late))
         if late:
@@ -633,7 +640,7 @@ class Coordinator:
         conn.last_seen = now
         conn.reply = reply
         if dg.ack_kind:
-            conn.acked = max(conn.acked, (dg.ack_generation, C.COMMAND_ORDER.get(dg.ack_kind, 0)))
+            conn.acked = max(conn.acked, command_position(dg.ack_generation, dg.ack_kind))
         if not conn.datagrams:
             conn.datagrams = True
             conn.outbox.put_nowait(peer_pb2.CoordinatorMessage(datagrams_received=peer_pb2.DatagramsReceived()))
@@ -877,8 +884,9 @@ class Coordinator:
                 self._note_stall(lag, now)
             expected = loop.time() + TICK_SECONDS
             self.datagrams.read_now()
-            self._note_datagram_drops(time.monotonic())
-            self.check_liveness(time.monotonic())
+            now = time.monotonic()
+            self._note_datagram_drops(now)
+            self.check_liveness(now)
             self.submit(Tick())
 
     async def _on_node_event(self, ev: Any) -> None:

@@ -31,7 +31,7 @@ from agent.config import WorkerConfig
 from agent.metrics import WorkerMetrics
 from agent.servers.feed import EventFeed
 from agent.sources.health import HealthChecker
-from agent.sources.heartbeat_datagrams import DatagramSender
+from agent.sources.heartbeat_datagrams import DatagramSender, command_position
 from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
@@ -268,7 +268,7 @@ class Worker:
         # Within a generation a hold comes before its resume, and an abort or the end after both
         # (agent.core.decide): a copy that is not past the last command acted on is a duplicate,
         # or a late datagram overtaken by the stream.
-        order = (cmd.generation, C.COMMAND_ORDER.get(cmd.kind, 0))
+        order = command_position(cmd.generation, cmd.kind)
         if order <= self._last_command:
             return
         if cmd.generation >= self.generation:

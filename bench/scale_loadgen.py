@@ -53,7 +53,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from agent import constants as C
-from agent.sources.heartbeat_datagrams import MAX_COMMAND_DATAGRAM, open_command_datagram, target_host
+from agent.sources.heartbeat_datagrams import (
+    MAX_COMMAND_DATAGRAM,
+    heartbeat_datagram,
+    open_command_datagram,
+    target_host,
+)
 from bench.common import raise_nofile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
@@ -122,8 +127,7 @@ class FakeWorker:
             if use_datagrams:
                 # From here on the process's one datagram clock sends this worker's heartbeats:
                 # the same bytes every time, as agent.sources.heartbeat_datagrams.DatagramSender sends.
-                dg = peer_pb2.HeartbeatDatagram(slice=self.slice, host=self.host, token=token)
-                g.heartbeat_by_datagram(self, port, dg.SerializeToString(), interval)
+                g.heartbeat_by_datagram(self, port, heartbeat_datagram(token, self.slice, self.host), interval)
             await asyncio.sleep(random.uniform(0, interval))
             seq = 0
             while not reader.done() and not (use_datagrams and self.datagrams_confirmed):
@@ -268,11 +272,8 @@ class LoadGen:
                 self.command_datagrams_refused += 1
                 continue
             # Acknowledged at once, as agent.sources.heartbeat_datagrams.DatagramSender does.
-            ack = peer_pb2.HeartbeatDatagram(
-                slice=w.slice, host=w.host, token=w.token, ack_generation=cmd.generation, ack_kind=cmd.kind
-            )
             try:
-                self.sock.sendto(ack.SerializeToString(), (self.datagram_host, self.port))
+                self.sock.sendto(heartbeat_datagram(w.token, w.slice, w.host, cmd), (self.datagram_host, self.port))
             except OSError:
                 pass  # unacknowledged: the coordinator sends the stream's copy
             w.command(cmd, "datagram", arrived)

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
+from agent import constants as C
 from agent import log as logmod
 from protos.elastic_sidecar.v1 import peer_pb2
 
@@ -91,6 +92,20 @@ def new_token() -> bytes:
 
 def same_token(expected: bytes, got: bytes) -> bool:
     return bool(expected) and hmac.compare_digest(expected, got)
+
+
+def command_position(generation: int, kind: str) -> tuple[int, int]:
+    """Where a worker command stands among all of them: by generation, then COMMAND_ORDER within it."""
+    return (generation, C.COMMAND_ORDER.get(kind, 0))
+
+
+def heartbeat_datagram(token: bytes, slice_: int, host: int, ack: peer_pb2.PeerCommand | None = None) -> bytes:
+    """A worker's HeartbeatDatagram (``seq`` left 0, so the same bytes every time); with ``ack``, the
+    one sent at once to acknowledge that command datagram."""
+    dg = peer_pb2.HeartbeatDatagram(slice=slice_, host=host, token=token)
+    if ack is not None:
+        dg.ack_generation, dg.ack_kind = ack.generation, ack.kind
+    return dg.SerializeToString()
 
 
 def _mac(token: bytes, body: bytes) -> bytes:
@@ -349,7 +364,7 @@ class DatagramSender:
         self._socks: dict[int, socket.socket] = {}
         self._warned = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._data = peer_pb2.HeartbeatDatagram(slice=slice_, host=host, token=token).SerializeToString()
+        self._data = heartbeat_datagram(token, slice_, host)
 
     @classmethod
     async def create(
@@ -418,12 +433,9 @@ class DatagramSender:
                 continue
             self.commands_received += 1
             # Acknowledged at once, from this socket: the coordinator then skips the stream copy.
-            ack = peer_pb2.HeartbeatDatagram(
-                slice=self.slice, host=self.host, token=self.token, ack_generation=cmd.generation, ack_kind=cmd.kind
-            )
             family, addr = self.addrs[self._i]
             try:
-                self._socks[family].sendto(ack.SerializeToString(), addr)
+                self._socks[family].sendto(heartbeat_datagram(self.token, self.slice, self.host, cmd), addr)
             except (OSError, KeyError):
                 pass  # unacknowledged: the stream's copy follows
             if self.on_command is not None:
