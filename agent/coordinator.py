@@ -1052,6 +1052,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 )
             )
         )
+        # The worker can send nothing more before it reads this reply: its silence counts from here, not
+        # from its Register (a reply that waited behind a fan-out on this loop is not the worker's delay).
+        conn.last_seen = time.monotonic()
         cause = "stream_closed"
         reader = asyncio.create_task(self._read(context, ident, conn))
         writer = asyncio.create_task(self._write(context, conn))
