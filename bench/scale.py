@@ -62,6 +62,7 @@ import json
 import math
 import os
 import queue
+import re
 import resource
 import shutil
 import subprocess
@@ -406,6 +407,15 @@ def _timeouts_since(log_path: Path, pos: int) -> tuple[int, int]:
     return n, end
 
 
+def _loadgen_late(path: Path) -> list[float]:
+    """How late (s) the load generators' heartbeat clocks said they ran, each time past 0.3 s."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [float(m) for m in re.findall(r"heartbeat datagrams ([0-9.]+) s late", text)]
+
+
 def udp_counters() -> dict[str, int]:
     """The kernel's UDP counters (/proc/net/snmp; {} where there is none): ``RcvbufErrors`` counts
     datagrams dropped because a socket's receive buffer was full."""
@@ -586,6 +596,7 @@ def run_size(
             last_gen = resume["generation"] if resume else gen
             time.sleep(1.0)
         timeouts, _ = _timeouts_since(wd / "coordinator.log", log_pos)
+        out["loadgen_heartbeats_late_max_s"] = max(g.ask({"cmd": "datagrams"})["clock_late_max_s"] for g in gens)
         udp1 = udp_counters()
         if "RcvbufErrors" in udp0 and "RcvbufErrors" in udp1:
             # Machine-wide, but on this loopback-only machine the run's datagrams are the UDP traffic.
@@ -643,6 +654,11 @@ def run_size(
         out["delivered_fraction"] = rnd(min(delivered), 4) if delivered else 0.0
         dg = (out["datagram_workers"], out["connected_workers"]) if datagrams else None
         why = [c["error"] for c in cyc if "error" in c] + validate(n, good, cycles, timeouts, dg)
+        if timeouts and out["loadgen_heartbeats_late_max_s"] >= hbt / 2:
+            why.append(
+                f"a load generator's heartbeat datagrams ran {out['loadgen_heartbeats_late_max_s']} s late "
+                "(the generator, not the coordinator, may have silenced those workers)"
+            )
         out["valid"] = not why
         if why:
             out["invalid_reason"] = "; ".join(why)
@@ -651,6 +667,11 @@ def run_size(
             f" {'valid' if not why else 'INVALID: ' + out['invalid_reason']}"
         )
     except Collapsed as e:
+        late = _loadgen_late(wd / "generators.log")
+        if late:
+            e = Collapsed(
+                f"{e}; a load generator's heartbeat datagrams ran up to {max(late)} s late ({len(late)} times)"
+            )
         out["error"] = f"did not reach steady state: {e}"
         out["valid"] = False
         out["invalid_reason"] = out["error"]
@@ -706,6 +727,7 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "fanout_p99_processed_seconds": r.get("hold_fanout_processed_p99_s"),
         "stream_fanout_p99_seconds": r.get("hold_stream_fanout_p99_s"),
         "hold_stream_copies": r.get("hold_stream_copies"),
+        "loadgen_heartbeats_late_max_s": r.get("loadgen_heartbeats_late_max_s"),
         "delivered_fraction": r.get("delivered_fraction", 0.0),
         "cycles": len([c for c in r.get("cycles", []) if "error" not in c]),
         "pinned": r.get("pinned"),

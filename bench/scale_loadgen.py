@@ -20,8 +20,11 @@ kernel's receive time (``SO_TIMESTAMP``): when it reached this stand-in host.
 Controlled over stdin/stdout with one JSON object per line::
 
     <- {"event": "registered", "ok": N, "failed": M, "t0": ..., "t1": ...}
-    -> {"cmd": "datagrams"}                         <- {"event": "datagrams", "confirmed": N, "connected": M}
-    -> {"cmd": "disconnect", "index": I}            <- {"event": "disconnected", "index": I, "t": ...}
+    -> {"cmd": "datagrams"}                         <- {"event": "datagrams", "confirmed": N, "connected": M,
+                                                        "clock_late_max_s": L}
+       (L: how late its heartbeat datagram clock has run at worst, in seconds)
+    -> {"cmd": "disconnect", "index": I}            <- {"event": "disconnected", "index": I, "t": ..., "t_done": ...}
+       (t: when it began; t_done: when the channel was closed)
     -> {"cmd": "reconnect", "index": I}             <- {"event": "reconnected", "index": I, "t": ...}
        (as a replaced host: a new incarnation)
     -> {"cmd": "wait", "kind": "hold", "generation": G, "timeout": S}
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -70,6 +74,8 @@ datagram reached the (stand-in) host. Python's socket module does not name the c
 
 DATAGRAM_SLOTS = 125
 """The datagram clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats."""
+COMMANDS_PER_WAKE = 64
+"""Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
@@ -123,6 +129,11 @@ class FakeWorker:
             self.datagrams_confirmed = False
             self.connected = True
             self.registered.set()
+            # One process holds 2,500 stand-in hosts: a full collection of its heap (0.3-1.0 s here at
+            # 10,000 workers, finding nothing to free) held the GIL and stopped the datagram clock, so
+            # all its workers fell silent at once, which no real host does. What a registration
+            # leaves behind lives as long as the worker: moved out of the collector's sight.
+            gc.freeze()
             reader = asyncio.create_task(self._read(call))
             if use_datagrams:
                 # From here on the process's one datagram clock sends this worker's heartbeats:
@@ -197,6 +208,8 @@ class LoadGen:
         self.counts: Counter[tuple[str, int]] = Counter()
         self.stream_counts: Counter[tuple[str, int]] = Counter()
         self.command_datagrams_refused = 0
+        self.clock_late_max = 0.0
+        """The datagram clock's worst lateness (s): how long this process left its workers silent."""
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
@@ -247,11 +260,24 @@ class LoadGen:
                     pass  # a worker's stream heartbeats carry on until the coordinator confirms its datagrams
             slot = (slot + 1) % DATAGRAM_SLOTS
             t += tick
-            self.stopping.wait(max(0.0, t - time.monotonic()))
+            late = time.monotonic() - t
+            if late > self.clock_late_max:
+                self.clock_late_max = late
+                if late > 0.3:
+                    print(
+                        f"scale_loadgen {self.workers[0].index}: heartbeat datagrams {late:.3f} s late",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            self.stopping.wait(max(0.0, -late))
 
     def _read_commands(self) -> None:
+        """Reads up to COMMANDS_PER_WAKE datagrams, then lets the loop run: a fan-out brings 2,500 at
+        once, and read in one go they held back this process's other stand-in hosts, such as one
+        whose registration reply had just come (its first heartbeat waits for that reply). The
+        selector calls again while datagrams wait."""
         assert self.sock is not None
-        while True:
+        for _ in range(COMMANDS_PER_WAKE):
             try:
                 data, anc, _, _ = self.sock.recvmsg(MAX_COMMAND_DATAGRAM, socket.CMSG_SPACE(16))
             except OSError:
@@ -317,8 +343,11 @@ class LoadGen:
                 break
             if c == "disconnect":
                 w = self.by_index[int(cmd["index"])]
+                # "t": when the disconnect began. The coordinator can see the stream end and decide before
+                # this busy process gets back from closing the channel ("t_done").
+                t = time.time()
                 await w.disconnect()
-                emit({"event": "disconnected", "index": w.index, "t": time.time()})
+                emit({"event": "disconnected", "index": w.index, "t": t, "t_done": time.time()})
             elif c == "reconnect":
                 w = self.by_index[int(cmd["index"])]
                 # A replaced host: a new incarnation. The coordinator keeps a slice down when the same
@@ -349,6 +378,7 @@ class LoadGen:
                         "event": "datagrams",
                         "confirmed": sum(1 for w in live if w.datagrams_confirmed),
                         "connected": len(live),
+                        "clock_late_max_s": round(self.clock_late_max, 3),
                     }
                 )
             elif c == "dump":
