@@ -908,9 +908,13 @@ class Coordinator:
             reason=ev.summary,
             starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
         )
+        if ev.delivery_seconds is not None:
+            self.metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))
         d = await self.request(notice)
         if not d.outcome:
-            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - mono)
+            # From the message's arrival at this subscriber (the callback thread), not from this handler.
+            since = wall - ev.received_at if ev.received_at is not None else 0.0
+            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - mono + max(0.0, since))
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False

@@ -153,6 +153,12 @@ class Metrics(ServerMetrics):
             ["code"],
             registry=r,
         )
+        self.pubsub_delivery_seconds = Histogram(
+            f"{PREFIX}_pubsub_delivery_seconds",
+            "Pub/Sub notice delivery: the message's publish_time (Pub/Sub's clock) until this subscriber received it",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.pubsub_streaming = Gauge(
             f"{PREFIX}_pubsub_streaming", "1 while the Pub/Sub intake's stream is open", registry=r
         )

@@ -14,8 +14,13 @@ fault.
 Kinds: ``kill`` (SIGKILL of the host's process group), ``hang`` (SIGSTOP),
 ``not_serving`` (the stand-in Pathways worker toggles to NOT_SERVING on
 SIGUSR1), and two notice plug points, ``pubsub_notice`` and
-``metadata_notice``, measured from delivery (publish / metadata change) to the
-hold, when the daemons can receive them (see :data:`NOTICE_DRIVERS`).
+``metadata_notice``, measured from delivery to the hold, when the daemons can
+receive them (see :data:`NOTICE_DRIVERS`): a metadata notice from the change on
+the stand-in metadata server (the worker's long-poll returns at once), a
+Pub/Sub notice from the coordinator's subscriber receiving it (the intake logs
+``received_at``). Pub/Sub's own delivery (publish to receipt, the emulator's
+here) is not the daemon's, so publish-to-hold is kept beside it
+(``sent_to_decision_seconds_*``).
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ class NoticeDriver:
     worker_args: Callable[[Rig, int, int], list[str]] = lambda rig, s, h: []
     start: Callable[[Rig], None] = lambda rig: None
     deliver: Callable[[Rig, int], float] | None = None
+    """Delivers a notice; returns when it was sent (wall clock)."""
+    received: Callable[[Rig], float | None] | None = None
+    """When the daemon received it, where that is later than sending (Pub/Sub's own delivery): the
+    decision is then measured from there, and from sending as ``sent_to_decision_s``."""
     stop: Callable[[Rig], None] = lambda rig: None
 
 
@@ -159,8 +168,18 @@ def _pubsub_deliver(rig: Rig, s: int) -> float:
 
     data, attrs = gce_system_event("terminateOnHostMaintenance", rig.node_name(s, 0), project=PUBSUB_PROJECT)
     t = time.time()
-    rig.pubsub_publisher.publish(rig.pubsub_topic, data, **attrs).result(timeout=30)
+    rig.pubsub_message_id = rig.pubsub_publisher.publish(rig.pubsub_topic, data, **attrs).result(timeout=30)
     return t
+
+
+def _pubsub_received(rig: Rig) -> float | None:
+    """When the coordinator's subscriber received the last published notice (its "pubsub notice
+    received" log record's ``received_at``), or None if it has not logged it."""
+    mid = rig.pubsub_message_id
+    for r in read_jsonl(rig.logs / "coordinator.log"):
+        if r.get("message") == "pubsub notice received" and r.get("message_id") == mid:
+            return float(r["received_at"])
+    return None
 
 
 def _pubsub_stop(rig: Rig) -> None:
@@ -178,6 +197,7 @@ NOTICE_DRIVERS: dict[str, NoticeDriver] = {
         coordinator_env=_pubsub_coordinator_env,
         start=_pubsub_start,
         deliver=_pubsub_deliver,
+        received=_pubsub_received,
         stop=_pubsub_stop,
     ),
     "metadata_notice": NoticeDriver(
@@ -226,6 +246,7 @@ class Rig:
         self.session: Any = None
         self._stop = threading.Event()
         self._trainer_thread: threading.Thread | None = None
+        self.pubsub_message_id: str | None = None
 
     def _log(self, name: str) -> IO[bytes]:
         f = open(self.logs / name, "ab")  # noqa: SIM115
@@ -450,19 +471,37 @@ def measure(rig: Rig, kind: str, s: int, timeout: float = 15.0) -> dict[str, Any
 
     got = wait_until(found, timeout)
     det, dec = got if got else (None, None)
+    sent = t
+    driver = NOTICE_DRIVERS.get(kind)
+    arrived = driver.received(rig) if driver is not None and driver.received is not None and got else None
+    unlogged = driver is not None and driver.received is not None and got is not None and arrived is None
+    if arrived is not None:
+        t = arrived
     out = {
         "kind": kind,
         "slice": s,
         "detection_s": rnd(det["time"] - t) if det else None,
         "decision_s": rnd(dec["time"] - t) if dec else None,
+        **({"sent_to_decision_s": rnd(dec["time"] - sent) if dec else None} if arrived is not None else {}),
         "trigger": (dec or det or {}).get("trigger"),
         "cause": ((dec or det or {}).get("event_detail") or {}).get("cause"),
         "reason": (dec or det or {}).get("reason", "")[:160],
     }
     if got is None:
         out["error"] = f"no decision within {timeout:g} s"
+    elif unlogged:
+        out["error"] = "decided, but the daemon did not log when it received the notice: measured from sending"
     repair(rig, kind, s)
     return out
+
+
+def _sent_to_decision(ss: list[dict[str, Any]]) -> dict[str, Any]:
+    """For a notice measured from its receipt: the same decisions measured from sending (its
+    delivery included), median and worst."""
+    sent = [x["sent_to_decision_s"] for x in ss if x.get("sent_to_decision_s") is not None]
+    if not sent:
+        return {}
+    return {"sent_to_decision_seconds_median": rnd(median(sent)), "sent_to_decision_seconds_max": rnd(max(sent))}
 
 
 def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = None) -> dict[str, Any]:
@@ -528,6 +567,7 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             "decision_s": rnd(median(dec)),
             "decision_s_max": rnd(max(dec)) if dec else None,
             "decision_s_all": dec,
+            **_sent_to_decision(ss),
             "via": sorted(
                 {f"{x.get('trigger')}({x.get('cause')})" if x.get("cause") else str(x.get("trigger")) for x in ss}
             ),
@@ -544,6 +584,7 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
     targets = [
         tgt("detection: kill (SIGKILL) to hold decision", "kill", 0.5),
         tgt("detection: hang (SIGSTOP) to hold decision", "hang", 2.0),
+        # From the notice's arrival at the coordinator's subscriber; the row keeps publish-to-hold too.
         tgt("notice to hold (Pub/Sub), after delivery", "pubsub_notice", 0.2),
         tgt("notice to hold (metadata server), after delivery", "metadata_notice", 0.2),
     ]
@@ -561,6 +602,7 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
                 "decision_seconds_median": k.get("decision_s"),
                 "decision_seconds_p90": rnd(percentile(dec, 90)) if dec else None,
                 "decision_seconds_max": k.get("decision_s_max"),
+                **{k2: k[k2] for k2 in ("sent_to_decision_seconds_median", "sent_to_decision_seconds_max") if k2 in k},
                 "via": k.get("via", []),
                 **({"note": k["note"]} if k.get("note") else {}),
             }

@@ -103,6 +103,11 @@ class NodeEvent:
     """GCE ``type``: SCHEDULED or UNSCHEDULED (empty when not given)."""
     can_reschedule: bool | None = None
     message_id: str = ""
+    received_at: float | None = None
+    """Wall-clock time this subscriber received the message (set by the Pub/Sub intake; None elsewhere)."""
+    delivery_seconds: float | None = None
+    """``received_at`` less the message's Pub/Sub ``publish_time`` (the service's clock): how long Pub/Sub
+    took to deliver it. None where either is unknown."""
 
     @property
     def cleared(self) -> bool:

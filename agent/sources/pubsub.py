@@ -47,9 +47,11 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agent import log as agent_log
@@ -352,6 +354,7 @@ class PubSubIntake:
             self._nack(message)
 
     def _receive(self, message: Message) -> None:
+        received = time.time()
         mid = message.message_id
         with self._lock:
             self._count("received")
@@ -379,6 +382,23 @@ class PubSubIntake:
             log.info("pubsub informational notice", what=ev.what, summary=ev.summary, message_id=mid)
             self._settle_ignored(message, "informational")
             return
+        # publish_time: "The time at which the message was published, populated by the server when it
+        # receives the Publish call" (google.pubsub.v1.PubsubMessage). Its lag to here is Pub/Sub's
+        # delivery, which a notice's lead time pays before this daemon can act.
+        published = message.publish_time
+        delivery = None
+        if isinstance(published, datetime):
+            aware = published if published.tzinfo is not None else published.replace(tzinfo=UTC)
+            delivery = round(received - aware.timestamp(), 4)
+        ev = replace(ev, received_at=received, delivery_seconds=delivery)
+        log.info(
+            "pubsub notice received",
+            message_id=mid,
+            what=ev.what,
+            node=ev.node,
+            received_at=received,
+            delivery_seconds=delivery,
+        )
         with self._lock:
             if ev.identity in self._seen_events:
                 log.info("pubsub duplicate event", message_id=mid, identity=ev.identity)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import recovery, scale
+from bench import detection, recovery, scale
 from bench.__main__ import combine
 
 
@@ -318,3 +318,21 @@ def test_free_port_never_hands_out_one_port_twice(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(common, "_HANDED_OUT", set())
     monkeypatch.setattr(common.socket, "socket", OneSocket)
     assert [common.free_port(), common.free_port()] == [40001, 40002]
+
+
+def test_load_generator_lateness_is_read_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "generators.log"
+    log.write_text(
+        "scale_loadgen 0: heartbeat datagrams 0.307 s late\nsomething else\n"
+        "scale_loadgen 2500: heartbeat datagrams 1.25 s late\n"
+    )
+    assert scale._loadgen_late(log) == [0.307, 1.25]
+    assert scale._loadgen_late(tmp_path / "missing.log") == []
+
+
+def test_notice_decisions_from_sending_are_summarised_only_where_measured() -> None:
+    got = detection._sent_to_decision(
+        [{"sent_to_decision_s": 0.1}, {"sent_to_decision_s": 0.3}, {"sent_to_decision_s": 0.2}, {"error": "x"}]
+    )
+    assert got == {"sent_to_decision_seconds_median": 0.2, "sent_to_decision_seconds_max": 0.3}
+    assert detection._sent_to_decision([{"decision_s": 0.1}]) == {}

@@ -208,6 +208,11 @@ def fixture() -> dict[str, Any]:
                 "decision_seconds_median": med,
                 "decision_seconds_p90": worst,
                 "decision_seconds_max": worst,
+                **(
+                    {"sent_to_decision_seconds_median": med + 0.05, "sent_to_decision_seconds_max": worst + 0.15}
+                    if kind == "pubsub_notice"
+                    else {}
+                ),
                 "via": [via],
             }
             for kind, med, worst, via in (
@@ -312,6 +317,11 @@ def test_targets_from_data() -> None:
         f"{fmt(r['decision_seconds_median'])} s [worst {fmt(r['decision_seconds_max'])} s], n={r['runs']}"
     )
     assert vs["coordinator RSS"].verdict == "met"
+    # A Pub/Sub notice is judged from its receipt; its publish-to-hold figure stands beside it.
+    ps = vs["detection: pubsub_notice to hold decision"]
+    assert ps.verdict == "met" and "from the subscriber's receipt" in ps.basis
+    assert "from publishing" in ps.basis and "[worst 0.2125 s]" in ps.basis
+    assert "from publishing" not in vs["detection: metadata_notice to hold decision"].basis
 
 
 def test_a_page_with_every_benchmark_judges_every_target(tmp_path: Path) -> None:

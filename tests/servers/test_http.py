@@ -40,6 +40,7 @@ COORDINATOR_METRICS = {
     "elastic_sidecar_heartbeat_datagrams_total",
     "elastic_sidecar_pubsub_messages_received_total",
     "elastic_sidecar_pubsub_message_outcomes_total",
+    "elastic_sidecar_pubsub_delivery_seconds",
     "elastic_sidecar_pubsub_settlements_total",
     "elastic_sidecar_pubsub_stream_errors_total",
     "elastic_sidecar_pubsub_streaming",

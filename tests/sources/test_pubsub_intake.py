@@ -315,6 +315,31 @@ async def test_copy_arriving_while_original_is_handled(
     assert intake.stats["nacked"] == (2 if first_attempt_fails else 0)
 
 
+async def test_a_notice_carries_when_it_arrived_and_how_long_pubsub_took(
+    topic_sub: tuple[str, str], publisher: Any
+) -> None:
+    """The handler learns when the subscriber got the message and Pub/Sub's delivery time (from the
+    server's publish_time): the hold's own latency is measured from there."""
+    topic, sub = topic_sub
+    handled: list[tuple[NodeEvent, float]] = []
+
+    async def handle(ev: NodeEvent) -> None:
+        handled.append((ev, time.time()))
+
+    intake = PubSubIntake(sub, handle)
+    intake.start()
+    try:
+        before = time.time()
+        await publish(publisher, topic, [S.gce_system_event("preempted", "n-arrival")])
+        await wait_until(lambda: bool(handled), 30, lambda: f"one handled, have {intake.stats}")
+    finally:
+        await asyncio.to_thread(intake.stop)
+    ev, at = handled[0]
+    assert ev.received_at is not None and before <= ev.received_at <= at
+    # The emulator runs on this machine: its publish_time and our clock agree to well within a second.
+    assert ev.delivery_seconds is not None and -1.0 < ev.delivery_seconds <= ev.received_at - before + 1.0
+
+
 async def test_sync_handler_and_concurrent_future_handler(topic_sub: tuple[str, str], publisher: Any) -> None:
     topic, sub = topic_sub
     seen: list[str] = []
