@@ -93,11 +93,12 @@ NAME = "scale"
 JOB = "bench-scale"
 PER_GENERATOR = 2500
 REGISTRATION_RATE = 25.0
-"""Registrations each load generator starts per second at most (100 a second with four). Unpaced,
-the generators (four processes on one core) registered about 300 a second and the job collapsed
-during registration in seven of seven 10,000-worker runs: workers they had just registered fell
-silent, once with no coordinator stall or dropped datagram before. Paced, one run was valid and the
-publication run at 14baae3 still lost workers, just after all 10,000 had registered. Not diagnosed."""
+"""Registrations each load generator starts per second at most (100 a second with four; pods do not
+all start at once). Unpaced, the generators (four processes on one core) registered about 300 a
+second. The 10,000-worker runs that lost workers before d9a35d9 were, in the four diagnostic runs
+that looked, the generators' own doing: their heaps' full collections stopped their heartbeat
+clocks, and a fan-out's datagrams read in one go held back a just-registered worker's first
+heartbeat (see scale_loadgen). Unpaced registration has not been tried since."""
 HOSTS_PER_SLICE = 100
 TOPOLOGY = "flat"
 """Every worker streams to the coordinator itself; per-slice leaders are not built (see the module docstring)."""
