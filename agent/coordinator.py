@@ -646,6 +646,11 @@ class Coordinator:
             conn.outbox.put_nowait(peer_pb2.CoordinatorMessage(datagrams_received=peer_pb2.DatagramsReceived()))
         return conn
 
+    @property
+    def loop_resumed_at(self) -> float:
+        """End of the newest event-loop stall or kernel drop of heartbeat datagrams (monotonic)."""
+        return self._loop_resumed_at
+
     def check_liveness(self, now: float) -> None:
         """End the streams of workers silent past the heartbeat timeout.
 
@@ -1085,7 +1090,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
     async def _ended(self, ident: peer_pb2.HostIdentity, conn: _Conn, cause: str, peer: str) -> None:
         """A worker's stream ended: a lost host, or only its sidecar (the host still answers)."""
         key = (ident.slice, ident.host)
-        silent = time.monotonic() - conn.last_seen
+        # Silence counts only from the end of this coordinator's newest stall (or kernel drop of
+        # heartbeat datagrams), as in check_liveness: while it fell behind, it heard nobody.
+        silent = time.monotonic() - max(conn.last_seen, self.c.loop_resumed_at)
         if cause in ("stream_closed", "shutdown") and silent > 2 * self.c.cfg.heartbeat_interval:
             # Already silent when the stream broke: the transport keepalive noticed a hung host first.
             cause = "heartbeat_timeout"

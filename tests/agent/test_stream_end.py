@@ -1,0 +1,80 @@
+"""How the coordinator classifies a worker stream that ended by itself (PeerService._ended): a
+worker silent before the break counts as hung (no probe: a hung host's kernel still accepts TCP);
+otherwise the host's Pathways worker is probed first. Silence the coordinator's own stall or
+dropped heartbeat datagrams can explain is no evidence of a hang."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from agent.config import CoordinatorConfig
+from agent.coordinator import Coordinator, PeerService, _Conn
+from agent.core.model import Policy, WorkerAway, WorkerLost
+from protos.elastic_sidecar.v1 import peer_pb2
+
+
+def coordinator() -> Coordinator:
+    return Coordinator(
+        CoordinatorConfig(
+            job="stream-end",
+            listen="127.0.0.1:0",
+            policy=Policy(num_slices=2, hosts_per_slice=1),
+            heartbeat_interval=0.25,
+            heartbeat_timeout=1.2,
+            state_file=None,
+            journal=None,
+            log_format="json",
+            log_level="warning",
+        )
+    )
+
+
+async def ended(coord: Coordinator, silent: float, stalled_ago: float | None) -> tuple[list[Any], list[Any]]:
+    """Run _ended for a stream that closed after ``silent`` s without a message; the coordinator's
+    loop resumed from a stall ``stalled_ago`` s ago (None: never stalled). (events submitted, probes)"""
+    submitted: list[Any] = []
+    probes: list[Any] = []
+
+    async def probe_host(key: Any, conn: Any, peer: str) -> tuple[bool, str]:
+        probes.append(key)
+        return True, "SERVING"
+
+    async def watch_away(key: Any, conn: Any, peer: str) -> None:
+        return None
+
+    coord.submit = submitted.append  # type: ignore[method-assign]
+    coord.probe_host = probe_host  # type: ignore[method-assign]
+    coord.watch_away = watch_away  # type: ignore[method-assign]
+    now = time.monotonic()
+    if stalled_ago is not None:
+        coord._loop_resumed_at = now - stalled_ago  # noqa: SLF001
+    conn = _Conn(incarnation="inc-1", health_address="127.0.0.1:1")
+    conn.last_seen = now - silent
+    ident = peer_pb2.HostIdentity(slice=1, host=0, incarnation="inc-1")
+    await PeerService(coord)._ended(ident, conn, "stream_closed", "ipv4:127.0.0.1:5555")  # noqa: SLF001
+    return submitted, probes
+
+
+async def test_a_stream_that_breaks_while_the_worker_talks_is_probed_first() -> None:
+    submitted, probes = await ended(coordinator(), silent=0.05, stalled_ago=None)
+    assert probes == [(1, 0)]
+    assert [type(e) for e in submitted] == [WorkerAway]
+
+
+async def test_a_worker_silent_before_its_stream_broke_is_lost_as_hung_without_a_probe() -> None:
+    submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=None)
+    assert probes == []
+    assert len(submitted) == 1 and isinstance(submitted[0], WorkerLost)
+    assert submitted[0].cause == "heartbeat_timeout"
+
+
+@pytest.mark.parametrize("stalled_ago", [0.1, 0.4])
+async def test_silence_while_the_coordinator_stalled_is_not_taken_for_a_hang(stalled_ago: float) -> None:
+    # Silent 3 s, but the coordinator's loop only resumed (or the kernel last dropped its heartbeat
+    # datagrams) moments ago: it could not have heard the worker, so the host is probed.
+    submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=stalled_ago)
+    assert probes == [(1, 0)]
+    assert [type(e) for e in submitted] == [WorkerAway]
