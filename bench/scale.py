@@ -258,16 +258,23 @@ class FakeTrainer:
 
     def _run(self) -> None:
         from trainer_hooks import ElasticSession
+        from trainer_hooks.session import AbortTraining
 
         s = ElasticSession.connect(self.addr, job=JOB)
         d = s.start()
         s.resumed(d, 0, "fresh", 0.0)
         self.running.set()
-        while not self._stop.is_set():
-            d = s.step_boundary(0)
-            if d is not None:
-                s.resumed(d, 0, "memory", 0.0)
-            time.sleep(0.005)
+        try:
+            while not self._stop.is_set():
+                d = s.step_boundary(0)
+                if d is not None:
+                    s.resumed(d, 0, "memory", 0.0)
+                time.sleep(0.005)
+        except AbortTraining:
+            # Held when the size ended: its coordinator is gone and the session gives up waiting.
+            # That is the end of this size's job, not an error; before stop() it is one.
+            if not self._stop.is_set():
+                raise
 
     def stop(self) -> None:
         self._stop.set()
