@@ -313,12 +313,20 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
         size = next((x for x in sc.get("sizes", []) if x.get("workers") == r.get("workers")), {})
         per = sc.get("config", {}).get("workers_per_generator")
         cpus = size.get("load_cpus")
+        share = r.get("hold_first_by_datagram")
+        shown_share = "–" if share is None else f"{fmt(round(share * 100, 2))}%"
         causes.append(
-            f"datagrams timed at the kernel's receive time in the load generators ({fmt(r.get('hold_first_by_datagram'))} "
+            f"datagrams timed at the kernel's receive time in the load generators ({shown_share} "
             f"of first copies came by datagram); the generators ({fmt(per)} workers a process, "
             f"{f'on {len(cpus)} CPU(s) of their own' if cpus else 'beside the coordinator'}) read them by "
             f"{fmt(r['fanout_p99_processed_seconds'])} s p99"
         )
+        copies = [c for c in r.get("hold_stream_copies") or [] if c]
+        if copies:
+            causes.append(
+                f"workers that acknowledged their datagram late also got the stream's copy: {fmt(min(copies))}-"
+                f"{fmt(max(copies))} a cycle, p99 {fmt(r.get('stream_fanout_p99_seconds'))} s"
+            )
     return Verdict(name, goal, shown, "met" if v < limit else "not met", "; ".join([basis, *causes]))
 
 

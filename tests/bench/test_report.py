@@ -295,6 +295,16 @@ def test_invalid_rows_are_printed_invalid_and_never_met() -> None:
     r["valid"] = True
     del r["invalid_reason"]
     assert next(v for v in targets(sections(ok)) if v.target == "coordinator CPU").verdict == "met"
+    # The fan-out's basis says how the first copies came, as a share, and who also got a stream copy.
+    r.update(
+        fanout_p99_processed_seconds=1.2272,
+        hold_first_by_datagram=0.9987,
+        hold_stream_copies=[952, 0, 1364],
+        stream_fanout_p99_seconds=1.6617,
+    )
+    fan = next(v for v in targets(sections(ok)) if v.target == "hold fan-out p99 (worst cycle)")
+    assert fan.verdict == "met" and "(99.87% of first copies came by datagram)" in fan.basis, fan
+    assert "stream's copy: 952-1364 a cycle, p99 1.6617 s" in fan.basis, fan
 
 
 def test_targets_from_data() -> None:
