@@ -7,11 +7,11 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
-from agent.core.model import Policy, WorkerJoined
+from agent.core.model import WorkerJoined
 from agent.sources.gke_events import NodeEvent, parse
 from simjob import notice_samples as S
+from tests.agent.coordinators import in_memory_coordinator
 
 
 def sample(coord: Coordinator, name: str, labels: dict[str, str] | None = None) -> float:
@@ -20,18 +20,7 @@ def sample(coord: Coordinator, name: str, labels: dict[str, str] | None = None) 
 
 
 async def test_pubsub_notice_metrics_count_delivery_and_decision_from_receipt() -> None:
-    cfg = CoordinatorConfig(
-        job="timing-job",
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2, hosts_per_slice=1),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=None,
-        journal=None,
-        log_format="json",
-        log_level="warning",
-    )
-    coord = Coordinator(cfg)
+    coord = in_memory_coordinator("timing-job", 2)
     await coord.start()
     try:
         for s in range(2):

@@ -9,25 +9,14 @@ import pytest
 
 from agent import constants as C
 from agent import coordinator as coordmod
-from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator, _Conn
-from agent.core.model import Policy, TellWorkers
+from agent.core.model import TellWorkers
 from protos.elastic_sidecar.v1 import peer_pb2
+from tests.agent.coordinators import in_memory_coordinator
 
 
 def _coordinator(workers: int) -> Coordinator:
-    cfg = CoordinatorConfig(
-        job="stream-copies",
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=workers, hosts_per_slice=1),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=None,
-        journal=None,
-        log_format="json",
-        log_level="error",
-    )
-    coord = Coordinator(cfg)
+    coord = in_memory_coordinator("stream-copies", workers, log_level="error")
     for s in range(workers):
         coord.workers[(s, 0)] = _Conn()
     return coord

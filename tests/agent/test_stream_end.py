@@ -10,26 +10,14 @@ from typing import Any
 
 import pytest
 
-from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator, PeerService, _Conn
-from agent.core.model import Policy, WorkerAway, WorkerLost
+from agent.core.model import WorkerAway, WorkerLost
 from protos.elastic_sidecar.v1 import peer_pb2
+from tests.agent.coordinators import in_memory_coordinator
 
 
 def coordinator() -> Coordinator:
-    return Coordinator(
-        CoordinatorConfig(
-            job="stream-end",
-            listen="127.0.0.1:0",
-            policy=Policy(num_slices=2, hosts_per_slice=1),
-            heartbeat_interval=0.25,
-            heartbeat_timeout=1.2,
-            state_file=None,
-            journal=None,
-            log_format="json",
-            log_level="warning",
-        )
-    )
+    return in_memory_coordinator("stream-end", 2)
 
 
 async def ended(coord: Coordinator, silent: float, stalled_ago: float | None) -> tuple[list[Any], list[Any]]:
