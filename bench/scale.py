@@ -98,7 +98,8 @@ all start at once). Unpaced, the generators (four processes on one core) registe
 second. The 10,000-worker runs that lost workers before d9a35d9 were, in the four diagnostic runs
 that looked, the generators' own doing: their heaps' full collections stopped their heartbeat
 clocks, and a fan-out's datagrams read in one go held back a just-registered worker's first
-heartbeat (see scale_loadgen). Unpaced registration has not been tried since."""
+heartbeat (see scale_loadgen). One unpaced 10,000-worker run after those fixes (dirty tree, at
+c8c4b87 with this rate set to 0) was valid: registered in 38.08 s, 0.3696 cores, fan-out p99 0.3312 s."""
 HOSTS_PER_SLICE = 100
 TOPOLOGY = "flat"
 """Every worker streams to the coordinator itself; per-slice leaders are not built (see the module docstring)."""
