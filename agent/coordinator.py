@@ -918,8 +918,8 @@ class Coordinator:
         d = await self.request(notice)
         if not d.outcome:
             # From the message's arrival at this subscriber (the callback thread), not from this handler.
-            since = wall - ev.received_at if ev.received_at is not None else 0.0
-            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - mono + max(0.0, since))
+            arrived = mono - max(0.0, wall - ev.received_at) if ev.received_at is not None else mono
+            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - arrived)
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False

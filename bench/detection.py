@@ -473,8 +473,9 @@ def measure(rig: Rig, kind: str, s: int, timeout: float = 15.0) -> dict[str, Any
     det, dec = got if got else (None, None)
     sent = t
     driver = NOTICE_DRIVERS.get(kind)
-    arrived = driver.received(rig) if driver is not None and driver.received is not None and got else None
-    unlogged = driver is not None and driver.received is not None and got is not None and arrived is None
+    receipt = driver.received if driver is not None else None
+    arrived = receipt(rig) if receipt is not None and got is not None else None
+    unlogged = receipt is not None and got is not None and arrived is None
     if arrived is not None:
         t = arrived
     out = {

@@ -74,6 +74,9 @@ datagram reached the (stand-in) host. Python's socket module does not name the c
 
 DATAGRAM_SLOTS = 125
 """The datagram clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats."""
+LATE_NOTE = "heartbeat datagrams {late:.3f} s late"
+"""What a generator prints (stderr) each time its datagram clock runs later than ever, past 0.3 s;
+bench.scale reads it back from the generators' log after a collapse."""
 COMMANDS_PER_WAKE = 64
 """Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
@@ -265,7 +268,7 @@ class LoadGen:
                 self.clock_late_max = late
                 if late > 0.3:
                     print(
-                        f"scale_loadgen {self.workers[0].index}: heartbeat datagrams {late:.3f} s late",
+                        f"scale_loadgen {self.workers[0].index}: " + LATE_NOTE.format(late=late),
                         file=sys.stderr,
                         flush=True,
                     )
