@@ -5,8 +5,11 @@ tiny model (``--maxtext-model larger``: about ten times its parameters), four
 CPU devices in two simulated slices of two with the data axis across them
 (``ici_data_parallelism=2``: each slice holds a whole replica, as over DCN),
 MaxText's own periodic checkpoint every ``checkpoint_period`` steps (async
-Orbax), a fixed learning-rate schedule, the same ``steps`` in every run. Only
-what happens on a fault differs:
+Orbax), a fixed learning-rate schedule. The job is trained once per period to
+:data:`LEAD_STEPS` before the faulted period starts and checkpointed there
+(:func:`pretrain`); every run restores a copy of that checkpoint, trains to its
+fault and on for a tail (:meth:`Job.steps_for`), so a long period costs each run
+its phase, not the period's whole start. Only what happens on a fault differs:
 
 * ``full_restart``: MaxText without ``elastic_enabled``; the failed step ends
   the process, and a new MaxText process (what JobSet starts) begins once the
@@ -42,8 +45,10 @@ what happens on a fault differs:
 
 The fault (``kill``): pathwaysutils' own ``DeviceLossSimulator`` loses slice 1
 inside step index F (the step raises ``DATA_LOSS`` and its donated state is
-gone), F at a seeded random phase of a checkpoint period, the third or later
-(a save still in flight then leaves the one before it: :func:`fault_index`);
+gone), F at a seeded random phase of the period that starts after the first
+periodic save of the run (a save still in flight then leaves the pre-trained
+checkpoint, :data:`LEAD_STEPS` before it), the rounds' phases stratified over
+the period (:func:`fault_index`);
 the replacement (the simulator reconnects the slice, and for the sidecar a new
 worker registers) comes ``replacement_delay`` seconds after the fault.
 ``hang`` and ``notice`` are not run on MaxText (rows say why), nor is the
@@ -113,11 +118,16 @@ LOCAL_TAIL_STEPS = 50
 """New steps past the fault (and past the job's return to every slice) that close the window of the
 local fault cost (:func:`analyse`): enough for the steps right after a restore (the first ones
 re-trace or refill caches) to be in it, few enough that the window stays short."""
-GROW_TAIL_STEPS = 2500
+LEAD_STEPS = 200
+"""Steps each run trains from the pre-trained checkpoint (:func:`pretrain`) before its faulted
+checkpoint period starts: the run's own step time before the fault is measured over them and the
+phase (:func:`analyse`), and the training before it is done once per period, not in every run."""
+GROW_TAIL_STEPS = 2000
 """The same when the job continues on the survivor (``min_slices`` 1): it must still be running when the
 replacement comes, pathwaysutils' monitor (10 s poll) sees it and the job is back on both slices.
-A step on one CPU slice takes about 0.02 s here, so 2,500 steps outlast a 10 s delay by about 40 s; a run
-that ends before it is back on every slice is a failed run (:func:`analyse`)."""
+A step on one CPU slice takes about 0.02 s here, so 2,000 steps take about 40 s, and the job was back on
+both slices 16-20 s after the fault in the runs at fa918ad (10 s delay); a run that ends before it is back
+on every slice is a failed run (:func:`analyse`)."""
 SLICES = 2
 ELASTIC_FLAGS = ("elastic_enabled=true", "enable_single_controller=true")
 START_SECONDS = 240.0
@@ -145,29 +155,52 @@ class Job:
             raise ValueError(f"local_checkpoint_period={self.local_checkpoint_period}: expected a whole number >= 1")
 
     @property
-    def first_period_end(self) -> int:
-        """Completed steps where the faulted period starts (a multiple of the period, past the warm-up).
-
-        At least the second periodic save: a save still in flight when the fault hits (an async
-        Orbax commit takes a while) leaves the one before it, as in a long-running job, not step 0.
-        """
-        p = self.checkpoint_period
-        return p * max(2, math.ceil((WARMUP_STEP + 5) / p))
+    def lead(self) -> int:
+        """Steps each run trains from the pre-trained checkpoint before its faulted period starts."""
+        return min(LEAD_STEPS, self.checkpoint_period)
 
     @property
-    def steps(self) -> int:
-        tail = TAIL_STEPS if self.min_slices == -1 else GROW_TAIL_STEPS
-        return self.first_period_end + self.checkpoint_period + tail
+    def first_period_end(self) -> int:
+        """Completed steps where the faulted period starts: a multiple of the period, at least
+        :attr:`lead` steps past the warm-up of a run that starts from the pre-trained checkpoint."""
+        p = self.checkpoint_period
+        return p * math.ceil((self.lead + WARMUP_STEP + 5) / p)
+
+    @property
+    def start_label(self) -> int:
+        """The label of the pre-trained checkpoint every run of this job restores at its start
+        (:func:`pretrain`): :attr:`lead` steps before the faulted period's save. A save still in flight
+        when the fault hits (an async Orbax commit takes a while) leaves this one, as in a long-running
+        job it leaves the save before: only ``lead`` steps back here, not a whole period."""
+        return self.first_period_end - self.lead
+
+    def tail(self, strategy: str) -> int:
+        """Steps past the fault: enough to be back on every slice when the job continues on the survivor."""
+        return TAIL_STEPS if self.min_slices == -1 or strategy == "full_restart" else GROW_TAIL_STEPS
+
+    def steps_for(self, fault_step: int | None, strategy: str) -> int:
+        """A run's ``steps``: its fault and the tail after it; a fault-free run trains through the faulted
+        period's save and :data:`TAIL_STEPS` more. Each run is as long as it must be: the fault cost is
+        local (:func:`analyse`), so runs of different lengths measure the same thing."""
+        if fault_step is None:
+            return self.first_period_end + TAIL_STEPS
+        return fault_step + self.tail(strategy)
 
 
-def fault_index(job: Job, seed: int, rep: int) -> int:
+def fault_index(job: Job, seed: int, rep: int, runs: int = 1) -> int:
     """Step index (= completed steps) in which the slice is lost: a seeded random phase of the period.
 
     MaxText saves after step index ``k * period`` (label k * period, ``k * period + 1`` completed), so
-    index ``first_period_end + 1 + r`` is ``r`` steps (0 .. period - 1) past that save.
+    index ``first_period_end + 1 + r`` is ``r`` steps (0 .. period - 1) past that save. The phases of
+    ``runs`` rounds are stratified: round ``rep`` draws from the ``rep``-th of ``runs`` equal parts of
+    the period, so five rounds cover the period as faults that land at any time do, rather than, by
+    chance, all early or all late (the rewind's lost work grows with the phase, the sidecar's does not).
     """
+    if runs < 1:
+        raise ValueError(f"runs={runs}: expected a whole number >= 1")
     rng = random.Random(f"{seed}/maxtext/{job.checkpoint_period}/{rep}")
-    return job.first_period_end + 1 + rng.randrange(job.checkpoint_period)
+    part = (rep % runs + rng.random()) / runs
+    return job.first_period_end + 1 + min(job.checkpoint_period - 1, int(part * job.checkpoint_period))
 
 
 def maxtext_flags(job: Job, strategy: str, delay: float) -> list[str]:
@@ -209,9 +242,11 @@ def analyse(
     """
     out: dict[str, Any] = {"lost_steps": None, "recovery_s": None}
     done = [e for e in events if e.get("kind") == "step"]
-    start = next((e["t"] for e in done if e["step"] == WARMUP_STEP), None)
+    # Steps count from the run's start: 0, or the completed steps of the checkpoint it restored first.
+    warm = min((e["step"] for e in done), default=1) - 1 + WARMUP_STEP
+    start = next((e["t"] for e in done if e["step"] == warm), None)
     if start is None:
-        out["error"] = f"no step {WARMUP_STEP} (the end of the warm-up) in the event log"
+        out["error"] = f"no step {warm} (the end of the warm-up) in the event log"
         return out
     # The step events in time order; a step completed again after a rewind replaces the earlier one
     # (the kept state is the last one), and each earlier completion was lost work.
@@ -247,7 +282,7 @@ def analyse(
     def weight(e: dict[str, Any]) -> float:
         return int(e["devices"]) / full if full and e.get("devices") else 1.0
 
-    kept = [e for k, e in last_run.items() if k > WARMUP_STEP]
+    kept = [e for k, e in last_run.items() if k > warm]
     shrunk = [e for e in kept if weight(e) < 1.0]
     end = max(e["t"] for e in done)
     out["work_steps"] = rnd(sum(weight(e) for e in kept), 3) if shrunk else len(kept)
@@ -303,7 +338,7 @@ def analyse(
     # compares with other processes' rates, which differ by up to 15% between runs here (ea4f932); the
     # error of this one grows with the window's work, not with the run's length.
     pre = {e["step"]: e["t"] for e in done if e["t"] <= ft}
-    n_ref = min(reference_steps, before - WARMUP_STEP)
+    n_ref = min(reference_steps, before - warm)
     if n_ref < 10 or before - n_ref not in pre:  # the row then has the whole-run measure only
         out["local_note"] = f"too few steps before the fault for its own step time: {n_ref} past the warm-up"
         return out
@@ -474,8 +509,13 @@ def run_one(
     fault_step: int | None,
     delay: float,
     cache: Path,
+    start: Path | None = None,
 ) -> dict[str, Any]:
-    """One MaxText job under ``strategy`` (with a fault at ``fault_step``, or none), read by :func:`analyse`."""
+    """One MaxText job under ``strategy`` (with a fault at ``fault_step``, or none), read by :func:`analyse`.
+
+    ``start``: the pre-trained checkpoint (:func:`pretrain`), copied into the run's checkpoint
+    directory, which MaxText restores at its start; without it the run trains from step 0.
+    """
     from agent.core.model import WorkerJoined
     from simjob.maxtext import cpu_elastic
     from simjob.maxtext.job import PATCHED_MODULE, MaxTextRun, Sidecar, maxtext_args
@@ -485,8 +525,11 @@ def run_one(
     if wd.exists():
         shutil.rmtree(wd)
     (wd / "control").mkdir(parents=True)
+    if start is not None:
+        shutil.copytree(start, wd / "job" / "checkpoints" / start.name)
     events = wd / "events.jsonl"
-    args = maxtext_args(wd, "job", job.steps, *maxtext_flags(job, strategy, delay), jax_cache=cache, model=job.model)
+    steps = job.steps_for(fault_step, strategy)
+    args = maxtext_args(wd, "job", steps, *maxtext_flags(job, strategy, delay), jax_cache=cache, model=job.model)
     env = {
         cpu_elastic.ENV: "1",
         cpu_elastic.ENV_SLICES: str(SLICES),
@@ -513,7 +556,7 @@ def run_one(
                 sc.submit(WorkerJoined(s, 0, "inc-1", node=f"node-{s}"))
         first = MaxTextRun("maxtext", args, wd, sidecar=sc, module=PATCHED_MODULE, env={**env, **fault_env})
         procs.append(first)
-        budget = START_SECONDS + job.steps * 2.0 + delay + 60.0
+        budget = START_SECONDS + steps * 2.0 + delay + 60.0
         if fault_step is not None:
             fault = _wait_for_fault(events, first, budget)
             if fault is None:
@@ -555,7 +598,7 @@ def run_one(
             sc.stop()
     evs = read_jsonl(events)
     figures = analyse(
-        evs, steps=job.steps, fault_step=fault_step, replacement_time=replaced, reference_steps=job.checkpoint_period
+        evs, steps=steps, fault_step=fault_step, replacement_time=replaced, reference_steps=job.checkpoint_period
     )
     if "error" in out:
         figures.pop("error", None)
@@ -568,6 +611,43 @@ def run_one(
     out["run_wall_s"] = round(time.monotonic() - t0, 2)
     out["processes"] = len(procs)
     return out
+
+
+def pretrain(job: Job, root: Path, cache: Path) -> Path:
+    """Train the job once to :attr:`Job.start_label` and commit a checkpoint there; return its directory.
+
+    Every run of the period restores a copy of it at its start (:func:`run_one`), so a run trains only
+    its lead, the fault's phase and the tail: the steps before are the same in every run and strategy
+    (MaxText without elastic mode, the same model and mesh) and would only be run again.
+    """
+    from simjob.maxtext import cpu_elastic
+    from simjob.maxtext.job import PATCHED_MODULE, MaxTextRun, checkpoint_labels, maxtext_args
+
+    label = job.start_label
+    wd = root / f"mx-pretrain-p{job.checkpoint_period}"
+    if wd.exists():
+        shutil.rmtree(wd)
+    wd.mkdir(parents=True)
+    # A save after step index `label` (checkpoint_period=label), in a run of label + 1 steps.
+    args = maxtext_args(
+        wd, "job", label + 1, f"checkpoint_period={label}", "ici_data_parallelism=2", jax_cache=cache, model=job.model
+    )
+    env = {cpu_elastic.ENV: "1", cpu_elastic.ENV_SLICES: str(SLICES), cpu_elastic.ENV_EVENTS: str(wd / "events.jsonl")}
+    proc = MaxTextRun("maxtext-pretrain", args, wd, module=PATCHED_MODULE, env=env)
+    try:
+        code = proc.proc.wait(START_SECONDS + label * 2.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RuntimeError(f"pre-training to step {label} did not finish; see {proc.log}") from None
+    finally:
+        proc.kill()
+    if code != 0:
+        raise RuntimeError(f"pre-training to step {label} exited with {code}; see {proc.log}")
+    if label not in checkpoint_labels(wd, "job"):
+        raise RuntimeError(
+            f"pre-training committed no checkpoint {label} (committed: {checkpoint_labels(wd, 'job')}); see {proc.log}"
+        )
+    return wd / "job" / "checkpoints" / str(label)
 
 
 def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[str, Any]:
@@ -635,24 +715,51 @@ def run(
     refs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     done: list[dict[str, Any]] = []
     n_refs = runs if fault_free_runs is None else fault_free_runs
+    starts: dict[int, Path] = {}
+    no_start: dict[int, str] = {}
+    for period in periods if ours else []:
+        job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
+        log(f"recovery maxtext: pre-training period {period} to step {job.start_label}")
+        try:
+            starts[period] = pretrain(job, root, cache)
+        except Exception as e:  # noqa: BLE001 - the period's rows say why they have no figure
+            no_start[period] = f"not run: pre-training failed: {type(e).__name__}: {e}"
+            log(f"recovery maxtext: {no_start[period]}")
     for rep in range(runs):
-        for period in periods:
+        for period in [p for p in periods if p in starts]:
             job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
             for s in ours if rep < n_refs else []:
-                log(f"recovery maxtext: {s} fault-free, period {period}, {job.steps} steps, round {rep + 1}/{runs}")
-                r = guarded(job, s, root, f"mx-ref-{s}-p{period}-r{rep}", fault_step=None, delay=0.0, cache=cache)
+                n = job.steps_for(None, s) - job.start_label
+                log(f"recovery maxtext: {s} fault-free, period {period}, {n} steps, round {rep + 1}/{runs}")
+                r = guarded(
+                    job,
+                    s,
+                    root,
+                    f"mx-ref-{s}-p{period}-r{rep}",
+                    fault_step=None,
+                    delay=0.0,
+                    cache=cache,
+                    start=starts[period],
+                )
                 r["checkpoint_period"] = period
                 log(f"  -> {r.get('seconds')} s for {r.get('work_steps')} steps{_err(r)}")
                 refs.setdefault((s, period), []).append(r)
         for fault, period, delay in cases:
-            if fault not in FAULTS:
+            if fault not in FAULTS or period not in starts:
                 continue
             job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
-            at = fault_index(job, seed, rep)
+            at = fault_index(job, seed, rep, runs)
             for s in ours:
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
                 r = guarded(
-                    job, s, root, f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}", fault_step=at, delay=delay, cache=cache
+                    job,
+                    s,
+                    root,
+                    f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}",
+                    fault_step=at,
+                    delay=delay,
+                    cache=cache,
+                    start=starts[period],
                 )
                 r.update({"fault": fault, "checkpoint_period": period})
                 log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s{_err(r)}")
@@ -666,6 +773,8 @@ def run(
                 rows.append(not_run_row(s, fault, period, delay, model, no_venv, min_slices))
             elif fault in NOT_RUN_FAULTS:
                 rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_FAULTS[fault], min_slices))
+            elif period in no_start:
+                rows.append(not_run_row(s, fault, period, delay, model, no_start[period], min_slices))
             else:
                 mine = [
                     r
@@ -682,7 +791,13 @@ def run(
             "model": model,
             "slices": SLICES,
             "elastic_min_slice_count": min_slices,
-            "steps": {p: Job(model, p, min_slices=min_slices).steps for p in periods},
+            # Every run restores the period's pre-trained checkpoint (start_label), runs to its fault and
+            # the tail after it (tail_steps; full_restart's: TAIL_STEPS).
+            "start_label": {p: Job(model, p, min_slices=min_slices).start_label for p in periods},
+            "first_period_end": {p: Job(model, p, min_slices=min_slices).first_period_end for p in periods},
+            "tail_steps": Job(model, 1, min_slices=min_slices).tail("sidecar"),
+            "tail_steps_full_restart": TAIL_STEPS,
+            "fault_phases": "stratified: round k of n draws from the k-th n-th of the period",
             "snapshot_every": 1,
             "warmup_step": WARMUP_STEP,
             "fault_free_runs_per_strategy": min(n_refs, runs),

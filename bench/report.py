@@ -144,6 +144,11 @@ def _recovery_ratio_target(
             basis += f", elastic_min_slice_count {fmt(side['elastic_min_slice_count'])}"
         if side is not None and side.get("fault_cost_method"):
             basis += f", {side['fault_cost_method']} fault cost"
+        step_s = [r.get("own_step_seconds_median") for r in (base, side) if r is not None]
+        if period and step_s and all(step_s):
+            # What the period is in training time here: its realism is a matter of seconds, not of steps.
+            lo, hi = round(period * min(step_s)), round(period * max(step_s))
+            basis += f", one period {fmt(lo)}{'' if lo == hi else f'-{fmt(hi)}'} s of training here"
         if side is None or base is None or not is_valid(side) or not is_valid(base):
             why = "; ".join(status(r) for r in (side, base) if r is not None and not is_valid(r)) or "rows missing"
             out.append(Verdict(name, goal, "–", "not measured", f"{basis}: {why}"))
@@ -580,11 +585,21 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 }
             )
             steps = (
-                f"{', '.join(fmt(x) for x in ran)} (as the fault-free runs completed)" if ran else fmt(mx.get("steps"))
+                f"steps per run {', '.join(fmt(x) for x in ran)} (as the fault-free runs completed)"
+                if ran
+                else f"steps per run {fmt(mx.get('steps'))}"
             )
+            if mx.get("start_label"):
+                starts = mx["start_label"]
+                steps = (
+                    "each run restores a checkpoint of the job trained to step "
+                    + ", ".join(f"{fmt(v)} (period {k})" for k, v in starts.items())
+                    + f", runs to its fault ({fmt(mx.get('fault_phases'))}) and {fmt(mx.get('tail_steps'))} steps "
+                    f"past it (full_restart: {fmt(mx.get('tail_steps_full_restart'))})"
+                )
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
-                f"bytes per row below), steps per run {steps}, snapshot every "
+                f"bytes per row below), {steps}, snapshot every "
                 f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar; elastic_min_slice_count "
                 # Runs before the option existed all passed -1 (bench.recovery_maxtext's flags then).
                 f"{fmt(mx.get('elastic_min_slice_count', -1))} for both elastic strategies "

@@ -13,20 +13,46 @@ from bench.recovery_maxtext import Job, analyse, fault_index, maxtext_flags, sna
 
 
 def test_fault_phases_are_seeded_and_cover_the_checkpoint_period() -> None:
-    for period in (5, 20, 100):
+    for period in (5, 20, 100, 4000):
         job = Job("tiny", period)
         at = [fault_index(job, 0, rep) for rep in range(30)]
         assert at == [fault_index(job, 0, rep) for rep in range(30)]
         first = job.first_period_end
-        assert first % period == 0 and first > recovery_maxtext.WARMUP_STEP
+        assert first % period == 0 and first - job.start_label == job.lead >= min(period, recovery_maxtext.LEAD_STEPS)
+        assert job.start_label > 0, "every run restores a pre-trained checkpoint"
         assert all(first < a <= first + period for a in at), at
         assert len({a - first for a in at}) > min(3, period - 1), "phases vary"
-        assert all(a + recovery_maxtext.TAIL_STEPS <= job.steps for a in at), "the job runs on after every fault"
+        for s in recovery_maxtext.STRATEGIES:
+            assert all(a + recovery_maxtext.TAIL_STEPS <= job.steps_for(a, s) for a in at), "it runs on after the fault"
     assert [fault_index(Job("tiny", 100), 1, r) for r in range(20)] != [
         fault_index(Job("tiny", 100), 0, r) for r in range(20)
     ]
     with pytest.raises(ValueError, match="checkpoint_period=0"):
         Job("tiny", 0)
+    with pytest.raises(ValueError, match="runs=0"):
+        fault_index(Job("tiny", 100), 0, 0, 0)
+
+
+def test_the_rounds_fault_phases_are_stratified_over_the_period() -> None:
+    job = Job("tiny", 1000)
+    for seed in range(20):
+        phases = [fault_index(job, seed, rep, 5) - job.first_period_end - 1 for rep in range(5)]
+        assert [ph // 200 for ph in phases] == [0, 1, 2, 3, 4], phases  # one in each fifth, in round order
+        assert sorted(phases)[2] in range(400, 600), "the median phase is mid-period"
+    # Seeded: the same rounds draw the same phases; another seed draws others.
+    assert [fault_index(job, 3, r, 5) for r in range(5)] == [fault_index(job, 3, r, 5) for r in range(5)]
+    assert [fault_index(job, 3, r, 5) for r in range(5)] != [fault_index(job, 4, r, 5) for r in range(5)]
+
+
+def test_a_run_that_starts_from_the_pre_trained_checkpoint_counts_from_its_own_first_step() -> None:
+    # Restored at label 100 (101 steps completed): the run's steps are 102.., its warm-up ends at 104.
+    ev = [*steps(102, 160, 0.0), {"kind": "fault", "step": 160, "t": 5.95}, *steps(151, 200, 10.0)]
+    m = analyse(ev, steps=200, fault_step=160, reference_steps=300)
+    assert "error" not in m, m
+    assert m["lost_steps"] == 10 and m["restored_step"] == 150
+    assert m["own_step_reference_steps"] == 160 - 104, "the step time is measured past the run's own warm-up"
+    assert m["work_steps"] == 200 - 104
+    assert "no step 3 (the end of the warm-up)" in analyse([], steps=200, fault_step=160)["error"]
 
 
 def test_only_the_baseline_without_elastic_restarts_the_process() -> None:
@@ -287,9 +313,14 @@ def test_a_shrunk_run_counts_only_once_it_is_back_on_every_slice_after_the_repla
     m = analyse(grown, steps=40, fault_step=25, replacement_time=6.0)
     assert "error" not in m, m
     assert m["back_on_every_slice_after_replacement_s"] == pytest.approx(9.1 - 6.0)
-    assert Job("tiny", 20, min_slices=1).steps == Job("tiny", 20).steps - recovery_maxtext.TAIL_STEPS + (
-        recovery_maxtext.GROW_TAIL_STEPS
-    )
+    # A job that continues on the survivor runs long enough past its fault to grow back; a full restart,
+    # or a job that waits for every slice, does not need to.
+    assert Job("tiny", 20, min_slices=1).steps_for(50, "sidecar") == 50 + recovery_maxtext.GROW_TAIL_STEPS
+    assert Job("tiny", 20, min_slices=1).steps_for(50, "checkpoint_rewind") == 50 + recovery_maxtext.GROW_TAIL_STEPS
+    assert Job("tiny", 20, min_slices=1).steps_for(50, "full_restart") == 50 + recovery_maxtext.TAIL_STEPS
+    assert Job("tiny", 20).steps_for(50, "sidecar") == 50 + recovery_maxtext.TAIL_STEPS
+    for job in (Job("tiny", 20), Job("tiny", 20, min_slices=1)):
+        assert job.steps_for(None, "sidecar") == job.first_period_end + recovery_maxtext.TAIL_STEPS
 
 
 def test_a_fault_cost_below_zero_makes_the_row_invalid_it_measures_the_reference_rates_noise() -> None:
@@ -369,7 +400,7 @@ def test_a_row_of_local_fault_costs_keeps_the_whole_run_measure_beside_it_and_is
     assert alone["whole_run_fault_cost_seconds_median"] is None
 
 
-def test_the_config_records_the_steps_the_runs_have_when_they_continue_on_the_survivor(
+def test_the_config_records_the_pre_trained_start_and_the_tail_the_runs_have_on_the_survivor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from simjob.maxtext import job
@@ -378,4 +409,9 @@ def test_the_config_records_the_steps_the_runs_have_when_they_continue_on_the_su
     r = recovery_maxtext.run(
         strategies=["sidecar"], cases=[("kill", 20, 1.0)], runs=1, seed=0, root=tmp_path, min_slices=1
     )
-    assert r["config"]["steps"] == {20: Job("tiny", 20, min_slices=1).steps} != {20: Job("tiny", 20).steps}
+    assert r["config"]["tail_steps"] == recovery_maxtext.GROW_TAIL_STEPS
+    assert r["config"]["start_label"] == {20: Job("tiny", 20).start_label}
+    assert r["config"]["first_period_end"] == {20: Job("tiny", 20).first_period_end}
+    assert recovery_maxtext.run(strategies=["sidecar"], cases=[("kill", 20, 1.0)], runs=1, seed=0, root=tmp_path)[
+        "config"
+    ]["tail_steps"] == (recovery_maxtext.TAIL_STEPS)

@@ -455,8 +455,8 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
         "recovery",
         mx,
         [
-            rec_row("maxtext", s, c, checkpoint_period=50, replacement_delay=10.0)
-            for s, c in [("sidecar", 4.25), ("checkpoint_rewind", 17.5)]
+            rec_row("maxtext", s, c, checkpoint_period=50, replacement_delay=10.0, own_step_seconds_median=t)
+            for s, c, t in [("sidecar", 4.25, 0.4), ("checkpoint_rewind", 17.5, 0.2)]
         ],
         ratios=[
             {
@@ -484,6 +484,7 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     (v,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
     assert v.verdict == "met", v
     assert "why not met" not in v.basis  # met: nothing to explain
+    assert "one period 10-20 s of training here" in v.basis, v.basis  # 50 steps at each row's own step time
     for x in data["benchmarks"]["recovery"]["ratios"]:
         x["ratio"] = 0.94
     (short,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
