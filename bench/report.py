@@ -184,7 +184,7 @@ def _recovery_ratio_target(
     return out
 
 
-WHY_NOT_MET = {"maxtext": "[maxtext.md](maxtext.md#recovery-benchmark-on-maxtext)"}
+WHY_NOT_MET = {"maxtext": "[maxtext.md](maxtext.md#a-realistic-period-pre-trained-runs-and-the-period-sweep)"}
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
 
