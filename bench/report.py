@@ -184,7 +184,10 @@ def _recovery_ratio_target(
     return out
 
 
-WHY_NOT_MET = {"maxtext": "[maxtext.md](maxtext.md#a-realistic-period-pre-trained-runs-and-the-period-sweep)"}
+WHY_NOT_MET = {
+    "maxtext": "[maxtext.md](maxtext.md#a-realistic-period-pre-trained-runs-and-the-period-sweep)",
+    "example": "[recovery.md](recovery.md#why-its-3x-and-10x-are-not-met)",
+}
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
 
