@@ -637,7 +637,6 @@ def pretrain(job: Job, root: Path, cache: Path) -> Path:
     try:
         code = proc.proc.wait(START_SECONDS + label * 2.0)
     except subprocess.TimeoutExpired:
-        proc.kill()
         raise RuntimeError(f"pre-training to step {label} did not finish; see {proc.log}") from None
     finally:
         proc.kill()

@@ -415,3 +415,37 @@ def test_the_config_records_the_pre_trained_start_and_the_tail_the_runs_have_on_
     assert recovery_maxtext.run(strategies=["sidecar"], cases=[("kill", 20, 1.0)], runs=1, seed=0, root=tmp_path)[
         "config"
     ]["tail_steps"] == (recovery_maxtext.TAIL_STEPS)
+
+
+def test_a_period_whose_pre_training_fails_has_rows_that_say_so_and_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simjob.maxtext import job
+
+    python = tmp_path / "python"
+    python.touch()
+    monkeypatch.setattr(job, "MAXTEXT_PYTHON", python)
+    ran: list[Any] = []
+
+    def pretrain(j: Job, root: Path, cache: Path) -> Path:
+        if j.checkpoint_period == 20:
+            raise RuntimeError("pre-training committed no checkpoint 20")
+        ran.append(("pretrain", j.checkpoint_period))
+        return root / "ckpt"
+
+    def guarded(j: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[str, Any]:
+        ran.append((strategy, j.checkpoint_period, kw["start"]))
+        return {"strategy": strategy, "fault_step": kw["fault_step"], "replacement_delay": kw["delay"], "error": "x"}
+
+    monkeypatch.setattr(recovery_maxtext, "pretrain", pretrain)
+    monkeypatch.setattr(recovery_maxtext, "guarded", guarded)
+    r = recovery_maxtext.run(
+        strategies=["sidecar"], cases=[("kill", 20, 1.0), ("kill", 50, 1.0)], runs=1, seed=0, root=tmp_path
+    )
+    (bad,) = [row for row in r["rows"] if row["checkpoint_period"] == 20]
+    assert (
+        bad["status"] == "not_run"
+        and "pre-training failed: RuntimeError: pre-training committed no" in (bad["invalid_reason"])
+    )
+    assert all(x[1] == 50 for x in ran), ran  # nothing ran for the period without a start
+    assert ("sidecar", 50, tmp_path / "ckpt") in ran, "every run of a period starts from its pre-trained checkpoint"
