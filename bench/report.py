@@ -545,6 +545,26 @@ def row_key(r: dict[str, Any]) -> list[str]:
     return [r["trainer"], r["strategy"], fmt(r["checkpoint_period"]), fmt(r["replacement_delay"])]
 
 
+def maxtext_steps(s: dict[str, Any], mx: dict[str, Any]) -> str:
+    """How long a MaxText run was: from its pre-trained checkpoint to its fault and a tail (since 52cbd5f),
+    or, for earlier runs, the steps every run had."""
+    if mx.get("start_label"):
+        return (
+            "each run restores a checkpoint of the job trained to step "
+            + ", ".join(f"{fmt(v)} (period {k})" for k, v in mx["start_label"].items())
+            + f", runs to its fault ({fmt(mx.get('fault_phases'))}) and {fmt(mx.get('tail_steps'))} steps "
+            f"past it (full_restart: {fmt(mx.get('tail_steps_full_restart'))})"
+        )
+    # The steps the fault-free runs completed, where recorded: until a later fix the config's figure
+    # left out the longer tail of runs that continue on the survivor.
+    ran = sorted(
+        {r["last_step"] for r in s.get("fault_free_runs", []) if trainer_of(r) == "maxtext" and r.get("last_step")}
+    )
+    if ran:
+        return f"steps per run {', '.join(fmt(x) for x in ran)} (as the fault-free runs completed)"
+    return f"steps per run {fmt(mx.get('steps'))}"
+
+
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out: list[str] = []
@@ -578,31 +598,9 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 )
         mx = c.get("maxtext")
         if mx and trainer in (None, "maxtext"):
-            # The steps the fault-free runs completed, where recorded: until a later fix the config's figure
-            # left out the longer tail of runs that continue on the survivor.
-            ran = sorted(
-                {
-                    r["last_step"]
-                    for r in s.get("fault_free_runs", [])
-                    if trainer_of(r) == "maxtext" and r.get("last_step")
-                }
-            )
-            steps = (
-                f"steps per run {', '.join(fmt(x) for x in ran)} (as the fault-free runs completed)"
-                if ran
-                else f"steps per run {fmt(mx.get('steps'))}"
-            )
-            if mx.get("start_label"):
-                starts = mx["start_label"]
-                steps = (
-                    "each run restores a checkpoint of the job trained to step "
-                    + ", ".join(f"{fmt(v)} (period {k})" for k, v in starts.items())
-                    + f", runs to its fault ({fmt(mx.get('fault_phases'))}) and {fmt(mx.get('tail_steps'))} steps "
-                    f"past it (full_restart: {fmt(mx.get('tail_steps_full_restart'))})"
-                )
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
-                f"bytes per row below), {steps}, snapshot every "
+                f"bytes per row below), {maxtext_steps(s, mx)}, snapshot every "
                 f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar; elastic_min_slice_count "
                 # Runs before the option existed all passed -1 (bench.recovery_maxtext's flags then).
                 f"{fmt(mx.get('elastic_min_slice_count', -1))} for both elastic strategies "
