@@ -716,8 +716,8 @@ def run(
     n_refs = runs if fault_free_runs is None else fault_free_runs
     starts: dict[int, Path] = {}
     no_start: dict[int, str] = {}
-    for period in periods if ours else []:
-        job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
+    jobs = {p: Job(model, p, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period) for p in periods}
+    for period, job in jobs.items() if ours else []:
         log(f"recovery maxtext: pre-training period {period} to step {job.start_label}")
         try:
             starts[period] = pretrain(job, root, cache)
@@ -726,7 +726,7 @@ def run(
             log(f"recovery maxtext: {no_start[period]}")
     for rep in range(runs):
         for period in [p for p in periods if p in starts]:
-            job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
+            job = jobs[period]
             for s in ours if rep < n_refs else []:
                 n = job.steps_for(None, s) - job.start_label
                 log(f"recovery maxtext: {s} fault-free, period {period}, {n} steps, round {rep + 1}/{runs}")
@@ -746,7 +746,7 @@ def run(
         for fault, period, delay in cases:
             if fault not in FAULTS or period not in starts:
                 continue
-            job = Job(model, period, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period)
+            job = jobs[period]
             at = fault_index(job, seed, rep, runs)
             for s in ours:
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
@@ -792,8 +792,8 @@ def run(
             "elastic_min_slice_count": min_slices,
             # Every run restores the period's pre-trained checkpoint (start_label), runs to its fault and
             # the tail after it (tail_steps; full_restart's: TAIL_STEPS).
-            "start_label": {p: Job(model, p, min_slices=min_slices).start_label for p in periods},
-            "first_period_end": {p: Job(model, p, min_slices=min_slices).first_period_end for p in periods},
+            "start_label": {p: j.start_label for p, j in jobs.items()},
+            "first_period_end": {p: j.first_period_end for p, j in jobs.items()},
             "tail_steps": Job(model, 1, min_slices=min_slices).tail("sidecar"),
             "tail_steps_full_restart": TAIL_STEPS,
             "fault_phases": "stratified: round k of n draws from the k-th n-th of the period",
