@@ -32,6 +32,10 @@ Measured, per run, from the trainer's event log:
   warm-up step to its last step, ``W`` the work it kept (each step's last
   execution, a step on k of n slices counting k/n), and ``r0`` the work rate
   of the fault-free runs (their median). Only fault cost feeds the ratios;
+* ``fault_cost_own_rate_s``: the same cost with the run's own work rate before
+  its fault as ``r0`` (fault-free runs' rates varied by up to 15% between runs
+  on the shared machine, as much as some costs); rows give its median beside
+  the reference-based one;
 * ``lost_steps``: completed steps computed again (the rewind);
 * ``recovery_seconds``: fault until the trainer completes a step above the
   last step it had completed when its recovery began.
@@ -404,6 +408,21 @@ def work_and_time(steps: list[dict[str, Any]], num_slices: int) -> tuple[float, 
     return work, max(e["t"] for e in steps) - start
 
 
+def pre_fault_rate(steps: list[dict[str, Any]], num_slices: int, fault_time: float) -> float | None:
+    """The run's own work rate before its fault (full-capacity steps a second, from the end of the
+    warm-up step to the last step completed before the fault): a reference free of the drift between
+    runs on a shared machine. None with fewer than ``MIN_PRE_FAULT_STEPS`` steps to go on."""
+    before = [e for e in steps if e["t"] <= fault_time]
+    wt = work_and_time(before, num_slices)
+    if wt is None or wt[0] < MIN_PRE_FAULT_STEPS or wt[1] <= 0:
+        return None
+    return wt[0] / wt[1]
+
+
+MIN_PRE_FAULT_STEPS = 10
+"""Steps after the warm-up a run must complete before its fault for its own rate to be used."""
+
+
 def analyse(job: Path, summary: dict[str, Any], num_slices: int, faulted: bool) -> dict[str, Any]:
     tev = read_jsonl(job / "trainer-events.jsonl")
     hev = read_jsonl(job / "harness-events.jsonl")
@@ -432,6 +451,11 @@ def analyse(job: Path, summary: dict[str, Any], num_slices: int, faulted: bool) 
     t_from = r["t"] if r else ft
     regained = next((e for e in steps if e["t"] > t_from and e["step"] > s_star), None)
     out["step_at_fault"] = last_before
+    own = pre_fault_rate(steps, num_slices, ft)
+    if own:
+        # The same cost as ``fault_cost_s`` (``T - W / r``) with the run's own pre-fault rate as ``r``.
+        out["pre_fault_seconds_per_step"] = rnd(1 / own, 5)
+        out["fault_cost_own_rate_s"] = rnd(wt[1] - wt[0] / own)
     out["recovery_s"] = rnd(regained["t"] - ft) if regained else None
     out["lost_steps"] = max(0, s_star - int(r["from_step"])) if r else 0
     out["restored_from"] = r.get("restored_from") if r else None
@@ -478,6 +502,9 @@ def summarise(
             ]
             fields, ok, good_refs, rate = fault_cost(every, refs.get((s, period), []))
             fields["lost_steps_median"] = cost_round(fields["lost_steps_median"])
+            own = [r["fault_cost_own_rate_s"] for r in ok if r.get("fault_cost_own_rate_s") is not None]
+            fields["fault_cost_own_rate_seconds_median"] = rnd(median(own)) if own else None
+            fields["fault_cost_own_rate_runs"] = len(own)
             row.update(fields)
             row["restored_from"] = sorted({str(r.get("restored_from")) for r in ok})
             if not rate:

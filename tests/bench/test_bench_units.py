@@ -336,3 +336,12 @@ def test_notice_decisions_from_sending_are_summarised_only_where_measured() -> N
     )
     assert got == {"sent_to_decision_seconds_median": 0.2, "sent_to_decision_seconds_max": 0.3}
     assert detection._sent_to_decision([{"decision_s": 0.1}]) == {}
+
+
+def test_a_runs_own_pre_fault_rate_counts_only_steps_before_the_fault() -> None:
+    # 30 steps a second apart on 4 slices, then (after the fault at t=30.5) 10 more on 2 slices.
+    ev = steps(30, 1.0, [0, 1, 2, 3]) + steps(10, 1.0, [0, 1], t0=40.0, first=31)
+    rate = recovery.pre_fault_rate(ev, 4, fault_time=30.5)
+    assert rate == pytest.approx((30 - recovery.WARMUP_STEP) / (30.0 - 3.0))
+    # Too few steps before the fault: no rate rather than a noisy one.
+    assert recovery.pre_fault_rate(ev, 4, fault_time=float(recovery.WARMUP_STEP + 2)) is None
