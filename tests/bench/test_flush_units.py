@@ -1,0 +1,70 @@
+"""The flush benchmark's fair raw writer, its per-run ratios and the verdict read from them."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from bench import flush
+from bench.report import flush_band_distance, sections, targets
+from tests.bench.test_report import fixture
+
+
+def test_the_fair_raw_writer_is_the_faster_of_the_two_plus_the_copy() -> None:
+    parts = {"device_to_host": 0.1, "raw_single": 0.9, "raw_threads": 0.4}
+    assert flush.fair_raw(parts) == pytest.approx((0.5, 0.4))
+    parts["raw_single"] = 0.3
+    assert flush.fair_raw(parts) == pytest.approx((0.4, 0.3))
+
+
+def test_a_sizes_ratios_are_per_run_pairs_and_the_copy_is_shown_apart() -> None:
+    # Five runs: raw (copy 0.1 + best writer) against Orbax; the third pair is an outlier.
+    times = {
+        "device_to_host": [0.1] * 5,
+        "raw_single": [1.0, 1.0, 1.0, 1.0, 1.0],
+        "raw_threads": [0.5, 0.6, 0.5, 0.7, 0.5],
+        "orbax_zstd": [1.2, 1.4, 6.0, 1.6, 1.2],
+        "orbax_uncompressed": [0.6, 0.7, 0.6, 0.8, 0.6],
+    }
+    times["raw_without_copy"] = [min(a, b) for a, b in zip(times["raw_single"], times["raw_threads"], strict=True)]
+    times["raw"] = [c + w for c, w in zip(times["device_to_host"], times["raw_without_copy"], strict=True)]
+    rows = {r["method"]: r for r in flush.size_rows(256, 256 * 2**20, times)}
+    assert set(rows) == {"raw", "orbax_zstd", "orbax_uncompressed", "device_to_host", "raw_single", "raw_threads"}
+    z = rows["orbax_zstd"]
+    per_run = sorted(r / o for r, o in zip(times["raw"], times["orbax_zstd"], strict=True))
+    assert z["fraction_of_raw_median"] == pytest.approx(per_run[2], abs=1e-3)  # the median pair, not a mean
+    assert z["fraction_of_raw_min"] == pytest.approx(per_run[0], abs=1e-3)
+    assert z["fraction_of_raw_without_copy_median"] < z["fraction_of_raw_median"]
+    assert rows["orbax_uncompressed"]["fraction_of_raw_median"] == pytest.approx(1.0, abs=1e-3)
+    assert rows["raw"]["fraction_of_raw_median"] is None and rows["raw"]["includes_device_to_host"] is True
+    assert rows["raw_threads"]["includes_device_to_host"] is False
+    assert all(r["runs"] == 5 for r in rows.values())
+
+
+def test_the_raw_writer_writes_and_fsyncs_every_leaf_single_and_threaded(tmp_path: Path) -> None:
+    import numpy as np
+
+    state = {f"layer_{i}": np.full(1000, i, np.float32) for i in range(4)}
+    for threads in (1, 4):
+        d = tmp_path / f"t{threads}"
+        assert flush.raw_write(state, d, threads=threads) > 0
+        for k, v in state.items():
+            assert np.array_equal(np.fromfile(d / f"{k}.bin", np.float32), v)
+
+
+def test_the_verdict_reads_the_median_and_needs_it_inside_the_band() -> None:
+    assert flush_band_distance(0.9) == 0.0
+    assert flush_band_distance(0.5) < flush_band_distance(1.5) < 0.0  # below the band counts worst
+    doc = fixture()
+
+    def verdict(median: float) -> str:
+        d = copy.deepcopy(doc)
+        row = next(r for r in d["benchmarks"]["flush"]["results"] if r["method"] == "orbax_uncompressed")
+        row.update(fraction_of_raw_median=median, fraction_of_raw_min=0.1, fraction_of_raw_max=3.0)
+        return next(v for v in targets(sections(d)) if v.target == "flush throughput (orbax_uncompressed)").verdict
+
+    assert verdict(0.95) == "met"  # whatever the spread: the median pair decides
+    assert verdict(0.69) == "not met"
+    assert verdict(1.3) == "not met"  # faster than "raw": the raw writer was not a fair one
