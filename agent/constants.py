@@ -85,7 +85,21 @@ PEER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
+MAX_MESSAGE_BYTES = 256 * 1024
+"""The largest message any of the daemon's gRPC servers accepts (peer, trainer link, admin). Their
+messages are registrations, reports, steps, error texts and commands: a few KiB at most. A larger
+one is refused with RESOURCE_EXHAUSTED by gRPC itself (``grpc.max_receive_message_length``), before
+it is parsed, logged or journaled."""
+GRPC_SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    # grpcio sets SO_REUSEPORT on server ports by default, so a second process could bind a port
+    # this one holds and take half its connections (FACTS section 6): a held port must fail to bind.
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+"""Options every gRPC server of the daemon is built with."""
+
 GRPC_SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    *GRPC_SERVER_OPTIONS,
     *PEER_KEEPALIVE_OPTIONS,
     # Clients with the fast keepalive (the trainer link) may ping this often.
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),

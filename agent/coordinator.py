@@ -103,6 +103,7 @@ from agent.core.model import (
     WorkerLost,
 )
 from agent.metrics import Metrics
+from agent.servers import listen
 from agent.sources.health import probe_once
 from agent.sources.heartbeat_datagrams import (
     DatagramReceiver,
@@ -757,14 +758,10 @@ class Coordinator:
         )
         peer_pb2_grpc.add_PeerServicer_to_server(PeerService(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(self.cfg.listen)
-        if self.port == 0:
-            raise OSError(f"could not listen on {self.cfg.listen}")
+        self.port = listen.bind(self.server, self.cfg.listen, "--listen")
         self.trainer_server = self._grpc_server(self.cfg.trainer_token, TRAINER_SERVICE, "trainer")
         trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.trainer_server)
-        self.trainer_port = self.trainer_server.add_insecure_port(self.cfg.trainer_listen)
-        if self.trainer_port == 0:
-            raise OSError(f"could not listen on {self.cfg.trainer_listen} (--trainer-listen)")
+        self.trainer_port = listen.bind(self.trainer_server, self.cfg.trainer_listen, "--trainer-listen")
         await self.server.start()
         await self.trainer_server.start()
         if self.cfg.heartbeat_datagrams:

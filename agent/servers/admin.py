@@ -25,11 +25,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from agent import constants as C
 from agent import log as logmod
 from agent.auth import BearerAuthInterceptor, BearerToken, server_credentials
 from agent.core.model import Decision, OperatorCommand
 from agent.metrics import ServerMetrics
 from agent.servers.feed import Feed
+from agent.servers.listen import ListenError, bind
 from agent.servers.status import coordinator_status, decision_event, worker_status
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
 
@@ -361,7 +363,7 @@ async def start_admin_server(
         on_refused = None if metrics is None else (lambda svc, why: metrics.auth_failures.labels(svc, why).inc())
         # Outermost: a refused call never reaches the counter's wrapped handler.
         interceptors.insert(0, BearerAuthInterceptor(token, [SERVICE], label="admin", on_refused=on_refused))
-    server = grpc.aio.server(interceptors=interceptors)
+    server = grpc.aio.server(options=list(C.GRPC_SERVER_OPTIONS), interceptors=interceptors)
     admin_pb2_grpc.add_AdminServicer_to_server(servicer, server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
@@ -369,16 +371,11 @@ async def start_admin_server(
         [SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     tls = tls_cert is not None and tls_key is not None
+    creds = server_credentials(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
     try:
-        if tls:
-            assert tls_cert is not None and tls_key is not None
-            port = server.add_secure_port(listen, server_credentials(tls_cert, tls_key))
-        else:
-            port = server.add_insecure_port(listen)
-    except RuntimeError as e:
-        raise OSError(f"admin API: could not listen on {listen} ({e})") from None
-    if port == 0:
-        raise OSError(f"admin API: could not listen on {listen} (address in use?)")
+        port = bind(server, listen, "--admin-listen", creds)
+    except ListenError as e:
+        raise ListenError(f"admin API: {e}") from None
     await server.start()
     await hs.set("", health_pb2.HealthCheckResponse.SERVING)
     await hs.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
