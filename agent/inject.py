@@ -2,7 +2,8 @@
 
     xpk workload create ... --output-manifest-file job.yaml   # or any JobSet of that shape
     elastic-sidecar inject job.yaml > job-elastic.yaml
-    elastic-sidecar inject --companions-only --jobset-name NAME | kubectl apply -f -
+    elastic-sidecar inject --companions-only --jobset-name NAME > companions.yaml
+    kubectl create -f companions.yaml    # create, never apply: applying again rotates the tokens
 
 Two shapes are understood (xpk's templates, ``src/xpk/templates/pathways_workload_create.yaml.j2``
 and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
@@ -17,16 +18,25 @@ and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
   trainer reaches it over the pod network with a bearer token.
 
 In both, every TPU pod gets a worker native sidecar (an ``initContainers`` entry with
-``restartPolicy: Always``), the trainer's MaxText entry point (``python3 -m MaxText.train``,
+``restartPolicy: Always``) that reads its node's GKE node pool through the Kubernetes API
+(``--node-pool-source=kubernetes``: ``GET /api/v1/nodes/{name}``, agent/sources/node_pool.py)
+under the ``elastic-sidecar`` service account, which the pod gets where it names none; the
+trainer's MaxText entry point (``python3 -m MaxText.train``,
 ``python3 -m maxtext.trainers.pre_train.train`` or their ``train.py`` paths) is replaced by
 ``python3 -m trainer_hooks.maxtext`` with the same arguments, and the trainer gets
 ``ELASTIC_SIDECAR_ADDRESS``, ``ELASTIC_SIDECAR_JOB`` and ``ELASTIC_SIDECAR_TOKEN_FILE``.
 
 How the text is changed: the input is parsed only to find positions; the output is the
-input's own text with lines inserted, plus three kinds of in-place edits (the entry point in
-the trainer's command, an empty ``env:``/``volumes:`` turned into a list, nothing else). Every
-other byte, comments and odd indentation included, stays as it was. A JobSet that already has
-an ``elastic-sidecar`` container comes back unchanged (injecting twice equals injecting once).
+input's own text with lines inserted, plus these in-place edits: the entry point in the
+trainer's command; an empty ``env:``/``volumes:`` turned into a list; an empty
+``serviceAccountName:`` given ours; ``failurePolicy.maxRestarts`` where it is below 1 or
+``--max-restarts`` names another value; and, multi-controller only, a JobSet-wide
+exclusive-placement annotation turned into a comment and given to the input's replicated jobs
+instead (JobSet copies a JobSet-wide one to every Job, ``es-coordinator``'s included:
+``labelAndAnnotateObject`` in kubernetes-sigs/jobset pkg/controllers/jobset_controller.go, which
+also reads the per-replicated-job ``template.metadata.annotations``). Every other byte, comments
+and odd indentation included, stays as it was. A JobSet that already has an ``elastic-sidecar``
+container comes back unchanged (injecting twice equals injecting once).
 
 Kueue: xpk's ClusterQueue covers only ``google.com/tpu`` in the TPU resource group (cpu and
 memory only with ``xpk cluster create --cpu-limit/--memory-limit``); Pathways clusters add a
@@ -47,6 +57,7 @@ Exit codes follow xpk (``get_restart_exit_codes``): the trainer restarts the Job
 
 from __future__ import annotations
 
+import argparse
 import re
 import secrets
 import sys
@@ -66,7 +77,13 @@ COORDINATOR_JOB = "es-coordinator"
 PATHWAYS_HEAD = "pathways-head"
 TPU_RESOURCE = "google.com/tpu"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+NODE_SELECTOR_STRATEGY = "alpha.jobset.sigs.k8s.io/node-selector"
+"""Goes with EXCLUSIVE_TOPOLOGY (JobSet copies both from the same level)."""
 SERVICE_ACCOUNT = "elastic-sidecar"
+NODE_READER = "elastic-sidecar-get-nodes"
+"""ClusterRole and ClusterRoleBinding: ``get`` on nodes, the one API call the daemon makes
+(agent/sources/node_pool.py); the same names as deploy/common/rbac.yaml."""
+DEFAULT_MAX_RESTARTS = 3
 ADMIN_SECRET = "elastic-sidecar-admin-token"
 PEER_SECRET = "elastic-sidecar-peer-token"
 TRAINER_SECRET = "elastic-sidecar-trainer-token"
@@ -111,8 +128,10 @@ class InjectOptions:
     cluster_name: str | None = None
     cpu_memory_quota: bool = False
     """The ClusterQueue covers cpu and memory for these pods: give the sidecars requests and limits."""
-    max_restarts: int = 3
-    """Used only where the JobSet names no ``failurePolicy.maxRestarts``."""
+    max_restarts: int | None = None
+    """``failurePolicy.maxRestarts`` (at least 1: an exit 42 restarts the JobSet and counts against
+    it). None keeps the JobSet's own where it is at least 1, and sets DEFAULT_MAX_RESTARTS where it
+    is absent or 0 (xpk's default)."""
     health_check: str = "tcp"
 
 
@@ -124,6 +143,8 @@ class Result:
     namespace: str
     changed: bool
     warnings: list[str] = field(default_factory=list)
+    service_accounts: list[str] = field(default_factory=lambda: [SERVICE_ACCOUNT])
+    """Every service account a worker sidecar runs as: each needs the node-reading binding."""
 
 
 # --- positions in the source text ------------------------------------------------
@@ -258,6 +279,28 @@ def _prepend_items(t: _Text, parent: yaml.MappingNode, key: str, items: list[Any
             t.replace(ln, [m.group(1) + (" " + m.group(3) if m.group(3) else "") + "\n", *block])
         return
     raise InjectError(f"line {node.start_mark.line + 1}: expected {key}: to be a block list")
+
+
+def _set_scalar(t: _Text, node: yaml.Node, new: str, where: str) -> None:
+    """Replace a one-line scalar's text by ``new``; the rest of its line (a comment) stays."""
+    if not isinstance(node, yaml.ScalarNode) or node.start_mark.line != node.end_mark.line:
+        raise InjectError(f"line {node.start_mark.line + 1}: expected {where} to be a value on one line")
+    ln, a, b = node.start_mark.line, node.start_mark.column, node.end_mark.column
+    line = t.lines[ln]
+    if a == b:  # an empty value (`key:` with nothing after it)
+        rest = line[a:].strip()
+        t.replace(ln, [f"{line[:a].rstrip()} {new}" + (f" {rest}" if rest else "") + "\n"])
+    else:
+        t.replace(ln, [line[:a] + new + line[b:]])
+
+
+def _comment_out(t: _Text, key: yaml.ScalarNode, value: yaml.Node, note: str) -> None:
+    """Turn a one-line ``key: value`` entry of a block mapping into a comment that says why."""
+    ln = key.start_mark.line
+    if value.end_mark.line != ln or t.lines[ln][: key.start_mark.column].strip():
+        raise InjectError(f"line {ln + 1}: expected {key.value}: VALUE on a line of its own")
+    line = t.lines[ln].rstrip("\n")
+    t.replace(ln, [f"{line[: key.start_mark.column]}# {line[key.start_mark.column :].strip()}  ({note})\n"])
 
 
 # --- the input's shape -------------------------------------------------------------
@@ -526,6 +569,10 @@ def _worker_container(job: _Job, opts: InjectOptions) -> dict[str, Any]:
         f"--http-listen=0.0.0.0:{C.HTTP_PORT}",
         f"--peer-token-file={TOKEN_DIR}/peer/token",
         f"--metadata-url={METADATA_URL}",
+        # The node pool (= the slice, for GKE's node-pool notices) and the node's maintenance label
+        # and taints come from the Kubernetes API: GET /api/v1/nodes/{name} as the pod's service
+        # account (ClusterRole elastic-sidecar-get-nodes); the downward API does not show node labels.
+        "--node-pool-source=kubernetes",
         "--log-format=json",
     ]
     c: dict[str, Any] = {
@@ -650,6 +697,13 @@ def _policy(container: dict[str, Any], mode: str) -> dict[str, int]:
 def inject(text: str, opts: InjectOptions | None = None) -> Result:
     """The JobSet in ``text`` with elastic-sidecar added (see the module docstring)."""
     opts = opts or InjectOptions()
+    if opts.max_restarts is not None and (
+        not isinstance(opts.max_restarts, int) or isinstance(opts.max_restarts, bool) or opts.max_restarts < 1
+    ):
+        raise InjectError(
+            "max_restarts must be at least 1 (an exit 42 restarts the JobSet and counts against maxRestarts), "
+            f"got {opts.max_restarts!r}"
+        )
     root, data = _load(text)
     name = str((data.get("metadata") or {}).get("name") or "")
     if not name:
@@ -681,10 +735,18 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
         coordinator_host=f"$(ES_JOB)-{coordinator_rj}-0-0.{subdomain}",
     )
 
-    # Worker sidecars in every TPU pod.
+    # Worker sidecars in every TPU pod, each under a service account that may get its node.
+    accounts = [SERVICE_ACCOUNT]
     for pod in tpu_pods:
         _prepend_items(t, pod.spec, "initContainers", [_worker_container(job, opts)])
-        _prepend_items(t, pod.spec, "volumes", _worker_volumes())
+        volumes = _worker_volumes()
+        if pod is trainer_pod and mode == MULTI_CONTROLLER:
+            # The trainer (jax-tpu) mounts the trainer token in this pod.
+            volumes.append(_secret_volume("elastic-sidecar-trainer-token", TRAINER_SECRET))
+        _prepend_items(t, pod.spec, "volumes", volumes)
+        account = _ensure_service_account(t, pod, warnings)
+        if account not in accounts:
+            accounts.append(account)
 
     # The trainer: entry point, env, token.
     trainer_name = str(trainer.get("name"))
@@ -707,40 +769,15 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
                 )
         if pod_failure_action(pfp, trainer_name, C.EXIT_RESTART) == "FailJob":
             raise InjectError(f"{trainer_pod.rj_name}: podFailurePolicy fails the Job on exit 42 (must restart)")
-    fp = spec.get("failurePolicy")
-    fp_node = _get(spec_node, "failurePolicy")
-    rule: dict[str, Any] = {
-        "name": "ElasticSidecarFailOnTrainerExit",
-        "action": "FailJobSet",
-        "onJobFailureReasons": ["PodFailurePolicy"],
-    }
-    if mode == PATHWAYS:
-        rule["targetReplicatedJobs"] = [PATHWAYS_HEAD]
-    if fp is None:
-        _add_fields(t, spec_node, {"failurePolicy": {"maxRestarts": opts.max_restarts, "rules": [rule]}})  # type: ignore[arg-type]
-    else:
-        if not isinstance(fp_node, yaml.MappingNode):
-            raise InjectError("expected spec.failurePolicy to be a mapping")
-        rules = fp.get("rules") or []
-        if not any(
-            r.get("action") == "FailJobSet" and "PodFailurePolicy" in (r.get("onJobFailureReasons") or [])
-            for r in rules
-        ):
-            _prepend_items(t, fp_node, "rules", [rule])
-        if "maxRestarts" not in fp:
-            _add_fields(t, fp_node, {"maxRestarts": opts.max_restarts})
-        elif not fp.get("maxRestarts"):
-            warnings.append(
-                "spec.failurePolicy.maxRestarts is 0: an exit 42 (restart) will fail the JobSet; "
-                "give xpk --max-restarts N"
-            )
+    _restart_policy(t, spec_node, spec, mode, opts, warnings)  # type: ignore[arg-type]
 
     if mode == PATHWAYS:
         assert head is not None
         _prepend_items(t, head.spec, "initContainers", [_coordinator_container(job, opts, in_head=True)])
         _prepend_items(t, head.spec, "volumes", _coordinator_volumes())
-        if "serviceAccountName" not in head.data:
-            _add_fields(t, head.spec, {"serviceAccountName": SERVICE_ACCOUNT})
+        account = _ensure_service_account(t, head, warnings)
+        if account not in accounts:
+            accounts.append(account)
         if head.data.get("hostNetwork"):
             warnings.append(
                 f"{PATHWAYS_HEAD} uses hostNetwork: Workload Identity does not serve host-network pods, so the "
@@ -748,11 +785,7 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
             )
     else:
         _prepend_items(t, spec_node, "replicatedJobs", [_coordinator_job(job, opts, first_tpu)])  # type: ignore[arg-type]
-        if EXCLUSIVE_TOPOLOGY in ((data.get("metadata") or {}).get("annotations") or {}):
-            warnings.append(
-                f"the JobSet-wide annotation {EXCLUSIVE_TOPOLOGY} also applies to {COORDINATOR_JOB}: its pod takes a "
-                "CPU node pool to itself against other jobs with that annotation (see deploy/README.md)"
-            )
+        _exclusive_placement_per_job(t, root, data, pods)
         if "successPolicy" not in spec:
             # Without it the JobSet would wait for the coordinator to complete too.
             _add_fields(
@@ -766,7 +799,122 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
                 f"expected none or one naming {first_tpu.rj_name!r}"
             )
     out = t.render()
-    return Result(out, mode, name, namespace, changed=True, warnings=warnings)
+    return Result(out, mode, name, namespace, changed=True, warnings=warnings, service_accounts=accounts)
+
+
+def _ensure_service_account(t: _Text, pod: _Pod, warnings: list[str]) -> str:
+    """The pod's service account: ours where it names none (xpk: none, or an empty one); a named one
+    is kept (xpk's ``xpk-sa`` serves its storage drivers) and must get the node-reading binding too."""
+    node = _get(pod.spec, "serviceAccountName")
+    value = pod.data.get("serviceAccountName")
+    if node is None:
+        _add_fields(t, pod.spec, {"serviceAccountName": SERVICE_ACCOUNT})
+        value = SERVICE_ACCOUNT
+    elif value in (None, ""):
+        _set_scalar(t, node, SERVICE_ACCOUNT, "serviceAccountName")
+        value = SERVICE_ACCOUNT
+    elif value != SERVICE_ACCOUNT:
+        warnings.append(
+            f"{pod.rj_name} keeps its service account {value!r}: the worker sidecar runs as it and needs "
+            f"get on nodes (ClusterRoleBinding {NODE_READER}: --companions adds it as a subject)"
+        )
+    if pod.data.get("automountServiceAccountToken") is False:
+        warnings.append(
+            f"{pod.rj_name} sets automountServiceAccountToken: false: the worker sidecar cannot read its node "
+            "(node-pool notices will not map to the slice)"
+        )
+    return str(value)
+
+
+def _restart_policy(
+    t: _Text, spec_node: yaml.MappingNode, spec: dict[str, Any], mode: str, opts: InjectOptions, warnings: list[str]
+) -> None:
+    """A ``FailJobSet`` rule on the trainer's podFailurePolicy failures, and ``maxRestarts`` at least 1.
+
+    Any other Job failure (the trainer's exit 42: its Job has ``backoffLimit: 0``) restarts the
+    JobSet while restarts are left (JobSet's failurePolicy, ``maxRestarts``); with 0 the first exit
+    42 fails it.
+    """
+    rule: dict[str, Any] = {
+        "name": "ElasticSidecarFailOnTrainerExit",
+        "action": "FailJobSet",
+        "onJobFailureReasons": ["PodFailurePolicy"],
+    }
+    if mode == PATHWAYS:
+        rule["targetReplicatedJobs"] = [PATHWAYS_HEAD]
+    want = opts.max_restarts if opts.max_restarts is not None else DEFAULT_MAX_RESTARTS
+    fp = spec.get("failurePolicy")
+    fp_node = _get(spec_node, "failurePolicy")
+    if fp is None:
+        _add_fields(t, spec_node, {"failurePolicy": {"maxRestarts": want, "rules": [rule]}})
+        return
+    if not isinstance(fp_node, yaml.MappingNode):
+        raise InjectError("expected spec.failurePolicy to be a mapping")
+    rules = fp.get("rules") or []
+    if not any(
+        r.get("action") == "FailJobSet" and "PodFailurePolicy" in (r.get("onJobFailureReasons") or []) for r in rules
+    ):
+        _prepend_items(t, fp_node, "rules", [rule])
+    if "maxRestarts" not in fp:
+        _add_fields(t, fp_node, {"maxRestarts": want})
+        return
+    have = fp.get("maxRestarts")
+    if not isinstance(have, int) or isinstance(have, bool) or have < 0:
+        raise InjectError(f"spec.failurePolicy.maxRestarts: expected a non-negative integer, found {have!r}")
+    if opts.max_restarts is None and have >= 1:
+        return  # the JobSet's own choice
+    if have != want:
+        _set_scalar(t, _get(fp_node, "maxRestarts"), str(want), "spec.failurePolicy.maxRestarts")  # type: ignore[arg-type]
+        if have < 1:
+            warnings.append(
+                f"spec.failurePolicy.maxRestarts was {have}: with it an exit 42 (restart) would fail the JobSet; "
+                f"set to {want} (--max-restarts)"
+            )
+
+
+def _exclusive_placement_per_job(t: _Text, root: yaml.MappingNode, data: dict[str, Any], pods: list[_Pod]) -> None:
+    """Move a JobSet-wide exclusive placement to the input's replicated jobs, so that JobSet does not
+    also copy it to es-coordinator (whose pod would then take a CPU node pool to itself against
+    every other exclusive job of its priority). Where a replicated job names its own, that one
+    already wins (JobSet reads the replicated job's after the JobSet's)."""
+    ann = (data.get("metadata") or {}).get("annotations") or {}
+    keys = [k for k in (EXCLUSIVE_TOPOLOGY, NODE_SELECTOR_STRATEGY) if k in ann]
+    if not keys:
+        return
+    ann_node = _get(_get(root, "metadata"), "annotations")
+    if not isinstance(ann_node, yaml.MappingNode) or ann_node.flow_style:
+        raise InjectError("expected metadata.annotations to be a block mapping")
+    rjs = {rj.get("name"): rj for rj in data["spec"]["replicatedJobs"]}
+    names = ", ".join(p.rj_name for p in pods)
+    for pod in pods:
+        rj_template = _get(pod.rj, "template")
+        assert isinstance(rj_template, yaml.MappingNode)
+        meta = _get(rj_template, "metadata")
+        have = ((rjs[pod.rj_name].get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        add = {k: str(ann[k]) for k in keys if k not in have}
+        if not add:
+            continue
+        if meta is None or _is_null(meta):
+            if meta is not None:
+                raise InjectError(f"replicated job {pod.rj_name!r}: template.metadata is empty; expected a mapping")
+            _add_fields(t, rj_template, {"metadata": {"annotations": add}})
+            continue
+        if not isinstance(meta, yaml.MappingNode):
+            raise InjectError(f"replicated job {pod.rj_name!r}: expected template.metadata to be a mapping")
+        a_node = _get(meta, "annotations")
+        if a_node is None:
+            _add_fields(t, meta, {"annotations": add})
+        elif isinstance(a_node, yaml.MappingNode) and a_node.value:
+            _add_fields(t, a_node, add)
+        else:
+            raise InjectError(
+                f"replicated job {pod.rj_name!r}: expected template.metadata.annotations to be a non-empty mapping"
+            )
+    for k, v in ann_node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value in keys:
+            _comment_out(
+                t, k, v, f"elastic-sidecar inject: moved to the replicated jobs {names}, not {COORDINATOR_JOB}"
+            )
 
 
 def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str, Any]:
@@ -776,6 +924,10 @@ def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str,
         "restartPolicy": "OnFailure",
         "terminationGracePeriodSeconds": 30,
     }
+    # The TPU pods' priority: a lower one would let the scheduler preempt the coordinator for
+    # other pods. It does not make the pod exclusive: JobSet's exclusive placement (restricted to
+    # pods of the same priority) applies only to Jobs with the annotation, which this one does
+    # not get (_exclusive_placement_per_job).
     if tpu_pod.data.get("priorityClassName"):
         pod["priorityClassName"] = tpu_pod.data["priorityClassName"]
     pod["containers"] = [_coordinator_container(job, opts, in_head=False)]
@@ -806,49 +958,39 @@ def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str,
 # --- companions -------------------------------------------------------------------------
 
 
-def companions(jobset_name: str, namespace: str = "default", *, podmonitoring: bool = False) -> str:
+def companions(
+    jobset_name: str,
+    namespace: str = "default",
+    *,
+    podmonitoring: bool = False,
+    service_accounts: list[str] | None = None,
+) -> str:
     """ServiceAccount, RBAC, the three token Secrets (fresh random tokens) and a NetworkPolicy.
 
-    Apply the Secrets once (``kubectl create``): applying them again rotates the tokens under a
-    running job. The PodMonitoring (Managed Prometheus) only with ``podmonitoring``.
+    The names and rules of deploy/common (serviceaccount.yaml, rbac.yaml, secrets.yaml): the
+    ``elastic-sidecar`` service account; ``get`` on nodes and nothing else, the one call the
+    daemon makes (a worker reads its own node, agent/sources/node_pool.py), bound to every
+    service account a worker sidecar runs as (``service_accounts``: ours, and any the JobSet's
+    TPU pods keep). Create them once (``kubectl create``): applying the Secrets again rotates the
+    tokens under a running job. The PodMonitoring (Managed Prometheus) only with ``podmonitoring``.
     """
     labels = {"app.kubernetes.io/name": SIDECAR_NAME, "app.kubernetes.io/part-of": SIDECAR_NAME}
     meta = lambda n: {"name": n, "namespace": namespace, "labels": dict(labels)}  # noqa: E731
+    accounts = list(dict.fromkeys([SERVICE_ACCOUNT, *(service_accounts or [])]))
     docs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(SERVICE_ACCOUNT)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": meta(SIDECAR_NAME),
-            "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": meta(SIDECAR_NAME),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SIDECAR_NAME},
-            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
-            "metadata": {"name": "elastic-sidecar-read-nodes", "labels": dict(labels)},
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
+            "metadata": {"name": NODE_READER, "labels": dict(labels)},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"elastic-sidecar-read-nodes-{namespace}", "labels": dict(labels)},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "elastic-sidecar-read-nodes",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}],
+            "metadata": {"name": NODE_READER, "labels": dict(labels)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NODE_READER},
+            "subjects": [{"kind": "ServiceAccount", "name": a, "namespace": namespace} for a in accounts],
         },
     ]
     for secret in (ADMIN_SECRET, PEER_SECRET, TRAINER_SECRET):
@@ -960,9 +1102,27 @@ def run(ns: Any) -> int:
     sys.stdout.write(r.text)
     if ns.companions:
         sys.stdout.write(
-            "---\n" + companions(r.jobset_name, ns.namespace or r.namespace, podmonitoring=ns.podmonitoring)
+            "---\n"
+            + companions(
+                r.jobset_name,
+                ns.namespace or r.namespace,
+                podmonitoring=ns.podmonitoring,
+                service_accounts=r.service_accounts,
+            )
         )
     return C.EXIT_OK
+
+
+def _max_restarts(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 (an exit 42 restarts the JobSet and counts against maxRestarts), got {n}"
+        )
+    return n
 
 
 def add_inject_args(p: Any) -> None:
@@ -979,13 +1139,24 @@ def add_inject_args(p: Any) -> None:
     )
     p.add_argument(
         "--max-restarts",
-        type=int,
-        default=3,
-        help="failurePolicy.maxRestarts where the JobSet names none (default: %(default)s)",
+        type=_max_restarts,
+        default=None,
+        metavar="N",
+        help="the JobSet's failurePolicy.maxRestarts, at least 1: an exit 42 restarts the JobSet and counts "
+        f"against it (default: the JobSet's own if 1 or more, else {DEFAULT_MAX_RESTARTS}; xpk's default is 0)",
     )
     p.add_argument("--health-check", choices=("tcp", "grpc"), default="tcp", help="how workers probe Pathways")
-    p.add_argument("--companions", action="store_true", help="also print RBAC, token Secrets and a NetworkPolicy")
-    p.add_argument("--companions-only", action="store_true", help="print only the companions (needs --jobset-name)")
+    p.add_argument(
+        "--companions",
+        action="store_true",
+        help="also print the service account, RBAC, token Secrets and a NetworkPolicy: kubectl create -f, "
+        "never apply (applying again rotates the tokens under a running job)",
+    )
+    p.add_argument(
+        "--companions-only",
+        action="store_true",
+        help="print only the companions (needs --jobset-name): > companions.yaml; kubectl create -f companions.yaml",
+    )
     p.add_argument("--jobset-name", default=None, help="the JobSet's name, for --companions-only")
     p.add_argument("--namespace", default=None, help="namespace of the companions (default: the JobSet's)")
     p.add_argument("--podmonitoring", action="store_true", help="add a PodMonitoring (needs Managed Prometheus)")
