@@ -1,98 +1,149 @@
-"""Tests and benchmarks only: let MaxText's Pathways-only elastic path run on the CPU.
+"""Tests and benchmarks only: let MaxText's multi-slice and Pathways-only elastic paths run on the CPU.
 
-MaxText's ``elastic_enabled`` path (``elastic_utils.elastic_retry`` around
-the train function, pathwaysutils' ``Manager``) refuses to run without
-Pathways. Three patches, applied by :func:`apply` inside the MaxText process
-before MaxText runs (``python -m simjob.maxtext`` does that when
-``ELASTIC_SIDECAR_TEST_CPU_ELASTIC=1``); see FACTS section 9:
+Applied by :func:`apply` inside the MaxText process before MaxText runs
+(``python -m simjob.maxtext`` does that when ``ELASTIC_SIDECAR_TEST_CPU_ELASTIC=1``);
+see FACTS section 9. Each stand-in replaces something that exists only on TPUs
+and Pathways, and tells MaxText nothing the real thing would not.
 
-1. ``pathwaysutils.is_pathways_backend_used`` returns True: otherwise
-   ``elastic_utils.elastic_enabled(config)`` is False and ``elastic_retry``
-   raises ValueError. (``pathwaysutils.initialize`` keeps its own check and
-   stays a no-op on the CPU.)
-2. ``pathwaysutils.elastic.elastic.get_slice_to_devices`` groups devices by
-   ``getattr(d, "slice_index", 0)``: CPU devices have no ``slice_index``, so
-   ``Manager()`` fails. All CPU devices form slice 0, as MaxText itself treats
-   them (``elastic_utils.live_devices`` uses the same default).
+1. **Slices** (``ELASTIC_SIDECAR_TEST_CPU_SLICES=N``, N > 1): every CPU device
+   gets a ``slice_index`` attribute, as every TPU device of a multi-slice job
+   has (a property on jaxlib's device class, CPU devices only): the device ids
+   in N equal consecutive groups (8 devices, N=4: {0,1} {2,3} {4,5} {6,7}).
+   That grouping is the only thing it says. MaxText and its libraries then run
+   their own multi-slice code unchanged: ``max_utils.get_num_slices`` counts
+   the slices (``elastic_utils.live_slice_indices``: ``getattr(d,
+   "slice_index", 0)``), ``maxtext_utils.create_device_mesh`` builds the hybrid
+   mesh through ``jax.experimental.mesh_utils.create_hybrid_device_mesh``
+   (devices grouped by ``slice_index``, the DCN axes across the groups:
+   ``dcn_data_parallelism`` makes the slice axis the data, replica, axis), and
+   pathwaysutils groups by ``d.slice_index`` (``elastic.get_slice_to_devices``)
+   for the ``Manager``'s active slices and its per-slice health computation.
+   MaxText logs the mesh it built (``Num_devices: 8, shape ...``).
+2. **Pathways**: ``pathwaysutils.is_pathways_backend_used`` returns True, so
+   ``elastic_utils.elastic_enabled(config)`` holds and ``elastic_retry`` runs
+   (``pathwaysutils.initialize`` keeps its own check and stays a no-op here).
 3. ``maxtext.utils.elastic_utils.clean_up_checkpoints`` (called on every
    elastic event) always goes through the Cloud Storage client; on a local
-   directory it now does the same thing locally: delete the newest numbered
-   step directory if it has no ``commit_success`` marker.
+   directory it does the same thing locally: delete the newest numbered step
+   directory if it has no ``commit_success`` marker.
+4. **A lost slice** (``ELASTIC_SIDECAR_TEST_FAIL_AT=STEP:SLICE``), as on
+   Pathways: the slice dies while step index STEP runs (after the step before
+   it completed and STEP was dispatched, its donated input state consumed).
+   Nothing is raised then. From that moment (:class:`LostDevices`):
 
-With ``ELASTIC_SIDECAR_TEST_CPU_SLICES=N`` (N > 1) the CPU devices form N
-slices of consecutive device ids instead (4 devices, N=2: {0,1} and {2,3}),
-in pathwaysutils' grouping and in ``elastic_utils.live_devices`` alike, so a
-shrink really builds MaxText's mesh on fewer devices, and the mesh the hook
-reports can be checked against the sidecar's decision. Slice health stays
-pathwaysutils' own check (a tiny computation per slice): every CPU slice is
-healthy, like a drained host.
-With ``ELASTIC_SIDECAR_TEST_FAIL_AT=STEP:SLICE`` a slice is lost during step
-index STEP, with pathwaysutils' own fault injection
-(``pathwaysutils.test.mock_fault_injection.DeviceLossSimulator``): the
-slice's devices are marked lost, the step raises the simulator's
-``DATA_LOSS`` error and leaves its input state deleted, as MaxText's donated
-state is after a failed step. The next ``elastic_retry`` attempt stops the
-simulator (it cannot run a whole attempt: see :func:`_lose_a_slice_during_a_step`),
-and until the replacement pathwaysutils' health check reports that slice down.
-A file named ``reconnect`` appearing in ``ELASTIC_SIDECAR_TEST_CONTROL`` (a
-directory) brings the slice back (the replacement).
-With ``ELASTIC_SIDECAR_TEST_EVENTS=PATH`` every completed step (once its state
-is computed) and the injected loss append one JSON line to PATH with the
-wall-clock time (``time.time()``, comparable across processes), which is how
-the recovery benchmark times a run whatever recovers it.
+   * every array held only by the lost slice's devices is deleted: its share
+     of whatever lived there, e.g. a snapshot replica in its ``pinned_host``
+     memory (Orbax's Pathways ``Snapshotter`` keeps one array per replica);
+   * reading or waiting on any array that spans one of its devices raises
+     ``JaxRuntimeError("DATA_LOSS: ...")`` (pathwaysutils' own
+     ``mock_fault_injection`` error text, which names no device or slice):
+     ``jax.block_until_ready``, and each ``jax.Array`` class's
+     ``block_until_ready``, ``_value`` (``float()``, ``np.asarray``,
+     ``jax.device_get``), ``__array__`` and ``__dlpack__``. So the error
+     surfaces on MaxText's (or the hook's) next transfer or wait: with
+     MaxText's own loop, its metric logger reading the failed step's loss
+     one step later; a snapshot in flight fails the same way.
+   * pathwaysutils' own health check is told nothing: its per-slice
+     computation (``DefaultSliceHealthChecker``, a ``pmap`` on the slice's
+     devices and ``jax.block_until_ready``) fails with that error on the lost
+     slice and succeeds on the others, so ``wait_for_slices``, the Manager's
+     active slices and its monitor thread find the survivors themselves.
+
+   The loss lasts until a file named ``reconnect`` appears in
+   ``ELASTIC_SIDECAR_TEST_CONTROL`` (a directory): the replacement slice; its
+   devices then compute again (nothing that lived there comes back).
+   The patches are installed at the loss, so a run without one runs unpatched.
+5. **Events** (``ELASTIC_SIDECAR_TEST_EVENTS=PATH``): one JSON line per
+   completed step and per injected loss, with the wall-clock time
+   (``time.time()``, comparable across processes), which is how the tests and
+   the recovery benchmark read a run whatever recovers it. A step's line is
+   written by a recorder thread once the step's metrics are computed, so the
+   training loop is never blocked by the recording (MaxText dispatches steps
+   asynchronously); a step whose state spans a lost device did not complete and
+   gets no line. With a grain pipeline each step's line carries a hash of the
+   input batch it consumed (``batch``) and of each of its rows (``rows``), taken
+   from the host array MaxText's ``multihost_dataloading`` puts on the devices.
+
 Nothing in ``trainer_hooks`` imports this module.
 """
 
 from __future__ import annotations
 
-import collections
+import atexit
+import hashlib
 import os
+import queue
 import shutil
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 ENV = "ELASTIC_SIDECAR_TEST_CPU_ELASTIC"
 """Set to 1 in a MaxText process's environment to apply the patches."""
 ENV_SLICES = "ELASTIC_SIDECAR_TEST_CPU_SLICES"
-"""How many slices the CPU devices form (default 1)."""
-
+"""How many slices the CPU devices form (default 1: no ``slice_index``, as on a single slice)."""
 ENV_FAIL_AT = "ELASTIC_SIDECAR_TEST_FAIL_AT"
 """``STEP:SLICE``: lose SLICE during step index STEP (once per process)."""
 ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 """A directory; a file ``reconnect`` in it ends the simulated loss."""
 ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
-"""A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "t": ...}`` (N completed steps, the index run + 1, D the devices
-its new state spans),
-``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
+"""A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "batch": H, "rows": [...], "t": ...}``
+(N completed steps, the index run + 1; D the devices its new state spans; H the batch hash, grain only),
+``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}``, ``{"kind": "state", ...}`` (sizes, once per
+attempt), ``{"kind": "reconnected", ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
+
+DATA_LOSS_MESSAGE = "DATA_LOSS: Simulated device loss error accessing array on lost device"
+"""The error text of pathwaysutils' ``test.mock_fault_injection.DeviceLossSimulator``."""
 
 _applied: list[str] = []
 
 
 def cpu_slices() -> int:
-    return max(1, int(os.environ.get(ENV_SLICES, "1") or 1))
+    raw = os.environ.get(ENV_SLICES, "1") or "1"
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{ENV_SLICES}={raw!r}: expected a whole number of slices >= 1")
+    return n
 
 
-def slice_of(device: Any) -> int:
-    """A device's slice: its ``slice_index`` where it has one, else by device id (``cpu_slices()`` groups)."""
-    index = getattr(device, "slice_index", None)
-    if index is not None:
-        return int(index)
-    n = cpu_slices()
-    if n == 1:
-        return 0
+def slice_grouping(device_ids: Sequence[int], slices: int) -> dict[int, int]:
+    """Device id -> slice: ``slices`` equal groups of consecutive ids (a clear error if they do not divide)."""
+    ids = sorted(device_ids)
+    if slices < 1 or not ids or len(ids) % slices:
+        raise ValueError(
+            f"{ENV_SLICES}={slices}: the {len(ids)} CPU devices do not form {slices} equal slices "
+            f"(set XLA_FLAGS=--xla_force_host_platform_device_count to a multiple of {slices})"
+        )
+    per = len(ids) // slices
+    return {d: i // per for i, d in enumerate(ids)}
+
+
+def install_slice_index(slices: int) -> dict[int, int]:
+    """Give every CPU device its ``slice_index`` (see the module doc, 1); returns id -> slice."""
     import jax
 
-    per_slice = max(1, len(jax.devices()) // n)
-    return min(int(device.id) // per_slice, n - 1)
+    devices = jax.devices()
+    cpu = [d for d in devices if d.platform == "cpu"]
+    grouping = slice_grouping([d.id for d in cpu], slices)
+    cls = type(devices[0])
+    if "slice_index" in vars(cls) and not getattr(cls.slice_index, "_cpu_elastic", False):
+        raise RuntimeError(f"{cls.__qualname__} already has a slice_index of its own: nothing to stand in for")
 
+    def slice_index(self: Any) -> int:
+        if self.platform != "cpu" or self.id not in grouping:
+            raise AttributeError("slice_index")  # only the CPU devices of this process
+        return grouping[self.id]
 
-def get_slice_to_devices(devices: Sequence[Any]) -> Mapping[int, Sequence[Any]]:
-    """pathwaysutils' grouping, tolerating devices without ``slice_index``."""
-    slice_to_devices: dict[int, list[Any]] = collections.defaultdict(list)
-    for d in devices:
-        slice_to_devices[slice_of(d)].append(d)
-    return dict(slice_to_devices)
+    slice_index._cpu_elastic = True  # type: ignore[attr-defined]
+    prop = property(slice_index)
+    prop.fget._cpu_elastic = True  # type: ignore[union-attr]
+    cls.slice_index = prop
+    return grouping
 
 
 def clean_up_local_checkpoints(checkpoint_dir: str, *, gcs: Any = None) -> None:
@@ -125,10 +176,8 @@ def apply() -> None:
         return
     import pathwaysutils
     from maxtext.utils import elastic_utils
-    from pathwaysutils.elastic import elastic
 
     pathwaysutils.is_pathways_backend_used = lambda: True
-    elastic.get_slice_to_devices = get_slice_to_devices
     original = elastic_utils.clean_up_checkpoints
 
     def clean_up_checkpoints(checkpoint_dir: str) -> None:
@@ -136,17 +185,7 @@ def apply() -> None:
 
     elastic_utils.clean_up_checkpoints = clean_up_checkpoints
     if cpu_slices() > 1:
-        import jax
-
-        def live_devices(config: Any = None) -> list[Any]:
-            # elastic_utils.live_devices with this module's slice grouping
-            if elastic_utils.should_use_elastic(config):
-                elastic_utils.ensure_elastic_manager_initialized(config)
-                active = elastic_utils.elastic_manager.active_slice_indices
-                return [d for d in jax.devices() if d is not None and slice_of(d) in active]
-            return jax.devices()
-
-        elastic_utils.live_devices = live_devices
+        install_slice_index(cpu_slices())
     events = Path(os.environ[ENV_EVENTS]) if os.environ.get(ENV_EVENTS) else None
     if os.environ.get(ENV_FAIL_AT):
         _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
@@ -160,11 +199,160 @@ def record(path: Path | None, kind: str, **fields: Any) -> None:
     if path is None:
         return
     import json
-    import time
 
     line = json.dumps({"kind": kind, "t": time.time(), "pid": os.getpid(), **fields}) + "\n"
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
+
+
+# ---------------------------------------------------------------------------
+# a lost slice
+# ---------------------------------------------------------------------------
+
+
+def _device_ids(x: Any) -> frozenset[int]:
+    try:
+        return frozenset(d.id for d in x.sharding.device_set)
+    except Exception:  # noqa: BLE001 - not an array with a sharding
+        return frozenset()
+
+
+class LostDevices:
+    """The devices of lost slices, and what losing them does to arrays (module doc, 4)."""
+
+    def __init__(self) -> None:
+        self.ids: frozenset[int] = frozenset()
+        self._installed = False
+        self._lock = threading.Lock()
+        self._exempt = threading.local()
+
+    def exempt_this_thread(self) -> None:
+        """This thread's reads never fail (the event recorder: it observes, it is not the training)."""
+        self._exempt.on = True
+
+    def spans_lost(self, x: Any) -> bool:
+        import jax
+
+        if not self.ids or not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            return False
+        return bool(_device_ids(x) & self.ids)
+
+    def check(self, x: Any) -> None:
+        import jax
+
+        if getattr(self._exempt, "on", False):
+            return
+        if self.ids and any(self.spans_lost(leaf) for leaf in jax.tree_util.tree_leaves(x)):
+            raise jax.errors.JaxRuntimeError(DATA_LOSS_MESSAGE)
+
+    def lose(self, device_ids: frozenset[int]) -> int:
+        """The devices are gone: delete what lived only there; reads of what spans them fail from now on.
+        Returns how many arrays were deleted."""
+        import jax
+
+        with self._lock:
+            self._install()
+            self.ids = self.ids | device_ids
+            deleted = 0
+            for x in jax.live_arrays():
+                ids = _device_ids(x)
+                if ids and ids <= self.ids and not x.is_deleted():
+                    x.delete()
+                    deleted += 1
+            return deleted
+
+    def reconnect(self, device_ids: frozenset[int]) -> None:
+        with self._lock:
+            self.ids = self.ids - device_ids
+
+    def _install(self) -> None:
+        """Wrap JAX's reads and waits (the points where pathwaysutils' ``DeviceLossSimulator`` checks)."""
+        if self._installed:
+            return
+        import jax
+
+        lost = self
+        original_wait = jax.block_until_ready
+
+        def block_until_ready(x: Any) -> Any:
+            lost.check(x)
+            return original_wait(x)
+
+        jax.block_until_ready = block_until_ready
+
+        def checked(method: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(a: Any, *args: Any, **kwargs: Any) -> Any:
+                lost.check(a)
+                return method(a, *args, **kwargs)
+
+            return wrapper
+
+        for cls in [jax.Array, *jax.Array.__subclasses__()]:
+            for name in ("block_until_ready", "__array__", "__dlpack__"):
+                method = vars(cls).get(name)
+                if callable(method):
+                    setattr(cls, name, checked(method))
+            for name in ("_value",):  # a property: float(), np.asarray, jax.device_get read it
+                value = vars(cls).get(name)
+                if isinstance(value, property) and value.fget is not None:
+                    setattr(cls, name, property(checked(value.fget)))
+        self._installed = True
+
+
+LOST = LostDevices()
+"""This process's lost devices."""
+
+
+def slice_devices(slice_index: int) -> frozenset[int]:
+    """The ids of a slice's devices (by ``slice_index``, 0 for every device without one)."""
+    import jax
+
+    return frozenset(d.id for d in jax.devices() if getattr(d, "slice_index", 0) == slice_index)
+
+
+def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = None) -> None:
+    """Wrap MaxText's ``training_loop_iteration`` so that SLICE dies during step index STEP (module doc, 4)."""
+    import jax
+    from maxtext.trainers.pre_train import train
+
+    try:
+        at, lost = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"{ENV_FAIL_AT}={spec!r}: expected STEP:SLICE (two whole numbers)") from None
+    original = train.training_loop_iteration
+    fired: list[bool] = []
+    wait = jax.block_until_ready
+
+    def reconnect_when_told(ids: frozenset[int]) -> None:
+        while not (control / "reconnect").exists():
+            time.sleep(0.05)
+        LOST.reconnect(ids)
+        record(events, "reconnected", slice=lost)
+        print(f"cpu_elastic: slice {lost} reconnected", flush=True)
+
+    def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
+        if fired or int(python_vars["step"]) != at:
+            return original(jax_device_state, python_vars, immutable_data)
+        fired.append(True)
+        ids = slice_devices(lost)
+        if not ids:
+            raise ValueError(f"{ENV_FAIL_AT}={spec!r}: no device has slice_index {lost}")
+        # The slice dies while this step runs: the step before it has completed (so "STEP steps
+        # completed" is well defined), this one is dispatched and has consumed its donated input.
+        wait(jax_device_state["state"])
+        metrics = original(jax_device_state, python_vars, immutable_data)
+        deleted = LOST.lose(ids)
+        record(events, "fault", step=at, slice=lost, deleted_arrays=deleted)
+        print(f"cpu_elastic: slice {lost} lost during step {at} ({deleted} arrays on it deleted)", flush=True)
+        threading.Thread(target=reconnect_when_told, args=(ids,), daemon=True).start()
+        return metrics
+
+    train.training_loop_iteration = iteration
+
+
+# ---------------------------------------------------------------------------
+# events
+# ---------------------------------------------------------------------------
 
 
 def _sizes(state: Any) -> dict[str, int]:
@@ -187,98 +375,84 @@ def _sizes(state: Any) -> dict[str, int]:
     return out
 
 
+def batch_fields(inputs: Any) -> dict[str, Any]:
+    """A batch's hash and its rows' hashes (16 and 12 hex digits of SHA-256 of the bytes)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(inputs)
+    rows = [hashlib.sha256(r.tobytes()).hexdigest()[:12] for r in a.reshape(a.shape[0], -1)] if a.ndim else []
+    return {"batch": hashlib.sha256(a.tobytes()).hexdigest()[:16], "rows": rows}
+
+
+_last_batch: list[dict[str, Any]] = []
+"""The newest input batch put on the devices (main thread)."""
+
+
+def _hash_batches() -> None:
+    """Wrap ``multihost_dataloading._form_global_array`` (each leaf of a host batch, before the device put)."""
+    from maxtext.input_pipeline import multihost_dataloading as mh
+
+    original = mh._form_global_array
+
+    def form_global_array(path: Any, array: Any, global_mesh: Any) -> Any:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys and keys[-1] == "inputs":
+            _last_batch[:] = [batch_fields(array)]
+        return original(path, array, global_mesh)
+
+    mh._form_global_array = form_global_array
+
+
 def _record_steps(path: Path) -> None:
-    """Wrap ``training_loop_iteration``: a ``step`` event once the step's new state is computed."""
+    """Wrap ``training_loop_iteration``: a ``step`` event once the step's metrics are computed (module doc, 5)."""
     import jax
     from maxtext.trainers.pre_train import train
 
+    _hash_batches()
     original = train.training_loop_iteration
-    counted: list[bool] = []
+    wait = jax.block_until_ready  # before any loss wraps it: the recorder's wait never raises for one
+    pending: queue.Queue[tuple[Any, dict[str, Any]] | None] = queue.Queue()
     record(path, "start")
+
+    def recorder() -> None:
+        LOST.exempt_this_thread()
+        while (item := pending.get()) is not None:
+            metrics, fields = item
+            try:
+                wait(metrics)
+            except Exception as e:  # noqa: BLE001 - a step that failed did not complete
+                record(path, "step_failed", step=fields["step"], error=f"{type(e).__name__}: {e}"[:200])
+            else:
+                record(path, "step", **fields)
+            finally:
+                pending.task_done()
+
+    thread = threading.Thread(target=recorder, name="cpu-elastic-events", daemon=True)
+    thread.start()
+
+    def drain() -> None:
+        pending.put(None)
+        thread.join(30)
+
+    atexit.register(drain)
+    attempt_start: list[int] = []
 
     def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
         step = int(python_vars["step"])
-        if not counted:
-            counted.append(True)
+        start = int(immutable_data.get("start_step", -1))
+        if attempt_start[-1:] != [start] or step == start:
+            attempt_start[:] = [start]
             record(path, "state", step=step, **_sizes(jax_device_state["state"]))
+        _last_batch.clear()
         metrics = original(jax_device_state, python_vars, immutable_data)
-        # JAX dispatches asynchronously: the step is done when its state is (the same for every run).
-        jax.block_until_ready(jax_device_state["state"])
-        # The devices the new state spans: fewer after a shrink (a step of half the global batch).
         leaf = next((x for x in jax.tree_util.tree_leaves(jax_device_state["state"]) if hasattr(x, "sharding")), None)
-        devices = len(leaf.sharding.device_set) if leaf is not None else None
-        record(path, "step", step=step + 1, devices=devices)
+        ids = _device_ids(leaf) if leaf is not None else frozenset()
+        if ids & LOST.ids:  # computed on a lost device: never completes
+            return metrics
+        fields: dict[str, Any] = {"step": step + 1, "devices": len(ids) or None}
+        if _last_batch:
+            fields.update(_last_batch[0])
+        pending.put((metrics, fields))
         return metrics
-
-    train.training_loop_iteration = iteration
-
-
-def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = None) -> None:
-    """Wrap MaxText's ``training_loop_iteration`` so that step index STEP loses SLICE (see the module doc)."""
-    import threading
-    import time
-
-    import jax
-    from maxtext.trainers.pre_train import train
-    from pathwaysutils.elastic import elastic
-    from pathwaysutils.test.mock_fault_injection import DeviceLossSimulator
-
-    at, lost = (int(x) for x in spec.split(":"))
-    original = train.training_loop_iteration
-    fired: list[bool] = []
-
-    current: list[DeviceLossSimulator] = []
-    reconnected = threading.Event()
-
-    def reconnect_when_told(sim: DeviceLossSimulator, mapping: Mapping[int, Sequence[Any]]) -> None:
-        while not (control / "reconnect").exists():
-            time.sleep(0.05)
-        sim.mark_slice_connected(lost, mapping)
-        reconnected.set()
-        sim.stop()
-        record(events, "reconnected", slice=lost)
-        print(f"cpu_elastic: slice {lost} reconnected", flush=True)
-
-    # The simulator raises the failed step's DATA_LOSS and marks what the lost slice held. It cannot
-    # run a whole attempt on the survivor: its jax.jit wrapper is a plain function without a jitted
-    # function's ``lower`` (MaxText compiles ahead of time), it reads ``devices()`` of donated, deleted
-    # inputs, and it tracks arrays by ``id()``, which new arrays reuse. So the next attempt (MaxText's
-    # ``elastic_retry`` calls ``wait_for_slices`` first, on the main thread) stops it, and until the
-    # replacement comes pathwaysutils' health check reports the lost slice down, as Pathways would,
-    # also to the monitor thread that looks for slices to grow onto.
-    original_wait, original_active = elastic.wait_for_slices, elastic.get_active_slice_indices
-
-    def wait_for_slices(*args: Any, **kwargs: Any) -> Any:
-        if current and threading.current_thread() is threading.main_thread():
-            current[0].stop()
-        return original_wait(*args, **kwargs)
-
-    def get_active_slice_indices(*args: Any, **kwargs: Any) -> Any:
-        found = original_active(*args, **kwargs)
-        return found if not current or reconnected.is_set() else frozenset(found) - {lost}
-
-    elastic.wait_for_slices = wait_for_slices
-    elastic.get_active_slice_indices = get_active_slice_indices
-
-    def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
-        if fired or int(python_vars["step"]) != at:
-            return original(jax_device_state, python_vars, immutable_data)
-        fired.append(True)
-        mapping = elastic.get_slice_to_devices(jax.devices())
-        sim = DeviceLossSimulator()
-        sim.start()
-        current.append(sim)
-        sim.mark_slice_lost(lost, mapping)
-        record(events, "fault", step=at, slice=lost)
-        print(f"cpu_elastic: slice {lost} lost during step {at}", flush=True)
-        threading.Thread(target=reconnect_when_told, args=(sim, mapping), daemon=True).start()
-        leaves = [x for x in jax.tree_util.tree_leaves(jax_device_state["state"]) if isinstance(x, jax.Array)]
-        try:
-            for x in leaves:
-                sim.check_and_raise_if_corrupted(x)
-        finally:
-            for x in leaves:  # the failed step consumed its donated input
-                x.delete()
-        raise AssertionError("the simulator did not raise for a state on a lost slice")
 
     train.training_loop_iteration = iteration
