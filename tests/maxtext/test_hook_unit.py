@@ -154,6 +154,23 @@ def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
         return True
 
     ckpt.save_checkpoint = save_checkpoint  # type: ignore[attr-defined]
+
+    def load_state_if_possible(
+        checkpoint_manager: Manager | None,
+        data_iterator: Any,
+        load_parameters_from_path: str,
+        load_full_state_from_path: str,
+        checkpoint_storage_concurrent_gb: int,
+        abstract_unboxed_pre_state: Any,
+        *rest: Any,
+        **kw: Any,
+    ) -> tuple[Any, Any]:
+        """MaxText's restore: the newest label's state, or nothing."""
+        if checkpoint_manager is None or not checkpoint_manager.labels:
+            return None, None
+        return {"items": ("checkpoint", max(checkpoint_manager.labels) + 1)}, None
+
+    ckpt.load_state_if_possible = load_state_if_possible  # type: ignore[attr-defined]
     elastic = types.ModuleType("maxtext.utils.elastic_utils")
     elastic.elastic_enabled = lambda config: config.elastic_enabled  # type: ignore[attr-defined]
     elastic.elastic_manager = None  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ Importing this module imports neither JAX nor pathwaysutils.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -54,6 +55,18 @@ def slices_named_in(text: str) -> set[int]:
     return found
 
 
+def is_scale_up_signal(err: BaseException) -> bool:
+    """``err`` or its cause is pathwaysutils' ``ScaleUpSignalError`` (a grow, not a failure)."""
+    manager = sys.modules.get("pathwaysutils.elastic.manager")
+    cls = getattr(manager, "ScaleUpSignalError", None)
+    chain: BaseException | None = err
+    while isinstance(cls, type) and chain is not None:
+        if isinstance(chain, cls):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
+
+
 def slice_of_devices(devices: Iterable[Any], slice_to_devices: Mapping[int, Sequence[Any]]) -> set[int]:
     """The slices ``devices`` belong to, by device id (as pathwaysutils groups them)."""
     by_id = {d.id: s for s, ds in slice_to_devices.items() for d in ds}
@@ -68,8 +81,13 @@ class ElasticSeam:
     process on an abort).
     """
 
-    def __init__(self, ask_sidecar: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        ask_sidecar: Callable[[BaseException], None],
+        on_grow: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self._ask_sidecar = ask_sidecar
+        self._on_grow = on_grow
         self._lock = threading.Lock()
         self.allowed: frozenset[int] | None = None
         """Slices the sidecar last resumed on; None: not decided yet (no filter)."""
@@ -80,6 +98,8 @@ class ElasticSeam:
         """Attempts pathwaysutils retried on the sidecar's word (grows, drains, shrinks)."""
         self.reported_failures = 0
         """Slice-loss errors from outside a step that the policy reported to the sidecar."""
+        self.grows = 0
+        """``ScaleUpSignalError`` retries MaxText raised by itself (``maybe_elastic_scale_up``)."""
 
     # -- what the hook calls ---------------------------------------------------------
 
@@ -93,14 +113,25 @@ class ElasticSeam:
         return err
 
     def retry_policy(self, attempt: int, error: BaseException) -> bool:
-        """pathwaysutils' ``retry_policy``: always retry; the sidecar alone may refuse (by aborting)."""
-        chain = error
+        """pathwaysutils' ``retry_policy``: always retry; the sidecar alone may refuse (by aborting).
+
+        MaxText's own ``ScaleUpSignalError`` (``maybe_elastic_scale_up``, e.g. when Pathways
+        reports a slice healthy after the sidecar resumed on it) is a grow, never a failure: it is
+        retried without a word to the sidecar and spends nothing; ``on_grow`` lets the hook
+        acknowledge the mesh the next attempt builds.
+        """
+        chain: BaseException | None = error
         while chain is not None:
             if id(chain) in self._decided:
                 self._decided.discard(id(chain))
                 self.decided_attempts += 1
                 return True
             chain = chain.__cause__ or chain.__context__
+        if is_scale_up_signal(error):
+            self.grows += 1
+            if self._on_grow is not None:
+                self._on_grow(error)
+            return True
         self.reported_failures += 1
         self._ask_sidecar(error)  # exits unless the sidecar resumes
         return True

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import json
 import os
 import socket
@@ -52,9 +53,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from trainer_hooks.maxtext.elastic_seam import ElasticSeam, slices_named_in
-from trainer_hooks.maxtext.snapshot import AUTO, AUTO_CALIBRATION, Snapshot, auto_every, snapshot_every_from_env
-from trainer_hooks.maxtext.snapshot import take as take_snapshot
+from trainer_hooks.maxtext.elastic_seam import ElasticSeam, is_scale_up_signal, slices_named_in
+from trainer_hooks.maxtext.interval import SnapshotInterval
+from trainer_hooks.maxtext.snapshot import (
+    ENV_SNAPSHOT_EVERY,
+    Layout,
+    Snapshots,
+    data_position,
+    nbytes_per_replica,
+    set_data_position,
+    snapshot_every_from_env,
+    state_layout,
+)
 from trainer_hooks.session import AbortTraining, Directive, ElasticSession, ElasticSettings, FlushResult, is_slice_down
 
 ENV_ADDRESS = "ELASTIC_SIDECAR_ADDRESS"
@@ -64,6 +74,8 @@ ENV_JOB = "ELASTIC_SIDECAR_JOB"
 EXIT_RESTART = 42
 """xpk restarts a workload that exits 42 (same value as ``agent.constants.EXIT_RESTART``,
 which the trainer process must not import)."""
+EXIT_USAGE = 2
+"""Bad configuration (a bad ``ELASTIC_SIDECAR_SNAPSHOT_EVERY``), or MaxText/pathwaysutils not as the hook was built for."""
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 LOG_PREFIX = "trainer_hooks.maxtext"
 PERIODIC_POLL_SECONDS = 1.0
@@ -96,6 +108,17 @@ def is_collective_failure(err: BaseException) -> bool:
     return any(m in text for m in COLLECTIVE_FAILURE_MARKERS)
 
 
+def state_step(state: Any) -> int | None:
+    """The completed steps MaxText's train state holds (``optimizer.step``, one scalar read), or None."""
+    import jax
+
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        key = jax.tree_util.keystr(path)
+        if key.endswith("['optimizer']['step'].value") or key.endswith("['optimizer']['step']"):
+            return int(x)
+    return None
+
+
 def process_identity() -> dict[str, Any]:
     """This process in a multi-controller job (jax.distributed initialised, several processes):
     its index, the count and the host, for the trainer link's hello; empty otherwise."""
@@ -123,7 +146,11 @@ class MaxTextHook:
         job: str = "",
         *,
         connect: Callable[..., ElasticSession] = ElasticSession.connect,
+        snapshot_every: int | None = None,
+        make_snapshotter: Callable[[int], Any] | None = None,
     ) -> None:
+        """``snapshot_every``: as ``ELASTIC_SIDECAR_SNAPSHOT_EVERY`` (None: read it); ``make_snapshotter``:
+        builds the Snapshotter for a replica axis index (None: Orbax's)."""
         self.address = address
         self.job = job
         self._connect = connect
@@ -144,13 +171,20 @@ class MaxTextHook:
         self._periodic_label: int | None = None
         """A periodic save MaxText started (its label) whose commit is not reported yet."""
         self._periodic_polled = 0.0
-        self.snapshot_every = snapshot_every_from_env()
-        self.snapshot: Snapshot | None = None
-        """The newest in-memory snapshot (see :mod:`.snapshot`)."""
-        self._lost: set[int] = set()
-        """Slices a slice-loss error of this attempt named: their snapshot copies are gone."""
-        self.snapshot_cost = [0, 0.0, 0.0]
-        """Snapshots taken, their seconds, and the seconds of the steps they preceded."""
+        self.interval = SnapshotInterval(snapshot_every_from_env() if snapshot_every is None else snapshot_every)
+        """When to snapshot (``ELASTIC_SIDECAR_SNAPSHOT_EVERY``: a number, or ``auto`` by measurement)."""
+        self.snapshots = Snapshots(make=make_snapshotter)
+        """The process's Orbax Snapshotter and its newest snapshot (see :mod:`.snapshot`); it outlives attempts."""
+        self._layout_warned = False
+        self._attempt_start = 0
+        """The step the current train attempt started from (nothing to snapshot there: it is what was restored)."""
+        self._slot: tuple[float, bool, bool] | None = None
+        """The step slot in progress: when it started (before any save call), whether a save was handed over
+        at its start, and whether it counts for the interval's measurement."""
+        self._restored: tuple[str, int] | None = None
+        """Where this attempt's state came from (``snapshot``, ``checkpoint``, ``fresh``) and its step."""
+        self._directive: Directive | None = None
+        """The sidecar's newest resume, which the running mesh serves."""
 
     # -- wiring ------------------------------------------------------------------
 
@@ -193,11 +227,19 @@ class MaxTextHook:
             self._periodic_label = None
         self.session.finished(max(self.completed, 0))
         self.session.close()
-        n, snap_s, step_s = self.snapshot_cost
-        cost = {"snapshots": n, "snapshot_every": self.snapshot_every}
-        if n:
-            cost |= {"snapshot_seconds_mean": round(snap_s / n, 6), "step_seconds_mean": round(step_s / n, 6)}
-        say("finished", {"step": self.completed, **cost})
+        say("finished", {"step": self.completed, **self.snapshot_counts()})
+
+    def snapshot_counts(self) -> dict[str, object]:
+        snaps, iv = self.snapshots, self.interval
+        return {
+            "snapshots": snaps.saved,
+            "snapshots_skipped": snaps.skipped,
+            "snapshots_failed": snaps.failed,
+            "snapshot_every": "auto" if iv.auto else iv.every,
+            "snapshot_every_now": iv.current,
+            "snapshot_overhead_fraction": iv.last_fraction,
+            "step_seconds_baseline": iv.baseline,
+        }
 
     # -- MaxText's seams ---------------------------------------------------------------
 
@@ -228,8 +270,9 @@ class MaxTextHook:
         if not getattr(config, "enable_checkpointing", True):
             say("warning", {"message": "enable_checkpointing=false: holds and aborts cannot flush"})
         if self._elastic():
-            self.seam = ElasticSeam(self._ask_sidecar)
+            self.seam = ElasticSeam(self._ask_sidecar, on_grow=self._maxtext_grew)
             self.seam.install(config)
+            self._wrap_restore()
         try:
             d = self.session.start(step_in_memory=-1)
         except AbortTraining as e:
@@ -248,34 +291,247 @@ class MaxTextHook:
     ) -> Any:
         session = self.session
         assert session is not None, "MaxText's initialize did not run through the hook"
+        entered = time.monotonic()
         step = int(python_vars["step"])
         self._device_state, self._python_vars = jax_device_state, python_vars
         self._config = immutable_data["config"]
         if self._rebuilding is not None:
             self._resumed(step)
+            self._new_attempt(step, jax_device_state)
+        elif self._slot is not None:
+            started, saved, counted = self._slot
+            changed = self.interval.slot(entered - started, saved=saved, counted=counted)
+            if changed is not None:
+                say(
+                    "snapshot_every",
+                    {
+                        "every": changed,
+                        "overhead_fraction": self.interval.last_fraction,
+                        "step_seconds_baseline": self.interval.baseline,
+                        "budget": self.interval.budget,
+                    },
+                )
+        self._slot = None
         try:
             d = session.step_boundary(step)
         except AbortTraining as e:
             self._exit(e)
         if d is not None:
             self._apply(d, step)
-        snapped = self._maybe_snapshot(step, jax_device_state)
+        started = time.monotonic()
+        saved = self._maybe_snapshot(step, jax_device_state, python_vars)
         t0 = time.monotonic()
         try:
             metrics = iteration(jax_device_state, python_vars, immutable_data)
         except Exception as e:
+            if is_scale_up_signal(e):
+                self._maxtext_scale_up(step, e)  # never returns: elastic_retry grows
             if is_slice_down(e) or (session.process_count > 1 and is_collective_failure(e)):
                 self._slice_error(step, e)  # never returns: elastic_retry takes over, or exit 42
             raise
         self.completed = step + 1
-        dt = time.monotonic() - t0
-        if snapped:
-            self.snapshot_cost[2] += dt
-            self._calibrate_snapshots()
-        session.report_step(step + 1, dt)
-        if self._periodic_label is not None or self._on_save_schedule(step):
+        session.report_step(step + 1, time.monotonic() - t0)
+        periodic = self._on_save_schedule(step)
+        if self._periodic_label is not None or periodic:
             self._periodic_commit(step)
+        self._slot = (started, saved, not periodic)
         return metrics
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def _new_attempt(self, step: int, jax_device_state: dict[str, Any]) -> None:
+        """The first boundary of a train attempt: where this mesh keeps its replicas, and measure anew."""
+        self._attempt_start = step
+        self.interval.new_attempt()
+        layout = self._snapshot_layout(jax_device_state)
+        self.snapshots.configure(layout)
+        state = jax_device_state.get("state")
+        fields = layout.fields() | {"bytes_per_replica": nbytes_per_replica(state) if state is not None else 0}
+        say("snapshot_layout", fields)
+        if not layout.usable and not self._layout_warned and self.interval.every != 0:
+            self._layout_warned = True
+            say(
+                "warning",
+                {"message": f"in-memory snapshots off: {layout.why}; a lost slice restores the newest checkpoint"},
+            )
+
+    def _snapshot_layout(self, jax_device_state: dict[str, Any]) -> Layout:
+        if self.interval.every == 0:
+            return Layout(False, f"{ENV_SNAPSHOT_EVERY}=0")
+        if self.seam is None:
+            return Layout(
+                False,
+                "without elastic_enabled a lost slice ends the process, and the snapshots in its hosts' memory "
+                "with it: checkpoints only",
+            )
+        if self.session is not None and self.session.process_count > 1:
+            return Layout(False, "multi-controller JAX: each process restarts on a lost host; checkpoints only")
+        mesh, state = jax_device_state.get("mesh"), jax_device_state.get("state")
+        if mesh is None or state is None:
+            return Layout(False, "MaxText's jax_device_state has no mesh or state")
+        try:
+            return state_layout(mesh, state, self.seam.slice_map())
+        except Exception as e:  # a layout we cannot read: checkpoints still work
+            return Layout(False, f"cannot read the mesh's slices: {type(e).__name__}: {e}")
+
+    def _maybe_snapshot(self, step: int, jax_device_state: dict[str, Any], python_vars: dict[str, Any]) -> bool:
+        """Hand the state after ``step`` completed steps to the Snapshotter when one is due (before the step
+        consumes it). Returns whether a save was handed over (a save still copying makes this one skip).
+
+        A failure never turns snapshots off: it is reported, the previous snapshot stays, and the next due
+        step tries again. A slice-loss error here (the state's devices are gone) takes the slice-error path,
+        as the step itself would a moment later.
+        """
+        snaps = self.snapshots
+        if not snaps.usable:
+            return False
+        failed = snaps.check_pending()
+        if failed is not None:
+            say(
+                "snapshot_failed",
+                {"step": failed, "error": "the copy to pinned host memory failed (Orbax logged why)", "kept": True},
+            )
+        if step <= self._attempt_start or not self.interval.due(step):
+            return False
+        state = jax_device_state.get("state")
+        if state is None:
+            return False
+        try:
+            return snaps.save(step, state, data_position(python_vars.get("data_iterator")))
+        except Exception as e:
+            snaps.failed += 1
+            say("snapshot_failed", {"step": step, "error": f"{type(e).__name__}: {e}"[:300], "kept": True})
+            if is_slice_down(e):
+                self._slice_error(step, e)
+            return False
+
+    def _wrap_restore(self) -> None:
+        """Wrap ``checkpointing.load_state_if_possible``, where each attempt's
+        ``maxtext_utils.setup_training_state`` gets its state (see :meth:`_restore`)."""
+        from maxtext.common import checkpointing
+
+        load = checkpointing.load_state_if_possible
+        if getattr(load, "_elastic_sidecar_hook", None) is self:
+            return
+        signature = inspect.signature(load)
+
+        @functools.wraps(load)
+        def load_state_if_possible(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return self._restore(load, args, kwargs, bound.arguments)
+
+        load_state_if_possible._elastic_sidecar_hook = self  # type: ignore[attr-defined]
+        checkpointing.load_state_if_possible = load_state_if_possible
+
+    def _restore(self, load: Callable[..., Any], args: Any, kwargs: Any, named: dict[str, Any]) -> Any:
+        """The restore ladder: the newest complete snapshot when it is at least as new as the newest
+        committed checkpoint, else MaxText's own restore of that checkpoint (never an older step).
+
+        The snapshot is loaded onto the shardings of the abstract state MaxText passes (the new
+        mesh's), and the data iterator is set back to the position saved with it. Returns what
+        ``load_state_if_possible`` returns (``({"items": state}, None)`` for a full state).
+        """
+        manager = named.get("checkpoint_manager")
+        abstract = named.get("abstract_unboxed_pre_state")
+        data_iterator = named.get("data_iterator")
+        committed = max(self._newest_committed(manager), 0) if manager is not None else 0
+        snaps = self.snapshots
+        t0 = time.monotonic()
+        snap_step: int | None = None
+        if snaps.snapshotter is None:
+            why = "no snapshot in this process" + (f" ({snaps.layout.why})" if snaps.layout is not None else "")
+        else:
+            snap_step = snaps.newest_step()
+            if snap_step is None:
+                why = "no complete snapshot"
+            elif snap_step < committed:
+                why = f"the newest snapshot (step {snap_step}) is older than the newest committed checkpoint"
+                snaps.forget()
+            else:
+                try:
+                    r = snaps.load(abstract)
+                    held = state_step(r.state)
+                    if held is not None and held != r.step:
+                        raise RuntimeError(f"the loaded state holds step {held}, the snapshot says {r.step}")
+                    data = "restored" if set_data_position(data_iterator, r.data) else "none"
+                except Exception as e:  # the checkpoint is the next rung
+                    why = f"loading the snapshot of step {snap_step} failed: {type(e).__name__}: {e}"[:500]
+                else:
+                    self._restored = ("snapshot", r.step)
+                    say(
+                        "restored",
+                        {
+                            "source": "snapshot",
+                            "step": r.step,
+                            "snapshot_step": r.step,
+                            "committed_step": committed,
+                            "data": data,
+                            "seconds": round(time.monotonic() - t0, 3),
+                            "why": f"the newest snapshot (step {r.step}) is at least as new as the newest "
+                            f"committed checkpoint (step {committed})",
+                        },
+                    )
+                    return {"items": r.state}, None
+        result = load(*args, **kwargs)
+        restored = isinstance(result, tuple) and any(x is not None for x in result)
+        source, step = ("checkpoint", committed) if restored else ("fresh", 0)
+        self._restored = (source, step)
+        say(
+            "restored",
+            {
+                "source": source,
+                "step": step,
+                "snapshot_step": snap_step,
+                "committed_step": committed,
+                "data": "checkpoint" if restored else "start",
+                "seconds": round(time.monotonic() - t0, 3),
+                "why": why,
+            },
+        )
+        return result
+
+    def _maxtext_scale_up(self, step: int, err: BaseException) -> NoReturn:
+        """MaxText's own ``maybe_elastic_scale_up`` raised ``ScaleUpSignalError`` at the top of the step,
+        before it consumed the state: keep that state (a snapshot now, waited for, or a flush without
+        snapshots), then let ``elastic_retry`` grow. A grow, never a failure: nothing goes to the sidecar
+        as a slice error and no retry is spent (:meth:`ElasticSeam.retry_policy`)."""
+        assert self.session is not None
+        t0 = time.monotonic()
+        kept = self._keep_for_restart(step)
+        say("restart", {"how": "elastic_retry", "why": f"MaxText's scale-up signal at step {step}", "kept": kept})
+        self._maxtext_grew(err, since=t0)
+        raise err
+
+    def _keep_for_restart(self, step: int) -> str:
+        """Keep the intact state after ``step`` steps for the next attempt: a snapshot (waited for: the
+        attempt is ending anyway) where the layout allows, else a flush to a checkpoint."""
+        assert self.session is not None
+        snaps = self.snapshots
+        state = (self._device_state or {}).get("state")
+        if snaps.usable and state is not None:
+            try:
+                snaps.snapshotter.join()
+                snaps.save(step, state, data_position((self._python_vars or {}).get("data_iterator")))
+                if snaps.newest_step() == step:
+                    return f"snapshot of step {step}"
+            except Exception as e:
+                say("snapshot_failed", {"step": step, "error": f"{type(e).__name__}: {e}"[:300], "kept": True})
+        committed = self.session.flush(step)
+        return f"checkpoint of step {committed}"
+
+    def _maxtext_grew(self, err: BaseException, since: float | None = None) -> None:
+        """The seam's word that ``elastic_retry`` retries a ``ScaleUpSignalError`` (MaxText's or the hook's):
+        the next attempt acknowledges the mesh it builds for the newest resume."""
+        if self._rebuilding is None and self._directive is not None:
+            self._rebuilding = (self._directive, time.monotonic() if since is None else since, "")
+        self._release_attempt()
+
+    def _release_attempt(self) -> None:
+        """Drop this attempt's device state before the next attempt builds its own (pathwaysutils: a
+        reference kept across attempts keeps its device memory allocated)."""
+        self._device_state = None
+        self._slot = None
 
     # -- directives ------------------------------------------------------------------
 
@@ -284,7 +540,10 @@ class MaxTextHook:
         assert self.session is not None and self._rebuilding is not None
         d, since, restored_from = self._rebuilding
         self._rebuilding = None
-        self._lost = set()
+        self._directive = d
+        if self._restored is not None:
+            restored_from = self._restored[0]
+            self._restored = None
         restored_from = restored_from or ("checkpoint" if step > 0 else "fresh")
         built = self._mesh_slices()
         self.slices = tuple(sorted(d.active_slices if built is None else built))
@@ -324,6 +583,7 @@ class MaxTextHook:
         assert self.session is not None
         new = tuple(sorted(d.active_slices))
         if set(new) == set(self.slices):
+            self._directive = d
             self.session.resumed(d, step, "memory", 0.0)
             say("resumed", {"generation": d.generation, "step": step, "slices": list(new), "restored_from": "memory"})
             return
@@ -337,14 +597,13 @@ class MaxTextHook:
         assert self.session is not None
         t0 = time.monotonic()
         lost = self.lost_slices(err)
-        self._lost |= lost
         try:
             d = self.session.slice_error(step, err, lost)
         except AbortTraining as e:
             self._exit(e)
-        # The failed step consumed (donated) the state: the flush saves the newest in-memory
-        # snapshot from the surviving slices' copies, or says it cannot, and the restart
-        # restores the newest committed step.
+        # The failed step consumed (donated) the state: the flush says so, and the next attempt
+        # restores the newest complete snapshot from the surviving replicas, or the newest
+        # committed checkpoint (see _restore).
         self._restart(d, step, t0, f"slice loss at step {step} (lost slices {sorted(lost)})", err)
 
     def lost_slices(self, err: BaseException) -> set[int]:
@@ -371,7 +630,8 @@ class MaxTextHook:
             self._exit(e)
         if self.seam is not None:
             self.seam.allow(d.active_slices)
-        self._rebuilding = (d, t0, "checkpoint")
+        self._rebuilding = (d, t0, "")
+        self._release_attempt()
 
     def _restart(self, d: Directive, step: int, since: float, why: str, err: BaseException) -> NoReturn:
         """Flush, then hand over to elastic_retry (raise ``err``, as decided) or exit 42."""
@@ -379,8 +639,9 @@ class MaxTextHook:
         committed = self.session.flush(step)
         if self.seam is not None:
             self.seam.allow(d.active_slices)
-            self._rebuilding = (d, since, "checkpoint")
+            self._rebuilding = (d, since, "")
             say("restart", {"how": "elastic_retry", "why": why, "committed_step": committed})
+            self._release_attempt()
             raise self.seam.decided(err)
         say("restart", {"how": f"exit {EXIT_RESTART}", "why": why, "committed_step": committed})
         self.session.close()
@@ -429,7 +690,13 @@ class MaxTextHook:
         try:
             self._check_readable(state, step, down_slices)
         except RuntimeError as unreadable:
-            return self._flush_snapshot(manager, step, down_slices, unreadable)
+            snap = self.snapshots.latest_step() if self.snapshots.usable else None
+            plan = (
+                f"the next attempt restores the in-memory snapshot of step {snap} from the surviving replicas"
+                if snap is not None
+                else "no in-memory snapshot: the restart restores the newest committed checkpoint"
+            )
+            raise RuntimeError(f"{unreadable}; {plan}") from unreadable
         t0 = time.monotonic()
         checkpointing.save_checkpoint(manager, label, state, self._config, python_vars.get("data_iterator"), force=True)
         checkpointing.wait_until_finished(manager)
@@ -439,88 +706,6 @@ class MaxTextHook:
         nbytes = tree_nbytes(state)
         say("flushed", {"step": step, "label": label, "seconds": round(time.monotonic() - t0, 3), "bytes": nbytes})
         return FlushResult(step, nbytes)
-
-    def _flush_snapshot(
-        self, manager: Any, step: int, down_slices: frozenset[int], unreadable: RuntimeError
-    ) -> FlushResult:
-        """The state after ``step`` cannot be read: save the newest snapshot from the surviving slices' copies."""
-        from maxtext.common import checkpointing
-
-        snap = self.snapshot
-        if snap is None or snap.step > step or snap.step <= 0:
-            raise RuntimeError(f"{unreadable}; no in-memory snapshot to save instead") from unreadable
-        lost = set(down_slices) | self._lost
-        host = snap.assemble(lost)
-        if host is None:
-            raise RuntimeError(
-                f"{unreadable}; the snapshot of step {snap.step} has no surviving copy of every shard "
-                f"(lost slices {sorted(lost)})"
-            ) from unreadable
-        label = snap.step - 1
-        t0 = time.monotonic()
-        if label not in self._committed_labels(manager):
-            python_vars = self._python_vars or {}
-            checkpointing.save_checkpoint(
-                manager, label, host, self._config, python_vars.get("data_iterator"), force=True
-            )
-            checkpointing.wait_until_finished(manager)
-            labels = self._committed_labels(manager)
-            if label not in labels:
-                raise RuntimeError(f"MaxText's checkpoint manager did not commit step {label}; it lists {labels}")
-        say(
-            "flushed",
-            {
-                "step": snap.step,
-                "label": label,
-                "from": "snapshot",
-                "asked_step": step,
-                "lost_slices": sorted(lost),
-                "seconds": round(time.monotonic() - t0, 3),
-                "bytes": snap.nbytes,
-            },
-        )
-        return FlushResult(snap.step, snap.nbytes)
-
-    def _calibrate_snapshots(self) -> None:
-        """``auto``: after ``AUTO_CALIBRATION`` snapshots, fix the interval from their measured cost."""
-        n, snap_s, step_s = self.snapshot_cost
-        if self.snapshot_every != AUTO or n < AUTO_CALIBRATION:
-            return
-        self.snapshot_every = auto_every(snap_s / n, step_s / n)
-        say(
-            "snapshot_every",
-            {
-                "every": self.snapshot_every,
-                "snapshot_seconds_mean": round(snap_s / n, 6),
-                "step_seconds_mean": round(step_s / n, 6),
-            },
-        )
-
-    def _maybe_snapshot(self, step: int, jax_device_state: dict[str, Any]) -> bool:
-        """Take the state's in-memory snapshot at this boundary when one is due (before the step consumes it)."""
-        every = 1 if self.snapshot_every == AUTO else self.snapshot_every
-        if every <= 0 or step <= 0 or step % every or (self.snapshot is not None and self.snapshot.step == step):
-            return False
-        state = jax_device_state.get("state")
-        if state is None:
-            return False
-        try:
-            snap = take_snapshot(state, step, self._slice_of_device())
-        except Exception as e:  # a snapshot is an optimisation: never let it stop training
-            say("warning", {"message": f"in-memory snapshot at step {step} failed: {type(e).__name__}: {e}"})
-            self.snapshot_every = 0
-            return False
-        self.snapshot = snap
-        self.snapshot_cost[0] += 1
-        self.snapshot_cost[1] += snap.seconds
-        return True
-
-    def _slice_of_device(self) -> Callable[[Any], int]:
-        """Device -> slice, as pathwaysutils groups them (every device in slice 0 without elastic)."""
-        if self.seam is None:
-            return lambda d: int(getattr(d, "slice_index", 0) or 0)
-        by_id = {d.id: s for s, devs in self.seam.slice_map().items() for d in devs}
-        return lambda d: by_id.get(d.id, int(getattr(d, "slice_index", 0) or 0))
 
     def _check_readable(self, state: Any, step: int, down_slices: frozenset[int]) -> None:
         import jax
@@ -667,8 +852,28 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             file=sys.stderr,
             flush=True,
         )
+    hook = None
+    if address:
+        try:
+            every = snapshot_every_from_env()
+        except ValueError as e:
+            print(f"{LOG_PREFIX}: error: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_USAGE) from None
+        from trainer_hooks.maxtext.compat import differences
+
+        differs = differences()
+        if differs:
+            say("incompatible", {"differs": differs})
+            print(
+                f"{LOG_PREFIX}: error: MaxText, pathwaysutils or Orbax differ from what the hook is built for: "
+                + "; ".join(differs),
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(EXIT_USAGE)
     train = importlib.import_module(TRAIN_MODULE)
-    hook = MaxTextHook(address, os.environ.get(ENV_JOB, "")).install(train) if address else None
+    if address:
+        hook = MaxTextHook(address, os.environ.get(ENV_JOB, ""), snapshot_every=every).install(train)
 
     def run(absl_argv: list[str]) -> None:
         try:

@@ -1,47 +1,57 @@
-"""In-memory snapshots of MaxText's train state, kept per slice, for a crash without rewind.
+"""In-memory snapshots of MaxText's train state through Orbax's Pathways ``Snapshotter``.
 
 MaxText donates its train state into the step (``donate_argnums=0`` in
-``maxtext_utils``): after a step fails with lost hardware there is nothing
-left on the devices to save, and the next attempt would restore the last
-periodic checkpoint. A snapshot taken at a step boundary, before the step
-consumes the state, keeps a host copy of every shard beside the slice that
-holds it. After a slice loss the state is assembled from the copies of
-slices that were not lost (MaxText replicates the state across slices, as
-over DCN, so every surviving slice holds a complete replica), saved through
-MaxText's own checkpoint manager and restored by the next attempt: the job
-loses only the step in flight.
+``maxtext_utils``): after a step fails with lost hardware the state is gone,
+and the next attempt would restore the last periodic checkpoint. Orbax
+0.12.8 ships the mechanism that keeps a recent state beside the devices
+(``orbax.checkpoint.v1.training.pathways.Snapshotter``, source:
+``orbax/checkpoint/experimental/v1/_src/training/pathways/snapshotter.py``):
 
-On TPU the copies belong in the host memory of the hosts that hold the
-shards (``pinned_host``); here they are NumPy copies keyed by slice, and the
-rule is the same: a lost slice's copies are never read.
+* ``save(step, state)`` puts every array into the ``pinned_host`` memory of
+  the hosts that hold its shards (``device_put`` with the same sharding and
+  memory kind ``pinned_host``), split along one mesh axis, the replica axis,
+  into one copy per replica (pathwaysutils' ``split_by_mesh_axis``). The copy
+  runs asynchronously; a background thread waits for it. The queue holds one
+  request: a ``save`` while one is in flight is skipped, never waited for.
+* ``load(abstract_state)`` drops the replicas whose arrays can no longer be
+  read (a lost slice's), rebuilds the arrays from the others
+  (``concatenate_by_mesh_axis``) and puts them onto the abstract state's
+  shardings: the new, smaller or larger, mesh. Nothing passes through the
+  trainer process's memory, NumPy or a checkpoint directory.
 
-Imports JAX only when a snapshot is taken.
+This module chooses the replica axis (:func:`replica_layout`: MaxText's slice
+axis, the DCN ``data`` axis of its hybrid mesh, found from pathwaysutils'
+device-to-slice grouping, never guessed), keeps the data iterator's position
+inside each snapshot (so the two are always of the same step), and keys the
+state by its tree paths, so the abstract state MaxText builds for the next
+attempt (the same ``nnx.State`` paths, new shardings) maps onto it.
+
+Importing this module imports neither JAX nor Orbax; they load when a
+snapshot is configured.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+import json
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 ENV_SNAPSHOT_EVERY = "ELASTIC_SIDECAR_SNAPSHOT_EVERY"
 """Steps between snapshots: a whole number (0: none), or ``auto`` (the default). Read by the hook at start."""
 AUTO = -1
-"""``auto``: the hook snapshots the first ``AUTO_CALIBRATION`` steps, then keeps
-snapshots at ``AUTO_BUDGET`` of the step time or less: every
-ceil(snapshot seconds / (AUTO_BUDGET x step seconds)) steps, as measured in
-this process. (On the CPU test model a snapshot cost about as much as its 13 ms
-step, so ``auto`` chooses about every 20 steps there; a model whose steps take
-seconds snapshots every step.)"""
-AUTO_BUDGET = 0.05
-AUTO_CALIBRATION = 3
+"""``auto``: the interval is chosen by measurement (:class:`trainer_hooks.maxtext.interval.SnapshotInterval`)
+so that snapshots cost at most ``interval.BUDGET`` of the steady step time."""
+
+DATA_NONE = ""
+"""The data field of a snapshot whose iterator has no position to keep (synthetic data)."""
 
 
-def snapshot_every_from_env(environ: dict[str, str] | None = None) -> int:
+def snapshot_every_from_env(environ: Mapping[str, str] | None = None) -> int:
     """``ELASTIC_SIDECAR_SNAPSHOT_EVERY``: steps, or ``AUTO`` (unset or ``auto``); a bad value is a clear error."""
-    import os
-
     raw = (environ if environ is not None else os.environ).get(ENV_SNAPSHOT_EVERY, "").strip()
     if not raw or raw.lower() == "auto":
         return AUTO
@@ -56,114 +66,316 @@ def snapshot_every_from_env(environ: dict[str, str] | None = None) -> int:
     return every
 
 
-def auto_every(snapshot_seconds: float, step_seconds: float) -> int:
-    """Steps between snapshots that keep their cost at ``AUTO_BUDGET`` of the step time."""
-    import math
-
-    if step_seconds <= 0:
-        return 1
-    return max(1, min(1000, math.ceil(snapshot_seconds / (AUTO_BUDGET * step_seconds))))
+# ---------------------------------------------------------------------------
+# where the replicas are
+# ---------------------------------------------------------------------------
 
 
-@dataclass
-class _Leaf:
-    shape: tuple[int, ...] = ()
-    dtype: Any = None
-    value: Any = None
-    """A leaf that is not a sharded array (kept whole)."""
-    shards: dict[tuple[tuple[int, int], ...], dict[int, Any]] = field(default_factory=dict)
-    """Shard bounds ((start, stop) per dimension) -> slice -> host copy."""
-    key_impl: Any = None
-    """For a PRNG key array: its implementation (the copies hold its key data)."""
+@dataclass(frozen=True)
+class Layout:
+    """Whether MaxText's mesh keeps a full replica of the state on every slice, and along which axis."""
+
+    usable: bool
+    why: str
+    axis: str = ""
+    axis_index: int = -1
+    replicas: int = 0
+    slices: tuple[int, ...] = ()
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "usable": self.usable,
+            "why": self.why,
+            "axis": self.axis,
+            "axis_index": self.axis_index,
+            "replicas": self.replicas,
+            "slices": list(self.slices),
+        }
 
 
-@dataclass
-class Snapshot:
-    step: int
-    """Completed steps the state holds."""
-    treedef: Any
-    leaves: list[_Leaf]
-    seconds: float
-    nbytes: int
+def replica_layout(
+    axis_names: tuple[str, ...],
+    devices: Any,
+    slice_of: Mapping[int, int],
+    sharded_axes: Iterable[tuple[str, frozenset[str]]],
+) -> Layout:
+    """The replica axis of a mesh for snapshots that survive a lost slice.
 
-    def assemble(self, lost: Iterable[int]) -> Any | None:
-        """The state from the copies of slices not in ``lost``; None when a shard has no surviving copy."""
-        import numpy as np
+    ``devices``: the mesh's device array (``mesh.devices``, any object with
+    ``ndim``, ``shape`` and NumPy indexing); ``slice_of``: device id -> slice,
+    as pathwaysutils groups devices; ``sharded_axes``: (leaf name, mesh axes
+    the leaf is sharded along) for every array of the state.
 
-        gone = set(lost)
-        out = []
-        for leaf in self.leaves:
-            if not leaf.shards:
-                out.append(leaf.value)
-                continue
-            arr = np.empty(leaf.shape, leaf.dtype)
-            for index, copies in leaf.shards.items():
-                alive = [c for s, c in copies.items() if s not in gone]
-                if not alive:
-                    return None
-                arr[tuple(slice(a, b) for a, b in index)] = alive[0]
-            if leaf.key_impl is not None:
-                import jax
-
-                out.append(jax.random.wrap_key_data(arr, impl=leaf.key_impl))
-                continue
-            out.append(arr)
-        import jax
-
-        return jax.tree_util.tree_unflatten(self.treedef, out)
-
-
-def take(
-    state: Any,
-    step: int,
-    slice_of: Callable[[Any], int],
-    reuse: Snapshot | None = None,
-    exclude: Iterable[int] = (),
-) -> Snapshot:
-    """Copy every shard of ``state`` to host memory, keyed by the slice of its device.
-
-    ``reuse``: the snapshot this one replaces. Its host buffers are written over where a shard's
-    shape and dtype match (copying into pages already mapped is several times faster than into a
-    fresh allocation: about 0.13 s against 0.7 s a GiB here), so it is no longer valid afterwards,
-    even when this call raises part-way: the caller drops it either way. ``exclude``: slices known
-    to be lost, whose shards are not read (a read would fail).
+    An axis qualifies when every index along it lies within one slice and the
+    indices together span every slice of the mesh (so a lost slice takes whole
+    replicas with it and leaves the others complete), and no array of the state
+    is sharded along it (each index then holds a full replica). MaxText's
+    hybrid mesh puts the slices on its outer DCN ``data`` axis, which is
+    preferred when several qualify.
     """
-    import jax
     import numpy as np
 
-    t0 = time.monotonic()
-    flat, treedef = jax.tree_util.tree_flatten(state)
-    old = reuse.leaves if reuse is not None and reuse.treedef == treedef else None
-    skip = set(exclude)
-    leaves: list[_Leaf] = []
-    nbytes = 0
-    for i, x in enumerate(flat):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            raise ValueError("snapshots need fully addressable arrays (single-controller)")
-        if isinstance(x, jax.Array):
-            impl = None
-            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-                impl, x = jax.random.key_impl(x), jax.random.key_data(x)
-            leaf = _Leaf(shape=tuple(x.shape), dtype=x.dtype, key_impl=impl)
-            prev = old[i].shards if old is not None and (old[i].shape, old[i].dtype) == (leaf.shape, x.dtype) else {}
-            for sh in x.addressable_shards:
-                key = _bounds(sh.index, x.shape)
-                per_slice = leaf.shards.setdefault(key, {})
-                s = slice_of(sh.device)
-                if s not in per_slice and s not in skip:  # one copy per slice is enough
-                    data = np.asarray(sh.data)
-                    buf = prev.get(key, {}).get(s)
-                    if buf is not None and buf.shape == data.shape and buf.dtype == data.dtype:
-                        np.copyto(buf, data)
-                        per_slice[s] = buf
-                    else:
-                        per_slice[s] = np.array(data, copy=True)
-                    nbytes += per_slice[s].nbytes
-            leaves.append(leaf)
-        else:
-            leaves.append(_Leaf(value=np.array(x, copy=True) if hasattr(x, "shape") else x))
-    return Snapshot(step, treedef, leaves, time.monotonic() - t0, nbytes)
+    arr = np.asarray(devices, dtype=object)
+    mesh_slices = sorted({slice_of.get(int(d.id), -1) for d in arr.flat})
+    if -1 in mesh_slices:
+        return Layout(False, "a device of the mesh belongs to no slice in pathwaysutils' grouping")
+    if len(mesh_slices) < 2:
+        return Layout(
+            False,
+            f"the mesh spans one slice ({mesh_slices}): a lost slice takes every replica with it",
+            slices=tuple(mesh_slices),
+        )
+    sharded = list(sharded_axes)
+    candidates: list[tuple[int, str, int]] = []
+    reasons: list[str] = []
+    for index, name in enumerate(axis_names):
+        size = arr.shape[index]
+        per_index = [{slice_of[int(d.id)] for d in np.take(arr, i, axis=index).flat} for i in range(size)]
+        if any(len(s) != 1 for s in per_index):
+            continue
+        if sorted(set().union(*per_index)) != mesh_slices:
+            continue
+        split = [leaf for leaf, axes in sharded if name in axes]
+        if split:
+            reasons.append(
+                f"the state is sharded along {name!r}, the slice axis ({split[0]} and {len(split) - 1} more): "
+                "no slice holds a full replica (e.g. FSDP across slices)"
+            )
+            continue
+        candidates.append((index, name, size))
+    if not candidates:
+        why = "; ".join(reasons) or (
+            f"no mesh axis separates the slices {mesh_slices} (axes {list(axis_names)}, shape {list(arr.shape)})"
+        )
+        return Layout(False, why, slices=tuple(mesh_slices))
+    index, name, size = next((c for c in candidates if c[1] == "data"), candidates[0])
+    return Layout(
+        True,
+        f"axis {name!r} ({size} replicas over slices {mesh_slices})",
+        axis=name,
+        axis_index=index,
+        replicas=size,
+        slices=tuple(mesh_slices),
+    )
 
 
-def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((s.indices(n)[0], s.indices(n)[1]) for s, n in zip(index, shape, strict=False))
+def state_layout(mesh: Any, state: Any, slice_map: Mapping[int, Iterable[Any]]) -> Layout:
+    """:func:`replica_layout` for MaxText's mesh and train state (JAX arrays with ``NamedSharding``)."""
+    import jax
+
+    slice_of = {int(d.id): int(s) for s, devs in slice_map.items() for d in devs}
+    sharded: list[tuple[str, frozenset[str]]] = []
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if not isinstance(x, jax.Array):
+            continue
+        sh = x.sharding
+        if not isinstance(sh, jax.sharding.NamedSharding) or sh.mesh != mesh:
+            return Layout(False, f"{jax.tree_util.keystr(path)} is not a NamedSharding on MaxText's mesh ({sh})")
+        axes = frozenset(a for dim in sh.spec for a in jax.tree_util.tree_leaves(dim))
+        sharded.append((jax.tree_util.keystr(path), axes))
+    return replica_layout(tuple(mesh.axis_names), mesh.devices, slice_of, sharded)
+
+
+# ---------------------------------------------------------------------------
+# the data iterator's position
+# ---------------------------------------------------------------------------
+
+
+def local_iterator(data_iterator: Any) -> Any | None:
+    """The stateful iterator inside MaxText's ``data_iterator`` (grain's), or None (synthetic, or a list)."""
+    if data_iterator is None or isinstance(data_iterator, list):
+        return None
+    inner = getattr(data_iterator, "local_iterator", None)
+    if inner is not None and hasattr(inner, "get_state") and hasattr(inner, "set_state"):
+        return inner
+    return None
+
+
+def data_position(data_iterator: Any) -> str:
+    """The iterator's position as text (grain's ``get_state()``: a few integers), or ``DATA_NONE``.
+
+    Same encoding as MaxText's ``grain_utility._state_to_text``: JSON for a
+    grain ``DatasetIterator`` (a dict), the bytes decoded otherwise.
+    """
+    it = local_iterator(data_iterator)
+    if it is None:
+        return DATA_NONE
+    state = it.get_state()
+    if isinstance(state, bytes | bytearray):
+        return json.dumps({"bytes": bytes(state).decode()})
+    return json.dumps({"json": state})
+
+
+def set_data_position(data_iterator: Any, text: str) -> bool:
+    """Set the iterator back to ``text`` (from :func:`data_position`); False when there is nothing to set."""
+    if text == DATA_NONE:
+        return False
+    it = local_iterator(data_iterator)
+    if it is None:
+        raise ValueError("the snapshot holds a data position but this attempt's data iterator cannot take one")
+    saved = json.loads(text)
+    it.set_state(saved["bytes"].encode() if "bytes" in saved else saved["json"])
+    return True
+
+
+# ---------------------------------------------------------------------------
+# the snapshots
+# ---------------------------------------------------------------------------
+
+
+def keyed(tree: Any) -> dict[str, Any]:
+    """``tree``'s leaves by their path (``['model']['decoder']...``): the same keys for the state
+    MaxText trains and the abstract state it builds for the next attempt."""
+    import jax
+
+    return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@dataclass
+class Restored:
+    state: Any
+    """The state, as a tree of the abstract state's structure, on its shardings."""
+    step: int
+    data: str
+
+
+@dataclass
+class Snapshots:
+    """The process's one Orbax ``Snapshotter`` (it outlives MaxText's train attempts), and what the hook needs of it.
+
+    ``make``: builds the Snapshotter for a replica axis index (tests pass
+    their own; the default is Orbax's).
+    """
+
+    make: Callable[[int], Any] | None = None
+    snapshotter: Any = None
+    layout: Layout | None = None
+    keys: frozenset[str] = frozenset()
+    """The state paths the newest saves hold."""
+    saved: int = 0
+    skipped: int = 0
+    """Saves skipped because the previous one was still copying."""
+    failed: int = 0
+    pending: int | None = None
+    """The step of the newest save handed to the Snapshotter and not yet seen complete."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def configure(self, layout: Layout) -> None:
+        """Use ``layout`` from now on (each attempt's mesh). A Snapshotter is made on first use and kept:
+        the newest snapshot must survive into the next attempt."""
+        self.layout = layout
+        if not layout.usable:
+            return
+        if self.snapshotter is None:
+            self.snapshotter = (self.make or _orbax_snapshotter)(layout.axis_index)
+        elif self.snapshotter.replica_axis_index != layout.axis_index:
+            # MaxText keeps its axis order across attempts; if it ever differs, the
+            # newest snapshot (split along the old index) is still loadable by the
+            # old index, so only new saves use the new one.
+            self.snapshotter.replica_axis_index = layout.axis_index
+
+    @property
+    def usable(self) -> bool:
+        return self.layout is not None and self.layout.usable and self.snapshotter is not None
+
+    def busy(self) -> bool:
+        """A save is still copying (the Snapshotter's queue of one is full)."""
+        q = getattr(self.snapshotter, "_queue", None)
+        return bool(q is not None and q.full())
+
+    def save(self, step: int, state: Any, data: str) -> bool:
+        """Hand the state after ``step`` completed steps and the data position to the Snapshotter.
+
+        Returns False when skipped (a save still copying: never waited for).
+        Raises what the Snapshotter's synchronous part raises (the ``device_put``
+        to ``pinned_host`` and the split: a slice-loss error surfaces here).
+        """
+        if self.busy():
+            self.skipped += 1
+            return False
+        tree = {"state": keyed(state), "data": data}
+        self.snapshotter.save(step, tree)
+        self.keys = frozenset(tree["state"])
+        self.saved += 1
+        self.pending = step
+        return True
+
+    def check_pending(self) -> int | None:
+        """When the newest save has finished copying and is not the newest snapshot, it failed
+        (Orbax logs the error and keeps the previous snapshot): returns its step, once."""
+        step = self.pending
+        if step is None or self.busy():
+            return None
+        self.pending = None
+        latest = self.latest_step()
+        if latest is not None and latest >= step:
+            return None
+        self.failed += 1
+        return step
+
+    def latest_step(self) -> int | None:
+        """The step of the newest complete snapshot, without waiting."""
+        if self.snapshotter is None:
+            return None
+        latest = self.snapshotter.latest
+        return None if latest is None else int(latest.step)
+
+    def newest_step(self) -> int | None:
+        """The step of the newest complete snapshot, after any save still copying has finished."""
+        if self.snapshotter is None:
+            return None
+        self.snapshotter.join()
+        self.check_pending()
+        return self.latest_step()
+
+    def load(self, abstract: Any) -> Restored:
+        """The newest snapshot, from the replicas still readable, on ``abstract``'s shardings.
+
+        Raises when no replica survives, or when ``abstract``'s paths are not the
+        snapshot's (a different model: the checkpoint decides then).
+        """
+        import jax
+
+        step = self.newest_step()
+        if step is None:
+            raise RuntimeError("no complete snapshot")
+        flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+        target = {jax.tree_util.keystr(p): x for p, x in flat}
+        if set(target) != set(self.keys):
+            missing, extra = sorted(set(self.keys) - set(target)), sorted(set(target) - set(self.keys))
+            raise ValueError(
+                f"the abstract state's paths differ from the snapshot's: {len(missing)} only in the snapshot "
+                f"({missing[:2]}), {len(extra)} only in the abstract state ({extra[:2]})"
+            )
+        out = self.snapshotter.load({"state": target, "data": DATA_NONE})
+        state = jax.tree_util.tree_unflatten(treedef, [out["state"][jax.tree_util.keystr(p)] for p, _ in flat])
+        return Restored(state, step, str(out["data"]))
+
+    def forget(self) -> None:
+        """Drop the newest snapshot (older than what the attempt restored): its pinned host memory is
+        freed. The Snapshotter has no public call for it; without its private fields, nothing is dropped."""
+        snap = self.snapshotter
+        lock = getattr(snap, "_lock", None)
+        if snap is None or lock is None or not hasattr(snap, "_latest_snapshot"):
+            return
+        snap.join()
+        with lock:
+            snap._latest_snapshot = None
+        self.pending = None
+
+
+def _orbax_snapshotter(axis_index: int) -> Any:
+    from orbax.checkpoint import v1 as ocp_v1
+
+    return ocp_v1.training.pathways.Snapshotter(replica_axis_index=axis_index)
+
+
+def nbytes_per_replica(state: Any) -> int:
+    """Bytes one replica of ``state`` holds (shapes only: nothing is read)."""
+    import jax
+
+    return sum(
+        math.prod(x.shape) * x.dtype.itemsize
+        for x in jax.tree_util.tree_leaves(state)
+        if hasattr(x, "shape") and hasattr(x, "dtype") and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    )

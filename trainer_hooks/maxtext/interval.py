@@ -1,0 +1,149 @@
+"""How often to snapshot: by measurement, so that snapshots cost at most ``BUDGET`` of the step time.
+
+A snapshot's cost is not the time ``Snapshotter.save`` takes to return: the
+copy to pinned host memory runs on after it, beside the following steps (on
+a TPU over the host link, here on the same CPU cores as the step), and slows
+them. So the cost of a snapshot is measured over its *window*: from the
+boundary where ``save`` was called to the boundary where the next one is due,
+against the same number of steps without snapshots::
+
+    overhead fraction = (sum of the window's step slots - n x baseline slot) / (n x baseline slot)
+
+where a slot is the wall time from one step boundary (just before the save
+call, if any) to the next one, so it holds the save call, the step, and any
+slowdown the copy causes. Holds, rebuilds and slots in which MaxText started a
+periodic checkpoint are not counted.
+
+Per train attempt (a new mesh): ``WARMUP_SLOTS`` slots are skipped
+(compilation, first metrics), ``BASELINE_SLOTS`` without snapshots give the
+baseline (their median), then snapshots run at the current interval and every
+``ROUND_WINDOWS`` windows the interval is corrected: up by the measured
+factor when over budget, down by at most half when well under it. The
+baseline is measured again every ``REBASELINE_WINDOWS`` windows.
+
+Pure: no clock, no JAX; the hook feeds it the slot times.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+BUDGET = 0.02
+"""Steady step overhead that ``auto`` keeps snapshots within."""
+WARMUP_SLOTS = 3
+BASELINE_SLOTS = 8
+ROUND_WINDOWS = 3
+REBASELINE_WINDOWS = 24
+MAX_EVERY = 100_000
+
+
+@dataclass
+class SnapshotInterval:
+    """``every``: a fixed interval (>= 1), 0 for none, or ``AUTO`` (-1) to choose it by measurement."""
+
+    every: int
+    budget: float = BUDGET
+    auto: bool = field(init=False)
+    current: int = field(init=False)
+    """The interval in force (auto: the one being measured)."""
+    baseline: float | None = None
+    """Median slot seconds without snapshots, this attempt."""
+    last_fraction: float | None = None
+    """The overhead fraction of the newest measurement round."""
+    _phase: str = "warmup"
+    _slots: list[float] = field(default_factory=list)
+    _window: list[float] = field(default_factory=list)
+    _round: list[tuple[float, int]] = field(default_factory=list)
+    """(overhead seconds, slots) of the round's complete windows."""
+    _windows_since_baseline: int = 0
+    _since_save: int = 0
+    _in_window: bool = False
+    _announced: bool = False
+
+    def __post_init__(self) -> None:
+        self.auto = self.every < 0
+        self.current = 1 if self.auto else self.every
+
+    # -- what the hook asks --------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        """Whether to snapshot at the boundary before step index ``step``."""
+        if not self.auto:
+            return self.every > 0 and step > 0 and step % self.every == 0
+        if self._phase != "measure":
+            return False
+        return self._since_save + 1 >= self.current
+
+    def new_attempt(self) -> None:
+        """A new train attempt (a new mesh): measure again from the warm-up."""
+        self._phase = "warmup"
+        self._slots.clear()
+        self._window.clear()
+        self._round.clear()
+        self._in_window = False
+        self._since_save = 0
+        self.baseline = None
+
+    def slot(self, seconds: float, *, saved: bool, counted: bool = True) -> int | None:
+        """The slot that just ended: ``saved`` if a save was started at its start. Returns a new interval
+        when this slot completed a round that changed it (auto only), else None."""
+        if not self.auto:
+            return None
+        if saved:
+            changed = self._close_window()
+            self._window = [seconds] if counted else []
+            self._in_window = counted
+            self._since_save = 0
+            return changed
+        self._since_save += 1
+        if self._phase == "warmup":
+            self._slots.append(seconds)
+            if len(self._slots) >= WARMUP_SLOTS:
+                self._phase, self._slots = "baseline", []
+            return None
+        if self._phase == "baseline":
+            if counted:
+                self._slots.append(seconds)
+            if len(self._slots) >= BASELINE_SLOTS:
+                self.baseline = statistics.median(self._slots)
+                self._phase, self._slots = "measure", []
+                self._since_save = self.current  # the next boundary saves
+            return None
+        if self._in_window:
+            if counted:
+                self._window.append(seconds)
+            else:  # a hold or a checkpoint inside the window: it cannot be measured
+                self._in_window, self._window = False, []
+        return None
+
+    # -- measuring -------------------------------------------------------------------
+
+    def _close_window(self) -> int | None:
+        if not self._in_window or self.baseline is None or not self._window:
+            return None
+        n = len(self._window)
+        self._round.append((sum(self._window) - n * self.baseline, n))
+        self._windows_since_baseline += 1
+        self._window, self._in_window = [], False
+        if len(self._round) < ROUND_WINDOWS:
+            return None
+        over = sum(o for o, _ in self._round)
+        slots = sum(n for _, n in self._round)
+        self._round.clear()
+        fraction = max(0.0, over) / (slots * self.baseline) if self.baseline > 0 else 0.0
+        self.last_fraction = fraction
+        before = self.current
+        wanted = max(1, math.ceil(self.current * fraction / self.budget))
+        if fraction > self.budget:
+            self.current = min(MAX_EVERY, max(self.current + 1, wanted))
+        elif fraction < self.budget / 2:
+            self.current = max(wanted, self.current // 2, 1)
+        if self._windows_since_baseline >= REBASELINE_WINDOWS:
+            self._windows_since_baseline = 0
+            self._phase, self._slots = "baseline", []
+        if self.current != before or not self._announced:
+            self._announced = True
+            return self.current
+        return None
