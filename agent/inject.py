@@ -712,7 +712,24 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
     pods = _pods(root, data)
     if any(_has_sidecar(p) for p in pods) or COORDINATOR_JOB in {p.rj_name for p in pods}:
         mode = opts.mode or (PATHWAYS if any(p.rj_name == PATHWAYS_HEAD for p in pods) else MULTI_CONTROLLER)
-        return Result(text, mode, name, namespace, changed=False, warnings=["already injected: output = input"])
+        accounts = [SERVICE_ACCOUNT] + [
+            str(p.data["serviceAccountName"])
+            for p in pods
+            if p.data.get("serviceAccountName")
+            and any(
+                c.get("name") == SIDECAR_NAME and (c.get("args") or [None])[0] == "worker"
+                for c in p.data.get("initContainers") or []
+            )
+        ]
+        return Result(
+            text,
+            mode,
+            name,
+            namespace,
+            changed=False,
+            warnings=["already injected: output = input"],
+            service_accounts=list(dict.fromkeys(accounts)),
+        )
     mode, head, tpu_pods = _detect(pods, opts.mode)
     warnings: list[str] = []
     t = _Text(text)
@@ -775,9 +792,8 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
         assert head is not None
         _prepend_items(t, head.spec, "initContainers", [_coordinator_container(job, opts, in_head=True)])
         _prepend_items(t, head.spec, "volumes", _coordinator_volumes())
-        account = _ensure_service_account(t, head, warnings)
-        if account not in accounts:
-            accounts.append(account)
+        # Ours where it names none: the identity Workload Identity gives the coordinator's Pub/Sub pull.
+        _ensure_service_account(t, head, warnings, worker=False)
         if head.data.get("hostNetwork"):
             warnings.append(
                 f"{PATHWAYS_HEAD} uses hostNetwork: Workload Identity does not serve host-network pods, so the "
@@ -802,9 +818,10 @@ def inject(text: str, opts: InjectOptions | None = None) -> Result:
     return Result(out, mode, name, namespace, changed=True, warnings=warnings, service_accounts=accounts)
 
 
-def _ensure_service_account(t: _Text, pod: _Pod, warnings: list[str]) -> str:
+def _ensure_service_account(t: _Text, pod: _Pod, warnings: list[str], *, worker: bool = True) -> str:
     """The pod's service account: ours where it names none (xpk: none, or an empty one); a named one
-    is kept (xpk's ``xpk-sa`` serves its storage drivers) and must get the node-reading binding too."""
+    is kept (xpk's ``xpk-sa`` serves its storage drivers) and, in a pod with a worker sidecar, must
+    get the node-reading binding too."""
     node = _get(pod.spec, "serviceAccountName")
     value = pod.data.get("serviceAccountName")
     if node is None:
@@ -813,12 +830,12 @@ def _ensure_service_account(t: _Text, pod: _Pod, warnings: list[str]) -> str:
     elif value in (None, ""):
         _set_scalar(t, node, SERVICE_ACCOUNT, "serviceAccountName")
         value = SERVICE_ACCOUNT
-    elif value != SERVICE_ACCOUNT:
+    elif value != SERVICE_ACCOUNT and worker:
         warnings.append(
             f"{pod.rj_name} keeps its service account {value!r}: the worker sidecar runs as it and needs "
             f"get on nodes (ClusterRoleBinding {NODE_READER}: --companions adds it as a subject)"
         )
-    if pod.data.get("automountServiceAccountToken") is False:
+    if worker and pod.data.get("automountServiceAccountToken") is False:
         warnings.append(
             f"{pod.rj_name} sets automountServiceAccountToken: false: the worker sidecar cannot read its node "
             "(node-pool notices will not map to the slice)"

@@ -227,6 +227,7 @@ def test_a_service_account_the_pods_keep_is_bound_too(capsys: pytest.CaptureFixt
     src = XPK[inject.MULTI_CONTROLLER].read_text().replace("serviceAccountName: \n", "serviceAccountName: xpk-sa\n")
     r = inject.inject(src)
     assert r.service_accounts == [inject.SERVICE_ACCOUNT, "xpk-sa"]
+    assert inject.inject(r.text).service_accounts == r.service_accounts, "a second inject still binds it"
     assert any("xpk-sa" in w and inject.NODE_READER in w for w in r.warnings), r.warnings
     doc = yaml.safe_load(r.text)
     assert pod_specs(doc)["slice-job"]["serviceAccountName"] == "xpk-sa"
@@ -236,6 +237,17 @@ def test_a_service_account_the_pods_keep_is_bound_too(capsys: pytest.CaptureFixt
     objs = rbac(capsys.readouterr().out.split("---\n", 1)[1])
     subjects = objs[f"ClusterRoleBinding/{inject.NODE_READER}"]["subjects"]
     assert {(s["name"], s["namespace"]) for s in subjects} == {("elastic-sidecar", "team"), ("xpk-sa", "team")}
+
+
+def test_a_pathways_head_keeps_a_named_service_account_without_a_warning() -> None:
+    """The head has no worker sidecar: its service account needs no node binding."""
+    src = XPK[inject.PATHWAYS].read_text()
+    src = src.replace(
+        "            hostNetwork: true\n", "            serviceAccountName: head-sa\n            hostNetwork: true\n", 1
+    )
+    r = inject.inject(src)
+    assert pod_specs(yaml.safe_load(r.text))[inject.PATHWAYS_HEAD]["serviceAccountName"] == "head-sa"
+    assert r.service_accounts == [inject.SERVICE_ACCOUNT] and not any("head-sa" in w for w in r.warnings)
 
 
 def test_companions_have_the_kustomize_names_and_rules() -> None:
