@@ -1,6 +1,8 @@
 """``python -m bench <name> [--quick] [--json PATH] [--merge-into docs/benchmarks.json]``.
 
-Names: recovery, detection, scale, flush, footprint, all. Every output has the
+Names: goodput, recovery, detection, scale, flush, footprint, all (goodput
+measures its inputs with the recovery benchmark; in ``all`` it reuses that
+run's).  Every output has the
 same top level: ``git_sha`` (HEAD when the run started), ``dirty`` (whether
 ``git status --porcelain`` showed changes), ``machine``, ``config`` (the
 arguments) and ``results`` (a list of rows). ``--merge-into`` adds the
@@ -27,8 +29,8 @@ from typing import Any
 
 from bench.common import envelope, git_state, log, machine, trainer_of
 
-NAMES = ("recovery", "detection", "scale", "flush", "footprint")
-ALL_ORDER = ("footprint", "flush", "detection", "recovery", "scale")
+NAMES = ("goodput", "recovery", "detection", "scale", "flush", "footprint")
+ALL_ORDER = ("footprint", "flush", "detection", "recovery", "goodput", "scale")
 
 
 def _floats(v: str) -> list[float]:
@@ -125,13 +127,62 @@ def build_parser() -> argparse.ArgumentParser:
         help="datagram (shipped): UDP heartbeats once the coordinator confirms them; stream: every heartbeat a "
         "message on the worker's stream (the design before datagrams; coordinator --heartbeat-datagrams off)",
     )
+    g = ap.add_argument_group("goodput (also takes the recovery options: the runs that measure its inputs)")
+    g.add_argument("--run-hours", type=float, default=24.0, help="the stated run's length in hours (default 24)")
+    g.add_argument(
+        "--fault-interval-minutes", type=float, default=30.0, help="wall-clock minutes between faults (default 30)"
+    )
+    g.add_argument(
+        "--fault-mix",
+        default="kill=1,hang=1,notice=1",
+        help="relative weight of each fault kind (default kill=1,hang=1,notice=1)",
+    )
+    g.add_argument(
+        "--recovery-json",
+        type=Path,
+        default=None,
+        help="combine the rows of this recovery result (python -m bench recovery --json) instead of running it; "
+        "its commit is recorded",
+    )
     g = ap.add_argument_group("flush")
     g.add_argument("--sizes-mib", type=_ints, default=None, help="state sizes in MiB, e.g. 256,1024")
     return ap
 
 
-def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
+def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One benchmark; ``done``: the raw results of the benchmarks this invocation already ran."""
     wd = ns.workdir / name if ns.workdir else None
+    if name == "goodput":
+        from bench import goodput
+
+        sched = goodput.Schedule(ns.run_hours, ns.fault_interval_minutes, goodput.parse_mix(ns.fault_mix))
+        source, rec = None, (done or {}).get("recovery")
+        if rec is not None:
+            source = "the recovery benchmark of this invocation"
+        elif ns.recovery_json is not None:
+            rec, source = json.loads(ns.recovery_json.read_text()), str(ns.recovery_json)
+        return goodput.run(
+            quick=ns.quick,
+            sched=sched,
+            recovery_result=rec,
+            recovery_source=source,
+            workdir=wd,
+            trainers=["example", "maxtext"] if ns.trainer == "all" else [ns.trainer],
+            strategies=ns.strategies,
+            delays=ns.delays,
+            checkpoint_periods=ns.checkpoint_periods,
+            realistic_checkpoint_period=ns.realistic_checkpoint_period,
+            realistic_delay=ns.realistic_delay,
+            runs=ns.repeats,
+            seed=ns.seed,
+            state_mib=ns.state_mib,
+            donate=False if ns.no_donate else None,
+            local_checkpoint_period=ns.local_checkpoint_period,
+            poll_interval=ns.poll_interval,
+            maxtext_model=ns.maxtext_model,
+            maxtext_min_slices=ns.maxtext_min_slices,
+            **({"fault_free_runs": ns.fault_free_runs} if ns.fault_free_runs else {}),
+        )
     if name == "recovery":
         from bench import recovery
 
@@ -217,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         log("the working tree has uncommitted changes: the results will say dirty: true")
     results: list[dict[str, Any]] = []
+    done: dict[str, dict[str, Any]] = {}
     failed = False
     t0 = time.monotonic()
     for name in names:
@@ -225,12 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         host = machine()
         t = time.monotonic()
         try:
-            r = run_one(name, ns)
+            r = run_one(name, ns, done)
         except Exception as e:  # noqa: BLE001 - one failed benchmark must not lose the others
             traceback.print_exc()
             r = {"quick": ns.quick, "error": f"{type(e).__name__}: {e}", "results": []}
             failed = True
         r.setdefault("duration_s", round(time.monotonic() - t, 1))
+        done[name] = {**r, **git}
         results.append(wrap(name, r, git, argv, started, host))
         log(f"{name}: {len(r.get('results') or [])} result rows in {r['duration_s']} s")
     if ns.json is not None:

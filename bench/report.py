@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.common import trainer_of
 
-ORDER = ("recovery", "detection", "scale", "flush", "footprint")
+ORDER = ("goodput", "recovery", "detection", "scale", "flush", "footprint")
 
 
 # ---------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def is_valid(row: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------------------
 
 
-MIN_RUNS = {"recovery": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 1}
+MIN_RUNS = {"goodput": 5, "recovery": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 1}
 """Runs a figure needs before a target is judged on it (the methods' minimums)."""
 
 
@@ -456,9 +456,41 @@ def _footprint_targets(fp: dict[str, Any] | None) -> list[Verdict]:
     return out
 
 
+def _goodput_targets(gp: dict[str, Any] | None) -> list[Verdict]:
+    """Per trainer: is the sidecar's goodput the highest of the strategies at the stated schedule?"""
+    goal = "the sidecar's goodput the highest of the strategies"
+    if gp is None:
+        return [Verdict("goodput", goal, "–", "not measured", "no goodput results")]
+    out = []
+    rows = [r for r in gp.get("results", []) if r.get("goodput") is not None]
+    for trainer in sorted({r["trainer"] for r in rows}):
+        mine = sorted((r for r in rows if r["trainer"] == trainer), key=lambda r: -r["goodput"])
+        side = next((r for r in mine if r["strategy"] == "sidecar"), None)
+        name = f"goodput, {trainer} trainer"
+        runs = min(r.get("runs", 0) for r in mine)
+        shown = ", ".join(f"{r['strategy']} {fmt(r['goodput'])}" for r in mine) + f", n={fmt(runs)}"
+        why = unjudged(gp, runs)
+        if side is None or why:
+            out.append(Verdict(name, goal, shown, "not measured", why or "no sidecar row"))
+            continue
+        best = mine[0]
+        ok = side["goodput"] >= best["goodput"]
+        sched = (
+            f"a fault every {fmt(side['fault_interval_minutes'])} min ({', '.join(side['faults_measured'])}), "
+            f"run of {fmt(side['run_hours'])} h"
+        )
+        out.append(
+            Verdict(
+                name, goal, shown, "met" if ok else "not met", sched + ("" if ok else f"; {best['strategy']} higher")
+            )
+        )
+    return out or [Verdict("goodput", goal, "–", "not measured", "no goodput rows")]
+
+
 def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
     rec = secs.get("recovery")
-    out = _recovery_ratio_target(rec, "checkpoint_rewind", 3, "maxtext", "sidecar vs checkpoint rewind, MaxText")
+    out = _goodput_targets(secs["goodput"]) if "goodput" in secs else []
+    out += _recovery_ratio_target(rec, "checkpoint_rewind", 3, "maxtext", "sidecar vs checkpoint rewind, MaxText")
     out += _recovery_ratio_target(rec, "full_restart", 10, "maxtext", "sidecar vs full restart, MaxText")
     if rec is not None and any(r.get("trainer") == "example" for r in rec.get("results", [])):
         out += _recovery_ratio_target(
@@ -857,6 +889,71 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     return table(head, rows) + (["", top] if top else []) + plot_line(plots, "scale")
 
 
+def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    cfg = s.get("config") or {}
+    rows = []
+    for r in s.get("results", []):
+        costs = r.get("fault_cost_seconds") or {}
+        rows.append(
+            [
+                r["trainer"],
+                r["strategy"],
+                f"**{fmt(r.get('goodput'))}**",
+                fmt(r.get("steady_seconds_per_step")),
+                fmt(r.get("steady_overhead")),
+                ", ".join(f"{k} {fmt(v)}" for k, v in costs.items()) or "–",
+                fmt(r.get("mean_fault_cost_seconds")),
+                fmt(r.get("runs")),
+                status(r),
+            ]
+        )
+    mix = cfg.get("fault_mix") or {}
+    out = [
+        f"Each row: the fraction of wall time spent on work kept over a {fmt(cfg.get('run_hours'))}-hour run with a "
+        f"fault every {fmt(cfg.get('fault_interval_minutes'))} minutes (mix "
+        + ", ".join(f"{k} {fmt(v)}" for k, v in mix.items())
+        + f"): {cfg.get('formula') or '–'}. Inputs: {cfg.get('inputs_from') or '–'}"
+        + (f" (commit `{cfg['inputs_git_sha']}`)" if cfg.get("inputs_git_sha") else "")
+        + ".",
+        "",
+    ]
+    out += table(
+        [
+            "trainer",
+            "strategy",
+            "goodput",
+            "s/step, fault-free",
+            "steady overhead",
+            "fault cost s (median, per kind)",
+            "mean fault cost s",
+            "runs",
+            "status",
+        ],
+        rows,
+    )
+    missing = sorted({f for r in s.get("results", []) for f in r.get("faults_not_measured") or []})
+    if missing:
+        out += [
+            "",
+            "Fault kinds of the mix not measured for some rows (left out of their mean): " + ", ".join(missing) + ".",
+        ]
+    proj = s.get("projection") or []
+    if proj:
+        out += [
+            "",
+            f"On paper, at {fmt(proj[0].get('chips'))} chips (the per-fault costs measured here, at the interval a published rate gives):",
+            "",
+        ]
+        out += table(
+            ["trainer", "strategy", "hours between interruptions", "goodput", "rate from"],
+            [
+                [p["trainer"], p["strategy"], fmt(p.get("interval_hours")), fmt(p.get("goodput")), p.get("source", "–")]
+                for p in proj
+            ],
+        )
+    return out + plot_line(plots, "goodput")
+
+
 def sec_flush(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     rows, sb = [], []
     for r in s.get("results", []):
@@ -963,6 +1060,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, str]], list[s
     "detection": ("Detection: fault to the coordinator's decision", sec_detection),
     "scale": ("Scale: one coordinator, many workers", sec_scale),
     "flush": ("Flush: Orbax against raw write + fsync", sec_flush),
+    "goodput": ("Goodput: work kept at a stated fault rate", sec_goodput),
     "footprint": ("Footprint: idle daemons", sec_footprint),
 }
 
@@ -985,6 +1083,27 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
     except ImportError:
         return {}
     made: dict[str, str] = {}
+    gp = secs.get("goodput")
+    gp_rows = [r for r in (gp or {}).get("results", []) if r.get("goodput") is not None]
+    if gp_rows:
+        trainers = sorted({r["trainer"] for r in gp_rows})
+        strategies = sorted({r["strategy"] for r in gp_rows})
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        width = 0.8 / len(strategies)
+        for i, st in enumerate(strategies):
+            vals = [
+                next((r["goodput"] for r in gp_rows if r["trainer"] == t and r["strategy"] == st), 0.0)
+                for t in trainers
+            ]
+            ax.bar([x + i * width for x in range(len(trainers))], vals, width, label=st)
+        ax.set_xticks([x + width * (len(strategies) - 1) / 2 for x in range(len(trainers))], trainers)
+        ax.set_ylabel("goodput (fraction of wall time)")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(out / "goodput.png", dpi=110)
+        plt.close(fig)
+        made["goodput"] = "goodput.png"
     rec = secs.get("recovery")
     if rec:
         rows = [  # each trainer's own realistic point (separate runs per trainer have their own)
@@ -1063,9 +1182,11 @@ def render(data: dict[str, Any], plots: dict[str, str] | None = None, source: st
         + ", ".join(f"`{x}`" for x in shas)
         + (" (**some results come from a dirty tree**)" if any(s.get("dirty") for s in secs.values()) else ""),
         "",
-        "## Targets",
-        "",
     ]
+    if "goodput" in secs:  # the page leads with what a user keeps of a run
+        title, fn = SECTIONS["goodput"]
+        lines += [f"## {title}", ""] + header(secs["goodput"]) + [""] + fn(secs["goodput"], plots) + [""]
+    lines += ["## Targets", ""]
     vs = targets(secs)
     lines += table(
         ["target", "goal", "measured", "verdict", "basis"],
@@ -1075,7 +1196,7 @@ def render(data: dict[str, Any], plots: dict[str, str] | None = None, source: st
     if top:
         lines += ["", top]
     for name in ORDER:
-        if name not in secs:
+        if name not in secs or name == "goodput":
             continue
         title, fn = SECTIONS[name]
         lines += ["", f"## {title}", ""] + header(secs[name]) + [""] + fn(secs[name], plots)

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bench import goodput
 from bench.__main__ import combine
 from bench.report import fmt, render, sections, targets
 from bench.report import main as report_main
@@ -241,7 +242,20 @@ def fixture() -> dict[str, Any]:
         summary={"coordinator_main_thread_cpu_pct": 0.45, "coordinator_other_threads_cpu_pct": 0.25},
         rounds=[{}, {}, {}],
     )
-    return combine([rec, detection, scale, flush, footprint])
+    gp_rows, gp_proj = goodput.compute(
+        [
+            {**rec_row("example", "full_restart", 25.125), "fault_free_seconds_per_step": 0.0625},
+            {**rec_row("example", "sidecar", 7.875), "fault_free_seconds_per_step": 0.0675},
+        ],
+        goodput.Schedule(run_hours=24.0, fault_interval_minutes=30.0, fault_mix={"kill": 1.0}),
+    )
+    gp = section(
+        "goodput",
+        {"run_hours": 24.0, "fault_interval_minutes": 30.0, "fault_mix": {"kill": 1.0}, "formula": "as stated"},
+        gp_rows,
+        projection=gp_proj,
+    )
+    return combine([gp, rec, detection, scale, flush, footprint])
 
 
 def numbers(obj: Any) -> set[str]:
@@ -337,7 +351,7 @@ def test_targets_from_data() -> None:
 def test_a_page_with_every_benchmark_judges_every_target(tmp_path: Path) -> None:
     data = fixture()
     md = render(data)
-    for title in ("Recovery", "Detection", "Scale", "Flush", "Footprint"):
+    for title in ("Goodput", "Recovery", "Detection", "Scale", "Flush", "Footprint"):
         assert f"## {title}" in md, title
     assert "Not in this file" not in md
     vs = targets(sections(data))

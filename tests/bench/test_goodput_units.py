@@ -1,0 +1,125 @@
+"""Goodput's arithmetic over measured recovery rows, its schedule checks and the published-rate projection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench import goodput
+
+
+def rec(
+    strategy: str, fault: str, cost: float | None, step_s: float, own: float | None = None, **kw: Any
+) -> dict[str, Any]:
+    return {
+        "trainer": "example",
+        "strategy": strategy,
+        "fault": fault,
+        "checkpoint_period": 50,
+        "replacement_delay": 10.0,
+        "runs": 5,
+        "fault_free_seconds_per_step": step_s,
+        "fault_cost_seconds_median": cost,
+        "fault_cost_own_rate_seconds_median": own,
+        **kw,
+    }
+
+
+def test_goodput_combines_steady_overhead_and_mixed_fault_costs() -> None:
+    rows = [
+        rec("full_restart", "kill", 30.0, 0.10),
+        rec("full_restart", "hang", 36.0, 0.10),
+        rec("full_restart", "notice", 30.0, 0.10, ran_as="kill"),
+        rec("sidecar", "kill", 8.0, 0.12, own=6.0),  # its own pre-fault rate is preferred
+        rec("sidecar", "hang", 9.0, 0.12),
+        rec("sidecar", "notice", 3.0, 0.12),
+    ]
+    sched = goodput.Schedule(run_hours=10, fault_interval_minutes=10)
+    out, proj = goodput.compute(rows, sched)
+    by = {r["strategy"]: r for r in out}
+    fr, sc = by["full_restart"], by["sidecar"]
+    assert fr["ideal_seconds_per_step"] == sc["ideal_seconds_per_step"] == 0.1
+    assert fr["mean_fault_cost_seconds"] == pytest.approx(32.0)
+    assert fr["goodput"] == pytest.approx(1 - 32.0 / 600, abs=1e-4)
+    assert sc["mean_fault_cost_seconds"] == pytest.approx(6.0)  # (6 + 9 + 3) / 3
+    assert sc["fault_cost_basis"]["kill"] == "own pre-fault rate"
+    assert sc["fault_cost_basis"]["hang"] == "fault-free runs' rate"
+    assert sc["steady_overhead"] == pytest.approx(0.2)
+    assert sc["goodput"] == pytest.approx((1 - 6.0 / 600) * 0.1 / 0.12, abs=1e-4)
+    assert fr["faults_in_run"] == 60 and fr["runs"] == 5
+    # Rarer faults: the steady overhead dominates and the ranking flips; the projection says so too.
+    rare, _ = goodput.compute(rows, goodput.Schedule(run_hours=10, fault_interval_minutes=600))
+    assert {r["strategy"]: r["goodput"] for r in rare}["full_restart"] > {r["strategy"]: r["goodput"] for r in rare}[
+        "sidecar"
+    ]
+    assert {p["strategy"] for p in proj} == {"full_restart", "sidecar"}
+    assert all(p["chips"] == goodput.PROJECTION_CHIPS for p in proj)
+
+
+def test_a_mix_is_weighted_and_unmeasured_kinds_are_named() -> None:
+    rows = [rec("sidecar", "kill", 4.0, 0.1), rec("sidecar", "hang", None, 0.1)]
+    sched = goodput.Schedule(fault_interval_minutes=1, fault_mix={"kill": 3, "hang": 1, "notice": 1})
+    (row,), _ = goodput.compute(rows, sched)
+    assert row["faults_measured"] == ["kill"] and row["faults_not_measured"] == ["hang", "notice"]
+    assert row["goodput"] == pytest.approx(1 - 4.0 / 60, abs=1e-4)
+    # A fault cost beyond the interval keeps nothing (never a negative goodput).
+    (row,), _ = goodput.compute([rec("sidecar", "kill", 90.0, 0.1)], sched)
+    assert row["goodput"] == 0.0
+    # No fault-free rate: no goodput, and the row says why.
+    out, _ = goodput.compute([rec("sidecar", "kill", 4.0, 0.1), rec("other", "kill", 4.0, None)], sched)
+    other = next(r for r in out if r["strategy"] == "other")
+    assert other["goodput"] is None and other["invalid_reason"] == "no fault-free rate"
+
+
+def test_invalid_rows_do_not_feed_it() -> None:
+    rows = [rec("sidecar", "kill", 4.0, 0.1), rec("full_restart", "kill", 1.0, 0.05, invalid_reason="x")]
+    out, _ = goodput.compute(rows, goodput.Schedule())
+    assert [r["strategy"] for r in out] == ["sidecar"] and out[0]["ideal_seconds_per_step"] == 0.1
+
+
+def test_the_llama3_rate_gives_about_five_hours_between_interruptions_at_10000_chips() -> None:
+    (llama,) = goodput.PUBLISHED_RATES
+    assert llama.interval_hours(10_000) == pytest.approx(54 * 24 / (419 * 10_000 / 16_384))
+    assert 5.0 < llama.interval_hours(10_000) < 5.1
+
+
+@pytest.mark.parametrize(
+    "mix, why",
+    [("kill=1,crash=2", "crash"), ("kill=x", "kill=x")],
+)
+def test_bad_schedules_are_refused_naming_the_value(mix: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        goodput.Schedule(fault_mix=goodput.parse_mix(mix)).check()
+    with pytest.raises(ValueError, match="fault_interval_minutes 0"):
+        goodput.Schedule(fault_interval_minutes=0).check()
+
+
+def test_only_each_trainers_realistic_point_is_combined() -> None:
+    result = {
+        "config": {"realistic_checkpoint_period": 50, "realistic_delay": 10.0},
+        "results": [rec("sidecar", "kill", 4.0, 0.1), {**rec("sidecar", "kill", 99.0, 0.1), "checkpoint_period": 20}],
+    }
+    assert [r["fault_cost_seconds_median"] for r in goodput.realistic_rows(result)] == [4.0]
+
+
+def test_the_page_leads_with_goodput_from_data_only(tmp_path: Any) -> None:
+    import copy
+
+    from bench.report import make_plots, render, sections, targets
+    from tests.bench.test_report import fixture
+
+    data = fixture()
+    md = render(data)
+    assert md.index("## Goodput") < md.index("## Targets") < md.index("## Recovery")
+    assert "Llama 3" in md and "hours between interruptions" in md
+    v = next(v for v in targets(sections(data)) if v.target == "goodput, example trainer")
+    assert v.verdict == "not met" and "full_restart higher" in v.basis  # the fixture's sidecar is slower a step
+    better = copy.deepcopy(data)
+    side = next(r for r in better["benchmarks"]["goodput"]["results"] if r["strategy"] == "sidecar")
+    side["goodput"] = 0.999
+    assert next(v for v in targets(sections(better)) if v.target == "goodput, example trainer").verdict == "met"
+    assert "goodput" in make_plots(sections(data), tmp_path) and (tmp_path / "goodput.png").exists()
+    # No goodput in the file: no section and no figure for it.
+    del data["benchmarks"]["goodput"]
+    assert "## Goodput" not in render(data)
