@@ -57,15 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the simulated multi-slice job: coordinator, worker sidecars, stand-in Pathways "
         "workers, a real JAX trainer with Orbax checkpoints, and injected faults.",
     )
-    from simjob.options import add_demo_args
-
-    add_demo_args(demo)
+    try:
+        from simjob.options import add_demo_args
+    except ModuleNotFoundError as e:  # the production wheel: the demo is not in it (pyproject.toml)
+        if e.name != "simjob":
+            raise
+        demo.set_defaults(demo_unavailable=True)
+    else:
+        add_demo_args(demo)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     ns = ap.parse_args(argv)
+    if getattr(ns, "demo_unavailable", False):
+        print(
+            "elastic-sidecar demo: not in this install (the daemon and hooks only); "
+            "run it from a source checkout: make demo",
+            file=sys.stderr,
+        )
+        return C.EXIT_USAGE
     try:
         if ns.role == "coordinator":
             from agent import coordinator
