@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import itertools
 import json
 import os
 import signal
@@ -161,6 +162,10 @@ class _Conn:
     """Its heartbeat datagram's bytes, matched without parsing (DatagramReceiver.known)."""
     acked: tuple[int, int] = (-1, 0)
     """(generation, COMMAND_ORDER) of the newest command datagram the worker acknowledged."""
+    registration: int = 0
+    """This Join stream's number (a worker's registrations are numbered in order): every
+    observation about it (its end, a check of its host, a health report) names it, and the
+    core drops one about a registration that has since been replaced."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -254,7 +259,9 @@ class Coordinator:
         self._drops_logged_at = -1e9
         self.stalls: list[float] = []
         """Durations of event-loop stalls seen (newest last)."""
-        self._probing: set[tuple[int, int]] = set()
+        self._probing: set[int] = set()
+        """Registrations whose away host is being watched (:meth:`watch_away`)."""
+        self._registrations = itertools.count(1)
         self._stream_copies: collections.deque[tuple[_Conn, Any]] = collections.deque()
         """Worker commands waiting for their stream (oldest first): see STREAM_COPIES_PER_PASS."""
         self._stream_copies_due = asyncio.Event()
@@ -711,19 +718,20 @@ class Coordinator:
         everything its sidecar sees (a TCP connect succeeds on a hung host), so
         a sidecar that stays away longer counts as a lost host after all.
         """
-        if key in self._probing:
+        if conn.registration in self._probing:
             return
-        self._probing.add(key)
+        self._probing.add(conn.registration)
         until = time.monotonic() + self.state.policy.rejoin_grace_seconds
+        reg = conn.registration
         try:
             while True:
                 await asyncio.sleep(AWAY_PROBE_SECONDS)
                 rec = self.state.hosts.get(key)
-                if rec is None or rec.incarnation != conn.incarnation or rec.away_since is None:
-                    return  # its sidecar came back (or the record changed otherwise)
+                if rec is None or rec.registration != reg or rec.away_since is None:
+                    return  # its sidecar came back (a newer registration), or the record changed otherwise
                 if time.monotonic() > until:
                     gone = self.state.policy.rejoin_grace_seconds
-                    self.submit(WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone", gone))
+                    self.submit(WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone", gone, registration=reg))
                     log.warning(
                         "sidecar did not come back within the rejoin grace; its host counts as lost",
                         slice=key[0],
@@ -734,12 +742,19 @@ class Coordinator:
                 ok, detail = await self.probe_host(key, conn, peer)
                 if not ok:
                     self.submit(
-                        WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone_host_down", AWAY_PROBE_SECONDS)
+                        WorkerLost(
+                            key[0],
+                            key[1],
+                            conn.incarnation,
+                            "sidecar_gone_host_down",
+                            AWAY_PROBE_SECONDS,
+                            registration=reg,
+                        )
                     )
                     log.warning("host of an away sidecar stopped answering", slice=key[0], host=key[1], detail=detail)
                     return
         finally:
-            self._probing.discard(key)
+            self._probing.discard(reg)
 
     # -- lifetime ------------------------------------------------------------
 
@@ -1036,6 +1051,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             health_address=reg.health_address,
             health_check=reg.health_check,
             token=new_token() if self.c.datagram_port else b"",
+            registration=next(self.c._registrations),
         )
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
@@ -1045,7 +1061,15 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             old.closed.set()
         self.c.metrics.workers.set(len(self.c.workers))
         self.c.submit(
-            WorkerJoined(ident.slice, ident.host, ident.incarnation, ident.node, ident.node_pool, reg.generation_seen)
+            WorkerJoined(
+                ident.slice,
+                ident.host,
+                ident.incarnation,
+                ident.node,
+                ident.node_pool,
+                reg.generation_seen,
+                registration=conn.registration,
+            )
         )
         await context.write(
             peer_pb2.CoordinatorMessage(
@@ -1093,17 +1117,25 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         if cause in ("stream_closed", "shutdown") and silent > 2 * self.c.cfg.heartbeat_interval:
             # Already silent when the stream broke: the transport keepalive noticed a hung host first.
             cause = "heartbeat_timeout"
-        # Before calling the host lost, look at its Pathways worker ourselves:
-        # a sidecar that restarts (or a stream that blips) on a healthy host is no
-        # loss. Not for a silent worker: a hung host's kernel still accepts TCP
-        # connections for its stopped processes, so a check could mask the hang.
-        ok, detail = (False, "") if cause == "heartbeat_timeout" else await self.c.probe_host(key, conn, peer)
+        # Before calling the host lost, look at its Pathways worker ourselves: a
+        # sidecar that restarts, is paused or is cut off (or a stream that blips) on
+        # a healthy host is no loss. A silent worker too, but only with a check the
+        # Pathways worker's process must answer (gRPC health): a hung host's kernel
+        # still accepts TCP connections for its stopped processes, so a TCP connect
+        # could mask the hang. Every result names this registration: if the worker
+        # registered again meanwhile, the core drops it (see HostRecord.registration).
+        blind = cause == "heartbeat_timeout" and (conn.health_check or "grpc") != "grpc"
+        ok, detail = (False, "") if blind else await self.c.probe_host(key, conn, peer)
         if ok:
-            self.c.submit(WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}"))
+            away = WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}", conn.registration)
+            self.c.submit(away)
             await self.c.watch_away(key, conn, peer)
         else:
             silent = time.monotonic() - conn.last_seen
-            self.c.submit(WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent))
+            if detail:
+                log.warning("host check failed", slice=ident.slice, host=ident.host, cause=cause, detail=detail)
+            lost = WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent, conn.registration)
+            self.c.submit(lost)
 
     async def _read(self, context: grpc.aio.ServicerContext, ident: peer_pb2.HostIdentity, conn: _Conn) -> str:
         # No read deadline here: lateness is judged by Coordinator.check_liveness
@@ -1126,7 +1158,12 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 if kind in ("pathways_unhealthy", "pathways_healthy"):
                     self.c.submit(
                         WorkerHealth(
-                            ident.slice, ident.host, ident.incarnation, kind == "pathways_healthy", msg.report.detail
+                            ident.slice,
+                            ident.host,
+                            ident.incarnation,
+                            kind == "pathways_healthy",
+                            msg.report.detail,
+                            conn.registration,
                         )
                     )
                 elif kind == "metadata_notice":

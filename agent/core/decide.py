@@ -28,9 +28,13 @@ States and transitions::
 * A hold flushes (Orbax save + wait) unless training can continue at once on
   the survivors from memory; resuming uses surviving replicas' memory when the
   trainer still holds its state, else the newest committed checkpoint.
-* ``elastic_max_retries`` recoveries from failures are allowed (the flag read
-  by its name); the failure after them is terminal.
-  Growing back onto a returned slice is not a failure and uses no retry.
+* ``elastic_max_retries`` counts attempts as MaxText does, the first one
+  included: N attempts allow N - 1 recoveries from failures, and the failure
+  after them is terminal. Growing back onto a returned slice, a drain and a
+  re-synchronisation are not failures and use no attempt.
+* A slice error that names no slice holds (one recovery) but does not resume
+  on unchanged slices for ``unnamed_error_wait_seconds``: the host behind it is
+  usually found within that wait, inside the same recovery.
 * A command the trainer may have missed (sent while its link was down) is sent
   again when it re-attaches: the pending hold, or a resume it has not
   acknowledged. A trainer reporting a generation above the coordinator's (an
@@ -48,13 +52,27 @@ States and transitions::
 
 Membership and the coordinator's own failures (issue "never make a failure worse"):
 
-* A lost host marks its slice; only a *new* incarnation that has stayed
-  registered and healthy for ``settle_seconds`` repairs it. The same process
-  coming back (a hung host waking, a stream blip) repairs nothing; a new
-  incarnation over a live record is the loss of the old one. A host whose
-  sidecar went away while its Pathways worker still answered the coordinator's
-  own check (``WorkerAway``) stays up, and a new sidecar incarnation replaces it
-  with no loss and no retry.
+* Every observation of a host names the registration it is about (one Join
+  stream; the coordinator numbers them): a stream's end, a check's result or a
+  health report about an older registration than the host's current one is
+  stale and dropped, never applied to the newer one.
+* Lost means lost: a host is lost when a check of the host itself fails (its
+  Pathways worker's health, checked by the coordinator when the sidecar's
+  stream ends or its heartbeats stop), when its sidecar stays away past
+  ``rejoin_grace_seconds``, or when its sidecar reports it unhealthy. A host
+  whose sidecar was paused, restarted or cut off while its Pathways worker
+  still answered (``WorkerAway``) stays up, and its sidecar coming back (the
+  same process or a new incarnation) is neither a loss nor a repair: no hold,
+  no attempt spent.
+* A lost host marks its slice; a host that registered after the mark and has
+  stayed registered and healthy for ``settle_seconds`` repairs it: a new
+  incarnation, or the very process declared lost coming back (a hung host
+  that woke up) unless it is flapping: a host declared lost ``flap_losses``
+  times within ``flap_window_seconds`` repairs nothing by coming back, only a
+  new incarnation does. A new incarnation over a live record is the loss of
+  the old one, except after a coordinator restart on the same node (the
+  sidecar restarted while nobody watched; it registers only once its host's
+  Pathways worker serves).
 * After a coordinator restart (:mod:`agent.statefile`) the hosts it knew get
   ``rejoin_grace_seconds`` in every phase before anyone is judged; those that
   did not come back are then lost. A coordinator that starts blind (no state
@@ -261,24 +279,44 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
     old = state.hosts.get(key)
     errors = state.slice_errors
     settle = state.policy.settle_seconds <= 0
+    reg = ev.registration
     if old is not None and old.incarnation == ev.incarnation:
         # The same process again (a stream blip, a coordinator restart): neither
         # a repair nor a loss. It keeps its registration time.
-        record = replace(old, node=ev.node, node_pool=ev.node_pool, away_since=None)
+        record = replace(old, node=ev.node, node_pool=ev.node_pool, away_since=None, registration=reg)
         what = "re-registered"
     elif old is not None and old.away_since is not None:
         # Its sidecar restarted while the host's Pathways worker kept answering:
         # the same host, so no loss and no repair.
-        record = replace(old, incarnation=ev.incarnation, node=ev.node, node_pool=ev.node_pool, away_since=None)
+        record = replace(
+            old, incarnation=ev.incarnation, node=ev.node, node_pool=ev.node_pool, away_since=None, registration=reg
+        )
         what = f"sidecar restarted (was incarnation {old.incarnation}; the host stayed up)"
+    elif old is not None and key in state.expected_rejoin and ev.node and ev.node == old.node:
+        # A new sidecar on the same node while this coordinator was down (it restarted): nobody
+        # saw the old one go, and the new one registers only once its host's Pathways worker
+        # serves, so the host stayed; a sidecar restart is no loss (a different node would be).
+        record = replace(
+            old, incarnation=ev.incarnation, node_pool=ev.node_pool, away_since=None, healthy=True, registration=reg
+        )
+        what = f"sidecar restarted while the coordinator was down (was incarnation {old.incarnation}; same node)"
     elif state.lost_incarnations.get(key) == ev.incarnation:
-        # The very process declared lost (a hung host that woke up): it may
-        # serve again, but it repairs nothing; only a new incarnation does.
-        mark = state.slice_errors.get(ev.slice, now)
-        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, mark - 1.0, True, now, settle)
-        what = "came back after it was declared lost (the same process: not a repair)"
+        # The very process declared lost (a hung host that woke up, a host whose check failed
+        # for a while). It serves again; it repairs its slice once registered and healthy for
+        # settle_seconds, like a replacement, unless it is flapping.
+        losses = _recent_losses(state, key, now)
+        if len(losses) >= state.policy.flap_losses:
+            mark = state.slice_errors.get(ev.slice, now)
+            record = HostRecord(ev.incarnation, ev.node, ev.node_pool, mark - 1.0, True, now, settle, None, reg)
+            what = (
+                f"came back after it was declared lost {len(losses)} times in "
+                f"{state.policy.flap_window_seconds:g} s (flapping: not a repair; only a new incarnation is)"
+            )
+        else:
+            record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle, None, reg)
+            what = "came back after it was declared lost (repairs its slice once healthy for the settle time)"
     else:
-        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle)
+        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle, None, reg)
         what = "registered"
         if old is not None:
             # A new incarnation while the old one was still on record: the old
@@ -307,11 +345,26 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} ({ev.node or '?'}) {what}")
 
 
+def _about(old: HostRecord | None, ev: WorkerLost | WorkerAway | WorkerHealth) -> bool:
+    """The observation is about this very registration (not an older stream of the host)."""
+    return old is not None and old.incarnation == ev.incarnation and old.registration == ev.registration
+
+
+def _recent_losses(state: State, key: HostKey, now: float) -> tuple[float, ...]:
+    window = state.policy.flap_window_seconds
+    return tuple(t for t in state.host_losses.get(key, ()) if now - t <= window)
+
+
 def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
     key = (ev.slice, ev.host)
     old = state.hosts.get(key)
-    if old is None or old.incarnation != ev.incarnation:
-        return Decision(state, (), f"stale loss of host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
+    if not _about(old, ev):
+        return Decision(
+            state,
+            (),
+            f"stale loss of host {ev.slice}.{ev.host} incarnation {ev.incarnation} "
+            f"(registration {ev.registration}) ignored",
+        )
     hosts = _hosts_copy(state)
     del hosts[key]
     # Marked lost: only a new incarnation that settles brings the slice back.
@@ -319,8 +372,15 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
     errors[ev.slice] = now
     lost = dict(state.lost_incarnations)
     lost[key] = ev.incarnation
+    losses = dict(state.host_losses)
+    losses[key] = (*_recent_losses(state, key, now), now)
     new = replace(
-        state, (ev.slice,), hosts=_frozen(hosts), slice_errors=_frozen(errors), lost_incarnations=_frozen(lost)
+        state,
+        (ev.slice,),
+        hosts=_frozen(hosts),
+        slice_errors=_frozen(errors),
+        lost_incarnations=_frozen(lost),
+        host_losses=_frozen(losses),
     )
     return _evaluate(new, now, f"host {ev.slice}.{ev.host} lost ({ev.cause})")
 
@@ -328,8 +388,14 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
 def _worker_away(state: State, ev: WorkerAway, now: float) -> Decision:
     key = (ev.slice, ev.host)
     old = state.hosts.get(key)
-    if old is None or old.incarnation != ev.incarnation:
-        return Decision(state, (), f"stale report about host {ev.slice}.{ev.host} incarnation {ev.incarnation} ignored")
+    if not _about(old, ev):
+        return Decision(
+            state,
+            (),
+            f"stale report about host {ev.slice}.{ev.host} incarnation {ev.incarnation} "
+            f"(registration {ev.registration}) ignored",
+        )
+    assert old is not None
     hosts = _hosts_copy(state)
     hosts[key] = replace(old, away_since=now if old.away_since is None else old.away_since)
     detail = f" ({ev.detail})" if ev.detail else ""
@@ -343,8 +409,9 @@ def _worker_away(state: State, ev: WorkerAway, now: float) -> Decision:
 def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
     key = (ev.slice, ev.host)
     old = state.hosts.get(key)
-    if old is None or old.incarnation != ev.incarnation:
+    if not _about(old, ev):
         return Decision(state, (), f"health report from unknown host {ev.slice}.{ev.host} ignored")
+    assert old is not None
     if old.healthy == ev.healthy:
         return Decision(state, (), f"host {ev.slice}.{ev.host} health unchanged")
     hosts = _hosts_copy(state)
@@ -470,8 +537,13 @@ def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Dec
     if state.phase == Phase.RUNNING and ev.generation >= state.generation:
         if not named & state.active:
             # The trainer is stuck in its error handler and waits for a new
-            # generation even if we cannot tell which slice failed.
-            return _start_hold(new, now, reason, failure=True)
+            # generation even if we cannot tell which slice failed. Not knowing
+            # which, do not resume on the same slices at once: the host behind it
+            # is usually found within unnamed_error_wait_seconds, inside this
+            # recovery rather than as a second one.
+            wait = state.policy.unnamed_error_wait_seconds
+            until = now + wait if not named and wait > 0 else None
+            return _start_hold(replace(new, unnamed_error_until=until), now, reason, failure=True)
     return _evaluate(new, now, reason)
 
 
@@ -694,6 +766,16 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
             )
         if state.operator_hold:
             return Decision(state, (), f"{prefix}held by an operator until an operator resumes")
+        if state.unnamed_error_until is not None:
+            if now < state.unnamed_error_until and up >= state.active and len(up) >= p.min_slices:
+                left = state.unnamed_error_until - now
+                return Decision(
+                    state,
+                    (),
+                    f"{prefix}a slice error named no slice and every slice still looks up: waiting {left:.1f} s "
+                    "for the failed host to show before resuming",
+                )
+            state = replace(state, unnamed_error_until=None)
         if len(up) >= p.min_slices and up:
             return _resume(state, up, f"{prefix}{len(up)} of {p.num_slices} slices up (minimum {p.min_slices})")
         if state.deadline is not None and now >= state.deadline:
@@ -784,8 +866,12 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
     p = state.policy
     retries = state.retries_used
     if failure:
-        if retries >= p.elastic_max_retries:
-            return _fail(state, f"{why}; elastic_max_retries={p.elastic_max_retries} recoveries used up")
+        if retries >= p.max_recoveries:
+            return _fail(
+                state,
+                f"{why}; elastic_max_retries={p.elastic_max_retries} attempts used up (the first and "
+                f"{p.max_recoveries} recoveries)",
+            )
         retries += 1
     up = state.up_slices()
     # Flush unless training can continue at once on the survivors from memory.
@@ -814,7 +900,7 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
         hold_reason=why,
         hold_down=down,
     )
-    note = f" (recovery {retries} of {p.elastic_max_retries})" if failure else ""
+    note = f" (recovery {retries} of {p.max_recoveries})" if failure else ""
     return Decision(
         new,
         (HoldTrainer(gen, flush, down, why), TellWorkers(gen, "hold", why)),

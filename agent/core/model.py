@@ -36,11 +36,12 @@ class Policy:
     The three ``elastic_*`` settings keep MaxText's names and meanings
     (``src/maxtext/configs/base.yml``): ``elastic_min_slice_count`` of -1 waits
     for every slice, k continues on at least k; ``elastic_timeout_seconds``
-    bounds one wait for enough slices; ``elastic_max_retries`` is read by its
-    name: that many recoveries from failures are allowed, the next failure is
-    terminal. (pathwaysutils' ``ElasticRetryLimit`` counts the first attempt
-    and every grow too; with the sidecar, MaxText's loop never spends those:
-    see docs/maxtext.md.)
+    bounds one wait for enough slices; ``elastic_max_retries`` counts attempts
+    as MaxText and pathwaysutils' ``ElasticRetryLimit`` do, the first one
+    included: N attempts allow N - 1 recoveries from failures, and the failure
+    after them is terminal (1: none). A grow, a drain or a re-synchronisation
+    spends no attempt: with the sidecar MaxText's loop never re-runs for those
+    (see docs/maxtext.md).
     """
 
     num_slices: int
@@ -58,8 +59,19 @@ class Policy:
     ``elastic_timeout_seconds + flush_timeout_seconds``: MaxText uses
     ``elastic_timeout_seconds`` only to wait for slices, never for a save."""
     settle_seconds: float = 1.0
-    """A slice that was lost counts as back only once a new incarnation of each
-    of its lost hosts has stayed registered and healthy this long."""
+    """A slice that was lost counts as back only once each of its lost hosts has
+    stayed registered and healthy this long (a new incarnation, or the same
+    process back from a loss that is not a flap: see ``flap_losses``)."""
+    flap_losses: int = 2
+    """A host declared lost this many times within ``flap_window_seconds`` is
+    flapping: the same process coming back repairs nothing any more, only a new
+    incarnation (a replacement) does."""
+    flap_window_seconds: float = 600.0
+    unnamed_error_wait_seconds: float = 3.0
+    """After a slice error that names no slice, a hold does not resume on the same
+    slices for this long: the host behind it (hung, or dying) is usually found by
+    then (heartbeat timeout plus a check), within the recovery already counted,
+    instead of resuming and spending a second one on the same failure."""
     hang_step_factor: float = 20.0
     """RUNNING with no step report for this many times the median step time
     (and at least ``hang_min_seconds``) is a suspected hang."""
@@ -78,6 +90,13 @@ class Policy:
         for name in ("flush_timeout_seconds", "hang_step_factor", "hang_min_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.flap_losses < 1:
+            raise ValueError(f"flap_losses must be >= 1, got {self.flap_losses}")
+        if self.flap_window_seconds < 0 or self.unnamed_error_wait_seconds < 0:
+            raise ValueError(
+                f"flap_window_seconds and unnamed_error_wait_seconds must be >= 0, got "
+                f"{self.flap_window_seconds} and {self.unnamed_error_wait_seconds}"
+            )
         if self.settle_seconds < 0:
             raise ValueError(f"settle_seconds must be >= 0, got {self.settle_seconds}")
         if self.num_slices < 1:
@@ -103,6 +122,11 @@ class Policy:
     def multi_controller(self) -> bool:
         """One JAX process per host: every slice is needed, a lost one ends the attempt (exit 42)."""
         return self.trainer_processes > 1
+
+    @property
+    def max_recoveries(self) -> int:
+        """Recoveries from failures allowed: ``elastic_max_retries`` attempts, the first included."""
+        return self.elastic_max_retries - 1
 
     @property
     def min_slices(self) -> int:
@@ -167,6 +191,9 @@ class HostRecord:
     """Its sidecar's stream closed while the host's Pathways worker still
     answered the coordinator's own check: the host is up, its sidecar is
     restarting (or its stream blipped). A new incarnation replaces it with no loss."""
+    registration: int = 0
+    """Which registration (one Join stream; the coordinator numbers them) this record is:
+    an observation about another one (an older stream's end, its probe result) is stale."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +245,11 @@ class State:
     hosts: Mapping[HostKey, HostRecord] = field(default_factory=_frozen)
     lost_incarnations: Mapping[HostKey, str] = field(default_factory=_frozen)
     """The incarnation each host had when it was declared lost: that process
-    coming back (a hung host waking up) is not a repair."""
+    coming back (a hung host waking up) repairs only if it is not flapping."""
+    host_losses: Mapping[HostKey, tuple[float, ...]] = field(default_factory=_frozen)
+    """When each host was declared lost, within ``flap_window_seconds`` (newest last)."""
+    unnamed_error_until: float | None = None
+    """A slice error named no slice: no resume on unchanged slices before this time."""
     slice_errors: Mapping[int, float] = field(default_factory=_frozen)
     """Slice -> when the trainer reported it lost; cleared by a replacement host."""
     drains: Mapping[int, Drain] = field(default_factory=_frozen)
@@ -329,6 +360,8 @@ class WorkerJoined:
     node_pool: str = ""
     generation_seen: int = 0
     """Newest generation this worker saw from any coordinator (a blind one starts above it)."""
+    registration: int = 0
+    """The coordinator's number for this Join stream (see :attr:`HostRecord.registration`)."""
 
 
 @dataclass(frozen=True)
@@ -340,6 +373,8 @@ class WorkerLost:
     """"stream_closed" (killed), "heartbeat_timeout" (hung), "shutdown"."""
     silent_seconds: float = 0.0
     """How long the host had been silent when it was declared lost."""
+    registration: int = 0
+    """The registration this observation is about: for any other one it is stale."""
 
 
 @dataclass(frozen=True)
@@ -352,6 +387,8 @@ class WorkerAway:
     host: int
     incarnation: str
     detail: str = ""
+    registration: int = 0
+    """The registration this observation is about: for any other one it is stale."""
 
 
 @dataclass(frozen=True)
@@ -363,6 +400,8 @@ class WorkerHealth:
     incarnation: str
     healthy: bool
     detail: str = ""
+    registration: int = 0
+    """The registration this observation is about: for any other one it is stale."""
 
 
 @dataclass(frozen=True)

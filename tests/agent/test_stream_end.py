@@ -1,7 +1,8 @@
-"""How the coordinator classifies a worker stream that ended by itself (PeerService._ended): a
-worker silent before the break counts as hung (no probe: a hung host's kernel still accepts TCP);
-otherwise the host's Pathways worker is probed first. Silence the coordinator's own stall or
-dropped heartbeat datagrams can explain is no evidence of a hang."""
+"""How the coordinator classifies a worker stream that ended by itself (PeerService._ended): the
+host's Pathways worker is probed first, also for a worker silent before the break (a paused or cut
+off sidecar on a healthy host is no loss), except with a TCP check, which a hung host's kernel
+still answers for its stopped processes. Silence the coordinator's own stall or dropped heartbeat
+datagrams can explain is no evidence of a hang. Every result names the registration it is about."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def coordinator() -> Coordinator:
     return in_memory_coordinator("stream-end", 2)
 
 
-async def ended(coord: Coordinator, silent: float, stalled_ago: float | None) -> tuple[list[Any], list[Any]]:
+async def ended(
+    coord: Coordinator, silent: float, stalled_ago: float | None, check: str = "grpc", answers: bool = True
+) -> tuple[list[Any], list[Any]]:
     """Run _ended for a stream that closed after ``silent`` s without a message; the coordinator's
     loop resumed from a stall ``stalled_ago`` s ago (None: never stalled). (events submitted, probes)"""
     submitted: list[Any] = []
@@ -28,7 +31,7 @@ async def ended(coord: Coordinator, silent: float, stalled_ago: float | None) ->
 
     async def probe_host(key: Any, conn: Any, peer: str) -> tuple[bool, str]:
         probes.append(key)
-        return True, "SERVING"
+        return (True, "SERVING") if answers else (False, "DEADLINE_EXCEEDED")
 
     async def watch_away(key: Any, conn: Any, peer: str) -> None:
         return None
@@ -39,7 +42,7 @@ async def ended(coord: Coordinator, silent: float, stalled_ago: float | None) ->
     now = time.monotonic()
     if stalled_ago is not None:
         coord._loop_resumed_at = now - stalled_ago  # noqa: SLF001
-    conn = _Conn(incarnation="inc-1", health_address="127.0.0.1:1")
+    conn = _Conn(incarnation="inc-1", health_address="127.0.0.1:1", health_check=check, registration=4)
     conn.last_seen = now - silent
     ident = peer_pb2.HostIdentity(slice=1, host=0, incarnation="inc-1")
     await PeerService(coord)._ended(ident, conn, "stream_closed", "ipv4:127.0.0.1:5555")  # noqa: SLF001
@@ -52,8 +55,23 @@ async def test_a_stream_that_breaks_while_the_worker_talks_is_probed_first() -> 
     assert [type(e) for e in submitted] == [WorkerAway]
 
 
-async def test_a_worker_silent_before_its_stream_broke_is_lost_as_hung_without_a_probe() -> None:
+async def test_a_silent_worker_whose_host_answers_is_away_not_lost() -> None:
+    # A paused or partitioned sidecar: silent, its stream ended, its Pathways worker healthy.
     submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=None)
+    assert probes == [(1, 0)]
+    assert [type(e) for e in submitted] == [WorkerAway]
+    assert submitted[0].registration == 4 and "heartbeat_timeout" in submitted[0].detail
+
+
+async def test_a_silent_worker_whose_host_does_not_answer_is_lost_as_hung() -> None:
+    submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=None, answers=False)
+    assert probes == [(1, 0)]
+    assert len(submitted) == 1 and isinstance(submitted[0], WorkerLost)
+    assert submitted[0].cause == "heartbeat_timeout" and submitted[0].registration == 4
+
+
+async def test_a_silent_worker_checked_only_by_tcp_is_lost_as_hung_without_a_probe() -> None:
+    submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=None, check="tcp")
     assert probes == []
     assert len(submitted) == 1 and isinstance(submitted[0], WorkerLost)
     assert submitted[0].cause == "heartbeat_timeout"

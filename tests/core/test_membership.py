@@ -75,14 +75,65 @@ def test_a_lost_slice_comes_back_only_after_its_new_incarnation_settles() -> Non
     assert holds(job.feed(Tick(), dt=0.6))  # settled: grow
 
 
-def test_the_same_process_reconnecting_after_a_loss_is_not_a_repair() -> None:
-    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=0.0))
+def test_the_same_process_back_from_a_loss_repairs_once_healthy_for_the_settle_time() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=2.0))
     job.start()
     job.feed(TrainerHeld(holds(job.feed(WorkerLost(2, 0, "a2.0", "heartbeat_timeout"), dt=1))[0].generation, 5, -1))
     job.feed(TrainerResumed(job.state.generation, 5, frozenset({0, 1}), "memory"))
     d = job.feed(WorkerJoined(2, 0, "a2.0"), dt=1)  # the hung process woke up
-    assert 2 not in d.state.up_slices() and not holds(d)
-    assert 2 in job.feed(WorkerJoined(2, 0, "b2.0"), dt=1).state.up_slices()  # a new incarnation is
+    assert 2 not in d.state.up_slices() and not holds(d)  # not yet: it has to stay healthy first
+    assert not holds(job.feed(Tick(), dt=1.0))
+    d = job.feed(Tick(), dt=1.1)
+    assert holds(d) and d.state.retries_used == 1  # grows back; a grow spends no retry
+
+
+def test_a_flapping_host_coming_back_repairs_nothing_only_a_new_incarnation_does() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=0.0, flap_losses=2))
+    job.start()
+    for _ in range(2):
+        d = job.feed(WorkerLost(2, 0, "a2.0", "heartbeat_timeout"), dt=1)
+        if holds(d):
+            job.feed(TrainerHeld(holds(d)[0].generation, 5, -1))
+            job.feed(TrainerResumed(job.state.generation, 5, job.state.active, "memory"))
+        d = job.feed(WorkerJoined(2, 0, "a2.0"), dt=1)
+        if holds(d):  # the first return is a repair: grow back
+            job.feed(TrainerHeld(holds(d)[0].generation, 6, -1))
+            job.feed(TrainerResumed(job.state.generation, 6, job.state.active, "memory"))
+    # Lost twice within the window: the same process back again repairs nothing.
+    assert 2 not in job.state.up_slices() and "flapping" in d.reason
+    assert not holds(job.feed(Tick(), dt=5))
+    assert 2 in job.feed(WorkerJoined(2, 0, "b2.0"), dt=1).state.up_slices()  # a new incarnation does
+
+
+def test_an_observation_about_an_older_registration_never_touches_the_newer_one() -> None:
+    # The coordinator stalled: the worker re-registered (registration 7) before the old stream's
+    # (registration 3) end and its probe result were decided.
+    job = Job(Policy(num_slices=2, settle_seconds=0.0))
+    job.start()
+    job.feed(WorkerJoined(1, 0, "a1.0", registration=7), dt=1)
+    before = job.state
+    for stale in (
+        WorkerAway(1, 0, "a1.0", "stream_closed; SERVING", registration=3),
+        WorkerLost(1, 0, "a1.0", "sidecar_gone", registration=3),
+        WorkerHealth(1, 0, "a1.0", False, "old stream", registration=3),
+    ):
+        d = job.feed(stale, dt=1)
+        assert d.actions == () and "ignored" in d.reason
+        assert d.state.hosts == before.hosts and d.state.retries_used == 0
+    # The current registration's own observations still count.
+    d = job.feed(WorkerLost(1, 0, "a1.0", "stream_closed", registration=7), dt=1)
+    assert d.state.phase == Phase.HOLDING and d.state.retries_used == 1
+
+
+def test_a_paused_sidecar_on_a_healthy_host_comes_back_with_no_hold_and_no_retry() -> None:
+    job = Job(Policy(num_slices=2, settle_seconds=1.0))
+    job.start()
+    job.feed(WorkerJoined(1, 0, "a1.0", registration=2), dt=1)
+    d = job.feed(WorkerAway(1, 0, "a1.0", "heartbeat_timeout; SERVING", registration=2), dt=1)
+    assert not holds(d) and 1 in d.state.up_slices()
+    d = job.feed(WorkerJoined(1, 0, "a1.0", registration=5), dt=3)  # SIGCONT: the same process re-registers
+    assert not holds(d) and d.state.hosts[(1, 0)].away_since is None and d.state.retries_used == 0
+    assert d.state.phase == Phase.RUNNING and d.state.active == frozenset({0, 1})
 
 
 def test_a_new_incarnation_over_a_live_record_is_the_loss_of_the_old_one() -> None:
