@@ -11,7 +11,16 @@ from trainer_hooks.session import (
     ElasticSession,
     ElasticSettings,
     FlushResult,
+    SidecarAddressError,
     is_slice_down,
 )
 
-__all__ = ["AbortTraining", "Directive", "ElasticSession", "ElasticSettings", "FlushResult", "is_slice_down"]
+__all__ = [
+    "AbortTraining",
+    "Directive",
+    "ElasticSession",
+    "ElasticSettings",
+    "FlushResult",
+    "SidecarAddressError",
+    "is_slice_down",
+]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,17 @@ _OPTIONS = [
 _CLOSE = object()
 SETTLE_SECONDS = 0.3
 """A stream still open this long on a ready channel counts as accepted by the sidecar."""
+_SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerLink"].full_name
+
+
+def wrong_service_error(address: str, details: str) -> str:
+    """What to tell a trainer whose address answers gRPC without the trainer link (UNIMPLEMENTED)."""
+    return (
+        f"{address} answers gRPC but does not serve the trainer link ({_SERVICE}; it said UNIMPLEMENTED: "
+        f"{details}): it is another port of the sidecar (the coordinator's --listen peer port or its "
+        f"--admin-listen) or another program. Set ELASTIC_SIDECAR_ADDRESS to the coordinator's "
+        f"--trainer-listen address (default 127.0.0.1:29313)"
+    )
 
 
 def read_token_file(path: str) -> str:
@@ -87,6 +99,9 @@ class SidecarLink:
         """``time.monotonic()`` when the link was last seen up (creation if never); None while up."""
         self.last_error = ""
         """Why the last stream ended or could not start (empty: none yet)."""
+        self.wrong_service = ""
+        """Set when the address answered that it does not serve the trainer link (a misconfigured
+        address, not a sidecar that is away): waiting for it would be waiting for ever."""
         self._stream = 0
         self._channel_ready = threading.Event()
         self._call: grpc.Future | None = None
@@ -109,12 +124,15 @@ class SidecarLink:
     def next_command(
         self, timeout: float | None = None, *, down_limit: float | None = None, since: float | None = None
     ) -> trainer_pb2.SidecarCommand | None:
-        """Block until a command arrives; None when ``timeout`` passes, or when the
+        """Block until a command arrives; None when ``timeout`` passes, when the
         link has been down for ``down_limit`` seconds without a break (counted from
-        ``since`` at the earliest)."""
+        ``since`` at the earliest), or at once when the address serves no trainer
+        link (:attr:`wrong_service`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._arrived:
             while not self.inbox:
+                if self.wrong_service:
+                    return None
                 now = time.monotonic()
                 wait = 1.0
                 if deadline is not None:
@@ -272,6 +290,9 @@ class SidecarLink:
                     code = e.code() if hasattr(e, "code") else None
                     details = e.details() if hasattr(e, "details") else str(e)
                     error = f"{getattr(code, 'name', code)}: {details}"
+                    if code == grpc.StatusCode.UNIMPLEMENTED and not self.wrong_service:
+                        self.wrong_service = wrong_service_error(self.address, details)
+                        print(f"trainer_hooks: {self.wrong_service}", file=sys.stderr, flush=True)
             self._set_down(stream, error)
             if self._closed.is_set():
                 return

@@ -26,8 +26,17 @@ The trainer guards itself: while it is blocked on the sidecar (waiting to
 start, held, or waiting for an answer to a slice error) and the link has been
 down for ``elastic_timeout_seconds`` without a break, it flushes if it holds a
 step that is not committed yet (reading only slices not known down), then
-raises :class:`AbortTraining` (42). While training runs, a missing sidecar
-never stops it. Commands from a coordinator epoch older than the newest the
+raises :class:`AbortTraining` (42). A held trainer (or one waiting for an
+answer to a slice error) whose link stays up but that gets neither a resume
+nor an abort for ``elastic_timeout_seconds`` does the same: its coordinator
+decides within that time or aborts itself, so silence that long means a
+wedged coordinator (a hung disk write, a stuck loop), and waiting longer
+would hang the job. A hold an operator asked for (its reason begins
+``operator hold``) waits without that bound, as long as the link is up. An
+address that answers gRPC without the trainer link (another port of the
+sidecar) raises :class:`SidecarAddressError` from :meth:`ElasticSession.start`
+within seconds, naming ``ELASTIC_SIDECAR_ADDRESS``. While training runs, a
+missing sidecar never stops it. Commands from a coordinator epoch older than the newest the
 trainer accepted are ignored (fencing); the link presents a bearer token from
 ``ELASTIC_SIDECAR_TOKEN_FILE`` when that is set.
 
@@ -71,6 +80,9 @@ DEFAULT_ABORT_GRACE = 1.0
 """Seconds a multi-controller process gets to leave on its own after an Abort before the watchdog ends it."""
 LEADER_EXTRA_GRACE = 0.5
 """Process 0 (jax.distributed's coordination service) waits this much longer, so it goes last."""
+OPERATOR_HOLD_PREFIX = "operator hold"
+"""How the reason of a hold an operator asked for begins (agent.core.decide's ``operator <kind>: ...``):
+such a hold has no deadline, so the trainer's no-decision bound does not apply to it."""
 
 SLICE_DOWN_MARKERS = ("DATA_LOSS", "DEADLINE_EXCEEDED", "NOT_FOUND", "INTERNAL")
 """Substrings Pathways puts in a JaxRuntimeError when a slice is gone
@@ -109,6 +121,10 @@ class Directive:
     source: str  # "memory" | "checkpoint"
     reason: str
     down_slices: frozenset[int] = frozenset()
+
+
+class SidecarAddressError(ConnectionError):
+    """The trainer's sidecar address answers gRPC but serves no trainer link: a configuration mistake."""
 
 
 class AbortTraining(Exception):
@@ -168,6 +184,8 @@ class ElasticSession:
         self.committed_step = -1
         self.held = False
         """True while blocked in a hold or waiting for an answer to a slice error."""
+        self._hold_reason = ""
+        """The reason of the hold being waited in ('' while waiting for an answer to a slice error)."""
         self.active_slices: tuple[int, ...] = ()
         self._flushed_at = -1
         self._down: frozenset[int] = frozenset()
@@ -296,6 +314,10 @@ class ElasticSession:
         while True:
             cmd = self._next_command(since, deadline)
             if cmd is None:
+                misdirected = getattr(self._link, "wrong_service", "")
+                if misdirected:
+                    self._on_event("wrong_service", {"address": self._link.address, "error": misdirected})
+                    raise SidecarAddressError(misdirected)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"no start command from the sidecar at {self._link.address} within {timeout} s")
                 self._guard_abort(step_in_memory, "waiting to start", flush=False)
@@ -314,6 +336,7 @@ class ElasticSession:
             )
         )
         self._on_event("slice_error", {"step": step, "slices": sorted(set(slices)), "error": str(err)[:200]})
+        self._hold_reason = ""
         return self._wait_for_resume(step, newer_than=self.generation, what="waiting for an answer to a slice error")
 
     def resumed(
@@ -416,38 +439,68 @@ class ElasticSession:
     def _wait_for_resume(self, step: int, newer_than: int = -1, what: str = "held") -> Directive:
         self.held = True
         since = time.monotonic()
+        # Without a decision for the timeout, the coordinator is wedged (see the module docstring).
+        decide_by = None if self._hold_reason.startswith(OPERATOR_HOLD_PREFIX) else since + self.elastic_timeout_seconds
         try:
             while True:
-                cmd = self._next_command(since)
+                cmd = self._next_command(since, decide_by)
                 if cmd is None:
-                    self._guard_abort(step, what, flush=True)
+                    now = time.monotonic()
+                    link = self._link
+                    down = link.down_for(since) if hasattr(link, "down_for") else 0.0
+                    if decide_by is not None and now >= decide_by and down == 0.0:
+                        self._guard_abort(step, what, flush=True, undecided_since=since)
+                    if decide_by is None or now < decide_by or down >= self.elastic_timeout_seconds:
+                        self._guard_abort(step, what, flush=True)
+                    # Past the decision bound with the link down: the link's own bound decides.
+                    decide_by = now + 0.1
+                    continue
                 d = self._handle(cmd, step, newer_than=newer_than)
                 if d is not None:
                     return d
         finally:
             self.held = False
 
-    def _guard_abort(self, step: int, what: str, *, flush: bool) -> NoReturn:
-        """The sidecar is gone past the timeout: flush what is not committed yet, then abort (42)."""
+    def _guard_abort(self, step: int, what: str, *, flush: bool, undecided_since: float | None = None) -> NoReturn:
+        """The sidecar is gone past the timeout, or (``undecided_since``) has decided nothing since then
+        for the timeout: flush what is not committed yet, then abort (42)."""
         link = self._link
         down = link.down_for() if hasattr(link, "down_for") else float("nan")
         last_error = getattr(link, "last_error", "")
-        reason = (
-            f"no sidecar at {link.address} for {down:.1f} s while {what} "
-            f"(elastic_timeout_seconds={self.elastic_timeout_seconds:g})"
-        )
-        if last_error:
-            reason += f"; last link error: {last_error}"
-        self._on_event(
-            "sidecar_lost",
-            {
-                "step": step,
-                "while": what,
-                "down_seconds": round(down, 3),
-                "elastic_timeout_seconds": self.elastic_timeout_seconds,
-                "last_error": last_error,
-            },
-        )
+        if undecided_since is not None:
+            waited = time.monotonic() - undecided_since
+            reason = (
+                f"no decision from the sidecar at {link.address} for {waited:.1f} s while {what} "
+                f"(elastic_timeout_seconds={self.elastic_timeout_seconds:g}): neither resume nor abort came, "
+                f"so its coordinator is wedged"
+            )
+            self._on_event(
+                "sidecar_undecided",
+                {
+                    "step": step,
+                    "while": what,
+                    "waited_seconds": round(waited, 3),
+                    "elastic_timeout_seconds": self.elastic_timeout_seconds,
+                    "link_up": down == 0.0,
+                },
+            )
+        else:
+            reason = (
+                f"no sidecar at {link.address} for {down:.1f} s while {what} "
+                f"(elastic_timeout_seconds={self.elastic_timeout_seconds:g})"
+            )
+            if last_error:
+                reason += f"; last link error: {last_error}"
+            self._on_event(
+                "sidecar_lost",
+                {
+                    "step": step,
+                    "while": what,
+                    "down_seconds": round(down, 3),
+                    "elastic_timeout_seconds": self.elastic_timeout_seconds,
+                    "last_error": last_error,
+                },
+            )
         if flush:
             _, error = self._do_flush(step)
             if error:
@@ -482,6 +535,7 @@ class ElasticSession:
                 return None
             self._deferred = None
             self.generation = body.generation
+            self._hold_reason = body.reason
             self._down = self._down | frozenset(body.down_slices)
             t0 = time.monotonic()
             nbytes, error = self._do_flush(step) if body.flush else (0, "")

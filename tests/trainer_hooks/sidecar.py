@@ -133,9 +133,11 @@ class FakeSidecar(trainer_pb2_grpc.TrainerLinkServicer):
                 continue
 
 
-def hold(gen: int, *, flush: bool = False, down: tuple[int, ...] = (), epoch: int = 0) -> trainer_pb2.SidecarCommand:
+def hold(
+    gen: int, *, flush: bool = False, down: tuple[int, ...] = (), epoch: int = 0, reason: str = "test hold"
+) -> trainer_pb2.SidecarCommand:
     return trainer_pb2.SidecarCommand(
-        hold=trainer_pb2.Hold(generation=gen, flush=flush, down_slices=list(down), reason="test hold"), epoch=epoch
+        hold=trainer_pb2.Hold(generation=gen, flush=flush, down_slices=list(down), reason=reason), epoch=epoch
     )
 
 

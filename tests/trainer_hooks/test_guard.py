@@ -307,6 +307,7 @@ def test_a_hung_sidecar_during_a_hold_is_a_lost_one(flusher: Flusher) -> None:
             while "held" not in events.kinds():
                 assert time.monotonic() < deadline, "never held"
                 time.sleep(0.005)
+            held_at = time.monotonic()
             time.sleep(0.2)  # the acknowledgement leaves
             stopped = time.monotonic()
             os.kill(proc.pid, signal.SIGSTOP)
@@ -321,9 +322,62 @@ def test_a_hung_sidecar_during_a_hold_is_a_lost_one(flusher: Flusher) -> None:
     assert isinstance(err, AbortTraining) and err.exit_code == 42, out
     after = out["at"] - stopped
     print(f"\n[guard] sidecar hung (SIGSTOP) during a hold: exit 42 after {after:.2f} s (timeout {TIMEOUT} s)")
-    assert TIMEOUT < after < TIMEOUT + 2.0 + SLACK  # keepalive notices within ~1.5 s, then the timeout runs
+    # Whichever bound comes first: no decision for the timeout since the hold (the link still looks
+    # up until keepalive notices, ~1.5 s), or the link down for the timeout.
+    assert out["at"] - held_at >= TIMEOUT
+    assert after < TIMEOUT + 2.0 + SLACK
     assert "while held" in err.reason
     assert flusher.calls == [(1, frozenset())] and err.committed_step == 1
+
+
+def test_a_held_trainer_without_a_decision_flushes_then_aborts_42(flusher: Flusher) -> None:
+    """The link stays up but the coordinator decides nothing (its loop wedged on a hung disk write):
+    after elastic_timeout_seconds held without a resume or an abort, the trainer flushes and exits 42."""
+    sidecar = FakeSidecar().start()
+    session, events = connect(sidecar.address, flusher)
+    try:
+        started(sidecar, session, steps=5)
+        sidecar.send(hold(2, flush=False, down=(1,)))
+        t, out = in_thread(lambda: boundary_until(session, 5, timeout=30))
+        sidecar.wait_for_message("held")
+        held_at = time.monotonic()
+        t.join(TIMEOUT + SLACK + 10)
+        link_up = session._link.connected.is_set()  # noqa: SLF001
+    finally:
+        sidecar.stop()
+        session.close()
+    err = out.get("error")
+    assert isinstance(err, AbortTraining), out
+    after = out["at"] - held_at
+    print(f"\n[guard] held without a decision (link up): exit 42 after {after:.2f} s (timeout {TIMEOUT} s)")
+    assert err.exit_code == 42
+    assert TIMEOUT * 0.9 <= after < TIMEOUT + SLACK
+    assert link_up  # the sidecar never went away: only its decision did
+    assert "no decision from the sidecar" in err.reason and "while held" in err.reason
+    assert flusher.calls == [(5, frozenset({1}))] and flusher.committed() == [5] and err.committed_step == 5
+    assert events.kinds() == ["held", "sidecar_undecided"]
+    assert events[1][1]["link_up"] is True
+
+
+def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(flusher: Flusher) -> None:
+    """An operator's hold has no deadline: the no-decision bound does not end it."""
+    sidecar = FakeSidecar().start()
+    session, events = connect(sidecar.address, flusher)
+    try:
+        started(sidecar, session, steps=3)
+        sidecar.send(hold(2, flush=True, reason="operator hold: storage maintenance"))
+        t, out = in_thread(lambda: boundary_until(session, 3, timeout=30))
+        sidecar.wait_for_message("held")
+        time.sleep(TIMEOUT * 2.5)
+        assert t.is_alive(), out
+        sidecar.send(resume(2, 0, 1))
+        t.join(10)
+    finally:
+        sidecar.stop()
+        session.close()
+    assert "error" not in out, out
+    assert out["result"].generation == 2
+    assert "sidecar_undecided" not in events.kinds() and "sidecar_lost" not in events.kinds()
 
 
 def test_while_training_runs_a_missing_sidecar_never_stops_it(flusher: Flusher) -> None:

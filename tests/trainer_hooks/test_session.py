@@ -29,7 +29,7 @@ from agent.core.model import (
     WorkerLost,
 )
 from protos.elastic_sidecar.v1 import trainer_pb2
-from trainer_hooks import AbortTraining, Directive, ElasticSession, FlushResult
+from trainer_hooks import AbortTraining, Directive, ElasticSession, FlushResult, SidecarAddressError
 from trainer_hooks.link import SidecarLink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,6 +195,47 @@ async def running(min_slices: int = -1, max_retries: int = 10, steps: int = 5) -
         _unblock(session)
         session.close()
         await coord.stop(grace=0.1)
+
+
+@pytest.mark.parametrize("port", ["peer", "admin"])
+async def test_a_trainer_given_another_port_of_the_sidecar_says_which_address_to_set(port: str) -> None:
+    """The coordinator's peer or admin port answers gRPC but has no trainer link: within seconds,
+    an error naming ELASTIC_SIDECAR_ADDRESS and --trainer-listen, instead of waiting silently."""
+    cfg = CoordinatorConfig(
+        job=JOB,
+        listen="127.0.0.1:0",
+        policy=Policy(num_slices=2),
+        heartbeat_interval=0.25,
+        heartbeat_timeout=1.2,
+        state_file=None,
+        journal=None,
+        log_format="json",
+        log_level="warning",
+        admin_listen="127.0.0.1:0",
+    )
+    coord = Coordinator(cfg)
+    await coord.start()
+    try:
+        assert coord.admin is not None
+        address = f"127.0.0.1:{coord.port if port == 'peer' else coord.admin.port}"
+        events: list[tuple[str, dict[str, Any]]] = []
+        session = ElasticSession.connect(
+            address, job=JOB, elastic_timeout_seconds=300, on_event=lambda k, f: events.append((k, f))
+        )
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(SidecarAddressError) as ei:
+                await asyncio.wait_for(asyncio.to_thread(session.start, -1), 15)
+        finally:
+            session.close()
+        waited = time.monotonic() - t0
+    finally:
+        await coord.stop(grace=0.1)
+    text = str(ei.value)
+    assert waited < 10, waited
+    assert address in text and "ELASTIC_SIDECAR_ADDRESS" in text and "--trainer-listen" in text, text
+    assert "UNIMPLEMENTED" in text
+    assert [k for k, _ in events] == ["wrong_service"]
 
 
 async def test_start_returns_a_directive_for_both_slices() -> None:
