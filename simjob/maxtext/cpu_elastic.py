@@ -70,6 +70,7 @@ Nothing in ``trainer_hooks`` imports this module.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import os
 import queue
@@ -77,6 +78,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,8 @@ ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
 """A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "batch": H, "rows": [...], "t": ...}``
 (N completed steps, the index run + 1; D the devices its new state spans; H the batch hash, grain only),
-``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}``, ``{"kind": "state", ...}`` (sizes, once per
+``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}``, ``{"kind": "mesh", "slices": K, ...}`` (each mesh
+MaxText builds), ``{"kind": "state", ...}`` (sizes, once per
 attempt), ``{"kind": "reconnected", ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
 
 DATA_LOSS_MESSAGE = "DATA_LOSS: Simulated device loss error accessing array on lost device"
@@ -190,6 +193,7 @@ def apply() -> None:
     if os.environ.get(ENV_FAIL_AT):
         _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
     if events is not None:
+        _record_meshes(events)
         _record_steps(events)
     _applied.append("yes")
 
@@ -310,44 +314,100 @@ def slice_devices(slice_index: int) -> frozenset[int]:
     return frozenset(d.id for d in jax.devices() if getattr(d, "slice_index", 0) == slice_index)
 
 
+@dataclass(frozen=True)
+class Fault:
+    """One slice loss: ``STEP:SLICE`` (during step index STEP) or ``STEP:SLICE:snapshot`` (as the snapshot of
+    the boundary before step index STEP starts, inside Orbax's ``Snapshotter.save``: that snapshot fails)."""
+
+    step: int
+    slice: int
+    during: str = "step"
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """``ELASTIC_SIDECAR_TEST_FAIL_AT``: faults separated by commas, in step order; a clear error naming a bad one."""
+    out: list[Fault] = []
+    for part in (p.strip() for p in spec.split(",")):
+        bits = part.split(":")
+        try:
+            if len(bits) not in (2, 3) or (len(bits) == 3 and bits[2] not in ("step", "snapshot")):
+                raise ValueError
+            fault = Fault(int(bits[0]), int(bits[1]), bits[2] if len(bits) == 3 else "step")
+            if fault.step < 0 or fault.slice < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{ENV_FAIL_AT}={spec!r}: {part!r} is not STEP:SLICE or STEP:SLICE:snapshot (whole numbers >= 0)"
+            ) from None
+        out.append(fault)
+    if [f.step for f in out] != sorted(f.step for f in out):
+        raise ValueError(f"{ENV_FAIL_AT}={spec!r}: faults must be in step order")
+    return out
+
+
 def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = None) -> None:
-    """Wrap MaxText's ``training_loop_iteration`` so that SLICE dies during step index STEP (module doc, 4)."""
+    """Wrap MaxText's ``training_loop_iteration`` (and, for a ``snapshot`` fault, Orbax's
+    ``Snapshotter.save``) so that each fault's slice dies where it says (module doc, 4)."""
     import jax
     from maxtext.trainers.pre_train import train
 
-    try:
-        at, lost = (int(x) for x in spec.split(":"))
-    except ValueError:
-        raise ValueError(f"{ENV_FAIL_AT}={spec!r}: expected STEP:SLICE (two whole numbers)") from None
+    faults = parse_faults(spec)
     original = train.training_loop_iteration
-    fired: list[bool] = []
+    pending = list(faults)
+    next_index: list[int] = [-1]
     wait = jax.block_until_ready
 
-    def reconnect_when_told(ids: frozenset[int]) -> None:
+    def reconnect_when_told(fault: Fault, ids: frozenset[int]) -> None:
         while not (control / "reconnect").exists():
             time.sleep(0.05)
         LOST.reconnect(ids)
-        record(events, "reconnected", slice=lost)
-        print(f"cpu_elastic: slice {lost} reconnected", flush=True)
+        record(events, "reconnected", slice=fault.slice)
+        print(f"cpu_elastic: slice {fault.slice} reconnected", flush=True)
+
+    def lose(fault: Fault) -> None:
+        pending.remove(fault)
+        ids = slice_devices(fault.slice)
+        if not ids:
+            raise ValueError(f"{ENV_FAIL_AT}={spec!r}: no device has slice_index {fault.slice}")
+        deleted = LOST.lose(ids)
+        record(events, "fault", step=fault.step, slice=fault.slice, during=fault.during, deleted_arrays=deleted)
+        print(
+            f"cpu_elastic: slice {fault.slice} lost during the {fault.during} of step {fault.step} "
+            f"({deleted} arrays on it deleted)",
+            flush=True,
+        )
+        threading.Thread(target=reconnect_when_told, args=(fault, ids), daemon=True).start()
 
     def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
-        if fired or int(python_vars["step"]) != at:
-            return original(jax_device_state, python_vars, immutable_data)
-        fired.append(True)
-        ids = slice_devices(lost)
-        if not ids:
-            raise ValueError(f"{ENV_FAIL_AT}={spec!r}: no device has slice_index {lost}")
-        # The slice dies while this step runs: the step before it has completed (so "STEP steps
-        # completed" is well defined), this one is dispatched and has consumed its donated input.
-        wait(jax_device_state["state"])
-        metrics = original(jax_device_state, python_vars, immutable_data)
-        deleted = LOST.lose(ids)
-        record(events, "fault", step=at, slice=lost, deleted_arrays=deleted)
-        print(f"cpu_elastic: slice {lost} lost during step {at} ({deleted} arrays on it deleted)", flush=True)
-        threading.Thread(target=reconnect_when_told, args=(ids,), daemon=True).start()
+        step = int(python_vars["step"])
+        due = next((f for f in pending if f.step == step and f.during == "step"), None)
+        if due is None:
+            metrics = original(jax_device_state, python_vars, immutable_data)
+        else:
+            # The slice dies while this step runs: the step before it has completed (so "STEP steps
+            # completed" is well defined), this one is dispatched and has consumed its donated input.
+            with contextlib.suppress(jax.errors.JaxRuntimeError):  # an earlier loss not yet surfaced
+                wait(jax_device_state["state"])
+            metrics = original(jax_device_state, python_vars, immutable_data)
+            lose(due)
+        next_index[0] = step + 1
         return metrics
 
     train.training_loop_iteration = iteration
+    if any(f.during == "snapshot" for f in faults):
+        from orbax.checkpoint.experimental.v1._src.training.pathways import snapshotter
+
+        original_save = snapshotter.Snapshotter.save
+
+        def save(self: Any, step: int, state: Any) -> None:
+            # The boundary before step index next_index[0]: the slice dies as its snapshot starts, so the copies
+            # the save dispatches span a lost device and its wait fails (Orbax logs "Failed to snapshot").
+            due = next((f for f in pending if f.step == next_index[0] and f.during == "snapshot"), None)
+            if due is not None:
+                lose(due)
+            return original_save(self, step, state)
+
+        snapshotter.Snapshotter.save = save  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------
@@ -401,6 +461,23 @@ def _hash_batches() -> None:
         return original(path, array, global_mesh)
 
     mh._form_global_array = form_global_array
+
+
+def _record_meshes(path: Path) -> None:
+    """Wrap ``maxtext_utils.create_device_mesh``: a ``mesh`` event with the slices of the devices of the mesh
+    MaxText built (by ``slice_index``), its device count and shape (``mesh_slices_before``/``_after``)."""
+    from maxtext.utils import maxtext_utils
+
+    original = maxtext_utils.create_device_mesh
+
+    def create_device_mesh(*args: Any, **kwargs: Any) -> Any:
+        mesh = original(*args, **kwargs)
+        devices = list(getattr(mesh, "flat", []))
+        slices = sorted({int(getattr(d, "slice_index", 0)) for d in devices})
+        record(path, "mesh", slices=len(slices), slice_indices=slices, devices=len(devices), shape=list(mesh.shape))
+        return mesh
+
+    maxtext_utils.create_device_mesh = create_device_mesh
 
 
 def _record_steps(path: Path) -> None:
