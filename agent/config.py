@@ -185,7 +185,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         "--elastic-max-retries",
         default=10,
         type=int,
-        help="MaxText's flag: attempts including the first (default 10)",
+        help="MaxText's flag, read by its name: recoveries from failures allowed (N + 1 attempts; default 10)",
     )
     _add(
         p,

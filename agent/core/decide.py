@@ -28,10 +28,10 @@ States and transitions::
 * A hold flushes (Orbax save + wait) unless training can continue at once on
   the survivors from memory; resuming uses surviving replicas' memory when the
   trainer still holds its state, else the newest committed checkpoint.
-* ``elastic_max_retries`` counts attempts as MaxText does, the first one
-  included: N attempts allow N - 1 recoveries from failures, and the failure
-  after them is terminal. Growing back onto a returned slice, a drain and a
-  re-synchronisation are not failures and use no attempt.
+* ``elastic_max_retries`` recoveries from failures are allowed (the flag read
+  by its name: N + 1 attempts, the first included); the failure after them is
+  terminal. Growing back onto a returned slice, a drain and a
+  re-synchronisation are not failures and use no retry.
 * A slice error that names no slice holds (one recovery) but does not resume
   on unchanged slices for ``unnamed_error_wait_seconds``: the host behind it is
   usually found within that wait, inside the same recovery.
@@ -869,8 +869,7 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
         if retries >= p.max_recoveries:
             return _fail(
                 state,
-                f"{why}; elastic_max_retries={p.elastic_max_retries} attempts used up (the first and "
-                f"{p.max_recoveries} recoveries)",
+                f"{why}; elastic_max_retries={p.elastic_max_retries} recoveries used up",
             )
         retries += 1
     up = state.up_slices()

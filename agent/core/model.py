@@ -36,12 +36,13 @@ class Policy:
     The three ``elastic_*`` settings keep MaxText's names and meanings
     (``src/maxtext/configs/base.yml``): ``elastic_min_slice_count`` of -1 waits
     for every slice, k continues on at least k; ``elastic_timeout_seconds``
-    bounds one wait for enough slices; ``elastic_max_retries`` counts attempts
-    as MaxText and pathwaysutils' ``ElasticRetryLimit`` do, the first one
-    included: N attempts allow N - 1 recoveries from failures, and the failure
-    after them is terminal (1: none). A grow, a drain or a re-synchronisation
-    spends no attempt: with the sidecar MaxText's loop never re-runs for those
-    (see docs/maxtext.md).
+    bounds one wait for enough slices; ``elastic_max_retries`` is read by its
+    name: N allows N recoveries from failures (N + 1 attempts, the first
+    included), and the failure after them is terminal. A grow, a drain or a
+    re-synchronisation spends none. (pathwaysutils' ``ElasticRetryLimit(N)``
+    allows N attempts including the first, grows included; with the sidecar's
+    hook MaxText's loop never applies that limit: see docs/maxtext.md. One
+    definition everywhere: README.md, ``--help`` and this core.)
     """
 
     num_slices: int
@@ -125,8 +126,8 @@ class Policy:
 
     @property
     def max_recoveries(self) -> int:
-        """Recoveries from failures allowed: ``elastic_max_retries`` attempts, the first included."""
-        return self.elastic_max_retries - 1
+        """Recoveries from failures allowed: ``elastic_max_retries`` of them (see the class docstring)."""
+        return self.elastic_max_retries
 
     @property
     def min_slices(self) -> int:

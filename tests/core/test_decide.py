@@ -390,11 +390,10 @@ def test_a_hold_without_flush_must_be_acknowledged_within_elastic_timeout():
 
 @pytest.mark.parametrize("max_retries", [1, 2, 3, 10])
 def test_elastic_max_retries_recoveries_are_allowed_and_the_next_failure_is_terminal(max_retries):
-    # MaxText's meaning (pathwaysutils ElasticRetryLimit): attempts including the first, so
-    # max_retries - 1 recoveries; 1 allows none.
+    # The flag read by its name (README.md, --help, agent/core/model.py Policy): N recoveries.
     job = Job(Policy(num_slices=3, elastic_min_slice_count=2, elastic_max_retries=max_retries))
     job.start()
-    for n in range(max_retries - 1):  # the allowed recoveries, each followed by a grow back
+    for n in range(max_retries):  # the allowed recoveries, each followed by a grow back
         d = job.feed(WorkerLost(2, 0, f"{'ab'[n % 2]}2.0", "stream_closed"), dt=1)
         assert d.state.phase == Phase.HOLDING and d.state.retries_used == n + 1
         job.ack_resume(job.ack_hold(d))
