@@ -46,10 +46,10 @@ ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
     ("pathwaysutils.elastic.elastic", "get_active_slice_indices", "slice health"),
     ("pathwaysutils.experimental.split_by_mesh_axis", "split_by_mesh_axis", "the Snapshotter's split"),
     ("pathwaysutils.experimental.concatenate_by_mesh_axis", "concatenate_by_mesh_axis", "the Snapshotter's load"),
-    ("orbax.checkpoint.v1", "training.pathways.Snapshotter.save", "snapshots"),
-    ("orbax.checkpoint.v1", "training.pathways.Snapshotter.load", "restores"),
-    ("orbax.checkpoint.v1", "training.pathways.Snapshotter.join", "restores"),
-    ("orbax.checkpoint.v1", "training.pathways.Snapshotter.latest", "the snapshot's step"),
+    ("orbax.checkpoint", "v1.training.pathways.Snapshotter.save", "snapshots"),
+    ("orbax.checkpoint", "v1.training.pathways.Snapshotter.load", "restores"),
+    ("orbax.checkpoint", "v1.training.pathways.Snapshotter.join", "restores"),
+    ("orbax.checkpoint", "v1.training.pathways.Snapshotter.latest", "the snapshot's step"),
 )
 
 PARAMETERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
