@@ -544,6 +544,17 @@ class Demo:
 
             self._after(RESTART_DELAY, f"worker sidecar {s}.{h} started again", again)
             what = f"worker sidecar {s}.{h} killed (exit {code}), host stays up; restart in {RESTART_DELAY:g} s"
+        elif f.kind == "sidecar-stall":
+            assert f.slice is not None and f.host is not None and f.seconds is not None
+            sidecar = job.hosts[(f.slice, f.host)].sidecar
+            sidecar.send_signal(signal.SIGSTOP)  # the sidecar alone: its Pathways worker keeps serving
+
+            def wake(sidecar: subprocess.Popen[bytes] = sidecar) -> None:
+                if sidecar.poll() is None:
+                    sidecar.send_signal(signal.SIGCONT)
+
+            self._after(f.seconds, f"worker sidecar {f.slice}.{f.host} continued (SIGCONT)", wake)
+            what = f"worker sidecar {f.slice}.{f.host} stopped (SIGSTOP) for {f.seconds:g} s, its host stays up"
         elif f.kind == "coordinator-restart":
             what = self.kill_coordinator(restart_after=RESTART_DELAY)
         elif f.kind == "coordinator-stall":

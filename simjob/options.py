@@ -20,7 +20,10 @@ JOB_KINDS = ("coordinator-restart", "coordinator-stall", "trainer-kill")
 start it again on the same state location; ``coordinator-stall:SECONDS@STEP``: SIGSTOP it, SIGCONT
 after SECONDS; ``trainer-kill@STEP``: SIGKILL the trainer, start it again with the same arguments
 (it restores from its Orbax checkpoint), as the JobSet would."""
-FAULT_KINDS = HOST_KINDS + JOB_KINDS
+HOST_TIMED_KINDS = ("sidecar-stall",)
+"""Faults aimed at one host for a while, ``KIND:SLICE.HOST:SECONDS@STEP``. sidecar-stall: SIGSTOP
+that host's worker sidecar alone (its Pathways worker stays healthy), SIGCONT after SECONDS."""
+FAULT_KINDS = HOST_KINDS + HOST_TIMED_KINDS + JOB_KINDS
 ANNOUNCED = ("notice", "metadata")
 RESTART_DELAY = 1.0
 """Seconds from a coordinator, sidecar or trainer kill until the demo starts it again."""
@@ -31,7 +34,8 @@ _HOST_RE = re.compile(r"^(?P<slice>\d+)\.(?P<host>\d+)$")
 DEFAULT_FAULTS = ("kill:1.0@40", "hang:2.0@120")
 FAULT_HELP = (
     "KIND:SLICE.HOST@STEP with KIND one of " + ", ".join(HOST_KINDS) + " (e.g. kill:1.0@40), "
-    "or coordinator-restart@STEP, coordinator-stall:SECONDS@STEP, trainer-kill@STEP"
+    "or sidecar-stall:SLICE.HOST:SECONDS@STEP, coordinator-restart@STEP, coordinator-stall:SECONDS@STEP, "
+    "trainer-kill@STEP"
 )
 
 
@@ -44,6 +48,8 @@ class FaultSpec:
     seconds: float | None = None
 
     def __str__(self) -> str:
+        if self.slice is not None and self.seconds is not None:
+            return f"{self.kind}:{self.slice}.{self.host}:{self.seconds:g}@{self.at_step}"
         if self.slice is not None:
             return f"{self.kind}:{self.slice}.{self.host}@{self.at_step}"
         if self.seconds is not None:
@@ -52,7 +58,7 @@ class FaultSpec:
 
     @property
     def on_host(self) -> bool:
-        return self.kind in HOST_KINDS
+        return self.kind in HOST_KINDS or self.kind in HOST_TIMED_KINDS
 
 
 def parse_fault(text: str) -> FaultSpec:
@@ -75,6 +81,18 @@ def parse_fault(text: str) -> FaultSpec:
         if arg is None or not h:
             raise bad(f"{kind} needs SLICE.HOST, e.g. {kind}:1.0@{step}")
         return FaultSpec(kind, int(h["slice"]), int(h["host"]), step)
+    if kind in HOST_TIMED_KINDS:
+        where, _, secs = (arg or "").partition(":")
+        h = _HOST_RE.match(where)
+        if not h or not secs:
+            raise bad(f"{kind} needs SLICE.HOST:SECONDS, e.g. {kind}:2.0:3@{step}")
+        try:
+            seconds = float(secs)
+        except ValueError:
+            raise bad(f"seconds {secs!r} is not a number") from None
+        if not 0 < seconds <= 3600:
+            raise bad(f"seconds {secs!r} must be above 0 and at most 3600")
+        return FaultSpec(kind, int(h["slice"]), int(h["host"]), step, seconds)
     if kind == "coordinator-stall":
         if arg is None:
             raise bad(f"coordinator-stall needs SECONDS, e.g. coordinator-stall:3@{step}")
