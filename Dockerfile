@@ -23,10 +23,9 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY agent/ agent/
 COPY trainer_hooks/ trainer_hooks/
 COPY protos/ protos/
-COPY standins/ standins/
-COPY simjob/ simjob/
 
-# Runtime dependencies only: the core ones plus the `pubsub` extra (not demo/test).
+# The wheel holds agent, trainer_hooks and protos (pyproject.toml); runtime
+# dependencies only: the core ones plus the `pubsub` extra (not demo/test).
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install -c constraints.txt "$(echo /wheels/elastic_sidecar-*.whl)[pubsub]" \
