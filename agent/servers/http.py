@@ -26,17 +26,41 @@ and kubelet probes only).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from agent import log as logmod
 from agent.servers.page import STATUS_PAGE
 
 log = logmod.get("http")
+
+
+class _NotHttp1(logging.Filter):
+    """Bytes that are not an HTTP/1 request (most often a gRPC client given this port: HTTP/2's
+    preface) are the client's mistake: one WARNING line saying so, not an ERROR with aiohttp's traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = (
+                "refused a request that is not HTTP/1 (a gRPC client given the HTTP port? the admin API is on "
+                "--admin-listen, workers register on the coordinator's --listen): %s"
+            )
+            record.args = ((str(exc.message or exc).strip().splitlines() or [""])[0][:200],)
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_server_log = logging.getLogger("aiohttp.server.elastic_sidecar")
+_server_log.addFilter(_NotHttp1())
 
 Checks = dict[str, bool]
 
@@ -101,7 +125,7 @@ async def start_http_server(
 ) -> HttpServer:
     """Serve on ``listen``; OSError when the address cannot be bound (fatal at start-up, as for the admin API)."""
     app = build_app(status=status, ready=ready, registry=registry)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_server_log)
     await runner.setup()
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
@@ -110,7 +134,7 @@ async def start_http_server(
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        raise OSError(f"HTTP server: could not listen on {listen} ({e.strerror or e})") from None
+        raise OSError(f"HTTP server: could not listen on {listen} (--http-listen): {e.strerror or e}") from None
     bound = int(runner.addresses[0][1])  # the real port when listen asked for :0
     addr = f"{listen.rpartition(':')[0]}:{bound}"
     log.info("HTTP server listening", address=addr, endpoints=["/healthz", "/readyz", "/metrics", "/status", "/"])
