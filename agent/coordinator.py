@@ -31,13 +31,18 @@ Trust under its own failures (docs/reliability.md):
   from memory anyway, flagged not durable (ERROR log, metric, /status,
   readiness), and the file catches up at the next write that succeeds: a job
   is never left unprotected waiting for a disk.
-* **fencing**: every start takes a new epoch, above the last one on file and
-  the wall clock in milliseconds, durable before it serves. Every command
-  carries it; trainers and workers ignore commands from an older epoch and say
-  which epoch they have seen when they connect, and a coordinator that learns
-  of a newer epoch stops steering (it refuses every stream, reports itself
-  fenced and not ready). Two coordinators on one state directory cannot run at
-  once: the second waits for the first's lock (``flock``).
+* **fencing** (:mod:`agent.fencing`): every start takes a new epoch, one above
+  the last one on file (the wall clock in milliseconds only as a floor when
+  there is no state file), durable before it serves, and issued with a proof
+  (an HMAC with the peer token). Every command carries it; trainers and workers
+  ignore commands from an older epoch and present the newest epoch and proof
+  they have seen when they connect. A coordinator that learns of a newer epoch
+  whose proof verifies stops steering (it refuses every stream, reports itself
+  fenced, not ready, and NOT_SERVING on gRPC health); a claim that does not
+  verify is logged and ignored. A coordinator that started blind (no state
+  file) and has not steered yet takes an epoch above a verified one instead.
+  Two coordinators on one state directory cannot run at once: the second waits
+  for the first's lock (``flock``).
 * **liveness**: a worker is late by the time since its last message was read,
   counted from the end of any event-loop stall (a stalled loop is measured
   and logged, and never by itself declares anyone lost). When a worker's stream
@@ -70,8 +75,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent import constants as C
+from agent import fencing, statefile
 from agent import log as logmod
-from agent import statefile
 from agent.auth import BearerAuthInterceptor, BearerToken
 from agent.config import CoordinatorConfig, is_loopback
 from agent.core import decide, initial_state
@@ -244,6 +249,15 @@ class Coordinator:
         """This process's epoch: it grows at every coordinator start (fencing)."""
         self.fenced_by = 0
         """A newer coordinator's epoch, once a participant reported one: this one no longer steers."""
+        self.coordinator_id = fencing.new_coordinator_id()
+        """Who issues this process's epochs (part of their proof)."""
+        self.epoch_proof = b""
+        """The proof of :attr:`epoch` (agent.fencing)."""
+        self._blind = True
+        """Started with no usable state file: its epoch rests on the wall clock."""
+        self._steered = False
+        """A command went to the trainer or the workers (a blind epoch can no longer be moved)."""
+        self._claims_ignored = 0
         self.durable = True
         """Every decision so far reached the state file before its actions ran."""
         self.durability_problem = ""
@@ -252,6 +266,7 @@ class Coordinator:
         self.state_file_problem = ""
         """Set when the state file found at start could not be used (it was moved aside)."""
         self._lock_fd: int | None = None
+        self._state_writer = statefile.BoundedWriter()
         self._loop_resumed_at = 0.0
         """End of the newest event-loop stall: nobody is late for time the loop could not read."""
         self._drops_seen = 0
@@ -364,9 +379,47 @@ class Coordinator:
                     active=sorted(self.state.active),
                     epoch_on_file=file_epoch,
                 )
-        self.epoch = max(file_epoch + 1, int(time.time() * 1000))
+        self._blind = path is None or not self.state_file_note or bool(self.state_file_problem)
+        self._take_epoch(fencing.next_epoch(None if self._blind else file_epoch))
         self.metrics.epoch.set(self.epoch)
         self.metrics.state_durable.set(1)
+
+    def _take_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.epoch_proof = fencing.proof(self.cfg.peer_token, self.cfg.job, epoch, self.coordinator_id)
+        self.metrics.epoch.set(epoch)
+
+    async def epoch_claim(self, epoch: int, coordinator: str, proof: bytes, who: str) -> None:
+        """A participant says it has seen ``epoch`` (above ours): believe it only if its proof verifies.
+
+        Verified: a blind start that has not steered yet moves above it (durable before it is
+        used); otherwise this coordinator is fenced. Not verified: logged and ignored.
+        """
+        if epoch <= self.epoch:
+            return
+        if not fencing.verify(self.cfg.peer_token, self.cfg.job, epoch, coordinator, proof):
+            self._claims_ignored += 1
+            log.warning(
+                "a newer coordinator epoch was claimed without a valid proof; ignored (not fencing)",
+                claimed_epoch=epoch,
+                epoch=self.epoch,
+                reported_by=who,
+                claims_ignored=self._claims_ignored,
+            )
+            return
+        if self._blind and not self._steered and not self.fenced_by:
+            old = self.epoch
+            self._take_epoch(fencing.next_epoch(None, seen=epoch))
+            log.warning(
+                "started without a state file below an epoch already issued; taking the next one above it",
+                epoch=self.epoch,
+                was=old,
+                seen_epoch=epoch,
+                reported_by=who,
+            )
+            await self._make_durable()
+            return
+        self.fence(epoch, who)
 
     def _write_state(self, state: State) -> None:
         """Serialise and write ``state`` (runs in a thread: states are immutable)."""
@@ -384,7 +437,9 @@ class Coordinator:
         delay = 0.05
         while True:
             try:
-                await asyncio.to_thread(self._write_state, target)
+                # Bounded: a write that hangs (a stalled disk) fails like any other (statefile.BoundedWriter).
+                bound = max(deadline - time.monotonic(), 0.25) if self.durable else self.cfg.durability_bound
+                await self._state_writer.run(self._write_state, target, bound=bound)
             except OSError as e:
                 self.metrics.state_write_failures.inc()
                 problem = f"state file {path}: {e.strerror or e}"
@@ -548,7 +603,10 @@ class Coordinator:
             case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer():
                 cmd = _to_trainer_command(a)
                 assert cmd is not None
+                self._steered = True
                 cmd.epoch = self.epoch
+                cmd.epoch_coordinator = self.coordinator_id
+                cmd.epoch_proof = self.epoch_proof
                 if isinstance(a, HoldTrainer):
                     # Multi-controller: every process stops at this one boundary (0: the next one).
                     cmd.hold.at_step = self.group.hold_step(a.generation)
@@ -566,6 +624,7 @@ class Coordinator:
                 for conn in self.trainer_conns.values():
                     conn.outbox.put_nowait(cmd)
             case TellWorkers():
+                self._steered = True
                 msg = peer_pb2.CoordinatorMessage(
                     command=peer_pb2.PeerCommand(
                         generation=a.generation, kind=a.kind, reason=a.reason, epoch=self.epoch
@@ -625,6 +684,8 @@ class Coordinator:
             return
         self.fenced_by = newer_epoch
         self.metrics.fenced.set(1)
+        # Its liveness probe (gRPC health) must see it: a fenced coordinator steers nothing.
+        asyncio.get_running_loop().create_task(self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING))
         log.error(
             "superseded by a newer coordinator: no longer steering this job",
             epoch=self.epoch,
@@ -1038,7 +1099,9 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "identity.incarnation must not be empty")
             return
         if reg.epoch_seen > self.c.epoch:
-            self.c.fence(reg.epoch_seen, f"worker {ident.slice}.{ident.host}")
+            await self.c.epoch_claim(
+                reg.epoch_seen, reg.epoch_seen_coordinator, reg.epoch_seen_proof, f"worker {ident.slice}.{ident.host}"
+            )
         if self.c.fenced_by:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -1079,6 +1142,8 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                     epoch=self.c.epoch,
                     heartbeat_datagram_port=self.c.datagram_port,
                     heartbeat_datagram_token=conn.token,
+                    epoch_coordinator=self.c.coordinator_id,
+                    epoch_proof=self.c.epoch_proof,
                 )
             )
         )
@@ -1214,7 +1279,7 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
             )
             return
         if hello.epoch > self.c.epoch:
-            self.c.fence(hello.epoch, "the trainer")
+            await self.c.epoch_claim(hello.epoch, hello.epoch_coordinator, hello.epoch_proof, "the trainer")
         if self.c.fenced_by:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

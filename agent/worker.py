@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from agent import constants as C
+from agent import fencing
 from agent import log as logmod
 from agent.config import WorkerConfig
 from agent.metrics import WorkerMetrics
@@ -36,6 +37,8 @@ from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatche
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
 log = logmod.get("worker")
+SUPERSEDED_RETRY_MAX_SECONDS = 5.0
+"""Longest wait between tries while only a superseded coordinator answers."""
 HEALTH_STABLE_SECONDS = 1.0
 """How long a local worker must stay healthy after a failure before it counts again."""
 
@@ -50,6 +53,9 @@ class Worker:
         self.generation = 0
         self.epoch_seen = 0
         """Newest coordinator epoch this worker accepted (fencing: older ones are refused)."""
+        self.epoch_coordinator = ""
+        self.epoch_proof = b""
+        """Who issued :attr:`epoch_seen` and its proof (:mod:`agent.fencing`), presented on Join."""
         self._stopping = False
         self._was_unhealthy = False
         self._recovery: asyncio.TimerHandle | None = None
@@ -169,6 +175,8 @@ class Worker:
                         identity=self._identity(),
                         job=self.cfg.job,
                         epoch_seen=self.epoch_seen,
+                        epoch_seen_coordinator=self.epoch_coordinator,
+                        epoch_seen_proof=self.epoch_proof,
                         generation_seen=self.generation,
                         local_healthy=self.healthy and not self._was_unhealthy,
                         health_address=self.cfg.health_target or "",
@@ -185,7 +193,15 @@ class Worker:
                 raise ConnectionError(
                     f"coordinator epoch {first.registered.epoch} is older than epoch {self.epoch_seen} already seen"
                 )
-            self.epoch_seen = max(self.epoch_seen, first.registered.epoch)
+            reg = first.registered
+            if first.registered.epoch > self.epoch_seen:
+                if fencing.verify(c.peer_token, c.job, reg.epoch, reg.epoch_coordinator, reg.epoch_proof):
+                    self.epoch_seen = reg.epoch
+                    self.epoch_coordinator, self.epoch_proof = reg.epoch_coordinator, reg.epoch_proof
+                else:
+                    # Still follow it (the stream is the one this worker was pointed at), but a claim
+                    # it could not prove is not one to present to other coordinators.
+                    log.warning("coordinator epoch came without a valid proof; not kept", epoch=reg.epoch)
             interval = first.registered.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
             self.generation = first.registered.generation
             self._last_command = (-1, 0)  # a new registration: the old one's datagrams no longer authenticate
@@ -376,6 +392,17 @@ class Worker:
             except (grpc.aio.AioRpcError, ConnectionError) as e:
                 detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                 code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
+                if code == grpc.StatusCode.FAILED_PRECONDITION and "superseded" in detail:
+                    # A coordinator older than one this worker (or another) followed: not this
+                    # worker's mistake. Keep looking, with backoff, for the current one (the
+                    # Service sends new connections to it once the old pod is gone).
+                    log.warning("coordinator refused this worker as superseded; looking again", detail=detail)
+                    if delay == 0.05:
+                        self._note("Refused", f"a superseded coordinator refused this worker: {detail}")
+                    self.metrics.reconnects.inc()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, SUPERSEDED_RETRY_MAX_SECONDS)
+                    continue
                 if code in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.FAILED_PRECONDITION,

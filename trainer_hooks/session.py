@@ -180,6 +180,9 @@ class ElasticSession:
         self.generation = 0
         self.epoch = 0
         """Newest coordinator epoch a command was accepted from (0: none)."""
+        self.epoch_coordinator = ""
+        self.epoch_proof = b""
+        """Who issued that epoch and its proof, echoed in the hello (agent/fencing.py verifies them)."""
         self.step = -1  # last completed step held in memory (-1: none)
         self.committed_step = -1
         self.held = False
@@ -242,6 +245,8 @@ class ElasticSession:
                 active_slices=list(s.active_slices),
                 total_steps=total_steps,
                 epoch=s.epoch,
+                epoch_coordinator=s.epoch_coordinator,
+                epoch_proof=s.epoch_proof,
                 committed_step=s.committed_step,
                 held=s.held,
                 process_index=process_index,
@@ -522,6 +527,8 @@ class ElasticSession:
                 "fenced", {"kind": kind, "epoch": cmd.epoch, "current_epoch": self.epoch, "generation": body.generation}
             )
             return None
+        if cmd.epoch > self.epoch or not self.epoch_proof:
+            self.epoch_coordinator, self.epoch_proof = cmd.epoch_coordinator, cmd.epoch_proof
         self.epoch = cmd.epoch
         if body.generation < self.generation or body.generation <= newer_than and kind != "abort":
             self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})

@@ -410,16 +410,28 @@ async def test_writes_failing_hold_actions_until_the_bound_then_act_and_catch_up
 
 
 async def test_participants_with_a_newer_epoch_fence_the_older_coordinator(tmp_path: Path) -> None:
+    from agent import fencing
+
+    earlier = Coordinator(coordinator_config(tmp_path / "state"))  # leaves a state file: not a blind start
+    await earlier.start()
+    await earlier.stop(grace=0.1)
     coord = Coordinator(coordinator_config(tmp_path / "state"))
     await coord.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.port}") as ch:
             call = peer_pb2_grpc.PeerStub(ch).Join()
             ident = peer_pb2.HostIdentity(slice=0, host=0, incarnation="w")
+            newer, proof = coord.epoch + 5, fencing.proof(None, "restart-job", coord.epoch + 5, "newer")
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 await call.write(
                     peer_pb2.WorkerMessage(
-                        register=peer_pb2.Register(identity=ident, job="restart-job", epoch_seen=coord.epoch + 5)
+                        register=peer_pb2.Register(
+                            identity=ident,
+                            job="restart-job",
+                            epoch_seen=newer,
+                            epoch_seen_coordinator="newer",
+                            epoch_seen_proof=proof,
+                        )
                     )
                 )
                 await call.read()

@@ -22,11 +22,13 @@ class HostIdentity(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., host: _Optional[int] = ..., node: _Optional[str] = ..., node_pool: _Optional[str] = ..., pod: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("identity", "job", "epoch_seen", "generation_seen", "local_healthy", "health_address", "health_check")
+    __slots__ = ("identity", "job", "epoch_seen", "generation_seen", "epoch_seen_coordinator", "epoch_seen_proof", "local_healthy", "health_address", "health_check")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     EPOCH_SEEN_FIELD_NUMBER: _ClassVar[int]
     GENERATION_SEEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SEEN_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_SEEN_PROOF_FIELD_NUMBER: _ClassVar[int]
     LOCAL_HEALTHY_FIELD_NUMBER: _ClassVar[int]
     HEALTH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_CHECK_FIELD_NUMBER: _ClassVar[int]
@@ -34,10 +36,12 @@ class Register(_message.Message):
     job: str
     epoch_seen: int
     generation_seen: int
+    epoch_seen_coordinator: str
+    epoch_seen_proof: bytes
     local_healthy: bool
     health_address: str
     health_check: str
-    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ..., epoch_seen: _Optional[int] = ..., generation_seen: _Optional[int] = ..., local_healthy: _Optional[bool] = ..., health_address: _Optional[str] = ..., health_check: _Optional[str] = ...) -> None: ...
+    def __init__(self, identity: _Optional[_Union[HostIdentity, _Mapping]] = ..., job: _Optional[str] = ..., epoch_seen: _Optional[int] = ..., generation_seen: _Optional[int] = ..., epoch_seen_coordinator: _Optional[str] = ..., epoch_seen_proof: _Optional[bytes] = ..., local_healthy: _Optional[bool] = ..., health_address: _Optional[str] = ..., health_check: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "local_healthy")
@@ -70,18 +74,22 @@ class WorkerMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., report: _Optional[_Union[LocalReport, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("generation", "heartbeat_interval_seconds", "epoch", "heartbeat_datagram_port", "heartbeat_datagram_token")
+    __slots__ = ("generation", "heartbeat_interval_seconds", "epoch", "heartbeat_datagram_port", "heartbeat_datagram_token", "epoch_coordinator", "epoch_proof")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_DATAGRAM_PORT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_DATAGRAM_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_PROOF_FIELD_NUMBER: _ClassVar[int]
     generation: int
     heartbeat_interval_seconds: float
     epoch: int
     heartbeat_datagram_port: int
     heartbeat_datagram_token: bytes
-    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat_datagram_port: _Optional[int] = ..., heartbeat_datagram_token: _Optional[bytes] = ...) -> None: ...
+    epoch_coordinator: str
+    epoch_proof: bytes
+    def __init__(self, generation: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat_datagram_port: _Optional[int] = ..., heartbeat_datagram_token: _Optional[bytes] = ..., epoch_coordinator: _Optional[str] = ..., epoch_proof: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatDatagram(_message.Message):
     __slots__ = ("slice", "host", "token", "seq", "ack_generation", "ack_kind")

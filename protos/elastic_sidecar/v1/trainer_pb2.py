@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'protos/elastic_sidecar/v1/trainer.proto\x12\x12\x65lastic_sidecar.v1\"\xf9\x02\n\x0cTrainerHello\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x16\n\x0estep_in_memory\x18\x02 \x01(\x03\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x15\n\ractive_slices\x18\x04 \x03(\x05\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12\x1f\n\x17\x65lastic_min_slice_count\x18\x06 \x01(\x05\x12\x1f\n\x17\x65lastic_timeout_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13\x65lastic_max_retries\x18\x08 \x01(\x05\x12\x1c\n\x14has_elastic_settings\x18\t \x01(\x08\x12\r\n\x05\x65poch\x18\n \x01(\x03\x12\x1b\n\x0e\x63ommitted_step\x18\x0b \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04held\x18\x0c \x01(\x08\x12\x15\n\rprocess_index\x18\r \x01(\x05\x12\x15\n\rprocess_count\x18\x0e \x01(\x05\x12\x0c\n\x04host\x18\x0f \x01(\tB\x11\n\x0f_committed_step\"D\n\nStepReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x12\n\ngeneration\x18\x03 \x01(\x03\"O\n\nSliceError\x12\x0e\n\x06slices\x18\x01 \x03(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\ngeneration\x18\x04 \x01(\x03\"\x84\x01\n\x07HeldAck\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x03 \x01(\x03\x12\x15\n\rflush_seconds\x18\x04 \x01(\x01\x12\x13\n\x0b\x66lush_bytes\x18\x05 \x01(\x03\x12\x13\n\x0b\x66lush_error\x18\x06 \x01(\t\"u\n\nResumedAck\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x15\n\ractive_slices\x18\x03 \x03(\x05\x12\x15\n\rrestored_from\x18\x04 \x01(\t\x12\x17\n\x0frebuild_seconds\x18\x05 \x01(\x01\"y\n\nFlushedAck\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x02 \x01(\x03\x12\x15\n\rflush_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x66lush_bytes\x18\x04 \x01(\x03\x12\x13\n\x0b\x66lush_error\x18\x05 \x01(\t\"\x18\n\x08\x46inished\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\xf6\x02\n\x0eTrainerMessage\x12\x31\n\x05hello\x18\x01 \x01(\x0b\x32 .elastic_sidecar.v1.TrainerHelloH\x00\x12.\n\x04step\x18\x02 \x01(\x0b\x32\x1e.elastic_sidecar.v1.StepReportH\x00\x12\x35\n\x0bslice_error\x18\x03 \x01(\x0b\x32\x1e.elastic_sidecar.v1.SliceErrorH\x00\x12+\n\x04held\x18\x04 \x01(\x0b\x32\x1b.elastic_sidecar.v1.HeldAckH\x00\x12\x31\n\x07resumed\x18\x05 \x01(\x0b\x32\x1e.elastic_sidecar.v1.ResumedAckH\x00\x12\x31\n\x07\x66lushed\x18\x06 \x01(\x0b\x32\x1e.elastic_sidecar.v1.FlushedAckH\x00\x12\x30\n\x08\x66inished\x18\x07 \x01(\x0b\x32\x1c.elastic_sidecar.v1.FinishedH\x00\x42\x05\n\x03msg\"_\n\x04Hold\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05\x66lush\x18\x02 \x01(\x08\x12\x13\n\x0b\x64own_slices\x18\x03 \x03(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07\x61t_step\x18\x05 \x01(\x03\"\xb4\x01\n\x06Resume\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x15\n\ractive_slices\x18\x02 \x03(\x05\x12\x31\n\x06source\x18\x03 \x01(\x0e\x32!.elastic_sidecar.v1.Resume.Source\x12\x0e\n\x06reason\x18\x04 \x01(\t\"<\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\n\n\x06MEMORY\x10\x01\x12\x0e\n\nCHECKPOINT\x10\x02\"+\n\x05\x46lush\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\x05\x41\x62ort\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xd6\x01\n\x0eSidecarCommand\x12(\n\x04hold\x18\x01 \x01(\x0b\x32\x18.elastic_sidecar.v1.HoldH\x00\x12,\n\x06resume\x18\x02 \x01(\x0b\x32\x1a.elastic_sidecar.v1.ResumeH\x00\x12*\n\x05\x66lush\x18\x03 \x01(\x0b\x32\x19.elastic_sidecar.v1.FlushH\x00\x12*\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x19.elastic_sidecar.v1.AbortH\x00\x12\r\n\x05\x65poch\x18\n \x01(\x03\x42\x05\n\x03\x63md2c\n\x0bTrainerLink\x12T\n\x06\x41ttach\x12\".elastic_sidecar.v1.TrainerMessage\x1a\".elastic_sidecar.v1.SidecarCommand(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'protos/elastic_sidecar/v1/trainer.proto\x12\x12\x65lastic_sidecar.v1\"\xa9\x03\n\x0cTrainerHello\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x16\n\x0estep_in_memory\x18\x02 \x01(\x03\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x15\n\ractive_slices\x18\x04 \x03(\x05\x12\x13\n\x0btotal_steps\x18\x05 \x01(\x03\x12\x1f\n\x17\x65lastic_min_slice_count\x18\x06 \x01(\x05\x12\x1f\n\x17\x65lastic_timeout_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13\x65lastic_max_retries\x18\x08 \x01(\x05\x12\x1c\n\x14has_elastic_settings\x18\t \x01(\x08\x12\r\n\x05\x65poch\x18\n \x01(\x03\x12\x19\n\x11\x65poch_coordinator\x18\x10 \x01(\t\x12\x13\n\x0b\x65poch_proof\x18\x11 \x01(\x0c\x12\x1b\n\x0e\x63ommitted_step\x18\x0b \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04held\x18\x0c \x01(\x08\x12\x15\n\rprocess_index\x18\r \x01(\x05\x12\x15\n\rprocess_count\x18\x0e \x01(\x05\x12\x0c\n\x04host\x18\x0f \x01(\tB\x11\n\x0f_committed_step\"D\n\nStepReport\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x12\n\ngeneration\x18\x03 \x01(\x03\"O\n\nSliceError\x12\x0e\n\x06slices\x18\x01 \x03(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\ngeneration\x18\x04 \x01(\x03\"\x84\x01\n\x07HeldAck\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x03 \x01(\x03\x12\x15\n\rflush_seconds\x18\x04 \x01(\x01\x12\x13\n\x0b\x66lush_bytes\x18\x05 \x01(\x03\x12\x13\n\x0b\x66lush_error\x18\x06 \x01(\t\"u\n\nResumedAck\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x15\n\ractive_slices\x18\x03 \x03(\x05\x12\x15\n\rrestored_from\x18\x04 \x01(\t\x12\x17\n\x0frebuild_seconds\x18\x05 \x01(\x01\"y\n\nFlushedAck\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x02 \x01(\x03\x12\x15\n\rflush_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x66lush_bytes\x18\x04 \x01(\x03\x12\x13\n\x0b\x66lush_error\x18\x05 \x01(\t\"\x18\n\x08\x46inished\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\xf6\x02\n\x0eTrainerMessage\x12\x31\n\x05hello\x18\x01 \x01(\x0b\x32 .elastic_sidecar.v1.TrainerHelloH\x00\x12.\n\x04step\x18\x02 \x01(\x0b\x32\x1e.elastic_sidecar.v1.StepReportH\x00\x12\x35\n\x0bslice_error\x18\x03 \x01(\x0b\x32\x1e.elastic_sidecar.v1.SliceErrorH\x00\x12+\n\x04held\x18\x04 \x01(\x0b\x32\x1b.elastic_sidecar.v1.HeldAckH\x00\x12\x31\n\x07resumed\x18\x05 \x01(\x0b\x32\x1e.elastic_sidecar.v1.ResumedAckH\x00\x12\x31\n\x07\x66lushed\x18\x06 \x01(\x0b\x32\x1e.elastic_sidecar.v1.FlushedAckH\x00\x12\x30\n\x08\x66inished\x18\x07 \x01(\x0b\x32\x1c.elastic_sidecar.v1.FinishedH\x00\x42\x05\n\x03msg\"_\n\x04Hold\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05\x66lush\x18\x02 \x01(\x08\x12\x13\n\x0b\x64own_slices\x18\x03 \x03(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07\x61t_step\x18\x05 \x01(\x03\"\xb4\x01\n\x06Resume\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x15\n\ractive_slices\x18\x02 \x03(\x05\x12\x31\n\x06source\x18\x03 \x01(\x0e\x32!.elastic_sidecar.v1.Resume.Source\x12\x0e\n\x06reason\x18\x04 \x01(\t\"<\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\n\n\x06MEMORY\x10\x01\x12\x0e\n\nCHECKPOINT\x10\x02\"+\n\x05\x46lush\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\x05\x41\x62ort\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x86\x02\n\x0eSidecarCommand\x12(\n\x04hold\x18\x01 \x01(\x0b\x32\x18.elastic_sidecar.v1.HoldH\x00\x12,\n\x06resume\x18\x02 \x01(\x0b\x32\x1a.elastic_sidecar.v1.ResumeH\x00\x12*\n\x05\x66lush\x18\x03 \x01(\x0b\x32\x19.elastic_sidecar.v1.FlushH\x00\x12*\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x19.elastic_sidecar.v1.AbortH\x00\x12\r\n\x05\x65poch\x18\n \x01(\x03\x12\x19\n\x11\x65poch_coordinator\x18\x0b \x01(\t\x12\x13\n\x0b\x65poch_proof\x18\x0c \x01(\x0c\x42\x05\n\x03\x63md2c\n\x0bTrainerLink\x12T\n\x06\x41ttach\x12\".elastic_sidecar.v1.TrainerMessage\x1a\".elastic_sidecar.v1.SidecarCommand(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,33 +32,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.elastic_sidecar.v1.t
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAINERHELLO']._serialized_start=64
-  _globals['_TRAINERHELLO']._serialized_end=441
-  _globals['_STEPREPORT']._serialized_start=443
-  _globals['_STEPREPORT']._serialized_end=511
-  _globals['_SLICEERROR']._serialized_start=513
-  _globals['_SLICEERROR']._serialized_end=592
-  _globals['_HELDACK']._serialized_start=595
-  _globals['_HELDACK']._serialized_end=727
-  _globals['_RESUMEDACK']._serialized_start=729
-  _globals['_RESUMEDACK']._serialized_end=846
-  _globals['_FLUSHEDACK']._serialized_start=848
-  _globals['_FLUSHEDACK']._serialized_end=969
-  _globals['_FINISHED']._serialized_start=971
-  _globals['_FINISHED']._serialized_end=995
-  _globals['_TRAINERMESSAGE']._serialized_start=998
-  _globals['_TRAINERMESSAGE']._serialized_end=1372
-  _globals['_HOLD']._serialized_start=1374
-  _globals['_HOLD']._serialized_end=1469
-  _globals['_RESUME']._serialized_start=1472
-  _globals['_RESUME']._serialized_end=1652
-  _globals['_RESUME_SOURCE']._serialized_start=1592
-  _globals['_RESUME_SOURCE']._serialized_end=1652
-  _globals['_FLUSH']._serialized_start=1654
-  _globals['_FLUSH']._serialized_end=1697
-  _globals['_ABORT']._serialized_start=1699
-  _globals['_ABORT']._serialized_end=1761
-  _globals['_SIDECARCOMMAND']._serialized_start=1764
-  _globals['_SIDECARCOMMAND']._serialized_end=1978
-  _globals['_TRAINERLINK']._serialized_start=1980
-  _globals['_TRAINERLINK']._serialized_end=2079
+  _globals['_TRAINERHELLO']._serialized_end=489
+  _globals['_STEPREPORT']._serialized_start=491
+  _globals['_STEPREPORT']._serialized_end=559
+  _globals['_SLICEERROR']._serialized_start=561
+  _globals['_SLICEERROR']._serialized_end=640
+  _globals['_HELDACK']._serialized_start=643
+  _globals['_HELDACK']._serialized_end=775
+  _globals['_RESUMEDACK']._serialized_start=777
+  _globals['_RESUMEDACK']._serialized_end=894
+  _globals['_FLUSHEDACK']._serialized_start=896
+  _globals['_FLUSHEDACK']._serialized_end=1017
+  _globals['_FINISHED']._serialized_start=1019
+  _globals['_FINISHED']._serialized_end=1043
+  _globals['_TRAINERMESSAGE']._serialized_start=1046
+  _globals['_TRAINERMESSAGE']._serialized_end=1420
+  _globals['_HOLD']._serialized_start=1422
+  _globals['_HOLD']._serialized_end=1517
+  _globals['_RESUME']._serialized_start=1520
+  _globals['_RESUME']._serialized_end=1700
+  _globals['_RESUME_SOURCE']._serialized_start=1640
+  _globals['_RESUME_SOURCE']._serialized_end=1700
+  _globals['_FLUSH']._serialized_start=1702
+  _globals['_FLUSH']._serialized_end=1745
+  _globals['_ABORT']._serialized_start=1747
+  _globals['_ABORT']._serialized_end=1809
+  _globals['_SIDECARCOMMAND']._serialized_start=1812
+  _globals['_SIDECARCOMMAND']._serialized_end=2074
+  _globals['_TRAINERLINK']._serialized_start=2076
+  _globals['_TRAINERLINK']._serialized_end=2175
 # @@protoc_insertion_point(module_scope)

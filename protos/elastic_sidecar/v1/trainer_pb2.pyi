@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TrainerHello(_message.Message):
-    __slots__ = ("job", "step_in_memory", "generation", "active_slices", "total_steps", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "has_elastic_settings", "epoch", "committed_step", "held", "process_index", "process_count", "host")
+    __slots__ = ("job", "step_in_memory", "generation", "active_slices", "total_steps", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "has_elastic_settings", "epoch", "epoch_coordinator", "epoch_proof", "committed_step", "held", "process_index", "process_count", "host")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STEP_IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class TrainerHello(_message.Message):
     ELASTIC_MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     HAS_ELASTIC_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_PROOF_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     PROCESS_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -34,12 +36,14 @@ class TrainerHello(_message.Message):
     elastic_max_retries: int
     has_elastic_settings: bool
     epoch: int
+    epoch_coordinator: str
+    epoch_proof: bytes
     committed_step: int
     held: bool
     process_index: int
     process_count: int
     host: str
-    def __init__(self, job: _Optional[str] = ..., step_in_memory: _Optional[int] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., total_steps: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., has_elastic_settings: _Optional[bool] = ..., epoch: _Optional[int] = ..., committed_step: _Optional[int] = ..., held: _Optional[bool] = ..., process_index: _Optional[int] = ..., process_count: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., step_in_memory: _Optional[int] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., total_steps: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., has_elastic_settings: _Optional[bool] = ..., epoch: _Optional[int] = ..., epoch_coordinator: _Optional[str] = ..., epoch_proof: _Optional[bytes] = ..., committed_step: _Optional[int] = ..., held: _Optional[bool] = ..., process_index: _Optional[int] = ..., process_count: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
     __slots__ = ("step", "step_seconds", "generation")
@@ -184,15 +188,19 @@ class Abort(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SidecarCommand(_message.Message):
-    __slots__ = ("hold", "resume", "flush", "abort", "epoch")
+    __slots__ = ("hold", "resume", "flush", "abort", "epoch", "epoch_coordinator", "epoch_proof")
     HOLD_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_PROOF_FIELD_NUMBER: _ClassVar[int]
     hold: Hold
     resume: Resume
     flush: Flush
     abort: Abort
     epoch: int
-    def __init__(self, hold: _Optional[_Union[Hold, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    epoch_coordinator: str
+    epoch_proof: bytes
+    def __init__(self, hold: _Optional[_Union[Hold, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., epoch: _Optional[int] = ..., epoch_coordinator: _Optional[str] = ..., epoch_proof: _Optional[bytes] = ...) -> None: ...
