@@ -127,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="datagram (shipped): UDP heartbeats once the coordinator confirms them; stream: every heartbeat a "
         "message on the worker's stream (the design before datagrams; coordinator --heartbeat-datagrams off)",
     )
+    g = ap.add_argument_group("scale (also: --repeats, runs of each size, default 3)")
+    g.add_argument(
+        "--scenarios",
+        type=_words,
+        default=None,
+        help="comma list of hold_cycles (default), coordinator_restart (SIGKILL and restart the coordinator under "
+        "load)",
+    )
+    g.add_argument(
+        "--registration-rate",
+        type=float,
+        default=None,
+        help="registrations each load generator starts per second at most (default 0: unpaced)",
+    )
+    g.add_argument("--rejoin-grace", type=float, default=None, help="the coordinator's --rejoin-grace (default 10)")
     g = ap.add_argument_group("goodput (also takes the recovery options: the runs that measure its inputs)")
     g.add_argument("--run-hours", type=float, default=24.0, help="the stated run's length in hours (default 24)")
     g.add_argument(
@@ -226,6 +241,10 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             heartbeat_interval=ns.heartbeat_interval,
             heartbeat_timeout=ns.heartbeat_timeout,
             heartbeats=ns.heartbeats,
+            runs=ns.repeats,
+            scenarios=ns.scenarios,
+            registration_rate=ns.registration_rate,
+            rejoin_grace=ns.rejoin_grace,
         )
     if name == "flush":
         from bench import flush

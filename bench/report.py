@@ -92,7 +92,7 @@ def is_valid(row: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------------------
 
 
-MIN_RUNS = {"goodput": 5, "recovery": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 1}
+MIN_RUNS = {"goodput": 5, "recovery": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 3}
 """Runs a figure needs before a target is judged on it (the methods' minimums)."""
 
 
@@ -283,15 +283,24 @@ def scale_shortfall(sc: dict[str, Any], r: dict[str, Any], field: str) -> str:
     )
 
 
-def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str, unit: str) -> Verdict:
-    goal = f"< {limit:g} {unit} at 10,000 workers, shipped heartbeat settings, every fan-out delivered"
+def hold_cycle_rows(sc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Scale rows of the hold-cycle scenario (rows from before scenarios existed are of that one)."""
+    return [r for r in sc.get("results", []) if r.get("scenario", "hold_cycles") == "hold_cycles"]
+
+
+def _scale_target(
+    sc: dict[str, Any] | None, field: str, limit: float, name: str, unit: str, at: int = 10000
+) -> Verdict:
+    goal = f"< {limit:g} {unit} at {at:,} workers, shipped heartbeat settings, every fan-out delivered"
     if sc is None:
         return Verdict(name, goal, "–", "not measured", "no scale results")
-    rows = [r for r in sc.get("results", []) if r.get("workers", 0) >= 10000]
+    rows = [r for r in hold_cycle_rows(sc) if r.get("workers", 0) >= at]
+    if at > 10000:
+        rows = [r for r in rows if r.get("workers") == at]
     if not rows:
         sizes = ", ".join(fmt(r.get("workers")) for r in sc.get("results", [])) or "none"
-        return Verdict(name, goal, "–", "not measured", f"no run at 10,000 workers (sizes run: {sizes})")
-    r = max(rows, key=lambda x: x["workers"])
+        return Verdict(name, goal, "–", "not measured", f"no run at {at:,} workers (sizes run: {sizes})")
+    r = min(rows, key=lambda x: x["workers"]) if at > 10000 else max(rows, key=lambda x: x["workers"])
     basis = (
         f"{fmt(r['workers'])} workers, heartbeat {fmt(r.get('heartbeat_interval'))} s, {fmt(r.get('cycles'))} cycles"
     )
@@ -309,7 +318,7 @@ def _scale_target(sc: dict[str, Any] | None, field: str, limit: float, name: str
         return Verdict(name, goal, shown, "invalid", f"{basis}: " + "; ".join(causes) + (f". {gap}" if gap else ""))
     if v is None:
         return Verdict(name, goal, "–", "not measured", basis)
-    why = unjudged(sc, r.get("cycles"))
+    why = unjudged(sc, r.get("runs"))
     off_shipped = [c for c in causes if c.startswith(("heartbeat ", "heartbeats by "))]
     if why or off_shipped:
         return Verdict(
@@ -456,6 +465,29 @@ def _footprint_targets(fp: dict[str, Any] | None) -> list[Verdict]:
     return out
 
 
+def _restart_targets(sc: dict[str, Any] | None) -> list[Verdict]:
+    """Per size with a coordinator_restart row: no host lost and every worker back within the rejoin grace."""
+    out = []
+    for r in sorted(
+        (r for r in (sc or {}).get("results", []) if r.get("scenario") == "coordinator_restart"),
+        key=lambda x: x["workers"],
+    ):
+        name = f"coordinator restart at {fmt(r['workers'])} workers"
+        goal = "0 hosts lost, every worker back within --rejoin-grace"
+        shown = (
+            f"{fmt(r.get('hosts_lost'))} lost, all back {fmt(r.get('all_back_seconds'))} s "
+            f"(grace {fmt(r.get('rejoin_grace'))} s), n={fmt(r.get('runs'))}"
+        )
+        why = unjudged(sc or {}, r.get("runs"))
+        if not is_valid(r):
+            out.append(Verdict(name, goal, shown, "invalid" if r.get("runs") else "not measured", status(r)))
+        elif why:
+            out.append(Verdict(name, goal, shown, "not measured", why))
+        else:
+            out.append(Verdict(name, goal, shown, "met", "SIGKILL under load, restarted on the same ports"))
+    return out
+
+
 def _goodput_targets(gp: dict[str, Any] | None) -> list[Verdict]:
     """Per trainer: is the sidecar's goodput the highest of the strategies at the stated schedule?"""
     goal = "the sidecar's goodput the highest of the strategies"
@@ -500,6 +532,9 @@ def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
     sc = secs.get("scale")
     out.append(_scale_target(sc, "coordinator_cores", 0.5, "coordinator CPU", "cores"))
     out.append(_scale_target(sc, "fanout_p99_seconds", 1.0, "hold fan-out p99 (worst cycle)", "s"))
+    if sc is not None and any(r.get("workers") == 25000 for r in hold_cycle_rows(sc)):
+        out.append(_scale_target(sc, "coordinator_cores", 1.0, "coordinator CPU at 25,000", "cores", at=25000))
+    out += _restart_targets(sc)
     out += _flush_targets(secs.get("flush"))
     out += _detection_targets(secs.get("detection"))
     out += _footprint_targets(secs.get("footprint"))
@@ -874,19 +909,52 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             fmt(r.get("stream_fanout_p99_seconds")),
             fmt(r.get("delivered_fraction")),
             fmt(r.get("udp_receive_buffer_drops")),
+            fmt(r.get("coordinator_socket_drops")),
             fmt(r.get("cycles")),
+            fmt(r.get("runs")),
             fmt(r.get("pinned")),
             status(r),
         ]
-        for r in s.get("results", [])
+        for r in hold_cycle_rows(s)
     ]
     head = ["workers", "heartbeat / timeout s", "heartbeats by", "coordinator cores", "main thread cores", "RSS MiB"]
     head += ["hold fan-out p99 s (worst cycle)", "same, when the generator read it", "resume fan-out p99 s"]
     head += ["hold first by datagram"]
-    head += ["hold stream copy p99 s (worst cycle)", "delivered", "UDP datagrams dropped"]
-    head += ["cycles", "pinned", "status"]
+    head += ["hold stream copy p99 s (worst cycle)", "delivered", "UDP datagrams dropped (machine)"]
+    head += ["dropped on the coordinator's socket", "cycles", "runs", "pinned", "status"]
     top = topology_line(s)
-    return table(head, rows) + (["", top] if top else []) + plot_line(plots, "scale")
+    out = table(head, rows) + (["", top] if top else [])
+    restarts = [r for r in s.get("results", []) if r.get("scenario") == "coordinator_restart"]
+    if restarts:
+        out += ["", "Coordinator restart (SIGKILL under load, started again on the same ports):", ""]
+        out += table(
+            [
+                "workers",
+                "hosts lost",
+                "all back s (worst run)",
+                "restart to serving s",
+                "restarted coordinator CPU s until all back",
+                "rejoin grace s",
+                "dropped on the coordinator's socket",
+                "runs",
+                "status",
+            ],
+            [
+                [
+                    fmt(r["workers"]),
+                    fmt(r.get("hosts_lost")),
+                    fmt(r.get("all_back_seconds")),
+                    fmt(r.get("restart_to_serving_seconds")),
+                    fmt(r.get("restart_cpu_seconds")),
+                    fmt(r.get("rejoin_grace")),
+                    fmt(r.get("coordinator_socket_drops")),
+                    fmt(r.get("runs")),
+                    status(r),
+                ]
+                for r in restarts
+            ],
+        )
+    return out + plot_line(plots, "scale")
 
 
 def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:

@@ -9,9 +9,9 @@ channel and one ``Join`` stream per fake worker, as production workers do, and
 heartbeat at the interval the coordinator asks for. Where the machine has more
 than one usable core, the coordinator is pinned to one core and the load
 generators, the fake trainer and this process to the others
-(``os.sched_setaffinity``); the result records the pinning. Each generator starts at most
-``registration_rate_per_generator`` registrations a second (in the config): unpaced, four
-generators on one core registered about 300 a second and the job collapsed during registration. A fake trainer attaches with
+(``os.sched_setaffinity``); the result records the pinning. Registration is unpaced by default
+(every worker at once, as after a job restart); ``--registration-rate`` paces each generator to at
+most that many a second (``registration_rate_per_generator`` in the config). A fake trainer attaches with
 :class:`trainer_hooks.ElasticSession`, so once every worker has registered the
 job is RUNNING. Then:
 
@@ -38,8 +38,23 @@ job is RUNNING. Then:
 
 A run is valid only if, in every cycle, the hold was decided after the
 disconnect (not before, on its own), every live worker received the hold and
-the resume, the resume happened, and no worker was lost to a heartbeat timeout
-while the job was running; otherwise the row says ``valid: false`` and why.
+the resume, the resume happened, no worker was lost to a heartbeat timeout
+while the job was running, and the kernel dropped no datagram on the coordinator's own socket
+(``coordinator_socket_drops``: its ``heartbeat_datagrams_total{result="dropped"}`` metric, read
+from its /metrics, which counts SO_RXQ_OVFL on its socket; the coordinator restarts every liveness
+deadline when it sees drops, so without this check "no heartbeat timeouts" could not fail while it
+drops); otherwise the row says ``valid: false`` and why. Each size runs ``runs`` times (default
+3); its row gives the median of the runs' CPU medians, the worst fan-out, the sum of drops, and is
+valid only if every run was.
+
+Scenarios (each row's ``scenario``): ``hold_cycles`` (the above), and ``coordinator_restart``:
+once the job runs, the coordinator (started with a ``--state-dir``, as deployed) is SIGKILLed and
+started again on the same ports while every worker keeps heartbeating; the workers re-register
+with the worker's backoff. The row gives ``all_back_seconds`` (the kill until the restarted
+coordinator counts every worker connected, its ``workers_connected`` gauge),
+``restart_to_serving_seconds``, the restarted coordinator's CPU until then, and ``hosts_lost``
+(``WorkerLost`` decisions of the restarted coordinator, read after the rejoin grace has passed);
+valid only with no host lost, every worker back within ``--rejoin-grace`` and no socket drops.
 The coordinator's main-thread CPU is reported too: near one core the event
 loop is saturated and the CPU figure is a ceiling, not the demand.
 
@@ -92,15 +107,21 @@ from bench.common import (
 NAME = "scale"
 JOB = "bench-scale"
 PER_GENERATOR = 2500
-REGISTRATION_RATE = 25.0
-"""Registrations each load generator starts per second at most (100 a second with four; pods do not
-all start at once). Unpaced, the generators (four processes on one core) registered about 300 a
-second. The 10,000-worker runs that lost workers before d9a35d9 were, in the four diagnostic runs
+REGISTRATION_RATE = 0.0
+"""Registrations each load generator starts per second at most, 0: unpaced (the default; a job's
+pods can all start at once). Before d9a35d9, unpaced, the generators (four processes on one core)
+registered about 300 a second and 10,000-worker runs collapsed, so runs were paced at 25 a second
+per generator. The 10,000-worker runs that lost workers before d9a35d9 were, in the four diagnostic runs
 that looked, the generators' own doing: their heaps' full collections stopped their heartbeat
 clocks, and a fan-out's datagrams read in one go held back a just-registered worker's first
 heartbeat (see scale_loadgen). One unpaced 10,000-worker run after those fixes (dirty tree, at
 c8c4b87 with this rate set to 0) was valid: registered in 38.08 s, 0.3696 cores, fan-out p99 0.3312 s."""
 HOSTS_PER_SLICE = 100
+RUNS = 3
+"""Runs of each size (``--repeats``); a row stands for all of them."""
+SCENARIOS = ("hold_cycles", "coordinator_restart")
+REJOIN_GRACE = 10.0
+"""The coordinator's shipped ``--rejoin-grace`` (seconds known hosts get to re-register after its restart)."""
 TOPOLOGY = "flat"
 """Every worker streams to the coordinator itself; per-slice leaders are not built (see the module docstring)."""
 SATURATED_MAIN_THREAD = 0.9
@@ -188,6 +209,7 @@ class Generator:
         logf: IO[bytes],
         cpus: set[int] | None = None,
         datagrams: bool = True,
+        rate: float = REGISTRATION_RATE,
     ) -> None:
         self.first = first
         self.count = count
@@ -207,7 +229,7 @@ class Generator:
                 "--hosts-per-slice",
                 str(HOSTS_PER_SLICE),
                 "--rate",
-                str(REGISTRATION_RATE),
+                str(rate),
                 *([] if datagrams else ["--no-datagrams"]),
             ],
             stdin=subprocess.PIPE,
@@ -440,15 +462,92 @@ def udp_counters() -> dict[str, int]:
     return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:], strict=False)}
 
 
+def coordinator_metrics(http: str | None, timeout: float = 5.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The coordinator's own Prometheus samples (``{(sample name, sorted labels): value}``) from its
+    /metrics; {} when it does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not http:
+        return {}
+    try:
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=timeout) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode("utf-8", errors="replace")
+    except OSError:
+        return {}
+    return {
+        (smp.name, tuple(sorted(smp.labels.items()))): float(smp.value)
+        for fam in text_string_to_metric_families(text)
+        for smp in fam.samples
+    }
+
+
+DROPPED = ("elastic_sidecar_heartbeat_datagrams_total", (("result", "dropped"),))
+"""The coordinator's count of heartbeat datagrams the kernel dropped on its socket (SO_RXQ_OVFL)."""
+CONNECTED = ("elastic_sidecar_workers_connected", ())
+
+
+def socket_drops(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> int | None:
+    """Drops on the coordinator's own socket from its metrics; None when the metrics were not read
+    (0 when read and the counter has not been touched: it appears at the first drop)."""
+    if not metrics:
+        return None
+    return int(metrics.get(DROPPED, 0.0))
+
+
+NOT_REJOINED = re.compile(r"(\d+) host\(s\) did not rejoin within the grace")
+"""How agent.core.decide words the hosts a restarted coordinator gave up on when its grace ran out."""
+
+
+def _worker_lost_since(log_path: Path, pos: int = 0) -> int:
+    """Hosts a coordinator's log says it lost: its WorkerLost decisions and the hosts that did not
+    rejoin it within the grace after its restart."""
+    n = 0
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        f.seek(pos)
+        for line in f:
+            if '"trigger": "WorkerLost"' in line:
+                n += 1
+            m = NOT_REJOINED.search(line)
+            if m:
+                n += int(m.group(1))
+    return n
+
+
+def validate_restart(out: dict[str, Any], grace: float) -> list[str]:
+    """Why a coordinator_restart run cannot stand (empty when it can)."""
+    why = []
+    if out.get("all_back_seconds") is None:
+        why.append("not every worker was back after the restart")
+    elif out["all_back_seconds"] > grace:
+        why.append(
+            f"every worker was back {out['all_back_seconds']} s after the kill, past the {grace:g} s rejoin grace"
+        )
+    if out.get("hosts_lost"):
+        why.append(f"{out['hosts_lost']} hosts were lost across the restart")
+    return why
+
+
 def validate(
-    n: int, cyc: list[dict[str, Any]], cycles: int, timeouts: int, datagrams: tuple[int, int] | None = None
+    n: int,
+    cyc: list[dict[str, Any]],
+    cycles: int,
+    timeouts: int,
+    datagrams: tuple[int, int] | None = None,
+    drops: int | None = 0,
 ) -> list[str]:
     """Why a run's figures cannot stand (empty when they can).
 
     ``datagrams``: (workers whose heartbeat datagrams the coordinator confirmed, workers connected)
-    in a ``datagram`` run; None in a ``stream`` run.
+    in a ``datagram`` run; None in a ``stream`` run. ``drops``: datagrams the kernel dropped on the
+    coordinator's socket (None: its metrics could not be read).
     """
     why = []
+    if drops is None:
+        why.append("the coordinator's socket drops could not be read from its metrics")
+    elif drops:
+        why.append(f"the kernel dropped {drops} heartbeat datagrams on the coordinator's socket")
     if datagrams is not None and datagrams[0] < datagrams[1]:
         why.append(
             f"only {datagrams[0]} of {datagrams[1]} connected workers heartbeat by datagram: "
@@ -483,11 +582,18 @@ def run_size(
     hbt: float,
     profile: bool = False,
     heartbeats: str = "datagram",
+    scenario: str = "hold_cycles",
+    registration_rate: float = REGISTRATION_RATE,
+    rejoin_grace: float = REJOIN_GRACE,
 ) -> dict[str, Any]:
     import psutil
 
-    wd = root / f"n{n}"
-    wd.mkdir(parents=True, exist_ok=True)
+    wd = root / f"n{n}-{scenario}"
+    k = 0
+    while wd.exists():  # one directory per run of a size
+        k += 1
+        wd = root / f"n{n}-{scenario}-{k}"
+    wd.mkdir(parents=True)
     addr = f"127.0.0.1:{free_port()}"
     num_slices = max(1, n // HOSTS_PER_SLICE)
     assert num_slices * HOSTS_PER_SLICE == n or n < HOSTS_PER_SLICE
@@ -503,15 +609,23 @@ def run_size(
     cmd += ["--elastic-max-retries", "100000"]
     datagrams = heartbeats == "datagram"
     cmd += ["--heartbeat-datagrams", "on" if datagrams else "off"]
-    cmd += ["--log-format", "json", *daemon_port_flags("coordinator")]
+    side = daemon_port_flags("coordinator")
+    http = side[side.index("--http-listen") + 1] if "--http-listen" in side else None
+    cmd += ["--log-format", "json", *side]
+    if scenario == "coordinator_restart":
+        # As deployed: what must survive the restart (known hosts, generation) is in the state dir.
+        cmd += ["--state-dir", str(wd / "state"), "--rejoin-grace", f"{rejoin_grace:g}"]
     coord_cpus, other_cpus = pinning()
     _pin(os.getpid(), other_cpus)  # this process hosts the fake trainer
     coord = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env(), cwd=ROOT)
     _pin(coord.pid, coord_cpus)
     gens: list[Generator] = []
     trainer = None
+    logs: list[IO[bytes]] = [logf, genlog]
     out: dict[str, Any] = {
         "workers": n,
+        "scenario": scenario,
+        "registration_rate_per_generator": registration_rate,
         "slices": num_slices,
         "hosts_per_slice": hosts,
         "heartbeat_interval": hb,
@@ -533,7 +647,7 @@ def run_size(
         per = math.ceil(n / ng)
         for g in range(ng):
             first = g * per
-            gens.append(Generator(addr, first, min(per, n - first), genlog, other_cpus, datagrams))
+            gens.append(Generator(addr, first, min(per, n - first), genlog, other_cpus, datagrams, registration_rate))
         regs = wait_registered(gens, wd / "coordinator.log", sampler, t0, cpu0, out)
         t_reg = max(r["t1"] for r in regs)
         out["registration_s"] = rnd(t_reg - t0, 2)
@@ -570,6 +684,16 @@ def run_size(
         out["open_fds"] = psutil.Process(coord.pid).num_fds()
         log(f"scale {n}: coordinator {out['cpu_cores']} cores, {out['rss_mib']} MiB")
 
+        drops_before = 0
+        if scenario == "coordinator_restart":
+            cycles = 0  # the restart is this scenario's event
+            drops_before = socket_drops(coordinator_metrics(http)) or 0
+            coord, restart = restart_coordinator(coord, cmd, addr, http, wd, n, coord_cpus, rejoin_grace, logs)
+            out.update(restart)
+            log(
+                f"scale {n}: coordinator restarted; every worker back {out.get('all_back_seconds')} s after the kill, "
+                f"{out.get('hosts_lost')} hosts lost"
+            )
         tail = LogTail(wd / "coordinator.log")
         first_resume = tail.tell_workers("resume", 0)
         last_gen = first_resume["generation"] if first_resume else 1
@@ -608,6 +732,10 @@ def run_size(
             last_gen = resume["generation"] if resume else gen
             time.sleep(1.0)
         timeouts, _ = _timeouts_since(wd / "coordinator.log", log_pos)
+        if scenario == "coordinator_restart":
+            timeouts += _timeouts_since(wd / "coordinator-restarted.log", 0)[0]
+        drops_now = socket_drops(coordinator_metrics(http))
+        out["coordinator_socket_drops"] = None if drops_now is None else drops_before + drops_now
         out["loadgen_heartbeats_late_max_s"] = max(g.ask({"cmd": "datagrams"})["clock_late_max_s"] for g in gens)
         udp1 = udp_counters()
         if "RcvbufErrors" in udp0 and "RcvbufErrors" in udp1:
@@ -665,7 +793,11 @@ def run_size(
         delivered += [c["resume_received"] / c["resume_expected"] for c in good if c.get("resume_expected")]
         out["delivered_fraction"] = rnd(min(delivered), 4) if delivered else 0.0
         dg = (out["datagram_workers"], out["connected_workers"]) if datagrams else None
-        why = [c["error"] for c in cyc if "error" in c] + validate(n, good, cycles, timeouts, dg)
+        why = [c["error"] for c in cyc if "error" in c] + validate(
+            n, good, cycles, timeouts, dg, out["coordinator_socket_drops"]
+        )
+        if scenario == "coordinator_restart":
+            why += validate_restart(out, rejoin_grace)
         if timeouts and out["loadgen_heartbeats_late_max_s"] >= hbt / 2:
             why.append(
                 f"a load generator's heartbeat datagrams ran {out['loadgen_heartbeats_late_max_s']} s late "
@@ -702,10 +834,51 @@ def run_size(
         if trainer is not None:
             trainer.stop()
         stop_process(coord, grace=30.0)
-        logf.close()
-        genlog.close()
+        for f in logs:
+            f.close()
         _pin(os.getpid(), USABLE_CPUS)
     return out
+
+
+def restart_coordinator(
+    coord: subprocess.Popen[bytes],
+    cmd: list[str],
+    addr: str,
+    http: str | None,
+    wd: Path,
+    n: int,
+    cpus: set[int] | None,
+    grace: float,
+    logs: list[IO[bytes]],
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """SIGKILL the coordinator under load, start it again on the same ports, and time the workers' return."""
+    t_kill = time.time()
+    coord.kill()
+    coord.wait()
+    logf = open(wd / "coordinator-restarted.log", "wb")  # noqa: SIM115 - closed with the run's other logs
+    logs.append(logf)
+    new = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env(), cwd=ROOT)
+    _pin(new.pid, cpus)
+    sampler = CpuSampler(new.pid)
+    out: dict[str, Any] = {"rejoin_grace": grace, "all_back_seconds": None}
+    if not wait_until(lambda: _health_serving(addr), 30, 0.02):
+        out["restart_error"] = "the restarted coordinator did not serve within 30 s"
+        return new, out
+    out["restart_to_serving_seconds"] = rnd(time.time() - t_kill, 3)
+    deadline = time.monotonic() + 3 * grace + 30
+    connected = 0.0
+    while time.monotonic() < deadline:
+        connected = coordinator_metrics(http, timeout=2.0).get(CONNECTED, connected)
+        if connected >= n:
+            out["all_back_seconds"] = rnd(time.time() - t_kill, 3)
+            break
+        time.sleep(0.1)
+    out["workers_back"] = int(connected)
+    out["restart_cpu_seconds"] = rnd(sampler.cpu_seconds(), 2)
+    # A host that had not re-registered when the grace ran out counts as lost: read after it.
+    time.sleep(max(0.0, t_kill + out.get("restart_to_serving_seconds", 0.0) + grace + 2.0 - time.time()))
+    out["hosts_lost"] = _worker_lost_since(wd / "coordinator-restarted.log")
+    return new, out
 
 
 def row(r: dict[str, Any]) -> dict[str, Any]:
@@ -714,6 +887,20 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
     windows = [w for w in r.get("cpu_cores_windows") or [] if w is not None]
     return {
         "workers": r["workers"],
+        "scenario": r.get("scenario", "hold_cycles"),
+        "runs": 1,
+        "coordinator_socket_drops": r.get("coordinator_socket_drops"),
+        **{
+            k: r.get(k)
+            for k in (
+                "all_back_seconds",
+                "restart_to_serving_seconds",
+                "restart_cpu_seconds",
+                "hosts_lost",
+                "rejoin_grace",
+            )
+            if k in r
+        },
         "topology": TOPOLOGY,
         "heartbeats": r.get("heartbeats", "stream"),
         "datagram_workers": r.get("datagram_workers"),
@@ -748,6 +935,57 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def size_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for the runs of a size and scenario: valid only if every run was."""
+    rows = [row(r) for r in runs]
+    first = rows[0]
+
+    def vals(k: str) -> list[Any]:
+        return [x[k] for x in rows if x.get(k) is not None]
+
+    def worst(k: str, f: Any = max) -> Any:
+        v = vals(k)
+        return f(v) if v else None
+
+    out = dict(first)
+    drops = vals("coordinator_socket_drops")
+    out.update(
+        runs=len(rows),
+        coordinator_cores=median(vals("coordinator_cores")),
+        coordinator_cores_runs=[x.get("coordinator_cores") for x in rows],
+        coordinator_cores_min=worst("coordinator_cores_min", min),
+        coordinator_cores_max=worst("coordinator_cores_max"),
+        cpu_windows=sum(vals("cpu_windows")),
+        coordinator_cores_main_thread=worst("coordinator_cores_main_thread"),
+        saturated=any(vals("saturated")),
+        coordinator_rss_mib=worst("coordinator_rss_mib"),
+        registration_seconds=worst("registration_seconds"),
+        fanout_p99_seconds=worst("fanout_p99_seconds"),
+        fanout_p50_seconds=median(vals("fanout_p50_seconds")),
+        resume_fanout_p99_seconds=worst("resume_fanout_p99_seconds"),
+        hold_first_by_datagram=worst("hold_first_by_datagram", min),
+        fanout_p99_processed_seconds=worst("fanout_p99_processed_seconds"),
+        stream_fanout_p99_seconds=worst("stream_fanout_p99_seconds"),
+        hold_stream_copies=[c for x in rows for c in x.get("hold_stream_copies") or []],
+        loadgen_heartbeats_late_max_s=worst("loadgen_heartbeats_late_max_s"),
+        delivered_fraction=worst("delivered_fraction", min) or 0.0,
+        cycles=sum(vals("cycles")),
+        udp_receive_buffer_drops=sum(vals("udp_receive_buffer_drops")) if vals("udp_receive_buffer_drops") else None,
+        coordinator_socket_drops=sum(drops) if len(drops) == len(rows) else None,
+        valid=all(x["valid"] for x in rows),
+    )
+    for k in ("all_back_seconds", "restart_to_serving_seconds", "restart_cpu_seconds"):
+        if k in first:
+            out[k] = worst(k) if len(vals(k)) == len(rows) else None
+    if "hosts_lost" in first:
+        out["hosts_lost"] = sum(vals("hosts_lost"))
+    out.pop("invalid_reason", None)
+    why = [f"run {i}: {x['invalid_reason']}" for i, x in enumerate(rows, 1) if x.get("invalid_reason")]
+    if why:
+        out["invalid_reason"] = "; ".join(why)
+    return out
+
+
 def run(
     quick: bool = False,
     sizes: list[int] | None = None,
@@ -757,32 +995,52 @@ def run(
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
     heartbeats: str = "datagram",
+    runs: int | None = None,
+    scenarios: list[str] | None = None,
+    registration_rate: float | None = None,
+    rejoin_grace: float | None = None,
 ) -> dict[str, Any]:
     from agent import constants as C
 
+    runs = runs or (1 if quick else RUNS)
+    scenarios = scenarios or ["hold_cycles"]
+    bad = sorted(set(scenarios) - set(SCENARIOS))
+    if bad:
+        raise ValueError(f"scenario {bad}: expected among {list(SCENARIOS)}")
+    rate = REGISTRATION_RATE if registration_rate is None else registration_rate
+    grace = rejoin_grace or REJOIN_GRACE
+
     hb = heartbeat_interval or C.HEARTBEAT_INTERVAL_SECONDS
     hbt = heartbeat_timeout or C.HEARTBEAT_TIMEOUT_SECONDS
-    sizes = sizes or ([200] if quick else [1000, 4000, 10000])
+    sizes = sizes or ([200] if quick else [1000, 10000, 25000])
     cycles = cycles or (1 if quick else 3)
     root = Path(workdir or tempfile.mkdtemp(prefix="bench-scale-"))
     t0 = time.monotonic()
     results = []
-    for n in sizes:
-        try:
-            results.append(run_size(n, root, quick, cycles, hb, hbt, profile, heartbeats))
-        except Exception as e:  # noqa: BLE001 - report the failure as a result
-            log(f"scale {n}: FAILED: {e}")
-            results.append(
-                {
-                    "workers": n,
-                    "heartbeat_interval": hb,
-                    "heartbeat_timeout": hbt,
-                    "heartbeats": heartbeats,
-                    "error": f"{type(e).__name__}: {e}",
-                    "valid": False,
-                    "invalid_reason": f"{type(e).__name__}: {e}",
-                }
-            )
+    rows = []
+    for scenario in scenarios:
+        for n in sizes:
+            mine = []
+            for i in range(runs):
+                log(f"scale {n} ({scenario}): run {i + 1}/{runs}")
+                try:
+                    r = run_size(n, root, quick, cycles, hb, hbt, profile, heartbeats, scenario, rate, grace)
+                except Exception as e:  # noqa: BLE001 - report the failure as a result
+                    log(f"scale {n}: FAILED: {e}")
+                    r = {
+                        "workers": n,
+                        "scenario": scenario,
+                        "heartbeat_interval": hb,
+                        "heartbeat_timeout": hbt,
+                        "heartbeats": heartbeats,
+                        "error": f"{type(e).__name__}: {e}",
+                        "valid": False,
+                        "invalid_reason": f"{type(e).__name__}: {e}",
+                    }
+                r["run"] = i
+                mine.append(r)
+            results += mine
+            rows.append(size_row(mine))
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return {
@@ -793,7 +1051,10 @@ def run(
             "cycles": cycles,
             "hosts_per_slice": HOSTS_PER_SLICE,
             "workers_per_generator": PER_GENERATOR,
-            "registration_rate_per_generator": REGISTRATION_RATE,
+            "registration_rate_per_generator": rate,
+            "runs": runs,
+            "scenarios": scenarios,
+            "rejoin_grace": grace,
             "heartbeat_interval": hb,
             "heartbeat_timeout": hbt,
             "heartbeats": heartbeats,
@@ -801,7 +1062,7 @@ def run(
             "shipped_heartbeat_interval": C.HEARTBEAT_INTERVAL_SECONDS,
             "shipped_heartbeat_timeout": C.HEARTBEAT_TIMEOUT_SECONDS,
         },
-        "results": [row(r) for r in results],
+        "results": rows,
         "sizes": results,
         "duration_s": round(time.monotonic() - t0, 1),
     }

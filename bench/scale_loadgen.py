@@ -3,9 +3,14 @@
 Each fake worker is what :mod:`agent.worker` is on the wire: its own gRPC
 channel (with the worker's keepalive options, and a private subchannel pool so
 that every worker has its own TCP connection, as separate hosts would), one
-``Peer.Join`` stream, a ``Register``, then a heartbeat every
+``Peer.Join`` stream, a ``Register`` with what the worker's carries (its local
+health, the coordinator epoch and generation it last saw), then a heartbeat every
 ``heartbeat_interval_seconds`` the coordinator asks for (phases spread at
-random). Like the worker, it sends each heartbeat as a UDP datagram when the
+random). Like the worker it reports a change of its local health on the stream
+(``LocalReport``, ``pathways_unhealthy`` / ``pathways_healthy``; the ``report``
+command below), and when its stream breaks without being told to (a coordinator
+restart) it registers again with the worker's backoff (0.05 s, doubling to 1 s),
+keeping its incarnation. Like the worker, it sends each heartbeat as a UDP datagram when the
 coordinator offers a datagram port, and on its stream too until the coordinator
 says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
 heartbeat on the stream. The process sends all its workers' datagrams from one
@@ -27,6 +32,8 @@ Controlled over stdin/stdout with one JSON object per line::
        (t: when it began; t_done: when the channel was closed)
     -> {"cmd": "reconnect", "index": I}             <- {"event": "reconnected", "index": I, "t": ...}
        (as a replaced host: a new incarnation)
+    -> {"cmd": "report", "index": I, "healthy": B}  <- {"event": "reported", "index": I, "t": ...}
+       (a change of the stand-in host's local Pathways health, as the worker reports it)
     -> {"cmd": "wait", "kind": "hold", "generation": G, "timeout": S}
                                                     <- {"event": "waited", "have": H, "expected": E,
                                                         "stream_have": SH, "command_datagrams_refused": R}
@@ -108,10 +115,36 @@ class FakeWorker:
         self.task: asyncio.Task[None] | None = None
         self.channel: grpc.aio.Channel | None = None
         self.datagrams_confirmed = False
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self.healthy = True
+        self.epoch_seen = 0
+        self.generation_seen = 0
+        self.sessions = 0
+        """Registrations so far (more than one: it re-registered after its stream broke)."""
 
     def start(self) -> None:
         self.registered.clear()
-        self.task = asyncio.create_task(self._session())
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        """Sessions until cancelled (a deliberate disconnect): a stream that breaks by itself (the
+        coordinator went away) is followed by a new registration, with agent.worker's backoff."""
+        delay = 0.05
+        while True:
+            try:
+                await self._session()
+                delay = 0.05
+            except (grpc.aio.AioRpcError, ConnectionError, OSError):
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def report(self, healthy: bool) -> None:
+        """A change of local health, on the stream, as agent.worker reports it."""
+        self.healthy = healthy
+        if self.call is not None and self.connected:
+            kind = "pathways_healthy" if healthy else "pathways_unhealthy"
+            await self.call.write(peer_pb2.WorkerMessage(report=peer_pb2.LocalReport(kind=kind)))
 
     async def _session(self) -> None:
         g = self.gen
@@ -121,10 +154,23 @@ class FakeWorker:
             ident = peer_pb2.HostIdentity(
                 slice=self.slice, host=self.host, node=f"loadgen-{self.index}", incarnation=self.incarnation
             )
-            await call.write(peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=ident, job=g.job)))
+            register = peer_pb2.Register(
+                identity=ident,
+                job=g.job,
+                epoch_seen=self.epoch_seen,
+                generation_seen=self.generation_seen,
+                local_healthy=self.healthy,
+            )
+            await call.write(peer_pb2.WorkerMessage(register=register))
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 raise ConnectionError("no Registered")
+            if first.registered.epoch < self.epoch_seen:
+                raise ConnectionError("an older coordinator than one already followed")  # as agent.worker
+            self.epoch_seen = max(self.epoch_seen, first.registered.epoch)
+            self.generation_seen = max(self.generation_seen, first.registered.generation)
+            self.call = call
+            self.sessions += 1
             interval = first.registered.heartbeat_interval_seconds or 1.0
             port, token = first.registered.heartbeat_datagram_port, first.registered.heartbeat_datagram_token
             use_datagrams = g.datagrams and bool(port and token)
@@ -146,11 +192,14 @@ class FakeWorker:
             seq = 0
             while not reader.done() and not (use_datagrams and self.datagrams_confirmed):
                 seq += 1
-                await call.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=True)))
+                await call.write(
+                    peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
+                )
                 await asyncio.sleep(interval)
             await asyncio.wait({reader})
         finally:
             self.connected = False
+            self.call = None
             self.gen.stop_datagrams(self)
             await self.channel.close()
 
@@ -172,6 +221,7 @@ class FakeWorker:
         the kernel's receive time (``arrived``; None where the kernel gives none).
         """
         key = (cmd.kind, int(cmd.generation))
+        self.generation_seen = max(self.generation_seen, int(cmd.generation))
         self.received.append((cmd.kind, int(cmd.generation), time.time(), via, arrived))
         if key not in self.heard:
             self.heard.add(key)
@@ -359,6 +409,10 @@ class LoadGen:
                 w.start()
                 await asyncio.wait_for(w.registered.wait(), 60)
                 emit({"event": "reconnected", "index": w.index, "t": time.time()})
+            elif c == "report":
+                w = self.by_index[int(cmd["index"])]
+                await w.report(bool(cmd["healthy"]))
+                emit({"event": "reported", "index": w.index, "t": time.time()})
             elif c == "wait":
                 key = (str(cmd["kind"]), int(cmd["generation"]))
                 expected = sum(1 for w in self.workers if w.connected)
@@ -381,6 +435,7 @@ class LoadGen:
                         "event": "datagrams",
                         "confirmed": sum(1 for w in live if w.datagrams_confirmed),
                         "connected": len(live),
+                        "reregistered": sum(1 for w in self.workers if w.sessions > 1),
                         "clock_late_max_s": round(self.clock_late_max, 3),
                     }
                 )

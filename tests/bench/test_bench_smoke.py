@@ -94,6 +94,15 @@ def test_recovery_smoke(tmp_path: Path) -> None:
         assert r["donate"] is True
     assert not [r for r in rows if r["trainer"] != "example"]  # MaxText: test_recovery_maxtext_smoke
     assert any(x["baseline"] == "checkpoint_rewind" for x in d["ratios"])
+    # Goodput combines these rows (the inputs it would otherwise measure itself) and names their commit.
+    g = run_bench(tmp_path, "goodput", "--recovery-json", str(tmp_path / "recovery.json"), "--fault-mix", "kill=1")
+    assert {r["strategy"] for r in g["results"]} == {"checkpoint_rewind", "sidecar"}
+    for r in g["results"]:
+        assert r["trainer"] == "example" and r["faults_measured"] == ["kill"], r
+        assert 0 <= r["goodput"] <= 1 and is_number(r["steady_seconds_per_step"]), r
+    assert g["config"]["inputs_git_sha"] == d["git_sha"]
+    assert {p["strategy"] for p in g["projection"]} == {"checkpoint_rewind", "sidecar"}
+    assert "## Goodput" in (tmp_path / "docs" / "benchmarks.md").read_text()
 
 
 def test_scale_smoke(tmp_path: Path) -> None:
@@ -108,6 +117,9 @@ def test_scale_smoke(tmp_path: Path) -> None:
         assert key in row, key
     assert row["valid"] is True, row.get("invalid_reason")
     assert row["delivered_fraction"] == 1.0
+    assert row["scenario"] == "hold_cycles" and row["runs"] == 1
+    assert row["coordinator_socket_drops"] == 0  # read from the coordinator's own metrics
+    assert d["config"]["registration_rate_per_generator"] == 0  # unpaced by default
     (size,) = d["sizes"]
     (cycle,) = size["cycles"]
     assert cycle["hold_received"] == cycle["hold_expected"] == 199
@@ -118,7 +130,18 @@ def test_scale_smoke(tmp_path: Path) -> None:
     # Commands by datagram: (nearly) every worker heard the hold that way first, timed by the kernel.
     assert row["hold_first_by_datagram"] >= 0.9, row
     assert row["fanout_p99_processed_seconds"] >= row["fanout_p99_seconds"] > 0
-    assert d["config"]["registration_rate_per_generator"] > 0
+
+
+def test_scale_coordinator_restart_smoke(tmp_path: Path) -> None:
+    # A generous grace: on a loaded 2-core machine the restarted coordinator takes seconds to import.
+    d = run_bench(tmp_path, "scale", "--scenarios", "coordinator_restart", "--rejoin-grace", "30")
+    (row,) = d["results"]
+    assert row["scenario"] == "coordinator_restart" and row["workers"] == 200
+    assert row["valid"] is True, row.get("invalid_reason")
+    assert row["hosts_lost"] == 0 and row["coordinator_socket_drops"] == 0
+    assert 0 < row["restart_to_serving_seconds"] <= row["all_back_seconds"] <= 30
+    md = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "Coordinator restart (SIGKILL under load" in md
 
 
 def test_flush_smoke(tmp_path: Path) -> None:

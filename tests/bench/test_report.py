@@ -144,6 +144,8 @@ def fixture() -> dict[str, Any]:
     ]
     for r in scale_rows:
         r["topology"] = "flat"
+        r.setdefault("runs", 3)
+        r.setdefault("coordinator_socket_drops", 0)
     scale = section(
         "scale",
         {"heartbeat_interval": 0.25, "shipped_heartbeat_interval": 0.25, "shipped_heartbeat_timeout": 1.2},

@@ -1,0 +1,105 @@
+"""The scale benchmark's drop accounting, its runs per size and the coordinator-restart scenario's verdicts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from bench import scale
+from bench.report import sections, targets
+from tests.bench.test_report import fixture
+
+
+def cycle(**kw: Any) -> dict[str, Any]:
+    c = {"hold_expected": 99, "hold_received": 99, "t_resume": 1.0, "resume_expected": 100, "resume_received": 100}
+    return {**c, **kw}
+
+
+def test_drops_on_the_coordinators_socket_make_a_run_invalid() -> None:
+    assert scale.validate(100, [cycle()], 1, 0, drops=0) == []
+    assert "dropped 7 heartbeat datagrams on the coordinator's socket" in " ".join(
+        scale.validate(100, [cycle()], 1, 0, drops=7)
+    )
+    assert "could not be read" in " ".join(scale.validate(100, [cycle()], 1, 0, drops=None))
+
+
+def test_socket_drops_are_read_from_the_coordinators_own_metric() -> None:
+    assert scale.socket_drops({}) is None  # not read: not zero
+    metrics = {
+        ("elastic_sidecar_heartbeat_datagrams_total", (("result", "accepted"),)): 5000.0,
+        ("elastic_sidecar_workers_connected", ()): 100.0,
+    }
+    assert scale.socket_drops(metrics) == 0  # the dropped series appears at the first drop
+    metrics[scale.DROPPED] = 12.0
+    assert scale.socket_drops(metrics) == 12
+
+
+def run(valid: bool = True, drops: int | None = 0, cores: float = 0.3, **kw: Any) -> dict[str, Any]:
+    return {
+        "workers": 1000,
+        "scenario": "hold_cycles",
+        "valid": valid,
+        "cpu_cores": cores,
+        "cpu_cores_windows": [cores - 0.01, cores + 0.01],
+        "hold_fanout": {"p99_s_worst_cycle": 0.2 + cores, "p50_s": 0.1},
+        "coordinator_socket_drops": drops,
+        "cycles": [{}, {}, {}],
+        **({} if valid else {"invalid_reason": "cycle 1: no resume was decided"}),
+        **kw,
+    }
+
+
+def test_a_sizes_row_stands_for_all_its_runs() -> None:
+    r = scale.size_row([run(cores=0.3), run(cores=0.5), run(cores=0.4)])
+    assert r["runs"] == 3 and r["valid"] is True
+    assert r["coordinator_cores"] == 0.4 and r["coordinator_cores_runs"] == [0.3, 0.5, 0.4]
+    assert r["coordinator_cores_min"] == 0.29 and r["coordinator_cores_max"] == 0.51
+    assert r["fanout_p99_seconds"] == 0.7  # the worst run's
+    assert r["coordinator_socket_drops"] == 0 and r["cycles"] == 9
+    bad = scale.size_row([run(), run(valid=False), run(drops=None)])
+    assert bad["valid"] is False and bad["invalid_reason"].startswith("run 2: ")
+    assert bad["coordinator_socket_drops"] is None  # one run's drops unknown: the sum is unknown
+
+
+def test_a_restart_run_needs_every_host_back_within_the_grace(tmp_path: Path) -> None:
+    assert scale.validate_restart({"all_back_seconds": 4.0, "hosts_lost": 0}, 10.0) == []
+    assert "past the 10 s rejoin grace" in " ".join(
+        scale.validate_restart({"all_back_seconds": 12.5, "hosts_lost": 0}, 10.0)
+    )
+    assert "3 hosts were lost" in " ".join(scale.validate_restart({"all_back_seconds": 4.0, "hosts_lost": 3}, 10.0))
+    assert "not every worker was back" in " ".join(scale.validate_restart({"all_back_seconds": None}, 10.0))
+    log = tmp_path / "coordinator.log"
+    log.write_text(
+        '{"trigger": "WorkerLost", "message": "x"}\n'
+        '{"trigger": "Tick", "message": "12 host(s) did not rejoin within the grace; holding"}\n'
+        '{"trigger": "WorkerJoined", "message": "y"}\n'
+    )
+    assert scale._worker_lost_since(log) == 13
+
+
+def test_restart_rows_are_judged_on_hosts_lost() -> None:
+    data = fixture()
+    sc = data["benchmarks"]["scale"]
+    sc["results"].append(
+        {
+            "workers": 10000,
+            "scenario": "coordinator_restart",
+            "runs": 3,
+            "hosts_lost": 0,
+            "all_back_seconds": 6.25,
+            "rejoin_grace": 10.0,
+            "coordinator_socket_drops": 0,
+            "valid": True,
+        }
+    )
+    v = next(v for v in targets(sections(data)) if v.target == "coordinator restart at 10000 workers")
+    assert v.verdict == "met" and "0 lost" in v.measured and "n=3" in v.measured
+    lost = copy.deepcopy(data)
+    row = lost["benchmarks"]["scale"]["results"][-1]
+    row.update(hosts_lost=4, valid=False, invalid_reason="run 1: 4 hosts were lost across the restart")
+    v = next(v for v in targets(sections(lost)) if v.target == "coordinator restart at 10000 workers")
+    assert v.verdict == "invalid" and "4 hosts were lost" in v.basis
+    # The restart row is not mistaken for the hold-cycle row of the CPU target.
+    cpu = next(v for v in targets(sections(data)) if v.target == "coordinator CPU")
+    assert "restart" not in cpu.basis
