@@ -26,6 +26,7 @@ from protos.elastic_sidecar.v1 import trainer_pb2
 from trainer_hooks import ElasticSession
 from trainer_hooks.maxtext import MaxTextHook
 from trainer_hooks.maxtext import hook as hook_module
+from trainer_hooks.maxtext.interval import SnapshotInterval
 
 from ..trainer_hooks.sidecar import FakeSidecar, call_within, free_port
 from ..trainer_hooks.sidecar import resume as resume_cmd
@@ -205,6 +206,7 @@ class Job:
         *,
         address: str | None = None,
         start: bool = True,
+        **hook_kw: Any,
     ) -> None:
         """``address``: connect for real (a gRPC link to a sidecar there) instead of over a scripted link."""
         import numpy as np
@@ -237,13 +239,14 @@ class Job:
         self.train = types.ModuleType("fake_train")
         self.train.initialize = initialize  # type: ignore[attr-defined]
         self.train.training_loop_iteration = training_loop_iteration  # type: ignore[attr-defined]
-        self.hook = MaxTextHook(address or "scripted", "job", connect=connect).install(self.train)
-        self.device_state = {"state": {"w": np.zeros(4, np.float32)}}
+        self.hook = MaxTextHook(address or "scripted", "job", connect=connect, **hook_kw).install(self.train)
+        self.device_state: dict[str, Any] = {"state": {"w": np.zeros(4, np.float32)}}
+        self.data_iterator: Any = None
         if start:
             self.train.initialize(["train.py"])
 
     def step(self, step: int) -> None:
-        pv = {"step": step, "checkpoint_manager": self.manager, "data_iterator": None}
+        pv = {"step": step, "checkpoint_manager": self.manager, "data_iterator": self.data_iterator}
         self.train.training_loop_iteration(self.device_state, pv, {"config": self.config})
 
     def run(self, first: int, last: int) -> None:
@@ -541,7 +544,7 @@ def test_a_flush_of_a_consumed_state_is_acknowledged_as_failed_never_committed(f
     import jax.numpy as jnp
 
     job = Job(Config(), fail_at=3)
-    job.hook.snapshot_every = 0  # the path without an in-memory snapshot (test_snapshot.py has the other)
+    job.hook.interval = SnapshotInterval(0)  # the path without an in-memory snapshot
     job.run(0, 3)
     w = jnp.zeros(4)
     w.delete()  # MaxText donated it into the step that failed
@@ -558,7 +561,7 @@ def test_a_flush_that_would_read_a_lost_slice_says_so(fake_maxtext: Any) -> None
     import jax.numpy as jnp
 
     job = Job(Config(elastic_enabled=True))
-    job.hook.snapshot_every = 0  # without an in-memory snapshot the flush can only refuse
+    job.hook.interval = SnapshotInterval(0)  # without an in-memory snapshot the flush can only refuse
     seam = job.hook.seam
     assert seam is not None
     seam.mesh_slices = lambda devices: {0}  # type: ignore[method-assign]
@@ -618,3 +621,258 @@ def test_a_terminal_elastic_failure_exits_42_with_its_reason(fake_maxtext: Any) 
     with pytest.raises(SystemExit) as exc:
         job.hook.terminal(why)
     assert exc.value.code == 42
+
+
+# ---------------------------------------------------------------------------
+# snapshots: the hook's side (Orbax's Snapshotter itself: test_snapshot_orbax.py)
+# ---------------------------------------------------------------------------
+
+
+class FakeSnapshotter:
+    """Orbax's Pathways ``Snapshotter`` as far as the hook drives it (``save``, ``latest``, ``join``,
+    ``load``, the queue of one), with a failure to inject into the next ``save``."""
+
+    def __init__(self, replica_axis_index: int) -> None:
+        import queue
+
+        self.replica_axis_index = replica_axis_index
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self.saves: list[int] = []
+        self.fail_next: BaseException | None = None
+        self.newest: tuple[int, Any] | None = None
+        self.replicas_lost = False
+
+    def save(self, step: int, tree: Any) -> None:
+        if self.fail_next is not None:
+            err, self.fail_next = self.fail_next, None
+            raise err
+        self.saves.append(step)
+        self.newest = (step, tree)
+
+    @property
+    def latest(self) -> Any:
+        return None if self.newest is None else types.SimpleNamespace(step=self.newest[0])
+
+    def join(self) -> None:
+        pass
+
+    def load(self, abstract: Any) -> Any:
+        if self.replicas_lost or self.newest is None:
+            raise RuntimeError("No active replicas found.")
+        _, tree = self.newest
+        return {"state": {k: tree["state"][k] for k in abstract["state"]}, "data": tree["data"]}
+
+
+class GrainLikeIterator:
+    """MaxText's ``MultiHostDataLoadIterator`` around a grain iterator: ``local_iterator.get_state()``."""
+
+    def __init__(self, position: int = 0) -> None:
+        self.local_iterator = self
+        self.position = position
+
+    def get_state(self) -> dict[str, int]:
+        return {"next_index": self.position}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.position = state["next_index"]
+
+
+def snapshot_job(monkeypatch: pytest.MonkeyPatch, every: int = 1, **kw: Any) -> tuple[Job, list[FakeSnapshotter]]:
+    """An elastic job on slices 0 and 1 whose mesh keeps a replica per slice (the layout is the real
+    code's business, tested on real meshes in test_snapshot_orbax.py)."""
+    from trainer_hooks.maxtext.snapshot import Layout
+
+    made: list[FakeSnapshotter] = []
+
+    def make(axis: int) -> FakeSnapshotter:
+        made.append(FakeSnapshotter(axis))
+        return made[-1]
+
+    usable = Layout(True, "test: a replica per slice", axis="data", axis_index=1, replicas=2, slices=(0, 1))
+    monkeypatch.setattr(hook_module, "state_layout", lambda mesh, state, slice_map: usable)
+    job = Job(Config(elastic_enabled=True), start_slices=(0, 1), snapshot_every=every, make_snapshotter=make, **kw)
+    job.device_state["mesh"] = object()
+    return job, made
+
+
+def hook_lines(err: str, kind: str) -> list[dict[str, Any]]:
+    prefix = f"{hook_module.LOG_PREFIX}: {kind} "
+    return [json.loads(line[len(prefix) :]) for line in err.splitlines() if line.startswith(prefix)]
+
+
+def test_a_snapshot_holds_the_step_boundarys_state_and_data_position_and_is_never_waited_for(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, made = snapshot_job(monkeypatch)
+    job.data_iterator = GrainLikeIterator()
+    for step in range(4):
+        job.data_iterator.position = 10 * step  # where the batch of step index `step` starts
+        job.step(step)
+    snap = made[0]
+    assert snap.replica_axis_index == 1
+    assert snap.saves == [1, 2, 3], "nothing to save at the attempt's own start"
+    assert snap.newest is not None
+    newest, tree = snap.newest
+    assert newest == 3 and json.loads(tree["data"]) == {"json": {"next_index": 30}}
+    assert set(tree["state"]) == {"['w']"}
+    snap._queue.put("a save still copying")  # the queue of one is full: skipped, not waited for
+    job.step(4)
+    assert snap.saves == [1, 2, 3] and job.hook.snapshots.skipped == 1 and job.ran[-1] == 4
+
+
+def test_a_failed_snapshot_never_turns_snapshots_off(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, made = snapshot_job(monkeypatch)
+    job.run(0, 3)
+    made[0].fail_next = RuntimeError("pinned host memory exhausted")
+    job.run(3, 6)
+    assert made[0].saves == [1, 2, 4, 5] and job.ran == [0, 1, 2, 3, 4, 5]
+    failed = hook_lines(capsys.readouterr().err, "snapshot_failed")
+    assert [f["step"] for f in failed] == [3] and "exhausted" in failed[0]["error"]
+    assert job.hook.interval.every == 1 and job.hook.snapshots.failed == 1
+
+
+def test_a_slice_loss_inside_a_snapshot_takes_the_slice_error_path_and_snapshots_go_on(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jax
+
+    job, made = snapshot_job(monkeypatch)
+    job.run(0, 3)
+    made[0].fail_next = jax.errors.JaxRuntimeError("DATA_LOSS: device_put to pinned_host: slice_index=1 gone")
+    job.link.when_blocked.append(resume(2, 0))
+    with pytest.raises(jax.errors.JaxRuntimeError) as err:
+        job.step(3)  # the error surfaced in the snapshot's save, before the step ran
+    sent = job.link.last("slice_error")
+    assert sent.step == 3 and list(sent.slices) == [1]
+    assert job.hook.seam is not None and job.hook.seam.retry_policy(1, err.value) is True
+    assert job.hook._device_state is None, "the failed attempt's device state is released"
+    job.run(3, 6)  # the next attempt
+    assert job.link.last("resumed").step == 3
+    assert made[0].saves == [1, 2, 4, 5], "snapshots stay on after a failure during one"
+    assert len(made) == 1, "one Snapshotter for the process: the newest snapshot outlives the attempt"
+
+
+def test_the_restore_ladder_takes_the_newest_snapshot_unless_a_committed_checkpoint_is_newer(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    job, made = snapshot_job(monkeypatch)
+    job.data_iterator = GrainLikeIterator()
+    for step in range(4):
+        job.data_iterator.position = 10 * step
+        job.device_state["state"] = {"w": np.full(4, step, np.float32)}
+        job.step(step)
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    assert getattr(load, "_elastic_sidecar_hook", None) is job.hook, "the restore seam is wrapped"
+    abstract = {"w": np.zeros(4, np.float32)}
+
+    # 1. The snapshot (step 3) is newer than any checkpoint: state and data position from it.
+    fresh_iterator = GrainLikeIterator()
+    restored, params = load(job.manager, fresh_iterator, "", "", 1, abstract)
+    assert params is None and restored["items"]["w"].tolist() == [3.0] * 4
+    assert fresh_iterator.position == 30, "the data position saved with the snapshot"
+    # 2. A committed checkpoint of step 5 (label 4) is newer: MaxText restores it, never the older snapshot.
+    job.manager.labels.append(4)
+    assert load(job.manager, GrainLikeIterator(), "", "", 1, abstract) == ({"items": ("checkpoint", 5)}, None)
+    # 3. The snapshot at least as new, but every replica lost: the checkpoint rung.
+    job.manager.labels[:] = [1]
+    made[0].replicas_lost = True
+    assert load(job.manager, GrainLikeIterator(), "", "", 1, abstract) == ({"items": ("checkpoint", 2)}, None)
+    # 4. No checkpoint either: a fresh start.
+    job.manager.labels.clear()
+    assert load(job.manager, GrainLikeIterator(), "", "", 1, abstract) == (None, None)
+
+    lines = hook_lines(capsys.readouterr().err, "restored")
+    assert [(r["source"], r["step"]) for r in lines] == [
+        ("snapshot", 3),
+        ("checkpoint", 5),
+        ("checkpoint", 2),
+        ("fresh", 0),
+    ]
+    assert lines[0]["data"] == "restored" and lines[0]["committed_step"] == 0
+    assert "older than the newest committed checkpoint" in lines[1]["why"]
+    assert "No active replicas" in lines[2]["why"] and "No active replicas" in lines[3]["why"]
+
+
+def test_a_snapshot_whose_state_disagrees_with_its_step_is_not_restored(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    job, _ = snapshot_job(monkeypatch)
+    job.device_state["state"] = {"w": np.zeros(4, np.float32), "optimizer": {"step": np.uint32(7)}}
+    job.run(0, 4)  # the snapshot says step 3, its state's optimizer step says 7
+    abstract = {"w": np.zeros(4, np.float32), "optimizer": {"step": np.uint32(0)}}
+    job.manager.labels.append(0)
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    assert load(job.manager, None, "", "", 1, abstract) == ({"items": ("checkpoint", 1)}, None)
+    (line,) = hook_lines(capsys.readouterr().err, "restored")
+    assert "holds step 7" in line["why"]
+
+
+def test_maxtexts_own_scale_up_signal_is_a_grow_that_spends_no_retry_and_reaches_no_sidecar_as_an_error(
+    fake_maxtext: Any,
+) -> None:
+    from pathwaysutils.elastic import manager
+
+    job = Job(Config(elastic_enabled=True), start_slices=(0, 1))
+    job.run(0, 3)
+
+    def scale_up(jds: Any, pv: Any, imm: Any) -> Any:
+        raise manager.ScaleUpSignalError()  # maybe_elastic_scale_up, at the top of the step
+
+    pv = {"step": 3, "checkpoint_manager": job.manager, "data_iterator": None}
+    with pytest.raises(manager.ScaleUpSignalError) as grow:
+        job.hook._iteration(scale_up, job.device_state, pv, {"config": job.config})
+    assert job.manager.labels == [2], "the intact state of the boundary is kept (no snapshots here: a flush)"
+    seam = job.hook.seam
+    assert seam is not None and seam.retry_policy(1, grow.value) is True
+    assert (seam.grows, seam.reported_failures, seam.decided_attempts) == (1, 0, 0)
+    assert "slice_error" not in job.link.kinds()
+    assert job.hook._device_state is None
+    job.run(3, 5)  # the next attempt acknowledges the mesh it built
+    r = job.link.last("resumed")
+    assert (r.step, list(r.active_slices)) == (3, [0, 1])
+
+
+@pytest.mark.parametrize(("raw", "every"), [("", -1), ("auto", -1), ("AUTO", -1), ("0", 0), ("1", 1), (" 25 ", 25)])
+def test_snapshot_every_takes_a_number_or_auto(raw: str, every: int) -> None:
+    from trainer_hooks.maxtext.snapshot import snapshot_every_from_env
+
+    assert snapshot_every_from_env({"ELASTIC_SIDECAR_SNAPSHOT_EVERY": raw}) == every
+
+
+def test_a_bad_snapshot_every_exits_2_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ELASTIC_SIDECAR_ADDRESS", "127.0.0.1:1")
+    monkeypatch.setenv("ELASTIC_SIDECAR_SNAPSHOT_EVERY", "often")
+    with pytest.raises(SystemExit) as exc:
+        hook_module.main([])
+    assert exc.value.code == 2
+    assert "ELASTIC_SIDECAR_SNAPSHOT_EVERY='often'" in capsys.readouterr().err
+
+
+def test_maxtext_or_pathwaysutils_not_as_built_for_exits_2_naming_what_differs(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer_hooks.maxtext import compat
+
+    found = compat.differences(version=lambda dist: {"maxtext": "0.2.5", "pathwaysutils": "0.1.14"}[dist])
+    assert "pathwaysutils 0.1.14 (the hook is built for 0.1.13)" in found
+    assert not any(f.startswith("maxtext ") for f in found)
+    # The fake MaxText has no pre-training module and a checkpointing module without latest_step.
+    assert any(f.startswith("maxtext.trainers.pre_train.train.initialize missing") for f in found)
+    assert any(f.startswith("maxtext.common.checkpointing.latest_step missing") for f in found)
+
+    monkeypatch.setenv("ELASTIC_SIDECAR_ADDRESS", "127.0.0.1:1")
+    monkeypatch.delenv("ELASTIC_SIDECAR_SNAPSHOT_EVERY", raising=False)
+    monkeypatch.setattr(compat, "differences", lambda: ["maxtext 0.2.6 (the hook is built for 0.2.5)"])
+    with pytest.raises(SystemExit) as exc:
+        hook_module.main([])
+    assert exc.value.code == 2
+    (line,) = hook_lines(capsys.readouterr().err, "incompatible")
+    assert line["differs"] == ["maxtext 0.2.6 (the hook is built for 0.2.5)"]

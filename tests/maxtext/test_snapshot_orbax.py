@@ -201,11 +201,9 @@ def scenario_lost_slice() -> dict[str, Any]:
         newest = snaps.newest_step()
     replicas = snaps.snapshotter._latest_snapshot[0]
     slice_of = {d.id: s for s, ds in slice_map.items() for d in ds}
-    kinds = sorted({x.sharding.memory_kind for r in replicas for x in jax.tree.leaves(r) if isinstance(x, jax.Array)})
-    replica_slices = [
-        sorted({slice_of[d.id] for x in jax.tree.leaves(r) if isinstance(x, jax.Array) for d in x.sharding.device_set})
-        for r in replicas
-    ]
+    arrays: list[list[Any]] = [[x for x in jax.tree.leaves(r) if isinstance(x, jax.Array)] for r in replicas]
+    kinds = sorted({str(x.sharding.memory_kind) for r in arrays for x in r})
+    replica_slices = [sorted({slice_of[d.id] for x in r for d in x.sharding.device_set}) for r in arrays]
 
     _lose(snaps.snapshotter, 1)
     survivors = [d for s in (0, 2, 3) for d in slice_map[s]]

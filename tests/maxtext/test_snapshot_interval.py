@@ -1,0 +1,83 @@
+"""``auto``: the snapshot interval chosen from measured slot times (pure; no JAX, no clock).
+
+A simulated loop feeds :class:`SnapshotInterval` the slot times a job would
+show: a baseline step, plus the cost of a snapshot spread over the slots
+after its save (the save call itself, then the copy slowing the following
+steps). The interval it settles on must keep the overhead within the budget,
+and not be needlessly sparse.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer_hooks.maxtext.interval import BUDGET, SnapshotInterval
+
+
+def simulate(iv: SnapshotInterval, steps: int, step_s: float, cost: list[float]) -> tuple[list[int], float]:
+    """Run ``steps`` boundaries; ``cost[i]``: extra seconds in the i-th slot after a save (0: the save's own).
+
+    Returns the save steps and the measured overhead fraction of the last half of the run."""
+    saves: list[int] = []
+    pending: list[float] = []
+    total = base = 0.0
+    for step in range(steps):
+        saved = iv.due(step)
+        if saved:
+            saves.append(step)
+            pending = list(cost)
+        extra = pending.pop(0) if pending else 0.0
+        slot = step_s + extra
+        if step >= steps // 2:
+            total, base = total + slot, base + step_s
+        iv.slot(slot, saved=saved)
+    return saves, total / base - 1
+
+
+@pytest.mark.parametrize(
+    ("step_s", "cost"),
+    [
+        (1.0, [0.3]),  # a save that costs 30% of its step, all in the step after it
+        (0.05, [0.02, 0.01, 0.01, 0.01]),  # the copy slows four steps after the save
+        (2.0, [0.001]),  # a TPU-like step: a save every step is within budget
+    ],
+)
+def test_auto_settles_on_an_interval_within_the_budget(step_s: float, cost: list[float]) -> None:
+    iv = SnapshotInterval(-1)
+    saves, overhead = simulate(iv, 3000, step_s, cost)
+    per_snapshot = sum(cost) / step_s
+    smallest = max(1, math.ceil(per_snapshot / BUDGET))
+    assert overhead <= BUDGET + 1e-9, (iv.current, overhead)
+    assert smallest <= iv.current <= 2 * smallest + 1, (iv.current, smallest)
+    assert iv.last_fraction is not None and iv.baseline == pytest.approx(step_s)
+    assert saves, "auto must snapshot"
+
+
+def test_auto_measures_after_a_warm_up_and_a_baseline_without_snapshots() -> None:
+    iv = SnapshotInterval(-1)
+    saves, _ = simulate(iv, 40, 1.0, [0.0])
+    assert saves[0] >= 3 + 8, "no snapshot before the warm-up and the baseline"
+    iv.new_attempt()  # a new mesh: measured again
+    assert iv.baseline is None and not iv.due(100)
+
+
+def test_slots_with_a_hold_or_a_checkpoint_are_not_counted() -> None:
+    # Every tenth slot takes 5 s (MaxText's periodic checkpoint) but is marked not counted:
+    # the interval stays where the snapshots' own cost puts it.
+    excluded = {s for s in range(3000) if s % 10 == 7}
+    iv = SnapshotInterval(-1)
+    for step in range(3000):
+        saved = iv.due(step)
+        extra = 5.0 if step in excluded else (0.01 if saved else 0.0)
+        iv.slot(1.0 + extra, saved=saved, counted=step not in excluded)
+    assert iv.current == 1, iv.current
+
+
+@pytest.mark.parametrize("every", [0, 1, 7])
+def test_a_fixed_interval_is_kept(every: int) -> None:
+    iv = SnapshotInterval(every)
+    saves, _ = simulate(iv, 50, 1.0, [10.0])
+    assert saves == ([s for s in range(1, 50) if s % every == 0] if every else [])
+    assert iv.current == every
