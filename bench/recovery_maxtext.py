@@ -1,9 +1,11 @@
 """Recovery on the real MaxText: ``python -m bench recovery --trainer maxtext``.
 
 One job (maxtext[tpu]==0.2.5 on the CPU, :mod:`simjob.maxtext`): the tests'
-tiny model (``--maxtext-model larger``: about ten times its parameters), four
-CPU devices in two simulated slices of two with the data axis across them
-(``ici_data_parallelism=2``: each slice holds a whole replica, as over DCN),
+tiny model (``--maxtext-model larger``: about ten times its parameters), eight
+CPU devices in four slices of two, each device with its ``slice_index``
+(:mod:`simjob.maxtext.cpu_elastic`), so MaxText builds its own multi-slice
+mesh: the slices along ``data`` over DCN (``dcn_data_parallelism``), each
+slice's devices along ``fsdp``, every slice a whole replica,
 MaxText's own periodic checkpoint every ``checkpoint_period`` steps (async
 Orbax), a fixed learning-rate schedule. The job is trained once per period to
 :data:`LEAD_STEPS` before the faulted period starts and checkpointed there
@@ -43,9 +45,11 @@ its phase, not the period's whole start. Only what happens on a fault differs:
   snapshot and grows back (``ScaleUpSignalError`` from the hook) from the
   snapshot of the step boundary where it grows.
 
-The fault (``kill``): pathwaysutils' own ``DeviceLossSimulator`` loses slice 1
-inside step index F (the step raises ``DATA_LOSS`` and its donated state is
-gone), F at a seeded random phase of the period that starts after the first
+The fault (``kill``): slice :data:`LOST_SLICE` dies while step index F runs,
+as on Pathways (:mod:`simjob.maxtext.cpu_elastic`): nothing is raised then,
+the step's donated state is gone, what lived only on the slice is deleted and
+the ``DATA_LOSS`` error surfaces at MaxText's next read or wait;
+pathwaysutils' own health computation finds the survivors. F at a seeded random phase of the period that starts after the first
 periodic save of the run (a save still in flight then leaves the pre-trained
 checkpoint, :data:`LEAD_STEPS` before it), the rounds' phases stratified over
 the period (:func:`fault_index`);
@@ -68,16 +72,29 @@ whole-run cost by more than the fault's (ea4f932); the local window's error
 grows only with the work in it. Lost steps (completed steps run
 again, over every rewind), recovery (fault to the first completed step past those completed at
 the fault) and the same from the replacement. Each step event names the devices
-its state spans: a step on one of the two slices counts as half a step of work
-in ``W`` (its global batch is half the job's), so running on the survivor is
-work at its real size. On this CPU such a step also takes less time than a
-full one (the four virtual devices share two cores), which a TPU slice would
+its state spans: a step on three of the four slices counts as three quarters of
+a step of work in ``W`` (its global batch is that share of the job's), so running
+on the survivors is work at its real size. On this CPU such a step also takes less
+time than a full one (the eight virtual devices share two cores), which a TPU slice would
 not: rows give ``shrunk_steps`` and ``fault_cost_if_shrunk_steps_took_full_time``,
 the cost had every shrunk step taken a fault-free step's time. A run that did not do what it
 measures (no fault, training not finished, a non-zero exit) is counted in
 ``failed_runs`` with its reason, never as a figure. The sidecar rows also
 report the snapshot's cost per step, as the hook measures it (``finished``
 line): milliseconds and the fraction of the step time, over fault-free runs.
+
+Every row also gives (issue 23): ``step_overhead_fraction_median``, the
+strategy's steady step time (fault-free runs: seconds past the warm-up over
+their work) over plain MaxText's (``full_restart``'s fault-free runs: no
+elastic mode, no sidecar), minus 1; ``period_cost_seconds_median``, each run's
+fault cost with every step on fewer slices counted at the full-slice rate
+(``..._if_shrunk_steps_took_full_time``) plus the steady overhead over one
+checkpoint period (``(steady - plain) * checkpoint_period``), the median over
+runs; and ``mesh_slices_before`` / ``mesh_slices_after``, the slices of the
+mesh MaxText built before the fault and for the first attempt after it (the
+``mesh`` events). ``local_checkpoint_rewind`` checkpoints every
+:data:`LOCAL_CHECKPOINT_PERIOD` steps. The sidecar runs with the hook's shipped
+snapshot interval (``auto``) unless :attr:`Job.snapshot_every` says otherwise.
 """
 
 from __future__ import annotations
@@ -128,7 +145,17 @@ replacement comes, pathwaysutils' monitor (10 s poll) sees it and the job is bac
 A step on one CPU slice takes about 0.02 s here, so 2,000 steps take about 40 s, and the job was back on
 both slices 16-20 s after the fault in the runs at fa918ad (10 s delay); a run that ends before it is back
 on every slice is a failed run (:func:`analyse`)."""
-SLICES = 2
+SLICES = 4
+"""The job's slices: 8 CPU devices in 4 slices of 2 (:data:`simjob.maxtext.job.MULTI_SLICES`), each with its
+``slice_index``, so MaxText builds its own multi-slice (DCN) mesh; the fault loses slice :data:`LOST_SLICE`."""
+DEVICES = 8
+LOST_SLICE = 1
+LOCAL_CHECKPOINT_PERIOD = 20
+"""``local_checkpoint_rewind``'s checkpoint every 20 steps: MaxText's own example value for its local
+(emergency) checkpoints (``local_checkpoint_period`` in its multi-tier checkpointing guide)."""
+MESH_FLAGS = ("dcn_data_parallelism=-1", "ici_fsdp_parallelism=-1")
+"""The slices along MaxText's ``data`` axis (DCN), each slice's devices along ``fsdp``: every slice holds a whole
+replica (:data:`simjob.maxtext.job.MULTI_SLICE_MESH`)."""
 ELASTIC_FLAGS = ("elastic_enabled=true", "enable_single_controller=true")
 START_SECONDS = 240.0
 """A MaxText process's start to its first step, on a loaded 2-core machine (about 20 s when idle)."""
@@ -140,10 +167,11 @@ class Job:
 
     model: str
     checkpoint_period: int
-    snapshot_every: int = 1
+    snapshot_every: int | None = None
+    """The sidecar's ``ELASTIC_SIDECAR_SNAPSHOT_EVERY``; None: the hook's shipped default (``auto``)."""
     min_slices: int = -1
     """MaxText's ``elastic_min_slice_count``: -1 waits for every slice, 1 continues on the survivor."""
-    local_checkpoint_period: int = 5
+    local_checkpoint_period: int = LOCAL_CHECKPOINT_PERIOD
     """``local_checkpoint_rewind``'s ``checkpoint_period``: a save this often (see the module doc)."""
 
     def __post_init__(self) -> None:
@@ -208,7 +236,7 @@ def maxtext_flags(job: Job, strategy: str, delay: float) -> list[str]:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown MaxText strategy {strategy!r}: expected one of {list(STRATEGIES)}")
     period = job.local_checkpoint_period if strategy == "local_checkpoint_rewind" else job.checkpoint_period
-    flags = [f"checkpoint_period={period}", "ici_data_parallelism=2"]
+    flags = [f"checkpoint_period={period}", *MESH_FLAGS]
     if strategy != "full_restart":
         # A loss on a shrinking job costs two attempts (the shrink, then the scale-up), and pathwaysutils
         # counts every attempt against elastic_max_retries (FACTS section 2): room for one more of each.
@@ -295,6 +323,8 @@ def analyse(
         out["error"] = f"training did not finish: last completed step {last}, expected {steps}"
         return out
     if fault_step is None:
+        out["mesh_slices_before"], _ = mesh_slices(events, None)
+        out["steady_step_s"] = rnd(out["seconds"] / out["work_steps"], 6) if out["work_steps"] else None
         if any(e.get("kind") == "fault" for e in events):
             out["error"] = "a fault happened in a fault-free run"
         return out
@@ -303,6 +333,7 @@ def analyse(
         out["error"] = f"no fault happened (expected slice loss in step index {fault_step})"
         return out
     ft = float(fault["t"])
+    out["mesh_slices_before"], out["mesh_slices_after"] = mesh_slices(events, ft)
     before = max((e["step"] for e in done if e["t"] <= ft), default=0)
     if before != fault_step:
         out["error"] = f"the fault hit with {before} steps completed, expected {fault_step}"
@@ -363,6 +394,39 @@ def analyse(
     return out
 
 
+def mesh_slices(events: Sequence[dict[str, Any]], fault_t: float | None) -> tuple[int | None, int | None]:
+    """The slices of the mesh MaxText built before the fault (the newest one by then) and for the first attempt
+    after it (``mesh`` events of :mod:`simjob.maxtext.cpu_elastic`, from the devices' ``slice_index``); without
+    a fault, the first mesh and None."""
+    meshes = sorted((e for e in events if e.get("kind") == "mesh"), key=lambda e: float(e["t"]))
+    if fault_t is None:
+        return (int(meshes[0]["slices"]) if meshes else None), None
+    before = [int(e["slices"]) for e in meshes if float(e["t"]) <= fault_t]
+    after = [int(e["slices"]) for e in meshes if float(e["t"]) > fault_t]
+    return (before[-1] if before else None), (after[0] if after else None)
+
+
+def step_overhead_fraction(steady_s: float | None, plain_s: float | None) -> float | None:
+    """A strategy's steady step time over plain MaxText's, minus 1 (None without both)."""
+    if not steady_s or not plain_s:
+        return None
+    return steady_s / plain_s - 1.0
+
+
+def period_costs(
+    full_rate_costs: Sequence[float], steady_s: float | None, plain_s: float | None, period: int
+) -> list[float]:
+    """Each run's cost of one checkpoint period with its fault: the fault cost with every step on fewer slices
+    counted at the full-slice rate, plus the strategy's steady overhead over the period's steps
+    (``(steady - plain) * period``; the overhead is 0 for plain MaxText itself). Empty without both step times."""
+    if period < 1:
+        raise ValueError(f"period={period}: expected a whole number of steps >= 1")
+    if not steady_s or not plain_s:
+        return []
+    overhead = (steady_s - plain_s) * period
+    return [c + overhead for c in full_rate_costs]
+
+
 def snapshot_cost(finished: dict[str, Any] | None) -> dict[str, Any]:
     """The hook's ``finished`` figures as the snapshot's cost per step (ms and fraction of the step)."""
     if not finished or not finished.get("snapshots"):
@@ -406,9 +470,19 @@ def not_run_row(
         "fault_cost_seconds_median": None,
         "fault_cost_seconds_p90": None,
         "recovery_seconds_median": None,
+        "step_overhead_fraction_median": None,
+        "period_cost_seconds_median": None,
+        "mesh_slices_before": None,
+        "mesh_slices_after": None,
         "status": "not_run",
         "invalid_reason": why,
     }
+
+
+def plain_step_seconds(plain_refs: Sequence[dict[str, Any]]) -> float | None:
+    """Plain MaxText's steady step time: the median over ``full_restart``'s fault-free runs (MaxText without
+    elastic mode or the sidecar) that measured what they should."""
+    return median(r.get("steady_step_s") for r in plain_refs if not r.get("error"))
 
 
 def summarise(
@@ -420,8 +494,12 @@ def summarise(
     runs: Sequence[dict[str, Any]],
     refs: Sequence[dict[str, Any]],
     min_slices: int = -1,
+    plain_step_s: float | None = None,
 ) -> dict[str, Any]:
-    """One row: fault cost of ``runs`` against the rate of the same strategy's fault-free ``refs``."""
+    """One row: fault cost of ``runs`` against the rate of the same strategy's fault-free ``refs``.
+
+    ``plain_step_s``: plain MaxText's steady step time at this period (``full_restart``'s fault-free runs: no
+    elastic mode, no sidecar), for ``step_overhead_fraction_median`` and ``period_cost_seconds_median``."""
     row = _base_row(strategy, fault, period, delay, model, min_slices)
     fields, ok, good_refs, rate = fault_cost(runs, refs)
     local = bool(ok) and all(r.get("local_fault_cost_s") is not None for r in ok)
@@ -456,6 +534,32 @@ def summarise(
         seen = sorted({r[key] for r in [*runs, *refs] if r.get(key)})
         if seen:
             row[key] = seen[0] if len(seen) == 1 else seen
+    # Steady step time (fault-free runs), its overhead over plain MaxText's, and one period's cost with the fault.
+    steady = median(r["steady_step_s"] for r in good_refs if r.get("steady_step_s"))
+    row["steady_step_seconds_median"] = rnd(steady, 6)
+    row["plain_step_seconds_median"] = rnd(plain_step_s, 6)
+    overhead = step_overhead_fraction(steady, plain_step_s)
+    row["step_overhead_fraction_median"] = rnd(overhead, 4)
+    if local:
+        full_rate = [r.get("local_fault_cost_if_shrunk_steps_took_full_time_s", r["fault_cost_s"]) for r in ok]
+    elif rate:
+        full_rate = [r["fault_cost_s"] - r.get("shrunk_seconds", 0.0) + r.get("shrunk_steps", 0) / rate for r in ok]
+    else:
+        full_rate = []
+    periods = period_costs([c for c in full_rate if c is not None], steady, plain_step_s, period)
+    row["period_cost_seconds_median"] = rnd(median(periods), 3) if periods else None
+    if not periods:
+        row["period_cost_note"] = (
+            "no plain MaxText step time (full_restart's fault-free runs)"
+            if not plain_step_s
+            else "no steady step time or no measured fault cost"
+        )
+    for key in ("mesh_slices_before", "mesh_slices_after"):
+        seen = [int(r[key]) for r in ok if r.get(key) is not None]
+        mid = median(seen)
+        row[key] = int(round(mid)) if mid is not None else None
+        if len(set(seen)) > 1:
+            row[f"{key}_seen"] = sorted(set(seen))
     costs_snap = [r["snapshot"] for r in good_refs if r.get("snapshot")]
     if costs_snap:
         row["snapshot_ms_per_step_median"] = rnd(median(c["snapshot_ms_per_step"] for c in costs_snap), 3)
@@ -536,9 +640,9 @@ def run_one(
         cpu_elastic.ENV_EVENTS: str(events),
         cpu_elastic.ENV_CONTROL: str(wd / "control"),
     }
-    if strategy == "sidecar":
+    if strategy == "sidecar" and job.snapshot_every is not None:
         env[ENV_SNAPSHOT_EVERY] = str(job.snapshot_every)
-    fault_env = {cpu_elastic.ENV_FAIL_AT: f"{fault_step}:1"} if fault_step is not None else {}
+    fault_env = {cpu_elastic.ENV_FAIL_AT: f"{fault_step}:{LOST_SLICE}"} if fault_step is not None else {}
     sc = Sidecar(num_slices=SLICES) if strategy == "sidecar" else None
     procs: list[MaxTextRun] = []
     out: dict[str, Any] = {
@@ -554,7 +658,9 @@ def run_one(
         if sc is not None:
             for s in range(SLICES):
                 sc.submit(WorkerJoined(s, 0, "inc-1", node=f"node-{s}"))
-        first = MaxTextRun("maxtext", args, wd, sidecar=sc, module=PATCHED_MODULE, env={**env, **fault_env})
+        first = MaxTextRun(
+            "maxtext", args, wd, sidecar=sc, module=PATCHED_MODULE, env={**env, **fault_env}, devices=DEVICES
+        )
         procs.append(first)
         budget = START_SECONDS + steps * 2.0 + delay + 60.0
         if fault_step is not None:
@@ -574,13 +680,15 @@ def run_one(
                     out["first_exit_code"] = first.poll()
                     time.sleep(max(0.0, due - time.time()))
                     replaced = time.time()
-                    procs.append(MaxTextRun("maxtext-restart", args, wd, module=PATCHED_MODULE, env=env))
+                    procs.append(
+                        MaxTextRun("maxtext-restart", args, wd, module=PATCHED_MODULE, env=env, devices=DEVICES)
+                    )
                 else:
                     time.sleep(max(0.0, due - time.time()))
                     (wd / "control" / "reconnect").touch()
                     replaced = time.time()
                     if sc is not None:
-                        sc.request(WorkerJoined(1, 0, "inc-2", node="node-1"))
+                        sc.request(WorkerJoined(LOST_SLICE, 0, "inc-2", node=f"node-{LOST_SLICE}"))
         last = procs[-1]
         try:
             code = last.proc.wait(max(10.0, budget - (time.monotonic() - t0)))
@@ -630,10 +738,10 @@ def pretrain(job: Job, root: Path, cache: Path) -> Path:
     wd.mkdir(parents=True)
     # A save after step index `label` (checkpoint_period=label), in a run of label + 1 steps.
     args = maxtext_args(
-        wd, "job", label + 1, f"checkpoint_period={label}", "ici_data_parallelism=2", jax_cache=cache, model=job.model
+        wd, "job", label + 1, f"checkpoint_period={label}", *MESH_FLAGS, jax_cache=cache, model=job.model
     )
     env = {cpu_elastic.ENV: "1", cpu_elastic.ENV_SLICES: str(SLICES), cpu_elastic.ENV_EVENTS: str(wd / "events.jsonl")}
-    proc = MaxTextRun("maxtext-pretrain", args, wd, module=PATCHED_MODULE, env=env)
+    proc = MaxTextRun("maxtext-pretrain", args, wd, module=PATCHED_MODULE, env=env, devices=DEVICES)
     try:
         code = proc.proc.wait(START_SECONDS + label * 2.0)
     except subprocess.TimeoutExpired:
@@ -688,13 +796,16 @@ def run(
     model: str = "tiny",
     fault_free_runs: int | None = None,
     min_slices: int = -1,
-    local_checkpoint_period: int = 5,
+    local_checkpoint_period: int | None = None,
 ) -> dict[str, Any]:
     """Every (fault, period, delay) case under every strategy, ``runs`` times, interleaved by round.
 
     Returns the rows, each run's figures and the fault-free runs.
     """
     from simjob.maxtext.job import MAXTEXT_PYTHON, MODELS
+
+    if local_checkpoint_period is None:
+        local_checkpoint_period = LOCAL_CHECKPOINT_PERIOD
 
     if model not in MODELS:
         raise ValueError(f"unknown MaxText model size {model!r}: expected one of {sorted(MODELS)}")
@@ -781,7 +892,19 @@ def run(
                     if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
                     == (s, fault, period, delay)
                 ]
-                rows.append(summarise(s, fault, period, delay, model, mine, refs.get((s, period), []), min_slices))
+                rows.append(
+                    summarise(
+                        s,
+                        fault,
+                        period,
+                        delay,
+                        model,
+                        mine,
+                        refs.get((s, period), []),
+                        min_slices,
+                        plain_step_s=plain_step_seconds(refs.get(("full_restart", period), [])),
+                    )
+                )
     return {
         "rows": rows,
         "runs": done,
@@ -797,7 +920,9 @@ def run(
             "tail_steps": Job(model, 1, min_slices=min_slices).tail("sidecar"),
             "tail_steps_full_restart": TAIL_STEPS,
             "fault_phases": "stratified: round k of n draws from the k-th n-th of the period",
-            "snapshot_every": 1,
+            "snapshot_every": "the hook's default (auto)",
+            "devices": DEVICES,
+            "lost_slice": LOST_SLICE,
             "warmup_step": WARMUP_STEP,
             "fault_free_runs_per_strategy": min(n_refs, runs),
             "local_checkpoint_period": local_checkpoint_period,

@@ -73,7 +73,9 @@ def test_the_local_checkpoint_rewind_is_the_rewind_with_a_frequent_checkpoint_in
     assert [f for f in local if not f.startswith("checkpoint_period=")] == [
         f for f in rewind if not f.startswith("checkpoint_period=")
     ]
-    assert Job("tiny", 300).local_checkpoint_period == 5
+    assert (
+        Job("tiny", 300).local_checkpoint_period == 20 == recovery_maxtext.LOCAL_CHECKPOINT_PERIOD
+    )  # MaxText's example
     with pytest.raises(ValueError, match="local_checkpoint_period=0"):
         Job("tiny", 300, local_checkpoint_period=0)
 
@@ -84,7 +86,7 @@ def test_min_slices_goes_to_both_elastic_strategies_with_room_for_the_scale_up_a
         flags = set(maxtext_flags(Job("tiny", 20, min_slices=1), s, 5.0))
         assert {"elastic_min_slice_count=1", "elastic_max_retries=5"} <= flags, flags
     assert not any("min_slice" in f for f in maxtext_flags(Job("tiny", 20, min_slices=1), "full_restart", 5.0))
-    for bad in (0, 3, -2):
+    for bad in (0, recovery_maxtext.SLICES + 1, -2):
         with pytest.raises(ValueError, match=f"min_slices={bad}"):
             Job("tiny", 20, min_slices=bad)
 
@@ -449,3 +451,93 @@ def test_a_period_whose_pre_training_fails_has_rows_that_say_so_and_runs_nothing
     )
     assert all(x[1] == 50 for x in ran), ran  # nothing ran for the period without a start
     assert ("sidecar", 50, tmp_path / "ckpt") in ran, "every run of a period starts from its pre-trained checkpoint"
+
+
+def test_the_mesh_slices_are_the_newest_mesh_before_the_fault_and_the_first_attempts_after_it() -> None:
+    mesh = [
+        {"kind": "mesh", "slices": 4, "t": 0.5},
+        *steps(1, 25, 1.0, devices=8, pid=1),
+        {"kind": "fault", "step": 25, "t": 3.55},
+        {"kind": "mesh", "slices": 3, "t": 4.0},  # the first attempt after the fault
+        *steps(25, 30, 5.0, devices=6, pid=1),
+        {"kind": "mesh", "slices": 4, "t": 9.0},  # back on every slice: not the first attempt after it
+        *steps(31, 40, 9.5, devices=8, pid=1),
+    ]
+    m = analyse(mesh, steps=40, fault_step=25)
+    assert (m["mesh_slices_before"], m["mesh_slices_after"]) == (4, 3), m
+    assert recovery_maxtext.mesh_slices(mesh, None) == (4, None)
+    assert recovery_maxtext.mesh_slices([], 1.0) == (None, None)
+    free = analyse([{"kind": "mesh", "slices": 4, "t": 0.5}, *steps(1, 40, 1.0, devices=8)], steps=40, fault_step=None)
+    assert free["mesh_slices_before"] == 4 and "mesh_slices_after" not in free
+    # Steady step time: the run's seconds past the warm-up over its work (steps 4..40 at 0.1 s).
+    assert free["steady_step_s"] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_step_overhead_and_period_cost_count_the_strategys_steady_overhead_over_one_period() -> None:
+    assert recovery_maxtext.step_overhead_fraction(0.0207, 0.018) == pytest.approx(0.15)
+    assert recovery_maxtext.step_overhead_fraction(None, 0.018) is None
+    assert recovery_maxtext.step_overhead_fraction(0.02, None) is None
+    # 1,000 steps at 2 ms more a step: 2 s on top of each run's full-rate fault cost.
+    assert recovery_maxtext.period_costs([3.0, 5.0], 0.020, 0.018, 1000) == [pytest.approx(5.0), pytest.approx(7.0)]
+    # Plain MaxText itself: no overhead; a strategy faster than plain gets a negative overhead, not clipped.
+    assert recovery_maxtext.period_costs([3.0], 0.018, 0.018, 1000) == [pytest.approx(3.0)]
+    assert recovery_maxtext.period_costs([3.0], 0.017, 0.018, 1000) == [pytest.approx(2.0)]
+    assert recovery_maxtext.period_costs([3.0], None, 0.018, 1000) == []
+    with pytest.raises(ValueError, match="period=0"):
+        recovery_maxtext.period_costs([3.0], 0.02, 0.018, 0)
+
+
+def test_a_row_gives_its_step_overhead_period_cost_and_mesh_slices() -> None:
+    # Fault-free: 100 work steps in 2.4 s (0.024 s a step); plain MaxText 0.02 s a step; period 1,000.
+    refs = [ref("sidecar", 2.4, steady_step_s=0.024), ref("sidecar", 2.4, steady_step_s=0.024)]
+    local = {"own_step_s": 0.1, "local_window_s": 9.0, "local_window_work_steps": 60}
+    runs = [
+        faulted(
+            "sidecar",
+            13.0,
+            0,
+            4.0,
+            local_fault_cost_s=3.0,
+            local_fault_cost_if_shrunk_steps_took_full_time_s=3.5,
+            shrunk_steps=5,
+            shrunk_seconds=0.2,
+            mesh_slices_before=4,
+            mesh_slices_after=3,
+            **local,
+        ),
+        faulted(
+            "sidecar",
+            13.0,
+            0,
+            4.0,
+            local_fault_cost_s=5.0,
+            local_fault_cost_if_shrunk_steps_took_full_time_s=5.5,
+            shrunk_steps=5,
+            shrunk_seconds=0.2,
+            mesh_slices_before=4,
+            mesh_slices_after=3,
+            **local,
+        ),
+    ]
+    row = summarise("sidecar", "kill", 1000, 1.0, "tiny", runs, refs, plain_step_s=0.02)
+    assert row["step_overhead_fraction_median"] == pytest.approx(0.2)
+    # Full-rate fault costs 3.5 and 5.5 (median 4.5) plus (0.024 - 0.02) x 1,000 = 4 s of overhead.
+    assert row["period_cost_seconds_median"] == pytest.approx(8.5)
+    assert (row["mesh_slices_before"], row["mesh_slices_after"]) == (4, 3)
+    assert isinstance(row["mesh_slices_before"], int) and isinstance(row["mesh_slices_after"], int)
+    # Without plain MaxText's step time (no full_restart reference) there is no overhead and no period cost.
+    alone = summarise("sidecar", "kill", 1000, 1.0, "tiny", runs, refs)
+    assert alone["step_overhead_fraction_median"] is None and alone["period_cost_seconds_median"] is None
+    assert "full_restart" in alone["period_cost_note"]
+    assert recovery_maxtext.plain_step_seconds(
+        [ref("full_restart", 2.0, steady_step_s=0.02), ref("full_restart", 1.0, steady_step_s=0.01, error="x")]
+    ) == pytest.approx(0.02)
+
+
+def test_the_job_has_at_least_three_slices_and_the_data_axis_across_them() -> None:
+    assert recovery_maxtext.SLICES >= 3 and recovery_maxtext.DEVICES % recovery_maxtext.SLICES == 0
+    for s in recovery_maxtext.STRATEGIES:
+        flags = maxtext_flags(Job("tiny", 20), s, 5.0)
+        assert "dcn_data_parallelism=-1" in flags and not any(f.startswith("ici_data_parallelism") for f in flags)
+    row = recovery_maxtext.not_run_row("sidecar", "kill", 20, 1.0, "tiny", "why")
+    assert {"step_overhead_fraction_median", "period_cost_seconds_median", "mesh_slices_before"} <= set(row)
