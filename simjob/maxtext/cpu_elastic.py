@@ -400,9 +400,10 @@ def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = 
         original_save = snapshotter.Snapshotter.save
 
         def save(self: Any, step: int, state: Any) -> None:
-            # The boundary before step index next_index[0]: the slice dies as its snapshot starts, so the copies
+            # The first save at or after the boundary before step index STEP (a save the hook skips, one still
+            # copying, cannot be hit): the slice dies as its snapshot starts, so the copies
             # the save dispatches span a lost device and its wait fails (Orbax logs "Failed to snapshot").
-            due = next((f for f in pending if f.step == next_index[0] and f.during == "snapshot"), None)
+            due = next((f for f in pending if 0 <= f.step <= next_index[0] and f.during == "snapshot"), None)
             if due is not None:
                 lose(due)
             return original_save(self, step, state)

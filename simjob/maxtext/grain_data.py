@@ -13,6 +13,8 @@ wheel's own ``assets/tokenizers/tokenizer.default`` (:func:`maxtext_flags`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -33,14 +35,29 @@ def write(out: Path, records: int = RECORDS, length: int = LENGTH, vocab: int = 
     rng = np.random.default_rng(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = ArrayRecordWriter(str(out), "group_size:1")
+    rows = []
     try:
         for _ in range(records):
+            tokens = rng.integers(1, vocab, size=length)
             ex = example_pb2.Example()
-            ex.features.feature["text"].int64_list.value.extend(rng.integers(1, vocab, size=length).tolist())
+            ex.features.feature["text"].int64_list.value.extend(tokens.tolist())
             writer.write(ex.SerializeToString())
+            # MaxText's ParseFeatures reads int64 features as int32: the row a batch then holds
+            rows.append(hashlib.sha256(tokens.astype(np.int32).tobytes()).hexdigest()[:12])
     finally:
         writer.close()
+    rows_file(out).write_text(json.dumps(rows))
     return out
+
+
+def rows_file(data: Path) -> Path:
+    """The JSON list beside the data: each record's row hash, in file order (``cpu_elastic.batch_fields``'
+    ``rows``), so a test can tell which records a run's batches held without reading ArrayRecord."""
+    return data.with_name(data.name + ".rows.json")
+
+
+def rows(data: Path) -> list[str]:
+    return list(json.loads(rows_file(data).read_text()))
 
 
 def maxtext_flags(path: Path | str, *, elastic_iterator: bool = True) -> list[str]:
@@ -68,11 +85,10 @@ def maxtext_flags(path: Path | str, *, elastic_iterator: bool = True) -> list[st
 def wheel_tokenizer() -> str:
     """The wheel's own sentencepiece tokenizer (``maxtext/assets/tokenizers/tokenizer.default``), found from
     the MaxText venv next to this checkout; only its pad id is used (the data are already token ids)."""
-    from simjob.maxtext.job import MAXTEXT_VENV
-
-    found = sorted(MAXTEXT_VENV.glob("lib/python3*/site-packages/maxtext/assets/tokenizers/tokenizer.default"))
+    venv = Path(__file__).resolve().parents[2] / ".venv-maxtext"  # simjob.maxtext.job.MAXTEXT_VENV
+    found = sorted(venv.glob("lib/python3*/site-packages/maxtext/assets/tokenizers/tokenizer.default"))
     if not found:
-        raise FileNotFoundError(f"no maxtext/assets/tokenizers/tokenizer.default under {MAXTEXT_VENV}")
+        raise FileNotFoundError(f"no maxtext/assets/tokenizers/tokenizer.default under {venv}")
     return str(found[0])
 
 

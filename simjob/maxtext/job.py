@@ -35,6 +35,14 @@ PATCHED_MODULE = "simjob.maxtext"
 
 JOB = "maxtext-job"
 DEVICES = 4
+"""CPU devices of a MaxText process unless a run says otherwise."""
+MULTI_SLICE_DEVICES = 8
+MULTI_SLICES = 4
+"""The multi-slice job (issue 23): 8 CPU devices in 4 slices of 2 (``ELASTIC_SIDECAR_TEST_CPU_SLICES``), the
+data axis across the slices (``dcn_data_parallelism``, :data:`MULTI_SLICE_MESH`), FSDP within each."""
+MULTI_SLICE_MESH = ("dcn_data_parallelism=-1", "ici_fsdp_parallelism=-1")
+"""MaxText's own multi-slice mesh: the slices (DCN) along ``data``, each slice's devices along ``fsdp``, so every
+slice holds a whole replica of the state (the replica axis of Orbax's Pathways Snapshotter)."""
 TINY_MODEL = (
     "hardware=cpu",
     "dataset_type=synthetic",
@@ -95,11 +103,25 @@ WAIT = 60.0
 
 
 def maxtext_args(
-    out: Path, run_name: str, steps: int, *extra: str, jax_cache: Path | None = None, model: str = "tiny"
+    out: Path,
+    run_name: str,
+    steps: int,
+    *extra: str,
+    jax_cache: Path | None = None,
+    model: str = "tiny",
+    data: Path | None = None,
 ) -> list[str]:
-    """MaxText's ``key=value`` arguments: the model, the job's settings, then ``extra``."""
+    """MaxText's ``key=value`` arguments: the model, the job's settings, then ``extra``.
+
+    ``data``: an ArrayRecord file of :mod:`simjob.maxtext.grain_data` read by MaxText's grain pipeline
+    instead of the synthetic batch (the same batch every step)."""
+    base = model_args(model)
+    if data is not None:
+        from simjob.maxtext.grain_data import maxtext_flags
+
+        base = [a for a in base if not a.startswith("dataset_type=")] + maxtext_flags(data)
     return [
-        *model_args(model),
+        *base,
         f"base_output_directory={out}",
         f"run_name={run_name}",
         f"steps={steps}",
@@ -122,6 +144,7 @@ def checkpoint_labels(out: Path, run_name: str) -> list[int]:
 # ---------------------------------------------------------------------------
 
 _STEP_LINE = re.compile(r"completed step: (\d+), .*?\bloss: ([0-9.eE+-]+)")
+_MESH_LINE = re.compile(r"Num_devices: (\d+), shape \(([\d, ]*)\)")
 _HOOK_LINE = re.compile(r"^trainer_hooks\.maxtext: (\w+) (\{.*\})$")
 
 
@@ -138,6 +161,7 @@ class MaxTextRun:
         module: str = "trainer_hooks.maxtext",
         env: dict[str, str] | None = None,
         python: Path = MAXTEXT_PYTHON,
+        devices: int = DEVICES,
     ) -> None:
         if not Path(python).exists():
             raise FileNotFoundError(
@@ -155,7 +179,7 @@ class MaxTextRun:
         }
         e.update(
             JAX_PLATFORMS="cpu",
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
             PYTHONUNBUFFERED="1",
             TF_CPP_MIN_LOG_LEVEL="2",
         )
@@ -203,6 +227,19 @@ class MaxTextRun:
             rec = json.loads(line)
             out[int(rec["step"])] = float(rec["learning/loss"])
         return out
+
+    def events(self, path: Path) -> list[dict[str, Any]]:
+        """The JSON lines of an events file (:mod:`simjob.maxtext.cpu_elastic`), for this process only."""
+        if not path.exists():
+            return []
+        out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [e for e in out if e.get("pid") == self.proc.pid]
+
+    def meshes(self) -> list[tuple[int, tuple[int, ...]]]:
+        """MaxText's own log of each mesh it built: ``Num_devices: N, shape (...)``."""
+        return [
+            (int(m[1]), tuple(int(x) for x in m[2].split(",") if x.strip())) for m in _MESH_LINE.finditer(self.text())
+        ]
 
     def hook_lines(self, kind: str | None = None) -> list[tuple[str, dict[str, Any]]]:
         out = []
