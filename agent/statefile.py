@@ -26,18 +26,22 @@ trainer's and the workers' own reports (generation, slices, held step;
 
 Times in the state are on the decision clock (``time.monotonic()``); here they
 are stored as wall-clock seconds and mapped back on restore. Writes are
-atomic: temp file, fsync, rename, fsync of the directory. A file that cannot
+atomic: temp file, fsync, rename, fsync of the directory, and bounded in time
+(:class:`BoundedWriter`: a write that hangs counts as failed). A file that cannot
 be read is moved aside (``state.json.unreadable-<time>``) and the coordinator
 starts as if it had none, saying so; it never crash-loops on it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -188,6 +192,79 @@ def write(path: Path, data: Mapping[str, Any]) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+class WriteHung(OSError):
+    """A state write did not return within its bound (a stalled disk): it counts as failed."""
+
+
+class BoundedWriter:
+    """Runs state writes with a time bound, one at a time, on a thread of their own.
+
+    A write that blocks (a stalled disk, an NFS server gone) is treated like a
+    failed one once ``bound`` passes: :meth:`run` raises :class:`WriteHung` and
+    the caller carries on (not durable). The hung write stays outstanding on its
+    daemon thread (a thread cannot be cancelled, and a daemon one never keeps
+    the process from exiting); until it returns, every further :meth:`run`
+    fails at once instead of starting another write, so writes never pile up
+    behind a stuck disk nor land out of order.
+    """
+
+    def __init__(self) -> None:
+        self._pending: asyncio.Future[None] | None = None
+        self._started = 0.0
+
+    @property
+    def hung_for(self) -> float:
+        """Seconds the outstanding write has been running (0.0: none outstanding)."""
+        if self._pending is None or self._pending.done():
+            return 0.0
+        return time.monotonic() - self._started
+
+    async def run(self, fn: Callable[..., None], *args: Any, bound: float) -> None:
+        """``fn(*args)`` on a thread; OSError as ``fn`` raises it, or :class:`WriteHung`."""
+        pending = self._pending
+        if pending is not None:
+            if not pending.done():
+                raise WriteHung(
+                    errno.ETIMEDOUT,
+                    f"an earlier state write has not returned after {self.hung_for:.1f} s (a stalled disk?); "
+                    "no new write starts until it does",
+                )
+            if not pending.cancelled():
+                pending.exception()  # a late result of a write already counted as failed
+            self._pending = None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+        def work() -> None:
+            error: BaseException | None = None
+            try:
+                fn(*args)
+            except BaseException as e:
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, error)
+            except RuntimeError:
+                pass  # the loop is gone (the process is stopping)
+
+        self._pending, self._started = fut, time.monotonic()
+        threading.Thread(target=work, name="state-write", daemon=True).start()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), bound)
+        except TimeoutError:
+            raise WriteHung(
+                errno.ETIMEDOUT, f"the state write did not return within {bound:.1f} s (a stalled disk?)"
+            ) from None
+        self._pending = None
 
 
 class StateFileError(ValueError):

@@ -27,6 +27,7 @@ from agent.core.model import (
     Phase,
     Policy,
     State,
+    Tick,
     TrainerAttached,
     TrainerHeld,
     TrainerResumed,
@@ -406,6 +407,106 @@ async def test_writes_failing_hold_actions_until_the_bound_then_act_and_catch_up
         assert coord.durable and coord.readiness()["state_durable"]
         assert json.loads((state_dir / "state.json").read_text())["phase"] == "running"
     finally:
+        await coord.stop(grace=0.1)
+
+
+async def test_a_hung_write_fails_after_its_bound_and_blocks_further_writes_until_it_returns() -> None:
+    writer = statefile.BoundedWriter()
+    release = threading.Event()
+    calls: list[int] = []
+
+    def stuck(n: int) -> None:
+        calls.append(n)
+        release.wait(30)
+
+    t0 = time.monotonic()
+    with pytest.raises(statefile.WriteHung, match="did not return within 0.3 s"):
+        await writer.run(stuck, 1, bound=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 5
+    assert writer.hung_for > 0
+    # Still hung: the next write fails at once and starts nothing (no pile-up behind the disk).
+    t0 = time.monotonic()
+    with pytest.raises(statefile.WriteHung, match="earlier state write has not returned"):
+        await writer.run(stuck, 2, bound=5.0)
+    assert time.monotonic() - t0 < 0.5 and calls == [1]
+    release.set()
+    for _ in range(100):
+        if writer.hung_for == 0.0:
+            break
+        await asyncio.sleep(0.02)
+    assert writer.hung_for == 0.0
+    done: list[int] = []
+    await writer.run(done.append, 3, bound=5.0)
+    assert done == [3] and calls == [1]
+
+    def broken() -> None:
+        raise OSError(30, "Read-only file system")
+
+    with pytest.raises(OSError, match="Read-only"):
+        await writer.run(broken, bound=5.0)
+    await writer.run(done.append, 4, bound=5.0)  # a failed write leaves nothing outstanding
+    assert done == [3, 4]
+
+
+async def test_a_hung_state_write_is_a_failed_one_the_hold_goes_out_and_readiness_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stalled disk (the state file's write blocks in fsync, injected here): after --durability-bound
+    the decision is carried out from memory, flagged not durable, and the loop keeps deciding."""
+    state_dir = tmp_path / "state"
+    coord = Coordinator(coordinator_config(state_dir, durability_bound=0.6))
+    await coord.start()
+    sent: list[str] = []
+    real_execute = coord._execute
+
+    def spy(a):  # noqa: ANN001
+        sent.append(type(a).__name__)
+        real_execute(a)
+
+    coord._execute = spy  # type: ignore[method-assign]
+    release = threading.Event()
+    real_write = statefile.write
+    hung = {"on": False, "calls": 0}
+
+    def write(path: Path, data: dict) -> None:
+        if hung["on"]:
+            hung["calls"] += 1
+            release.wait(60)  # what an fsync on a stalled disk does
+        real_write(path, data)
+
+    try:
+        await coord.request(WorkerJoined(0, 0, "a"))
+        await coord.request(WorkerJoined(1, 0, "b"))
+        await coord.request(TrainerAttached(0, -1, frozenset()))
+        await coord.request(TrainerResumed(1, 0, frozenset({0, 1}), "fresh"))
+        monkeypatch.setattr(statefile, "write", write)
+        hung["on"] = True
+        t0 = time.monotonic()
+        d = await asyncio.wait_for(coord.request(WorkerLost(1, 0, "b", "stream_closed")), 10)
+        waited = time.monotonic() - t0
+        assert d.state.phase == Phase.HOLDING and "HoldTrainer" in sent
+        assert 0.5 <= waited < 5, waited  # bounded: carried out after --durability-bound
+        assert not coord.durable and "stalled disk" in coord.durability_problem
+        assert coord.readiness()["state_durable"] is False
+        assert coord.metrics.state_durable._value.get() == 0  # noqa: SLF001
+        # The loop still decides, at once: no new write starts behind the hung one.
+        t0 = time.monotonic()
+        await asyncio.wait_for(coord.request(TrainerHeld(2, 0, -1)), 10)
+        await asyncio.wait_for(coord.request(WorkerJoined(1, 0, "b2")), 10)
+        assert time.monotonic() - t0 < 1.0
+        assert hung["calls"] == 1
+        assert json.loads((state_dir / "state.json").read_text())["phase"] == "running"  # the file is behind
+        # The disk comes back: the next write catches the file up.
+        release.set()
+        for _ in range(50):
+            coord.submit(Tick())
+            await asyncio.sleep(0.1)
+            if coord.durable:
+                break
+        assert coord.durable and coord.readiness()["state_durable"]
+        assert json.loads((state_dir / "state.json").read_text())["generation"] == coord.state.generation
+    finally:
+        release.set()
         await coord.stop(grace=0.1)
 
 
