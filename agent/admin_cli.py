@@ -4,6 +4,7 @@
     elastic-sidecar admin status --json | jq .active_slices
     elastic-sidecar admin events --backlog 50 --follow  # the decisions, with their reasons
     elastic-sidecar admin drain 2 --reason "bad ICI link on slice 2"
+    elastic-sidecar admin undrain 2 --reason "link replaced"   # undo an operator drain
     elastic-sidecar admin checkpoint                    # flush now; prints the committed step
     elastic-sidecar admin hold --reason "node pool upgrade"
     elastic-sidecar admin resume --reason "upgrade done"
@@ -99,7 +100,7 @@ def _connection_options(p: argparse.ArgumentParser, top: bool) -> None:
 
 def add_admin_args(p: argparse.ArgumentParser) -> None:
     _connection_options(p, top=True)
-    sub = p.add_subparsers(dest="command", metavar="{status,events,hold,resume,checkpoint,drain,abort}")
+    sub = p.add_subparsers(dest="command", metavar="{status,events,hold,resume,checkpoint,drain,undrain,abort}")
     sub.required = True
 
     def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -121,6 +122,13 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
     dr = cmd("drain", "take a slice out of training at the next step boundary (until a replacement registers)")
     dr.add_argument("slice", type=nonneg_int, help="slice index")
     dr.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
+    ud = cmd(
+        "undrain",
+        "undo an operator drain: the slice counts again and training grows back onto it once its hosts are up "
+        "(a drain started by a maintenance notice lifts with the notice, not with undrain)",
+    )
+    ud.add_argument("slice", type=nonneg_int, help="slice index")
+    ud.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     ab = cmd("abort", "stop the job: the trainer flushes and exits 3 (stop) or 42 (--restart: xpk restarts it)")
     ab.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     ab.add_argument("--restart", action="store_true", help="exit 42 so xpk restarts the job from its checkpoint")
@@ -208,7 +216,9 @@ def render_status(st: admin_pb2.Status) -> str:
         )
     else:
         active = ",".join(map(str, st.active_slices)) or "none"
-        lines.append(f"job {st.job}: phase {st.phase}, generation {st.generation}, active slices {active}")
+        # The core holds an operator's hold in its waiting phase: say what it is.
+        phase = f"held by an operator ({st.phase})" if st.operator_hold else st.phase
+        lines.append(f"job {st.job}: phase {phase}, generation {st.generation}, active slices {active}")
         committed = str(st.last_committed_step) if st.last_committed_step >= 0 else "none"
         lines.append(f"steps: last {st.last_step}, committed {committed}")
         min_slices = "all" if st.elastic_min_slice_count == -1 else str(st.elastic_min_slice_count)
@@ -282,6 +292,11 @@ def _drain(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> i
     return _reply(ns, stub.DrainSlice(req, metadata=md, timeout=_timeout(ns)))
 
 
+def _undrain(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    req = admin_pb2.UndrainSliceRequest(slice=ns.slice, reason=ns.reason)
+    return _reply(ns, stub.UndrainSlice(req, metadata=md, timeout=_timeout(ns)))
+
+
 def _abort(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
     req = admin_pb2.AbortRequest(reason=ns.reason, restart=ns.restart)
     return _reply(ns, stub.Abort(req, metadata=md, timeout=_timeout(ns)))
@@ -311,6 +326,7 @@ _COMMANDS = {
     "hold": _hold,
     "resume": _resume,
     "drain": _drain,
+    "undrain": _undrain,
     "abort": _abort,
     "checkpoint": _checkpoint,
 }

@@ -1099,6 +1099,24 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
             drains = dict(state.drains)
             drains[s] = Drain(now, "operator_drain", "operator", ev.reason)
             return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; draining slice {s}")
+        case "undrain":
+            # Undo an operator drain: the slice counts again, and the job grows back onto it
+            # once its hosts are up, as onto any returned slice. A notice's drain is the
+            # notice's to lift (its cancellation, or the host replaced).
+            s = ev.slice
+            if s is None or s not in state.policy.all_slices:
+                return refuse(f"slice {s} is not in this job (slices 0..{state.policy.num_slices - 1})")
+            d = state.drains.get(s)
+            if d is None:
+                return refuse(f"slice {s} is not drained")
+            if d.source != "operator":
+                return refuse(
+                    f"slice {s} was drained by a {d.kind} notice ({d.source}), not by an operator; that drain lifts "
+                    "when the notice is cancelled or the host is replaced"
+                )
+            drains = dict(state.drains)
+            del drains[s]
+            return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; slice {s} no longer drained")
         case "checkpoint":
             if not state.trainer.attached:
                 return refuse("no trainer is attached")

@@ -511,7 +511,7 @@ class NodeNotice:
 
 @dataclass(frozen=True)
 class OperatorCommand:
-    """An admin call: hold, resume, drain, checkpoint or abort."""
+    """An admin call: hold, resume, drain, undrain (an operator drain undone), checkpoint or abort."""
 
     kind: str
     reason: str

@@ -137,6 +137,17 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
         ev = OperatorCommand("drain", request.reason.strip(), slice=request.slice)
         return (await self._command(context, "DrainSlice", ev))[1]
 
+    async def UndrainSlice(self, request: admin_pb2.UndrainSliceRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        n = self.c.state.policy.num_slices
+        if not 0 <= request.slice < n:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"slice {request.slice} is out of range: this job has slices 0..{n - 1}",
+            )
+        await self._check_reason(context, request.reason)
+        ev = OperatorCommand("undrain", request.reason.strip(), slice=request.slice)
+        return (await self._command(context, "UndrainSlice", ev))[1]
+
     async def Abort(self, request: admin_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         await self._check_reason(context, request.reason)
         ev = OperatorCommand("abort", request.reason.strip(), restart=request.restart)
@@ -204,6 +215,9 @@ class WorkerAdmin(admin_pb2_grpc.AdminServicer):
         return await self._refuse(context)
 
     async def DrainSlice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._refuse(context)
+
+    async def UndrainSlice(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         return await self._refuse(context)
 
     async def Abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

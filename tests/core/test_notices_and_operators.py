@@ -228,6 +228,24 @@ def test_operator_drain_checkpoint_and_bad_slice() -> None:
     assert flush.generation == job.state.generation
 
 
+def test_operator_undrain_undoes_an_operator_drain_only() -> None:
+    job = Job()
+    assert "not drained" in job.step(OperatorCommand("undrain", "x", slice=1)).rejected
+    hold = _one(job.step(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer)
+    job.step(TrainerHeld(hold.generation, 5, 5))
+    assert 1 not in job.state.active and 1 in job.state.drains
+    d = job.step(OperatorCommand("undrain", "HBM replaced", slice=1))
+    assert not d.rejected and 1 not in job.state.drains, d.reason
+    assert _one(d, HoldTrainer).flush is False  # grows back onto slice 1, as onto a returned slice
+    assert "slice 9" in job.step(OperatorCommand("undrain", "x", slice=9)).rejected
+    # A notice's drain is the notice's to lift.
+    job = Job()
+    job.notice(node="node-3", event_time=100.0)
+    assert 3 in job.state.drains
+    d = job.step(OperatorCommand("undrain", "x", slice=3))
+    assert d.rejected and "notice" in d.rejected and 3 in job.state.drains
+
+
 def test_operator_abort_stops_or_restarts() -> None:
     job = Job()
     d = job.step(OperatorCommand("abort", "bad run"))

@@ -175,6 +175,8 @@ def test_operate_the_demo_only_through_the_admin_cli(demo: Demo) -> None:
     held_at = st["last_step"]
     time.sleep(0.5)  # held means no progress: look again a moment later
     assert demo.status()["last_step"] == held_at
+    text = demo.ok("status")
+    assert "phase held by an operator (waiting)" in text, text  # an operator hold shows as one
 
     # Resume: running again, still without slice 1.
     demo.ok("resume", "--reason", "e2e resume")
@@ -184,6 +186,18 @@ def test_operate_the_demo_only_through_the_admin_cli(demo: Demo) -> None:
         "training to resume",
     )
     assert st["active_slices"] == [0, 2, 3]
+
+    # Undrain: only an operator drain, of a drained slice; slice 1 counts again and training grows back onto it.
+    r = demo.admin_cli("undrain", "2", "--reason", "x")
+    assert r.returncode == 1 and "slice 2 is not drained" in r.stderr, r.stderr
+    out = demo.ok("undrain", "1", "--reason", "e2e undrain of slice 1")
+    assert "slice 1 no longer drained" in out, out
+    st = demo.wait_status(
+        lambda s: s["phase"] == "running" and s["active_slices"] == [0, 1, 2, 3],
+        30.0,
+        "training on all 4 slices again",
+    )
+    assert [s["state"] for s in st["slices"]] == ["active"] * 4 and not st["pending_notices"], st
 
     # The decision stream tells the story with the operators' reasons.
     out = demo.ok("events", "--backlog", "50")
@@ -195,6 +209,7 @@ def test_operate_the_demo_only_through_the_admin_cli(demo: Demo) -> None:
         "held by an operator until an operator resumes",
         "operator resume: e2e resume",
         "operator resume: nothing is held refused",
+        "operator undrain: e2e undrain of slice 1; slice 1 no longer drained",
     ):
         assert needle in out, f"{needle!r} not in the events:\n{out}"
 
@@ -205,9 +220,10 @@ def test_operate_the_demo_only_through_the_admin_cli(demo: Demo) -> None:
             v for (n, lab), v in metrics.items() if n == name and all(dict(lab).get(k) == x for k, x in labels.items())
         )
 
-    assert total(after, "elastic_sidecar_recoveries_total") >= total(before, "elastic_sidecar_recoveries_total") + 2
+    assert total(after, "elastic_sidecar_recoveries_total") >= total(before, "elastic_sidecar_recoveries_total") + 3
     ops = "elastic_sidecar_events_total"
-    # drain, checkpoint, hold, resume and the refused resume (the unauthenticated and invalid calls never got there)
-    assert total(after, ops, source="operator") == total(before, ops, source="operator") + 5
+    # drain, checkpoint, hold, resume, the refused resume, the refused undrain and the undrain (the
+    # unauthenticated and invalid calls never got there)
+    assert total(after, ops, source="operator") == total(before, ops, source="operator") + 7
     assert total(after, "elastic_sidecar_auth_failures_total", service="admin", reason="wrong") == 1
     print(f"\nadmin CLI e2e: {time.monotonic() - t0:.1f} s of steering; checkpoint round trip {cp_seconds:.2f} s")

@@ -164,6 +164,14 @@ class DrainSliceRequest(_message.Message):
     reason: str
     def __init__(self, slice: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class UndrainSliceRequest(_message.Message):
+    __slots__ = ("slice", "reason")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    reason: str
+    def __init__(self, slice: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("reason", "restart")
     REASON_FIELD_NUMBER: _ClassVar[int]

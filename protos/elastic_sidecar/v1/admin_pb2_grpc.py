@@ -64,6 +64,11 @@ class AdminStub:
                 request_serializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.DrainSliceRequest.SerializeToString,
                 response_deserializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.CommandReply.FromString,
                 _registered_method=True)
+        self.UndrainSlice = channel.unary_unary(
+                '/elastic_sidecar.v1.Admin/UndrainSlice',
+                request_serializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.UndrainSliceRequest.SerializeToString,
+                response_deserializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.CommandReply.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/elastic_sidecar.v1.Admin/Abort',
                 request_serializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.AbortRequest.SerializeToString,
@@ -110,6 +115,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UndrainSlice(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -147,6 +158,11 @@ def add_AdminServicer_to_server(servicer, server):
             'DrainSlice': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainSlice,
                     request_deserializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.DrainSliceRequest.FromString,
+                    response_serializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.CommandReply.SerializeToString,
+            ),
+            'UndrainSlice': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainSlice,
+                    request_deserializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.UndrainSliceRequest.FromString,
                     response_serializer=protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.CommandReply.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
@@ -316,6 +332,33 @@ class Admin:
             target,
             '/elastic_sidecar.v1.Admin/DrainSlice',
             protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.DrainSliceRequest.SerializeToString,
+            protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.CommandReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainSlice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic_sidecar.v1.Admin/UndrainSlice',
+            protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.UndrainSliceRequest.SerializeToString,
             protos_dot_elastic__sidecar_dot_v1_dot_admin__pb2.CommandReply.FromString,
             options,
             channel_credentials,
