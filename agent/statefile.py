@@ -331,11 +331,34 @@ def restore(
       back (xpk restarted it on exit 42), but its generation never goes
       backwards and its committed step is kept.
     """
-    off = time.time() - time.monotonic() if offset is None else offset
+    off = _rebase(raw, now) if offset is None else offset
     try:
         return _restore(raw, fresh, now, restart_attempt, off)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise StateFileError(f"state file is malformed: {type(e).__name__}: {e}") from e
+
+
+MAX_DOWNTIME_SECONDS = 600.0
+"""Longest time between a file's write and its restore that restoring believes (see :func:`_rebase`)."""
+
+
+def _rebase(raw: Mapping[str, Any], now: float) -> float:
+    """The offset that maps the file's wall-clock times onto this process's decision clock.
+
+    Times in one file were all written with one offset, so their distances from
+    ``written_at`` are exact; only how long ago the file was written depends on
+    the wall clock, which may have been stepped across the restart (NTP, a VM
+    migration, a wrong RTC). So the write is placed ``time.time() - written_at``
+    seconds ago, clamped to ``[0, MAX_DOWNTIME_SECONDS]``: a clock stepped back
+    cannot put a recorded time in the future (a loss mark no host could repair,
+    a host registered after every later mark), nor a step forward put them hours
+    in the past.
+    """
+    written = raw.get("written_at")
+    if not isinstance(written, (int, float)):
+        return time.time() - time.monotonic()
+    ago = min(max(time.time() - float(written), 0.0), MAX_DOWNTIME_SECONDS)
+    return float(written) - (now - ago)
 
 
 def _mono(t: Any, off: float) -> float | None:
@@ -396,7 +419,8 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
                 bool(r.get("healthy", True)),
                 t_reg,
                 bool(r.get("settled", True)),
-                None,
+                # Its sidecar was away (the host still answered): it stays so until the sidecar is back.
+                now if r.get("away") else None,
             )
     expected = frozenset(hosts) | frozenset(
         (int(s), int(h)) for s, h in raw.get("expected_rejoin", []) if in_job(int(s), int(h))
