@@ -160,6 +160,11 @@ class Trainer:
         self._seen_lost: frozenset[int] = frozenset()
         self.mesh = None
         self.active: tuple[int, ...] = ()
+        self._compiled: dict[tuple[int, ...], tuple[Any, Any, Any]] = {}
+        """Slices -> (mesh, step function, batch sharding): each mesh's step is traced and compiled once,
+        so growing back onto a mesh seen before (the 4-slice one of the start) costs no recompile."""
+        self._spare_snapshot: Snapshot | None = None
+        """A snapshot no longer valid (dropped at a rebuild) whose host buffers the next one writes over."""
         self.session = self._connect() if connect else None
 
     def _connect(self) -> ElasticSession:
@@ -251,14 +256,31 @@ class Trainer:
                 new["ballast"] = state["ballast"] * 0.999 + 0.001
             return new, loss
 
-        jit = self._plain_jit if self.ns.donate else jax.jit
-        fn = jit(
+        # Compiled with the unpatched jit and kept for the mesh's lifetime (see ``_compiled``); without
+        # donation the current simulator's own propagate_corruption marks the outputs of corrupted inputs,
+        # as its patched jax.jit would (a jit wrapped by one simulator would keep reporting to that one).
+        fn = self._plain_jit(
             step,
             in_shardings=(state_sh, batch_sh, batch_sh),
             out_shardings=(state_sh, NamedSharding(mesh, P())),
             donate_argnums=(0,) if self.ns.donate else (),
         )
-        return fn, batch_sh
+        if self.ns.donate:
+            return fn, batch_sh
+
+        def tracked(*args: Any) -> Any:
+            return self.sim.propagate_corruption(args, fn(*args))  # type: ignore[union-attr]
+
+        return tracked, batch_sh
+
+    def _mesh_and_step(self, slices: tuple[int, ...]) -> tuple[Any, Any, Any]:
+        """The mesh over ``slices`` and its compiled step, built on first use only."""
+        from jax.sharding import Mesh
+
+        if slices not in self._compiled:
+            mesh = Mesh(self.np.array([self.slice_devices[s] for s in slices]), ("replica", "model"))
+            self._compiled[slices] = (mesh, *self._build_step_fn(mesh))
+        return self._compiled[slices]
 
     # -- state movement ----------------------------------------------------------
 
@@ -303,7 +325,8 @@ class Trainer:
             return
         if step % self.ns.snapshot_every or (self.host_snapshot is not None and self.host_snapshot.step == step):
             return
-        reuse, self.host_snapshot = self.host_snapshot, None  # its buffers are written over
+        reuse, self.host_snapshot = self.host_snapshot or self._spare_snapshot, None  # its buffers are written over
+        self._spare_snapshot = None
         try:
             snap = take_snapshot(
                 self.state,
@@ -358,8 +381,6 @@ class Trainer:
 
     def _apply(self, d: Directive, step: int) -> int:
         """Rebuild the mesh over ``d.active_slices``; returns the step to continue from."""
-        from jax.sharding import Mesh
-
         t0 = time.monotonic()
         # Pathways only hands out devices whose workers are up.
         if not self.runtime.wait_available(d.active_slices, timeout=10.0):
@@ -377,11 +398,15 @@ class Trainer:
             if host is None:
                 host = self._from_snapshot(exclude, step)
         self._seen_lost = frozenset()
-        self.host_snapshot = None  # its lost slices' copies must not outlive this rebuild: the next boundary takes one
+        # No longer a snapshot (its lost slices' copies must not outlive this rebuild: the next boundary
+        # takes one), but its buffers are kept for that one to write over instead of allocating afresh.
+        # Only the surviving slices' buffers get reused (``take`` skips lost slices); a replacement
+        # slice's copies are allocated afresh, as a replacement host's memory would be.
+        if self.host_snapshot is not None:
+            self._spare_snapshot, self.host_snapshot = self.host_snapshot, None
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
-        self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in d.active_slices]), ("replica", "model"))
-        self.step_fn, self.batch_sh = self._build_step_fn(self.mesh)
+        self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
         if host is not None:
             self.state, restored_from = self.jax.device_put(host, self._shardings(self.mesh)), "memory"
         else:
