@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 
 from agent import log as logmod
-from agent.config import ConfigError
+from agent.errors import ConfigError
 
 log = logmod.get("auth")
 

@@ -18,13 +18,10 @@ from typing import TYPE_CHECKING
 
 from agent import constants as C
 from agent.core.model import Policy
+from agent.errors import ConfigError as ConfigError  # re-exported: callers catch agent.config.ConfigError
 
 if TYPE_CHECKING:
     from agent.auth import BearerToken
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def _env(flag: str, default: str | None) -> str | None:

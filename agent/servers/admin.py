@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,14 +30,11 @@ from agent import log as logmod
 from agent.auth import BearerAuthInterceptor, BearerToken, server_credentials
 from agent.core.model import Decision, OperatorCommand
 from agent.metrics import ServerMetrics
+from agent.servers.contract import CoordinatorView, WorkerView
 from agent.servers.feed import Feed
 from agent.servers.listen import ListenError, bind
 from agent.servers.status import coordinator_status, decision_event, worker_status
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
-
-if TYPE_CHECKING:
-    from agent.coordinator import Coordinator
-    from agent.worker import Worker
 
 log = logmod.get("admin")
 
@@ -89,7 +86,7 @@ def _reason(text: str, field: str = "reason", required: bool = True) -> str | No
 class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
     """Every call, on the coordinator."""
 
-    def __init__(self, coord: Coordinator, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, coord: CoordinatorView, metrics: ServerMetrics | None = None) -> None:
         self.c = coord
         self.metrics = metrics
 
@@ -193,7 +190,7 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
 class WorkerAdmin(admin_pb2_grpc.AdminServicer):
     """The read-only subset, on a worker sidecar."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerView) -> None:
         self.w = worker
 
     async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

@@ -11,17 +11,14 @@ A slice is, in this order of precedence:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf import descriptor, json_format
 
 from agent.core.model import State
+from agent.servers.contract import CoordinatorView, WorkerView
 from agent.servers.feed import Feed, Record
 from protos.elastic_sidecar.v1 import admin_pb2
-
-if TYPE_CHECKING:
-    from agent.coordinator import Coordinator
-    from agent.worker import Worker
 
 
 def slice_state(s: State, i: int) -> tuple[str, str]:
@@ -48,7 +45,7 @@ def slice_state(s: State, i: int) -> tuple[str, str]:
     return "up", ""
 
 
-def coordinator_status(c: Coordinator) -> admin_pb2.Status:
+def coordinator_status(c: CoordinatorView) -> admin_pb2.Status:
     s = c.state
     p = s.policy
     to_unix = time.time() - time.monotonic()
@@ -120,7 +117,7 @@ def coordinator_status(c: Coordinator) -> admin_pb2.Status:
     )
 
 
-def worker_status(w: Worker) -> admin_pb2.Status:
+def worker_status(w: WorkerView) -> admin_pb2.Status:
     cfg = w.cfg
     registered = w.registered.is_set()
     if not w.healthy:
