@@ -8,16 +8,14 @@ slice 1 makes the sidecar resume on slice 0 alone: the hook flushes and
 raises a ``DATA_LOSS`` error, and ``elastic_retry`` starts the next attempt at
 once from exactly the flushed step. A replacement for slice 1 makes it resume
 on both: the hook flushes and raises ``ScaleUpSignalError``, same again.
-The four CPU devices form two slices of two (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``),
-so a shrink really builds MaxText's mesh on slice 0's two devices, and the resumed
-acknowledgement names the slices of the mesh built.
+The four CPU devices form two slices of two (``ELASTIC_SIDECAR_TEST_CPU_SLICES=2``: each
+device carries its ``slice_index``, so MaxText builds its own two-slice DCN mesh), a shrink
+really builds MaxText's mesh on slice 0's two devices, and the resumed acknowledgement names
+the slices of the mesh built.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import random
 import time
 from pathlib import Path
 
@@ -28,12 +26,11 @@ from agent.core.model import (
     TrainerFlushed,
     TrainerHeld,
     TrainerResumed,
-    TrainerSliceError,
     TrainerStepped,
     WorkerJoined,
     WorkerLost,
 )
-from simjob.maxtext.cpu_elastic import ENV, ENV_CONTROL, ENV_EVENTS, ENV_FAIL_AT, ENV_SLICES
+from simjob.maxtext.cpu_elastic import ENV, ENV_SLICES
 from tests.maxtext.harness import (
     PATCHED_MODULE,
     START_TIMEOUT,
@@ -44,7 +41,6 @@ from tests.maxtext.harness import (
     maxtext_args,
     require_maxtext_venv,
 )
-from trainer_hooks.maxtext.snapshot import ENV_SNAPSHOT_EVERY
 
 pytestmark = pytest.mark.maxtext
 
@@ -241,93 +237,5 @@ def test_maxtexts_own_periodic_checkpoints_count_as_committed(tmp_path: Path) ->
         sc.stop()
 
 
-SNAPSHOT_FLAGS = (
-    "elastic_enabled=true",
-    "enable_single_controller=true",
-    "elastic_min_slice_count=-1",
-    "elastic_timeout_seconds=60",
-    "elastic_max_retries=3",
-    "ici_data_parallelism=2",
-)
-"""Wait for the replacement (so the mesh, and the losses, can be compared with a run without the
-fault); the data axis over the two CPU slices, so each slice holds a whole replica of the state
-(MaxText's DCN data parallelism across real slices); no periodic checkpoint (TINY_MODEL): a
-rewind would go back to step 0."""
-
-
-@pytest.mark.parametrize("model", ["tiny", pytest.param("larger", marks=pytest.mark.slow)])
-def test_a_slice_lost_inside_a_step_resumes_from_the_in_memory_snapshot_without_rewinding(
-    tmp_path: Path, model: str
-) -> None:
-    """Two CPU slices; pathwaysutils' DeviceLossSimulator loses slice 1 inside a random step, whose
-    donated state is then gone. The hook saves its snapshot of the step boundary from slice 0's
-    copies; the replacement comes; MaxText's next attempt restores that step: no completed step is
-    lost, and every loss from there on equals a run without the fault. ``larger`` (``--runslow``):
-    the same with a model of about ten times the parameters (:data:`simjob.maxtext.job.MODELS`)."""
-    require_maxtext_venv()
-    seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
-    fail_at = random.Random(seed).randint(3, 7)
-    steps = fail_at + 5
-    env = {ENV: "1", ENV_SLICES: "2", ENV_SNAPSHOT_EVERY: "1", ENV_EVENTS: str(tmp_path / "events.jsonl")}
-    cache = tmp_path / "jax-cache"
-
-    ref_sc = Sidecar(num_slices=2)
-    try:
-        ref_sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
-        ref_sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        ref_args = maxtext_args(tmp_path, "reference", steps, *SNAPSHOT_FLAGS, jax_cache=cache, model=model)
-        ref = MaxTextRun("reference", ref_args, tmp_path, sidecar=ref_sc, module=PATCHED_MODULE, env=env)
-        assert ref.wait(START_TIMEOUT) == 0, ref.tail()
-        want = ref.losses()
-    finally:
-        ref_sc.stop()
-    cost = ref.hook_lines("finished")[-1][1]
-    assert cost["snapshots"] >= steps - 1 and cost["snapshot_every"] == 1
-
-    sc = Sidecar(num_slices=2)
-    run = None
-    control = tmp_path / "control"
-    control.mkdir()
-    try:
-        sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
-        sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        args = maxtext_args(tmp_path, "crash", steps, *SNAPSHOT_FLAGS, jax_cache=cache, model=model)
-        fault_env = {**env, ENV_FAIL_AT: f"{fail_at}:1", ENV_CONTROL: str(control)}
-        run = MaxTextRun("crash", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=fault_env)
-        report = sc.wait_for(lambda: sc.applied(TrainerSliceError), "the slice error", run, timeout=START_TIMEOUT)[0]
-        assert report.event.slices == frozenset({1}), report.event  # named by pathwaysutils' health check
-        held = sc.wait_for(lambda: sc.applied(TrainerHeld, report.at), "the hold", run)[0].event
-        assert (held.step, held.committed_step, held.flush_error) == (fail_at, fail_at, ""), held
-        flushed = run.hook_lines("flushed")[-1][1]
-        assert flushed["from"] == "snapshot" and flushed["lost_slices"] == [1] and flushed["step"] == fail_at
-        assert checkpoint_labels(tmp_path, "crash")[-1] == fail_at - 1
-
-        (control / "reconnect").touch()  # the replacement host
-        t_back = time.monotonic()
-        sc.request(WorkerJoined(1, 0, "inc-2", node="node-1"))
-        back = resumed_on(sc, {0, 1}, t_back, run)
-        assert (back.step, back.restored_from) == (fail_at, "checkpoint"), back
-        sc.wait_for(lambda: sc.state.trainer.last_step > fail_at, "a step after the restore", run)
-        fault_to_step = time.monotonic() - report.at
-        assert run.wait(START_TIMEOUT) == 0, run.tail()
-        got = run.losses()
-        done = max(s for s in got if s < fail_at) if any(s < fail_at for s in got) else -1
-        assert done == fail_at - 1, f"completed steps before the fault: {sorted(got)}"
-        after = sorted(s for s in want if s >= fail_at)
-        assert after and all(s in got for s in after), (sorted(got), after)
-        worst = max(abs(got[s] - want[s]) for s in after)
-        assert worst <= 1e-5, {s: (got[s], want[s]) for s in after}
-        sizes = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-        params = {e["params"] for e in sizes if e["kind"] == "state"}
-        assert len(params) == 1, params  # both runs, every attempt: the same model
-        print(
-            f"\nsnapshot ({model} model, {params.pop()} parameters, seed {seed}): slice lost in step index "
-            f"{fail_at}; lost steps 0; slice error to the "
-            f"first step after the replacement {fault_to_step:.2f} s (replacement at "
-            f"{t_back - report.at:.2f} s); snapshot {cost['snapshot_seconds_mean'] * 1e3:.2f} ms per step "
-            f"against {cost['step_seconds_mean'] * 1e3:.1f} ms of step; worst loss difference {worst:.2e}"
-        )
-    finally:
-        if run is not None:
-            run.kill()
-        sc.stop()
+# A slice lost inside a step and restored from an in-memory snapshot: tests/maxtext/test_multislice_snapshot_maxtext.py
+# (four slices, grain data, the loss surfacing asynchronously, Orbax's Pathways Snapshotter in the hook).
