@@ -775,9 +775,12 @@ class Coordinator:
     async def watch_away(self, key: tuple[int, int], conn: _Conn, peer: str) -> None:
         """Keep checking a host whose sidecar is away until the sidecar is back or the host fails.
 
-        For at most ``rejoin_grace_seconds``: a check from outside cannot see
-        everything its sidecar sees (a TCP connect succeeds on a hung host), so
-        a sidecar that stays away longer counts as a lost host after all.
+        With a TCP check, for at most ``rejoin_grace_seconds``: a connect from
+        outside succeeds on a hung host too, so a sidecar that stays away longer
+        counts as a lost host after all. With a gRPC health check (the Pathways
+        worker's process itself answers) the host stays as long as it answers:
+        lost means lost, and a sidecar paused or cut off for long is not a lost
+        host (its absence is logged once the grace has passed).
         """
         if conn.registration in self._probing:
             return
@@ -790,6 +793,14 @@ class Coordinator:
                 rec = self.state.hosts.get(key)
                 if rec is None or rec.registration != reg or rec.away_since is None:
                     return  # its sidecar came back (a newer registration), or the record changed otherwise
+                if time.monotonic() > until and (conn.health_check or "grpc") == "grpc":
+                    until = float("inf")
+                    log.warning(
+                        "sidecar still away after the rejoin grace; its host stays in the job while its Pathways "
+                        "worker answers",
+                        slice=key[0],
+                        host=key[1],
+                    )
                 if time.monotonic() > until:
                     gone = self.state.policy.rejoin_grace_seconds
                     self.submit(WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone", gone, registration=reg))

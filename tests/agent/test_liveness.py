@@ -517,18 +517,40 @@ async def test_a_host_found_dead_while_its_sidecar_is_away_is_lost(coordinator: 
     assert lost[0].event.cause == "sidecar_gone_host_down" and lost[0].at - t0 < 1.5
 
 
-async def test_a_sidecar_away_past_the_rejoin_grace_counts_as_a_lost_host(procs: Procs) -> None:
-    """A check from outside cannot see a hung host behind an open TCP port: the away time is bounded."""
+async def test_a_sidecar_away_past_the_rejoin_grace_counts_as_a_lost_host_with_a_tcp_check(procs: Procs) -> None:
+    """A TCP connect from outside cannot see a hung host behind an open port: the away time is bounded."""
     obs = await start_coordinator(num_slices=1, rejoin_grace_seconds=1.5)
     try:
         pw, pw_port = await start_pathways(procs)
-        ps = [procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{pw_port}"))]
+        extra = ("--health-target", f"127.0.0.1:{pw_port}", "--health-check", "tcp")
+        ps = [procs.worker(obs.coord.port, 0, extra=extra)]
         await wait_registered(obs, {(0, 0)}, [pw, *ps])
         ps[0].kill()
         away = await obs.wait_for(lambda: obs.events(WorkerAway), 5.0, "the sidecar to be away", ps)
         lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the away host to count as lost", ps)
         assert lost[0].event.cause == "sidecar_gone"
         assert 1.4 <= lost[0].at - away[0].at <= 3.0
+    finally:
+        await obs.coord.stop(grace=0.1)
+
+
+async def test_a_sidecar_away_past_the_rejoin_grace_stays_up_while_its_host_answers_grpc_health(
+    procs: Procs,
+) -> None:
+    """Lost means lost: the Pathways worker's process answers its health check, so the host is up."""
+    obs = await start_coordinator(num_slices=1, rejoin_grace_seconds=1.5)
+    try:
+        pw, pw_port = await start_pathways(procs)
+        ps = [procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{pw_port}"))]
+        await wait_registered(obs, {(0, 0)}, [pw, *ps])
+        ps[0].kill()
+        await obs.wait_for(lambda: obs.events(WorkerAway), 5.0, "the sidecar to be away", ps)
+        await asyncio.sleep(3.5)  # well past the grace
+        assert not obs.events(WorkerLost), obs.reasons()
+        assert obs.coord.state.up_slices() == frozenset({0}) and obs.coord.state.retries_used == 0
+        pw.kill()  # now the host itself goes: lost at once
+        lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the host to be lost", ps)
+        assert lost[0].event.cause == "sidecar_gone_host_down"
     finally:
         await obs.coord.stop(grace=0.1)
 
