@@ -7,7 +7,8 @@
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
 
 Exit codes: 0 done, 2 bad usage or configuration, 3 aborted by an operator, 42 the job must be
-restarted (xpk restarts workloads that exit 42), 130 interrupted.
+restarted (xpk restarts workloads that exit 42); the demo: 130 or 143 stopped by SIGINT or SIGTERM
+(every process of it stopped too).
 `elastic-sidecar admin --help` lists the admin command's own exit codes.
 """
 
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin_cli.add_admin_args(
         sub.add_parser(
             "admin",
-            help="status, decisions, hold/resume/drain/checkpoint/abort through the coordinator's admin API",
+            help="status, decisions, hold/resume/drain/undrain/checkpoint/abort through the coordinator's admin API",
             description=admin_cli.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             from agent import inject
 
             return inject.run(ns)
+        if ns.mode == "multi-controller":
+            from simjob.mc_harness import run_mc_demo
+
+            return run_mc_demo(ns)
         from simjob.harness import run_demo
 
         return run_demo(ns)

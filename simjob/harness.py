@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -35,21 +34,38 @@ from typing import IO, Any
 
 from agent.auth import read_token_file
 from agent.config import is_loopback
+from simjob.demo_common import (
+    BENIGN_EXITS,
+    PY,
+    Interrupted,
+    JsonTail,
+    LiveReport,
+    SetupError,
+    catch_stop_signals,
+    check_port_free,
+    fit,
+    last_error,
+    prepare_workdir,
+    resolve_faults,
+    signals_deferred,
+)
+from simjob.demo_common import flags as _flags
 from simjob.options import (
     ANNOUNCED,
     DEFAULT_FAULTS,
+    FAULT_KINDS,
     RESTART_DELAY,
     SAME_STEP_GAP,
     FaultSpec,
-    check_faults,
-    parse_fault,
+    check_flags,
+    min_slices,
 )
 from simjob.ports import free_port
 from simjob.summary import FaultRecord, render, summarize
 from standins.netproxy import Forwarder
 from standins.provisioner import Provisioner
 
-PY = sys.executable
+__all__ = ["PY", "Demo", "Job", "free_port", "run_demo"]
 
 
 @dataclass
@@ -76,15 +92,6 @@ class Host:
     def sidecar(self) -> subprocess.Popen[bytes]:
         """The newest worker sidecar process (the first process is the stand-in Pathways worker)."""
         return self.procs[-1]
-
-
-def _flags(**kw: object) -> list[str]:
-    """--key value pairs from keyword arguments (underscores become dashes)."""
-    out: list[str] = []
-    for k, v in kw.items():
-        if v is not None:
-            out += ["--" + k.replace("_", "-"), str(v)]
-    return out
 
 
 DEMO_JOB = "elastic-demo"
@@ -224,7 +231,7 @@ class Job:
             listen=listen or self.coord_addr,
             num_slices=ns.slices,
             hosts_per_slice=ns.hosts_per_slice,
-            elastic_min_slice_count=ns.min_slices,
+            elastic_min_slice_count=min_slices(ns),
             elastic_timeout_seconds=ns.timeout,
             elastic_max_retries=ns.max_retries,
             log_format=ns.log_format,
@@ -240,7 +247,8 @@ class Job:
             cmd += _flags(pubsub_subscription=self.subscription, cluster_name=DEMO_CLUSTER)
             env = {**env, "PUBSUB_EMULATOR_HOST": self.emulator.host}
         log = self._log(f"{name}.log")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Its own process group, as each host's: Ctrl-C reaches the demo alone, which stops every process.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
         if name != "coordinator":
             self.extra_procs.append(proc)
         return proc
@@ -326,7 +334,9 @@ class Job:
         # The hooks read the sidecar's address from the environment too (trainer_hooks.maxtext does).
         env["ELASTIC_SIDECAR_ADDRESS"] = sidecar
         env["ELASTIC_SIDECAR_JOB"] = DEMO_JOB
-        self.trainer = subprocess.Popen(cmd, stdout=self._log("trainer.log"), stderr=subprocess.STDOUT, env=env)
+        self.trainer = subprocess.Popen(
+            cmd, stdout=self._log("trainer.log"), stderr=subprocess.STDOUT, env=env, process_group=0
+        )
 
     def kill_trainer(self) -> int | None:
         """SIGKILL the trainer; a JSON line it was writing is closed so the next one parses."""
@@ -388,10 +398,6 @@ class Job:
         return codes
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _wait_port(port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -400,32 +406,6 @@ def _wait_port(port: int, timeout: float) -> None:
                 return
         time.sleep(0.05)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
-
-
-class _Tail:
-    """Reads the JSON lines a file gains."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pos = 0
-        self.buf = ""
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, encoding="utf-8") as f:
-            f.seek(self.pos)
-            data = f.read()
-            self.pos = f.tell()
-        self.buf += data
-        *lines, self.buf = self.buf.split("\n")
-        out = []
-        for x in lines:
-            try:
-                out.append(json.loads(x))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-        return out
 
 
 class _StatusPoller(threading.Thread):
@@ -480,7 +460,7 @@ class Demo:
         self.provisioner = Provisioner(ns.replacement_delay, self._recreate, enabled=not ns.no_replacement)
         self.records: list[FaultRecord] = []
         self.pending = sorted(faults, key=lambda f: f.at_step)  # stable: the order given within a step
-        self.tail = _Tail(workdir / "trainer-events.jsonl")
+        self.tail = JsonTail(workdir / "trainer-events.jsonl")
         self.last_step = 0
         self.deaths: list[tuple[float, FaultSpec]] = []  # announced faults: when their host dies
         self.later: list[_Later] = []
@@ -491,6 +471,60 @@ class Demo:
         self.trainer_down = False
         self.deadline = float("inf")
         self.gave_up = False
+        self.failure: tuple[str, int] | None = None  # a child that exited with an error: (what, its code)
+        self.live: LiveReport | None = None
+
+    def report_live(self) -> None:
+        """Print decisions, trainer events and a progress line as they happen (``say``)."""
+        self.live = LiveReport(
+            self.say, self.t_start, self.job.journal_path, self.workdir / "checkpoints", self.ns.steps
+        )
+
+    def trainer_events(self) -> list[dict[str, Any]]:
+        """The trainer's new events, shown live when asked."""
+        evs = self.tail.read()
+        if self.live is not None:
+            for ev in evs:
+                self.live.trainer_event(ev)
+        return evs
+
+    def check_children(self) -> bool:
+        """False (and ``failure`` set) once a child exited with an error by itself.
+
+        The coordinator, a worker sidecar or a stand-in Pathways worker that exits with a code
+        other than 0, 3 or 42 (a process a fault killed ends by a signal, and is not counted).
+        """
+        if self.live is not None:
+            self.live.poll()
+        job = self.job
+        found: tuple[str, int, Path] | None = None
+        c = job.coordinator
+        if c is not None and not self.coordinator_down:
+            code = c.poll()
+            if code is not None and code not in BENIGN_EXITS:
+                found = ("the coordinator", code, job.logs / "coordinator.log")
+        for (s, h), host in list(job.hosts.items()):
+            for i, p in enumerate(host.procs):
+                code = p.poll()
+                if found is None and code is not None and code > 0 and code not in BENIGN_EXITS:
+                    what = "the stand-in Pathways worker" if i == 0 else "the worker sidecar"
+                    found = (f"{what} of host {s}.{h}", code, job.logs / f"host-{s}.{h}.log")
+        if found is None:
+            return True
+        what, code, log = found
+        why = last_error(log)
+        text = f"{what} exited with code {code}" + (f": {why}" if why else f" (its log: {log})")
+        self.failure = (text, code)
+        print(fit("elastic-sidecar demo: ", text + "; stopping the demo"), file=sys.stderr, flush=True)
+        return False
+
+    def trainer_failure(self) -> str | None:
+        """Why the trainer exited with an error (its last error line), if it did."""
+        t = self.job.trainer
+        if t is None or t.returncode in (None, 0):
+            return None
+        why = last_error(self.job.logs / "trainer.log") if t.returncode not in BENIGN_EXITS else None
+        return f"the trainer exited with code {t.returncode}" + (f": {why}" if why else "")
 
     def make_job(self, ns: argparse.Namespace, workdir: Path) -> Job:
         return Job(ns, workdir)
@@ -504,8 +538,13 @@ class Demo:
     def start(self) -> None:
         kinds = {f.kind for f in self.pending}
         if "notice" in kinds:
+            from simjob.pubsub_emulator import EmulatorFailed, EmulatorMissing
+
             self.say("  starting the Pub/Sub emulator for notice faults")
-            self.job.start_pubsub()
+            try:
+                self.job.start_pubsub()
+            except (EmulatorMissing, EmulatorFailed) as e:
+                raise SetupError(f"notice faults need the Pub/Sub emulator (and Java 17): {e}") from None
         if "metadata" in kinds:
             self.job.start_metadata_servers()
         self.job.start_coordinator()
@@ -622,9 +661,11 @@ class Demo:
 
     def tick(self) -> bool:
         """One turn of the loop; False once the trainer is gone for good (or the run timed out)."""
-        for ev in self.tail.read():
+        for ev in self.trainer_events():
             if ev.get("kind") == "step":
                 self.last_step = max(self.last_step, int(ev["step"]))
+        if not self.check_children():
+            return False
         mono = time.monotonic()
         while self.pending and self.last_step >= self.pending[0].at_step and mono >= self.next_fault_at:
             f = self.pending.pop(0)
@@ -658,15 +699,15 @@ class Demo:
             if until is not None and until():
                 return True
             if not self.tick():
-                return until is None and not self.gave_up
+                return until is None and not self.gave_up and self.failure is None
             time.sleep(0.02)
         return False
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, *, interrupted: bool = False) -> dict[str, Any]:
         """Stop every process; the summary of the run."""
         try:
             # Let the coordinator see the trainer's last messages and exit on its own.
-            if self.job.coordinator is not None and not self.coordinator_down:
+            if self.job.coordinator is not None and not self.coordinator_down and not interrupted:
                 try:
                     self.job.coordinator.wait(3)
                 except subprocess.TimeoutExpired:
@@ -693,51 +734,93 @@ class Demo:
         return summary
 
 
-def run_demo(ns: argparse.Namespace) -> int:
-    if getattr(ns, "mode", "single-controller") == "multi-controller":
-        from simjob.mc_harness import run_mc_demo
-
-        return run_mc_demo(ns)
-    faults: list[FaultSpec] = [] if ns.no_faults else (ns.fault or [parse_fault(f) for f in DEFAULT_FAULTS])
+def drive(demo: Demo) -> tuple[dict[str, Any], int | None]:
+    """Start the job, run it to its end, stop every process; the summary and, when SIGINT or
+    SIGTERM ended it, the exit code 128 + the signal. A SetupError raised while starting
+    passes through once every process is stopped."""
+    catch_stop_signals()
+    stopped: int | None = None
     try:
-        check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps)
-        if ns.min_slices != -1 and not 1 <= ns.min_slices <= ns.slices:
-            raise ValueError(f"--min-slices must be -1 or between 1 and --slices={ns.slices}, got {ns.min_slices}")
-        if ns.admin_token_file is not None:
-            read_token_file(ns.admin_token_file, "--admin-token-file")
-        if ns.admin_address and not ns.admin_token_file and not is_loopback(ns.admin_address):
-            raise ValueError(f"--admin-address {ns.admin_address} is not a loopback address: give --admin-token-file")
-    except ValueError as e:  # ConfigError is a ValueError
+        demo.start()
+        if not demo.ns.quiet:
+            demo.report_live()
+        demo.run()
+    except Interrupted as e:
+        stopped = e.exit_code
+        print(f"elastic-sidecar demo: {e}: stopping every process of the demo", file=sys.stderr, flush=True)
+    finally:
+        with signals_deferred() as seen:
+            summary = demo.finish(interrupted=stopped is not None)
+        if seen and stopped is None:
+            stopped = 128 + seen[0]
+    return summary, stopped
+
+
+def preflight(ns: argparse.Namespace, defaults: tuple[str, ...], kinds: tuple[str, ...]) -> list[FaultSpec]:
+    """The checks before anything starts; a ValueError (SetupError among them) names the problem."""
+    check_flags(ns)
+    faults = resolve_faults(ns, defaults, kinds, lambda msg: print(msg, file=sys.stderr))
+    if ns.min_slices is not None and ns.min_slices != -1 and not 1 <= ns.min_slices <= ns.slices:
+        raise ValueError(f"--min-slices must be -1 or between 1 and --slices={ns.slices}, got {ns.min_slices}")
+    if ns.admin_token_file is not None:
+        read_token_file(ns.admin_token_file, "--admin-token-file")
+    if ns.admin_address and not ns.admin_token_file and not is_loopback(ns.admin_address):
+        raise ValueError(f"--admin-address {ns.admin_address} is not a loopback address: give --admin-token-file")
+    check_port_free("--admin-address", ns.admin_address)
+    check_port_free("--http-address", ns.http_address)
+    return faults
+
+
+def finish_line(demo: Demo, stopped: int | None) -> int | None:
+    """The exit code of a demo that was stopped or failed (None: the job's own), with one line
+    on stderr saying why."""
+    if stopped is not None:
+        return stopped
+    if demo.failure is not None:
+        text, code = demo.failure
+        print(fit("elastic-sidecar demo: failed: ", text), file=sys.stderr)
+        return code if code > 0 else 1
+    why = demo.trainer_failure()
+    if why:
+        print(fit("elastic-sidecar demo: ", why), file=sys.stderr)
+    return None
+
+
+def run_demo(ns: argparse.Namespace) -> int:
+    """``elastic-sidecar demo`` (single-controller; :mod:`agent.cli` sends ``--mode multi-controller``
+    to :func:`simjob.mc_harness.run_mc_demo`)."""
+    try:
+        faults = preflight(ns, DEFAULT_FAULTS, FAULT_KINDS)
+        workdir = prepare_workdir(ns, "elastic-demo-")
+    except ValueError as e:  # ConfigError and SetupError are ValueErrors
         print(f"elastic-sidecar demo: {e}", file=sys.stderr)
         return 2
-    workdir = ns.workdir or Path(tempfile.mkdtemp(prefix="elastic-demo-"))
-    workdir = workdir.resolve()
-    if (workdir / "checkpoints").exists() and any((workdir / "checkpoints").iterdir()):
-        print(f"elastic-sidecar demo: {workdir} already holds checkpoints; pass an empty --workdir", file=sys.stderr)
-        return 2
-    workdir.mkdir(parents=True, exist_ok=True)
     say = (lambda *_: None) if ns.quiet else (lambda msg: print(msg, flush=True))
     demo = Demo(ns, workdir, faults, say)
     job = demo.job
     say(
-        f"elastic-sidecar demo: {ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, "
-        f"min slices {ns.min_slices}, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}"
+        fit(
+            "elastic-sidecar demo: ",
+            f"{ns.slices} slices x {ns.hosts_per_slice} host(s), {ns.steps} steps, min slices {min_slices(ns)}, "
+            f"faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}",
+        )
     )
     token_flag = f" --token-file {ns.admin_token_file}" if ns.admin_token_file else ""
     say(f"  admin API   {job.admin_addr}   (elastic-sidecar admin --address {job.admin_addr}{token_flag} status)")
     say(f"  status page http://{job.http_addr}/   (/metrics, /status, /readyz)")
-    # SIGTERM (a `timeout`, a CI runner) stops the job like Ctrl-C: no orphaned hosts.
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        demo.start()
-        demo.run()
-    except KeyboardInterrupt:
-        say("interrupted")
-    finally:
-        summary = demo.finish()
-    print(render(summary, demo.t_start, workdir, timeline=not ns.quiet, journal_path=job.journal_path))
+        summary, stopped = drive(demo)
+    except SetupError as e:
+        print(f"elastic-sidecar demo: {e}", file=sys.stderr)
+        return 2
+    # The timeline was printed as it happened (the live report); --quiet prints the summary alone.
+    print(render(summary, demo.t_start, workdir, timeline=False, journal_path=job.journal_path))
     if ns.summary_json:
         ns.summary_json.parent.mkdir(parents=True, exist_ok=True)
         ns.summary_json.write_text(json.dumps(summary, indent=2))
+    code = finish_line(demo, stopped)
+    if code is not None:
+        return code
     codes = summary["exit_codes"]
-    return 0 if codes.get("trainer") == 0 else int(codes.get("trainer") or 1)
+    trainer = codes.get("trainer")
+    return 0 if trainer == 0 else (128 - trainer if isinstance(trainer, int) and trainer < 0 else int(trainer or 1))

@@ -39,14 +39,15 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from simjob.harness import PY, Demo, Job, _flags, _interrupt, free_port
+from simjob.demo_common import PY, SetupError, committed_steps, fit, free_port, prepare_workdir
+from simjob.demo_common import flags as _flags
+from simjob.harness import Demo, Job, drive, finish_line, preflight
 from simjob.mc_trainer import events_path
-from simjob.options import MC_DEFAULT_FAULTS, MC_KINDS, FaultSpec, check_faults, parse_fault
+from simjob.options import MC_DEFAULT_FAULTS, MC_KINDS, FaultSpec
 from simjob.summary import read_jsonl, render
 
 RESTART_EXIT_CODES = frozenset({42, *range(127, 256)})
@@ -65,13 +66,6 @@ seconds from SIGTERM until SIGKILL."""
 def _container_code(code: int | None) -> int | None:
     """Popen's -N (ended by signal N) as a container reports it: 128 + N."""
     return 128 - code if code is not None and code < 0 else code
-
-
-def committed_steps(ckdir: Path) -> list[int]:
-    """Steps Orbax committed in ``ckdir`` (it writes a step under a temporary name and renames it when done)."""
-    if not ckdir.is_dir():
-        return []
-    return sorted(int(p.name) for p in ckdir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 class McJob(Job):
@@ -130,7 +124,7 @@ class McJob(Job):
             if getattr(ns, "no_sidecar", False):
                 cmd.append("--no-sidecar")
             self.trainers[(s, h)] = subprocess.Popen(
-                cmd, stdout=self._log(f"trainer-{s}.{h}.log"), stderr=subprocess.STDOUT, env=env
+                cmd, stdout=self._log(f"trainer-{s}.{h}.log"), stderr=subprocess.STDOUT, env=env, process_group=0
             )
         self.trainer = self.trainers[self.keys[0]]
 
@@ -205,7 +199,7 @@ class McDemo(Demo):
     # -- the loop ----------------------------------------------------------------------
 
     def tick(self) -> bool:
-        for ev in self.tail.read():
+        for ev in self.trainer_events():
             if ev.get("kind") == "step":
                 self.last_step = max(self.last_step, int(ev["step"]))
                 cur = self.attempts[-1]
@@ -217,6 +211,8 @@ class McDemo(Demo):
                 if cur.get("resumed_from_step") is None and ev["t"] >= cur["started"]:
                     cur["resumed_from_step"] = int(ev["from_step"])
                     cur["restored_from"] = ev.get("restored_from")
+        if not self.check_children():
+            return False
         mono = time.monotonic()
         job = self.job
         while self.pending and self.last_step >= self.pending[0].at_step and self.restart_due is None:
@@ -334,7 +330,7 @@ class McDemo(Demo):
                 if last
                 else None,
             }
-        journal = [f"{j.get('trigger')}: {str(j.get('reason'))[:240]}" for j in read_jsonl(job.journal_path)[-6:]]
+        journal = [f"{j.get('trigger')}: {j.get('reason')}" for j in read_jsonl(job.journal_path)[-6:]]
         return {
             "attempt": job.attempt,
             "restart_due": self.restart_due is not None,
@@ -344,9 +340,9 @@ class McDemo(Demo):
             "journal_tail": journal,
         }
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, *, interrupted: bool = False) -> dict[str, Any]:
         stuck = self.diagnose() if self.gave_up else None
-        summary = super().finish()
+        summary = super().finish(interrupted=interrupted)
         if stuck is not None:
             summary["gave_up"] = stuck
         for i, f in enumerate(summary["faults"]):
@@ -382,45 +378,46 @@ class McDemo(Demo):
 
 
 def run_mc_demo(ns: argparse.Namespace) -> int:
-    faults: list[FaultSpec] = [] if ns.no_faults else (ns.fault or [parse_fault(f) for f in MC_DEFAULT_FAULTS])
     try:
-        check_faults(faults, ns.slices, ns.hosts_per_slice, ns.steps, kinds=MC_KINDS)
+        faults = preflight(ns, MC_DEFAULT_FAULTS, MC_KINDS)
         if ns.slices * ns.hosts_per_slice < 2:
             raise ValueError("--mode multi-controller needs at least 2 hosts (--slices x --hosts-per-slice)")
+        workdir = prepare_workdir(ns, "elastic-demo-mc-")
     except ValueError as e:
         print(f"elastic-sidecar demo: {e}", file=sys.stderr)
         return 2
-    workdir = (ns.workdir or Path(tempfile.mkdtemp(prefix="elastic-demo-mc-"))).resolve()
-    if (workdir / "checkpoints").exists() and any((workdir / "checkpoints").iterdir()):
-        print(f"elastic-sidecar demo: {workdir} already holds checkpoints; pass an empty --workdir", file=sys.stderr)
-        return 2
-    workdir.mkdir(parents=True, exist_ok=True)
     say = (lambda *_: None) if ns.quiet else (lambda msg: print(msg, flush=True))
     demo = McDemo(ns, workdir, faults, say)
     n = ns.slices * ns.hosts_per_slice
     say(
-        f"elastic-sidecar demo (multi-controller): {ns.slices} slices x {ns.hosts_per_slice} host(s) = {n} JAX "
-        f"processes, {ns.steps} steps, faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}"
+        fit(
+            "elastic-sidecar demo (multi-controller): ",
+            f"{ns.slices} slices x {ns.hosts_per_slice} host(s) = {n} JAX processes, {ns.steps} steps, "
+            f"faults: {' '.join(map(str, faults)) or 'none'}; workdir {workdir}",
+        )
     )
     say(f"  status page http://{demo.job.http_addr}/   admin API {demo.job.admin_addr}")
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        demo.start()
-        demo.run()
-    except KeyboardInterrupt:
-        say("interrupted")
-    finally:
-        summary = demo.finish()
-    print(render(summary, demo.t_start, workdir, timeline=not ns.quiet, journal_path=demo.job.journal_path))
+        summary, stopped = drive(demo)
+    except SetupError as e:
+        print(f"elastic-sidecar demo: {e}", file=sys.stderr)
+        return 2
+    print(render(summary, demo.t_start, workdir, timeline=False, journal_path=demo.job.journal_path))
     for f in summary["faults"]:
         print(
-            f"  {f['fault']}: every trainer process on the other hosts gone {f['all_exited_seconds']} s after the "
-            f"fault (every pod deleted by the JobSet stand-in at {f['jobset_cleanup_seconds']} s); restart to "
-            f"first step {f['restart_to_first_step_seconds']} s, resumed from step {f['resumed_from_step']}"
+            fit(
+                "  ",
+                f"{f['fault']}: every trainer process on the other hosts gone {f['all_exited_seconds']} s after the "
+                f"fault (every pod deleted by the JobSet stand-in at {f['jobset_cleanup_seconds']} s); restart to "
+                f"first step {f['restart_to_first_step_seconds']} s, resumed from step {f['resumed_from_step']}",
+            )
         )
     if "gave_up" in summary:
-        print(f"  gave up; where it was (None: still running): {json.dumps(summary['gave_up'])}")
+        print(fit("  ", f"gave up; where it was (None: still running): {json.dumps(summary['gave_up'])}"))
     if ns.summary_json:
         ns.summary_json.parent.mkdir(parents=True, exist_ok=True)
         ns.summary_json.write_text(json.dumps(summary, indent=2))
+    code = finish_line(demo, stopped)
+    if code is not None:
+        return code
     return 0 if summary["completed"] else 1

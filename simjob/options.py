@@ -124,6 +124,39 @@ def check_faults(
             raise ValueError(f"--fault {f}: step {f.at_step} is outside 1..{steps - 1}")
 
 
+class Given(argparse.Action):
+    """Stores the value and notes that the user typed the option (``ns.given``), so that a
+    default the user never chose can be fitted to the job, and a typed conflict refused."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: object, opt: object = None):
+        setattr(ns, self.dest, values)
+        ns.given = {*getattr(ns, "given", set()), self.dest}
+
+
+DEFAULT_MIN_SLICES = 2
+
+
+def min_slices(ns: argparse.Namespace) -> int:
+    """``--min-slices``, or its default 2 (the job's slice count when it has fewer)."""
+    v = getattr(ns, "min_slices", None)
+    return min(DEFAULT_MIN_SLICES, ns.slices) if v is None else int(v)
+
+
+def check_flags(ns: argparse.Namespace) -> None:
+    """Options that contradict each other or the mode; a ValueError names them."""
+    typed: set[str] = getattr(ns, "given", set())
+    mc = getattr(ns, "mode", "single-controller") == "multi-controller"
+    if not mc:
+        if ns.no_sidecar:
+            raise ValueError("--no-sidecar needs --mode multi-controller")
+    else:
+        for flag, on in (("--via-proxy", ns.via_proxy), ("--trainer-arg", ns.trainer_arg)):
+            if on:
+                raise ValueError(f"{flag} is for the single-controller demo, not --mode multi-controller")
+    if "baseline_window" in typed and not ns.no_sidecar:
+        raise ValueError("--baseline-window applies only with --no-sidecar")
+
+
 def _int_at_least(lo: int):
     def conv(v: str) -> int:
         try:
@@ -172,8 +205,10 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-slices",
         type=int,
-        default=2,
-        help="elastic_min_slice_count: -1 waits for all slices, k continues on >= k (default 2)",
+        default=None,
+        action=Given,
+        help="elastic_min_slice_count: -1 waits for all slices, k continues on >= k "
+        f"(default {DEFAULT_MIN_SLICES}, or --slices when fewer)",
     )
     p.add_argument("--timeout", type=_seconds, default=60.0, help="elastic_timeout_seconds (default 60)")
     p.add_argument("--max-retries", type=_int_at_least(1), default=10, help="elastic_max_retries (default 10)")
@@ -205,9 +240,10 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         f"coordinator and starts it {RESTART_DELAY:g} s later on the same state, coordinator-stall "
         "SIGSTOPs it for SECONDS, trainer-kill SIGKILLs the trainer and starts it again (it restores "
         f"from its checkpoint). Faults due at the same step go in the order given, {SAME_STEP_GAP:g} s "
-        f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)}",
+        f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)} (moved into a shorter --steps, dropped "
+        "where the host does not exist); not with --no-faults",
     )
-    p.add_argument("--no-faults", action="store_true", help="run without any fault")
+    p.add_argument("--no-faults", action="store_true", help="run without any fault (not with --fault)")
     p.add_argument(
         "--no-sidecar",
         action="store_true",
@@ -219,6 +255,7 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         "--baseline-window",
         type=_seconds,
         default=60.0,
+        action=Given,
         help="with --no-sidecar: how long after the fault to wait for every trainer process to be gone (default 60)",
     )
     p.add_argument("--summary-json", type=Path, default=None, help="write the summary as JSON here")

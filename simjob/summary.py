@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simjob.demo_common import fit, round_floats, width
+
 
 @dataclass(frozen=True)
 class FaultRecord:
@@ -215,6 +217,25 @@ def summarize(
     }
 
 
+TIMELINE_TRIGGERS = ("WorkerLost", "TrainerSliceError", "WorkerHealth")
+TRAINER_KINDS = ("resumed", "step_failed", "held", "abort", "finished")
+
+
+def journal_row(j: dict[str, Any]) -> str | None:
+    """A coordinator decision as a timeline line (None: not one worth a line)."""
+    if not (j.get("actions") or j.get("trigger") in TIMELINE_TRIGGERS):
+        return None
+    return f"[coordinator g{j.get('generation')} {j.get('phase')}] {j.get('reason')}"
+
+
+def trainer_row(e: dict[str, Any]) -> str | None:
+    """A trainer event as a timeline line: its fields as key=value, floats rounded."""
+    if e.get("kind") not in TRAINER_KINDS:
+        return None
+    detail = " ".join(f"{k}={json.dumps(round_floats(v), default=str)}" for k, v in e.items() if k not in ("t", "kind"))
+    return f"[trainer] {e['kind']} {detail}"
+
+
 def _name(f: FaultRecord) -> str:
     if f.slice is not None:
         return f"{f.kind}:{f.slice}.{f.host}@{f.at_step}"
@@ -246,23 +267,37 @@ def render(
         tev = read_jsonl(workdir / "trainer-events.jsonl")
         rows: list[tuple[float, str]] = []
         for j in journal:
-            if j["actions"] or j["trigger"] in ("WorkerLost", "TrainerSliceError", "WorkerHealth"):
-                rows.append((j["time"], f"[coordinator g{j['generation']} {j['phase']}] {j['reason']}"))
+            row = journal_row(j)
+            if row is not None:
+                rows.append((j["time"], row))
         for e in tev:
-            if e["kind"] in ("resumed", "step_failed", "held", "abort", "finished"):
-                detail = {k: v for k, v in e.items() if k not in ("t", "kind")}
-                rows.append((e["t"], f"[trainer] {e['kind']} {json.dumps(detail, default=str)[:160]}"))
+            row = trainer_row(e)
+            if row is not None:
+                rows.append((e["t"], row))
         for t, text in sorted(rows):
-            lines.append(f"  +{t - t_start:7.3f}s  {text}")
+            lines.append(fit(f"  +{t - t_start:7.3f}s  ", text))
     lines.append("\nFaults:")
     hdr = (
         f"  {'fault':<26}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
         f"{'slices':>9}  restored"
     )
-    lines.append(hdr)
+    table = len(hdr) + 8 <= width()
+    if table:
+        lines.append(hdr)
     for f in summary["faults"]:
         name = f.get("fault") or f"{f['kind']}:{f['slice']}.{f['host']}@{f['at_step']}"
         sl = f"{_fmt(f['slices_before'])}->{_fmt(f['slices_after'])}"
+        if not table:  # a narrow terminal: one wrapped line per fault
+            lines.append(
+                fit(
+                    "  ",
+                    f"{name}: detected {_fmt(f['detection_seconds'], 's')} via {_fmt(f['detection_source'])}, "
+                    f"hold {_fmt(f['hold_seconds'], 's')}, recovered {_fmt(f['recovery_seconds'], 's')}, stall "
+                    f"{_fmt(f['stall_seconds'], 's')}, lost steps {_fmt(f['lost_steps'])}, slices {sl}, "
+                    f"restored from {_fmt(f['restored_from'])}",
+                )
+            )
+            continue
         lines.append(
             f"  {name:<26}{_fmt(f['detection_seconds'], 's'):>9}  {_fmt(f['detection_source']):<30}"
             f"{_fmt(f['hold_seconds'], 's'):>9}{_fmt(f['recovery_seconds'], 's'):>10}{_fmt(f['stall_seconds'], 's'):>9}"
@@ -271,9 +306,14 @@ def render(
         )
     if not summary["faults"]:
         lines.append("  (none)")
+    codes = ", ".join(f"{k} {v}" for k, v in summary["exit_codes"].items())
+    lines.append("")
     lines.append(
-        f"\nRun: final step {summary['final_step']}, wall {summary['wall_seconds']:.1f} s, goodput "
-        f"{summary['goodput']:.1%}, failure recoveries {_fmt(summary.get('failure_recoveries'))}, "
-        f"exit codes {summary['exit_codes']}; logs in {workdir}/logs"
+        fit(
+            "Run: ",
+            f"final step {summary['final_step']}, wall {summary['wall_seconds']:.1f} s, goodput "
+            f"{summary['goodput']:.1%}, failure recoveries {_fmt(summary.get('failure_recoveries'))}, "
+            f"exit codes: {codes or 'none'}; logs in {workdir}/logs",
+        )
     )
     return "\n".join(lines)

@@ -1,0 +1,331 @@
+"""What both demo modes share: process helpers, set-up checks, signals, live output.
+
+:mod:`simjob.harness` (one trainer process) and :mod:`simjob.mc_harness` (one
+per host) both import this module; neither imports the other's run function
+(``elastic-sidecar demo`` picks the mode in :mod:`agent.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from simjob.options import FaultSpec, check_faults, parse_fault
+from simjob.ports import free_port
+
+__all__ = ["PY", "flags", "free_port"]
+
+PY = sys.executable
+
+EXIT_USAGE = 2
+BENIGN_EXITS = frozenset({0, 3, 42})
+"""Exit codes a sidecar or trainer ends with by design: done, aborted by an operator, restart."""
+
+
+class SetupError(ValueError):
+    """A demo that cannot start: one line on stderr, exit 2."""
+
+
+def flags(**kw: object) -> list[str]:
+    """--key value pairs from keyword arguments (underscores become dashes)."""
+    out: list[str] = []
+    for k, v in kw.items():
+        if v is not None:
+            out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+def committed_steps(ckdir: Path) -> list[int]:
+    """Steps Orbax committed in ``ckdir`` (it writes a step under a temporary name and renames it when done)."""
+    if not ckdir.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckdir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+# -- set-up ------------------------------------------------------------------------
+
+
+def prepare_workdir(ns: argparse.Namespace, prefix: str) -> Path:
+    """The run's work directory, created; a SetupError names what is wrong with ``--workdir``."""
+    if ns.workdir is None:
+        return Path(tempfile.mkdtemp(prefix=prefix)).resolve()
+    workdir = Path(ns.workdir).resolve()
+    if workdir.exists() and not workdir.is_dir():
+        raise SetupError(f"--workdir {ns.workdir}: exists and is not a directory")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SetupError(f"--workdir {ns.workdir}: cannot create it ({e.strerror or e})") from None
+    if not os.access(workdir, os.W_OK | os.X_OK):
+        raise SetupError(f"--workdir {ns.workdir}: not writable")
+    ck = workdir / "checkpoints"
+    if ck.is_dir() and any(ck.iterdir()):
+        raise SetupError(f"--workdir {workdir} already holds checkpoints; pass an empty --workdir")
+    return workdir
+
+
+def resolve_faults(
+    ns: argparse.Namespace,
+    defaults: tuple[str, ...],
+    kinds: tuple[str, ...],
+    note: Callable[[str], None],
+) -> list[FaultSpec]:
+    """The run's faults: the ones typed (checked strictly), or the defaults fitted to the job.
+
+    A default fault the user never typed is moved into a shorter run (its step scaled to
+    ``--steps``) or dropped where its slice or host does not exist, each with a note.
+    """
+    typed: list[FaultSpec] | None = ns.fault
+    if ns.no_faults and typed:
+        raise SetupError(f"--no-faults conflicts with --fault {' '.join(map(str, typed))}: give one or the other")
+    if ns.no_faults:
+        return []
+    if typed:
+        check_faults(typed, ns.slices, ns.hosts_per_slice, ns.steps, kinds=kinds)
+        return typed
+    out = []
+    default_steps = 200  # --steps' default, which the default faults are placed for
+    for text in defaults:
+        f = parse_fault(text)
+        if f.slice is not None and (f.slice >= ns.slices or (f.host or 0) >= ns.hosts_per_slice):
+            note(f"note: default fault {f} dropped: no host {f.slice}.{f.host} with --slices {ns.slices}")
+            continue
+        if f.at_step >= ns.steps:
+            step = max(1, min(ns.steps - 1, f.at_step * ns.steps // default_steps))
+            moved = FaultSpec(f.kind, f.slice, f.host, step, f.seconds)
+            note(f"note: default fault {f} is past --steps {ns.steps}; moved to step {step} ({moved})")
+            f = moved
+        out.append(f)
+    out.sort(key=lambda f: f.at_step)
+    check_faults(out, ns.slices, ns.hosts_per_slice, ns.steps, kinds=kinds)
+    return out
+
+
+def check_port_free(flag: str, addr: str | None) -> None:
+    """A SetupError naming ``flag`` and its address when another process listens there already
+    (the coordinator would exit 2 at start; better said before anything starts)."""
+    if not addr:
+        return
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return  # the coordinator names what is wrong with it
+    fam, typ, proto, _, sa = infos[0]
+    with socket.socket(fam, typ, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(sa)
+        except OSError as e:
+            raise SetupError(
+                f"{flag} {addr}: cannot listen there ({e.strerror}; another process holds the port?)"
+            ) from None
+
+
+# -- signals -----------------------------------------------------------------------
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the demo: stop every process, exit 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def catch_stop_signals() -> None:
+    """SIGINT and SIGTERM raise :class:`Interrupted`.
+
+    Set explicitly: a shell starts a background job with SIGINT ignored, and Python then
+    installs no handler of its own (the demo would ignore Ctrl-C sent to its group).
+    """
+    signal.signal(signal.SIGINT, _raise)
+    signal.signal(signal.SIGTERM, _raise)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[list[int]]:
+    """While the job's processes are being stopped, a second Ctrl-C is noted, not raised."""
+    seen: list[int] = []
+    old = {s: signal.signal(s, lambda n, _f: seen.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield seen
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# -- reading the children's logs ---------------------------------------------------
+
+_ERROR_WORD = re.compile(r"(error|exception|failed|could not)", re.IGNORECASE)
+_LOG_FIELDS = {"severity", "message", "time", "logging.googleapis.com/labels", "logging.googleapis.com/sourceLocation"}
+
+
+def last_error(log: Path) -> str | None:
+    """The last ERROR line of a child's log, as one short line.
+
+    A JSON log line at ERROR or CRITICAL gives its message and fields; otherwise the last
+    plain line that reads as an error (a Python traceback's last line, a C library's line).
+    """
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()[-400:]
+    except OSError:
+        return None
+    plain: str | None = None
+    for line in reversed(lines):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if str(rec.get("severity", rec.get("level", ""))).upper() in ("ERROR", "CRITICAL"):
+                extra = " ".join(f"{k}={v}" for k, v in rec.items() if k not in _LOG_FIELDS)
+                return f"{rec.get('message', rec.get('event', ''))}: {extra}".rstrip(": ")
+            continue
+        if plain is None and _ERROR_WORD.search(line) and not line.startswith(("File ", "Traceback")):
+            plain = line
+    return plain
+
+
+# -- output that fits a terminal ---------------------------------------------------
+
+_LONG_DECIMAL = re.compile(r"(?<![\w.])(-?\d+\.\d{4,})(?![\d.])")
+
+
+def width() -> int:
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def tidy(text: str) -> str:
+    """Long decimals rounded to 3 places (a float's noise says nothing to a reader)."""
+    return _LONG_DECIMAL.sub(lambda m: f"{float(m[1]):.3f}", text)
+
+
+def fit(prefix: str, text: str, cols: int | None = None) -> str:
+    """``prefix + text`` wrapped at word boundaries to the terminal, continuation lines indented."""
+    cols = cols or width()
+    return textwrap.fill(
+        tidy(text),
+        width=cols,
+        initial_indent=prefix,
+        subsequent_indent=" " * min(len(prefix), 14),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def round_floats(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 3)
+    if isinstance(v, dict):
+        return {k: round_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [round_floats(x) for x in v]
+    return v
+
+
+class JsonTail:
+    """Reads the JSON lines a file gains."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        self.buf = ""
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.pos)
+            data = f.read()
+            self.pos = f.tell()
+        self.buf += data
+        *lines, self.buf = self.buf.split("\n")
+        out = []
+        for x in lines:
+            try:
+                out.append(json.loads(x))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+        return out
+
+
+class LiveReport:
+    """Prints the coordinator's decisions and the trainer's notable events as they happen,
+    and a progress line every ``period`` seconds while it trains."""
+
+    def __init__(
+        self,
+        say: Callable[[str], None],
+        t_start: float,
+        journal: Path,
+        checkpoints: Path,
+        steps: int,
+        period: float = 5.0,
+    ) -> None:
+        from simjob.summary import journal_row
+
+        self._row = journal_row
+        self.say = say
+        self.t_start = t_start
+        self.journal = JsonTail(journal)
+        self.checkpoints = checkpoints
+        self.steps = steps
+        self.period = period
+        self.next_progress = time.monotonic() + period
+        self.step = 0
+        self.slices: list[int] | None = None
+
+    def line(self, t: float, text: str) -> None:
+        self.say(fit(f"  +{t - self.t_start:7.3f}s  ", text))
+
+    def trainer_event(self, ev: dict[str, Any]) -> None:
+        from simjob.summary import trainer_row
+
+        if ev.get("kind") == "step":
+            self.step = max(self.step, int(ev["step"]))
+            self.slices = ev.get("slices", self.slices)
+            return
+        text = trainer_row(ev)
+        if text is not None:
+            self.line(float(ev.get("t", time.time())), text)
+
+    def poll(self) -> None:
+        for j in self.journal.read():
+            text = self._row(j)
+            if text is not None:
+                self.line(float(j["time"]), text)
+        now = time.monotonic()
+        if now >= self.next_progress:
+            self.next_progress = now + self.period
+            done = committed_steps(self.checkpoints)
+            on = f" on slices {','.join(map(str, self.slices))}" if self.slices else ""
+            self.line(
+                time.time(),
+                f"[progress] step {self.step}/{self.steps}{on}; committed {done[-1] if done else 'none'}",
+            )

@@ -1,0 +1,190 @@
+"""The demo fails fast and says why, and a stop signal stops every process of it.
+
+Real processes: the demo is started as an operator would start it, and what is
+checked is its exit code, what it printed, and which of its processes are left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simjob.demo_common import SetupError, resolve_faults
+from simjob.options import DEFAULT_FAULTS, FAULT_KINDS, add_demo_args
+
+pytestmark = pytest.mark.e2e
+
+DEMO = [sys.executable, "-m", "agent", "demo"]
+
+
+def _ns(*args: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_demo_args(p)
+    return p.parse_args(list(args))
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process below ``root`` now (read from /proc)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(stat.rpartition(")")[2].split()[1])
+    out: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier and pid not in out}
+        out |= frontier
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_held_admin_port_fails_at_once_naming_the_port(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        addr = f"127.0.0.1:{held.getsockname()[1]}"
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [*DEMO, "--workdir", str(tmp_path / "job"), "--admin-address", addr],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert addr in proc.stderr and "--admin-address" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert took < 20, took
+
+
+def test_a_child_that_exits_with_an_error_ends_the_demo_with_its_error_line(tmp_path: Path) -> None:
+    """The coordinator refuses its arguments (exit 2): the demo ends then, not at --run-timeout."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            *DEMO,
+            "--workdir",
+            str(tmp_path / "job"),
+            "--no-faults",
+            "--steps",
+            "100000",
+            "--run-timeout",
+            "600",
+            "--coordinator-arg=--no-such-flag",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()
+    assert "the coordinator exited with code 2" in proc.stderr, proc.stderr
+    assert "--no-such-flag" in " ".join(last[-3:]), proc.stderr  # its last error line, said last
+    assert took < 200, took  # far from the 600 s --run-timeout
+
+
+@pytest.mark.parametrize(("sig", "code", "group"), [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)])
+def test_a_stop_signal_while_training_stops_every_process(
+    tmp_path: Path, sig: signal.Signals, code: int, group: bool
+) -> None:
+    """Ctrl-C (SIGINT to the demo's process group) or SIGTERM to the demo alone: every process
+    the demo started is gone when it exits, and it exits 128 + the signal."""
+    work = tmp_path / "job"
+    proc = subprocess.Popen(
+        [*DEMO, "--workdir", str(work), "--no-faults", "--steps", "100000", "--run-timeout", "600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        events = work / "trainer-events.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if events.exists() and '"kind": "step"' in events.read_text():
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0]
+        assert events.exists(), "the trainer never completed a step"
+        children = _descendants(proc.pid)
+        assert len(children) >= 10, children  # coordinator, trainer, 4 x (Pathways worker + sidecar)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, out
+    assert signal.Signals(sig).name in out, out
+    time.sleep(0.5)
+    left = [pid for pid in children if _alive(pid)]
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--no-faults", "--fault", "kill:1.0@3"], "--no-faults conflicts with --fault"),
+        (["--no-sidecar"], "--no-sidecar needs --mode multi-controller"),
+        (["--mode", "multi-controller", "--via-proxy"], "--via-proxy"),
+        (["--mode", "multi-controller", "--baseline-window", "5"], "--baseline-window applies only"),
+    ],
+)
+def test_conflicting_flags_are_refused(tmp_path: Path, args: list[str], needle: str) -> None:
+    proc = subprocess.run(
+        [*DEMO, "--workdir", str(tmp_path / "job"), *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_bad_workdir_is_one_line_exit_2(tmp_path: Path) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    for bad, why in ((afile, "not a directory"), (afile / "below", "cannot create it")):
+        proc = subprocess.run([*DEMO, "--workdir", str(bad)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert str(bad) in proc.stderr and why in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_default_faults_fit_a_short_or_small_run() -> None:
+    """A default fault the user never typed is moved into --steps or dropped, with a note; a typed one is checked."""
+    notes: list[str] = []
+    faults = resolve_faults(_ns("--steps", "5"), DEFAULT_FAULTS, FAULT_KINDS, notes.append)
+    assert [f.kind for f in faults] == ["kill", "hang"]
+    assert all(0 < f.at_step < 5 for f in faults), faults
+    assert len(notes) == 2 and all("past --steps 5" in n for n in notes), notes
+
+    notes.clear()
+    faults = resolve_faults(_ns("--slices", "2"), DEFAULT_FAULTS, FAULT_KINDS, notes.append)
+    assert [str(f) for f in faults] == ["kill:1.0@40"]
+    assert notes and "hang:2.0@120 dropped" in notes[0], notes
+
+    with pytest.raises(ValueError, match="step 500"):
+        resolve_faults(_ns("--steps", "100", "--fault", "kill:1.0@500"), DEFAULT_FAULTS, FAULT_KINDS, notes.append)
+    with pytest.raises(SetupError, match="conflicts"):
+        resolve_faults(_ns("--no-faults", "--fault", "kill:1.0@5"), DEFAULT_FAULTS, FAULT_KINDS, notes.append)
