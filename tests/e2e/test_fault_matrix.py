@@ -852,3 +852,181 @@ def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
         sc.check()
         sc.no_shrink()
         sc.retries(0)
+
+
+# ---------------------------------------------------------------------------
+# pauses, lying peers, clocks (issue 24): none of these kills a host, so none may cost a retry
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seconds", [10, 30])
+def test_coordinator_paused(outcomes: list[dict[str, Any]], tmp_path: Path, seconds: int) -> None:
+    """Long enough that the worker sidecars' and the trainer's links time out and reconnect: the old
+    streams' ends and their hosts' checks are decided after the new registrations, and must not touch them."""
+    steps = 80 + 10 * seconds
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"coordinator-paused-{seconds}s",
+        f"coordinator paused {seconds} s (SIGSTOP, SIGCONT)",
+        "--timeout",
+        str(seconds + TIMEOUT),
+        steps=steps,
+        how=f"coordinator-stall:{seconds}@20, {steps} steps, elastic_timeout_seconds {seconds + TIMEOUT:g}",
+    ) as sc:
+        sc.until_step(20)
+        sc.fault(f"coordinator-stall:{seconds}@20")
+        sc.finish(timeout=seconds + 120.0)
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+
+
+def test_sidecar_paused(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "sidecar-paused-3s",
+        "one worker sidecar paused 3 s, its Pathways worker healthy",
+        steps=120,
+        how="sidecar-stall:1.0:3@20 (SIGSTOP of the sidecar alone, past the 1.2 s heartbeat timeout)",
+    ) as sc:
+        sc.until_step(20)
+        sc.fault("sidecar-stall:1.0:3@20")
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+        said = [_said(ln) for ln in (sc.demo.job.logs / "coordinator.log").read_text().splitlines() if "1.0" in ln]  # type: ignore[union-attr]
+        away = [ln for ln in said if "still answers" in ln]
+        sc.notes["coordinator_said"] = away[0] if away else None
+        assert away, "the coordinator never found host 1.0's Pathways worker up while its sidecar was paused"
+
+
+def test_forged_epoch(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """One Join with the peer token and epoch_seen=2**62 but no valid proof: logged and ignored."""
+    import grpc
+
+    from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
+
+    with scenario(
+        outcomes,
+        tmp_path,
+        "forged-epoch",
+        "a Join claims epoch 2**62 with the peer token but no valid proof",
+        steps=80,
+        how="at step 15 a client with the peer token registers as host 0.0 (its incarnation from the state file) "
+        "with epoch_seen=2**62 and a made-up proof",
+    ) as sc:
+        sc.until_step(15)
+        sc.mark_fault()
+        job = sc.demo.job  # type: ignore[union-attr]
+        token = job.peer_token_file.read_text().strip()
+        hosts = json.loads(job.state_path.read_text())["hosts"]
+        inc = next(h["incarnation"] for h in hosts if (h["slice"], h["host"]) == (0, 0))
+        reg = peer_pb2.Register(
+            identity=peer_pb2.HostIdentity(slice=0, host=0, incarnation=inc, node="gke-demo-slice0-host0-r0"),
+            job="elastic-demo",
+            epoch_seen=2**62,
+            epoch_seen_coordinator="forger",
+            epoch_seen_proof=b"\x00" * 32,
+            # The real host's Pathways worker, so that the forger's own stream ending is no loss either:
+            # this row is about the epoch, not about a peer-token holder impersonating a worker.
+            health_address=f"127.0.0.1:{job.pw_ports[(0, 0)]}",
+            health_check="grpc",
+        )
+        with grpc.insecure_channel(job.coord_addr) as ch:
+            replies = peer_pb2_grpc.PeerStub(ch).Join(
+                iter([peer_pb2.WorkerMessage(register=reg)]), metadata=(("authorization", f"Bearer {token}"),)
+            )
+            first = next(replies)
+            sc.notes["forger_got"] = first.WhichOneof("msg")
+            replies.cancel()
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+        log = (job.logs / "coordinator.log").read_text()
+        ignored = [_said(ln) for ln in log.splitlines() if "without a valid proof" in ln]
+        sc.notes["coordinator_said"] = ignored[0] if ignored else None
+        assert ignored, "the coordinator did not say it ignored the unproven epoch"
+        assert "superseded by a newer coordinator" not in log, "the forged epoch fenced the coordinator"
+
+
+def _shift_state_times(path: Path, seconds: float) -> None:
+    """What a coordinator started after the wall clock stepped by ``-seconds`` reads: every wall-clock
+    time in its state file ``seconds`` away from its clock (the file is written as the old process saw it)."""
+    doc = json.loads(path.read_text())
+
+    def move(v: Any) -> Any:
+        return None if v is None else float(v) + seconds
+
+    doc["written_at"] = move(doc.get("written_at"))
+    for h in doc.get("hosts", []):
+        h["registered_at"] = move(h.get("registered_at"))
+    doc["slice_errors"] = {k: move(v) for k, v in (doc.get("slice_errors") or {}).items()}
+    for key in ("drains", "planned"):
+        for d in (doc.get(key) or {}).values():
+            for f in ("since", "deadline", "starts_at"):
+                d[f] = move(d.get(f))
+    path.write_text(json.dumps(doc, indent=1))
+
+
+@pytest.mark.parametrize("step", [-3600, 3600])
+def test_clock_stepped_across_a_coordinator_restart(outcomes: list[dict[str, Any]], tmp_path: Path, step: int) -> None:
+    """A host is killed (one retry), the coordinator is killed before the replacement settles and
+    restarts with the wall clock stepped by ``step``: the replacement repairs the slice, the job grows
+    back to 4 slices and finishes with that one retry."""
+    with scenario(
+        outcomes,
+        tmp_path,
+        f"clock-step-{'back' if step < 0 else 'forward'}-1h",
+        f"the wall clock stepped {'back' if step < 0 else 'forward'} 1 h across a coordinator restart",
+        steps=150,
+        restarts_coordinator=True,
+        how="kill:1.0@15; 1 s later the coordinator is SIGKILLed and started again with its state file's times "
+        f"{abs(step)} s {'ahead of' if step < 0 else 'behind'} its clock (what a clock stepped "
+        f"{'back' if step < 0 else 'forward'} 1 h reads)",
+    ) as sc:
+        sc.until_step(15)
+        sc.fault("kill:1.0@15")
+        t = time.time()
+        sc.until("1 s after the kill", lambda: time.time() - t >= 1.0, timeout=10)
+        job = sc.demo.job  # type: ignore[union-attr]
+        sc.demo.kill_coordinator(  # type: ignore[union-attr]
+            restart_after=RESTART_DELAY,
+            before_restart=lambda: _shift_state_times(job.state_path, -step),
+            record=False,
+        )
+        sc.finish(timeout=120.0)
+        sc.check()
+        sc.retries(1)
+        last = [e for e in sc.events() if e["kind"] == "step"][-1]
+        sc.notes["final_slices"] = len(last["slices"])
+        assert len(last["slices"]) == 4, f"the job did not grow back onto the replaced slice: {last}"
+
+
+def test_sidecar_restarted_while_the_coordinator_is_down(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    with scenario(
+        outcomes,
+        tmp_path,
+        "sidecar-restart-while-coordinator-down",
+        "a worker sidecar restarted (new incarnation) while the coordinator was down",
+        steps=120,
+        restarts_coordinator=True,
+        how="at step 15 the coordinator is SIGKILLed; host 1.0's sidecar is SIGKILLed and a new one started; "
+        "1 s later the coordinator starts again on its state",
+    ) as sc:
+        sc.until_step(15)
+        job = sc.demo.job  # type: ignore[union-attr]
+        sc.mark_fault()
+
+        def restart_sidecar() -> None:
+            job.kill_sidecar(1, 0)
+            job.start_sidecar(1, 0)
+
+        sc.demo.kill_coordinator(restart_after=RESTART_DELAY, before_restart=restart_sidecar, record=True)  # type: ignore[union-attr]
+        sc.finish(timeout=120.0)
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
