@@ -17,7 +17,9 @@ and never counts a grow or a drain. A slice-loss error the hook did not see
 (raised outside a training step: a save, a compile) is reported to the sidecar
 as a slice error from inside the policy, which blocks for its answer: a resume
 retries, an abort ends the process with the abort's exit code (42 when the
-budget is spent). So every failure is counted exactly once, by the sidecar,
+budget is spent). MaxText's own ``ScaleUpSignalError`` (``maybe_elastic_scale_up``) is a grow:
+retried, never reported as a failure, spending nothing (``grows`` counts it).
+So every failure is counted exactly once, by the sidecar,
 against MaxText's own ``elastic_max_retries``, and pathwaysutils never refuses
 first (its ``ElasticRuntimeError``, a ``RuntimeError``, would exit 1).
 

@@ -10,9 +10,15 @@ two module attributes is enough:
   resume before MaxText builds its mesh.
 * ``training_loop_iteration``: ``python_vars["step"]`` is the index of the
   step about to run, that is the number of completed steps. At that boundary
-  the hook checks for a pending command (a deque test), then runs the step and
+  the hook checks for a pending command (a deque test), hands the state and
+  the data iterator's position to Orbax's Pathways ``Snapshotter`` when a
+  snapshot is due (:mod:`.snapshot`, :mod:`.interval`), then runs the step and
   reports it with its wall time. A slice-loss error (``DATA_LOSS``) from the
   step reaches the sidecar (``slice_error``) before MaxText sees it.
+* with ``elastic_enabled``, ``checkpointing.load_state_if_possible``, which
+  each attempt's ``maxtext_utils.setup_training_state`` calls with the
+  abstract state of its new mesh: the restore ladder (:meth:`MaxTextHook._restore`),
+  the newest complete snapshot unless a committed checkpoint is newer.
 
 Flushing uses MaxText's own checkpoint manager and helpers:
 ``checkpointing.save_checkpoint(..., force=True)`` then
@@ -28,7 +34,9 @@ set, or after a slice-loss error, the hook flushes and then
 * with ``elastic_enabled``: raises what pathwaysutils' ``elastic_retry``
   understands (``ScaleUpSignalError`` to grow, a ``DATA_LOSS``
   ``JaxRuntimeError`` to shrink, the slice-loss error itself after one), so
-  the next attempt starts at once and restores the flushed step;
+  the next attempt starts at once and restores the flushed step, or after a
+  slice loss (whose state the step consumed) the newest snapshot, from the
+  surviving replicas;
 * without: exits 42, which xpk restarts, and the restart restores it.
 
 A resume on the same slice set continues from memory. An abort flushes and
