@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simjob.commits import PeriodicCommits
 from simjob.trainer import EventLog
 from trainer_hooks import AbortTraining, Directive, ElasticSession
 from trainer_hooks.orbax_flush import OrbaxFlusher
@@ -107,6 +108,7 @@ class McTrainer:
                 abort_grace_seconds=ns.abort_grace_seconds,
             )
         )
+        self.commits = PeriodicCommits(self.manager, self.session, events)
 
     def _init(self) -> dict[str, Any]:
         np, ns = self.np, self.ns
@@ -217,6 +219,7 @@ class McTrainer:
             dt = time.monotonic() - t0
             if self.session is not None:
                 self.session.report_step(step, dt)
+            self.commits.poll()
             self.events(
                 "step",
                 {
@@ -235,12 +238,15 @@ class McTrainer:
                         raise
                     self._collective_failed(step, e)
                 self.events("checkpoint_started", {"step": step})
+                self.commits.started(step)
         self.manager.wait_until_finished()
         if step not in self.manager.all_steps():
             self.manager.save(
                 step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(self.state)), force=True
             )
             self.manager.wait_until_finished()
+        self.commits.started(step)
+        self.commits.poll()
         self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps())})
         if self.session is not None:
             self.session.finished(step)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simjob.commits import PeriodicCommits
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.snapshot import Snapshot
 from trainer_hooks.maxtext.snapshot import take as take_snapshot
@@ -166,6 +167,8 @@ class Trainer:
         self._spare_snapshot: Snapshot | None = None
         """A snapshot no longer valid (dropped at a rebuild) whose host buffers the next one writes over."""
         self.session = self._connect() if connect else None
+        # Periodic saves count as committed steps (admin status, the state file) once Orbax committed them.
+        self.commits = PeriodicCommits(self.manager, self.session, events)
 
     def _connect(self) -> ElasticSession:
         ns = self.ns
@@ -467,6 +470,7 @@ class Trainer:
             step += 1
             dt = time.monotonic() - t0
             self.session.report_step(step, dt)
+            self.commits.poll()
             self.events(
                 "step",
                 {
@@ -486,6 +490,7 @@ class Trainer:
                 if host is not None:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
                     self.events("checkpoint_started", {"step": step})
+                    self.commits.started(step)
         self.manager.wait_until_finished()
         self.manager.reload()
         if step not in self.manager.all_steps():
@@ -495,6 +500,8 @@ class Trainer:
                     step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True
                 )
                 self.manager.wait_until_finished()
+        self.commits.started(step)
+        self.commits.poll()
         self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps())})
         self.session.finished(step)
         self.session.close()

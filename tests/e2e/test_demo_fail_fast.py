@@ -7,12 +7,14 @@ checked is its exit code, what it printed, and which of its processes are left.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -108,10 +110,20 @@ def test_a_stop_signal_while_training_stops_every_process(
     tmp_path: Path, sig: signal.Signals, code: int, group: bool
 ) -> None:
     """Ctrl-C (SIGINT to the demo's process group) or SIGTERM to the demo alone: every process
-    the demo started is gone when it exits, and it exits 128 + the signal."""
+    the demo started is gone when it exits, and it exits 128 + the signal.
+
+    On the way, a periodic checkpoint the trainer saved counts as committed once Orbax committed it
+    (the coordinator's ``/status``), as a flush would."""
     work = tmp_path / "job"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        http = f"127.0.0.1:{s.getsockname()[1]}"
     proc = subprocess.Popen(
-        [*DEMO, "--workdir", str(work), "--no-faults", "--steps", "100000", "--run-timeout", "600"],
+        [
+            *DEMO,
+            *("--workdir", str(work), "--no-faults", "--steps", "100000", "--run-timeout", "600"),
+            *("--checkpoint-period", "10", "--http-address", http),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -120,12 +132,24 @@ def test_a_stop_signal_while_training_stops_every_process(
     try:
         events = work / "trainer-events.jsonl"
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if events.exists() and '"kind": "step"' in events.read_text():
-                break
+        committed: list[int] = []
+        while time.monotonic() < deadline and proc.poll() is None and not committed:
+            if events.exists():
+                evs = [json.loads(x) for x in events.read_text().splitlines() if x.endswith("}")]
+                committed = [e["step"] for e in evs if e["kind"] == "checkpoint_committed"]
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[0]
-        assert events.exists(), "the trainer never completed a step"
+        assert committed, "the trainer never reported a periodic checkpoint committed"
+        assert (work / "checkpoints" / str(committed[0])).is_dir()
+        deadline = time.monotonic() + 30
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://{http}/status", timeout=5) as r:
+                status = json.loads(r.read())
+            if int(status["last_committed_step"]) >= committed[0]:  # type: ignore[call-overload]
+                break
+            time.sleep(0.2)
+        assert int(status["last_committed_step"]) >= committed[0], status  # type: ignore[call-overload]
         children = _descendants(proc.pid)
         assert len(children) >= 10, children  # coordinator, trainer, 4 x (Pathways worker + sidecar)
         if group:
