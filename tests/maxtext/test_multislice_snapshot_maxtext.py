@@ -96,12 +96,14 @@ def join_all(sc: Sidecar) -> None:
         sc.submit(WorkerJoined(s, 0, "inc-1", node=f"node-{s}"))
 
 
+@pytest.mark.parametrize("model", ["tiny", pytest.param("larger", marks=pytest.mark.slow)])
 def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_an_uninterrupted_run(
-    tmp_path: Path, grain_file: Path
+    tmp_path: Path, grain_file: Path, model: str
 ) -> None:
     """4 slices; slice 3 dies during a random step F; the job waits for its replacement
     (``elastic_min_slice_count=-1``). It loses at most the step since the newest complete snapshot, and every
-    step from the restored one on consumes the same batch and has the same loss (1e-5) as an uninterrupted run."""
+    step from the restored one on consumes the same batch and has the same loss (1e-5) as an uninterrupted run.
+    ``larger`` (``--runslow``): the same with about ten times the parameters (:data:`simjob.maxtext.job.MODELS`)."""
     require_maxtext_venv()
     seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
     fail_at = random.Random(seed).randint(3, 7)
@@ -111,7 +113,7 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
 
     ref_events = tmp_path / "reference.jsonl"
     ref_args = maxtext_args(
-        tmp_path, "reference", steps, *MULTI_SLICE_MESH, jax_cache=cache, data=grain_file
+        tmp_path, "reference", steps, *MULTI_SLICE_MESH, jax_cache=cache, data=grain_file, model=model
     )  # plain MaxText: no sidecar, no elastic mode, no snapshots
     ref = MaxTextRun(
         "reference",
@@ -136,7 +138,7 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
     events = tmp_path / "crash.jsonl"
     try:
         join_all(sc)
-        args = maxtext_args(tmp_path, "crash", steps, *elastic_flags(-1), jax_cache=cache, data=grain_file)
+        args = maxtext_args(tmp_path, "crash", steps, *elastic_flags(-1), jax_cache=cache, data=grain_file, model=model)
         env = {
             **slices_env,
             ENV_SNAPSHOT_EVERY: "1",
@@ -187,7 +189,7 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
     worst = max(abs(got[s] - want[s]) for s in after)
     assert worst <= LOSS_TOLERANCE, {s: (got[s], want[s]) for s in after}
     print(
-        f"\n4-slice MaxText, grain data (seed {seed}): slice 3 lost in step index {fail_at}, restored the snapshot "
+        f"\n4-slice MaxText ({model} model), grain data (seed {seed}): slice 3 lost in step index {fail_at}, restored the snapshot "
         f"of {restored} completed steps (lost {fail_at - restored}); meshes {meshes}; batches equal; worst loss "
         f"difference {worst:.2e}"
     )
