@@ -131,6 +131,9 @@ is enough, and an idle coordinator should cost next to nothing."""
 EOF_GRACE_SECONDS = 0.05
 STALL_SECONDS = 0.5
 """A tick this late means the event loop was blocked: liveness deadlines restart from its end."""
+DECISIONS_WEDGED_SECONDS = 10.0
+"""Events waiting and nothing decided for this long (or twice --durability-bound, if longer): the
+decision loop is wedged; readiness and gRPC health say so (see _check_decisions)."""
 PROBE_TIMEOUT_SECONDS = 0.3
 """How long the coordinator's own check of a host's Pathways worker may take."""
 GROUP_COMMIT_MAX = 1024
@@ -273,6 +276,10 @@ class Coordinator:
         """Heartbeat datagrams the kernel dropped, as last seen (DatagramReceiver.dropped)."""
         self._drops_logged_at = -1e9
         self.stalls: list[float] = []
+        self._decided_at = time.monotonic()
+        """When the decision loop last finished a batch (monotonic)."""
+        self.decisions_wedged = False
+        """Events have waited past DECISIONS_WEDGED_SECONDS with nothing decided."""
         """Durations of event-loop stalls seen (newest last)."""
         self._probing: set[int] = set()
         """Registrations whose away host is being watched (:meth:`watch_away`)."""
@@ -328,8 +335,11 @@ class Coordinator:
         path = self._lock_path()
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = statefile.open_lock(path)
+        except OSError as e:
+            self._without_durability(f"state lock {path}: {e.strerror or e}")
+            return
         waited = 0.0
         while True:
             try:
@@ -344,9 +354,20 @@ class Coordinator:
                     )
                 await asyncio.sleep(0.5)
                 waited += 0.5
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        statefile.note_lock_holder(fd)
         self._lock_fd = fd
+
+    def _without_durability(self, problem: str) -> None:
+        """A broken state directory (read-only, missing, full): run on, without durability and loudly
+        (ERROR, state_durable 0, /readyz with the reason); exiting would be a crash loop, the job unprotected."""
+        log.error(
+            "state directory unusable; running WITHOUT durability (a restart now would forget decisions) and "
+            "retrying the state file at every decision",
+            error=problem,
+        )
+        self.durable = False
+        self.durability_problem = problem
+        self.metrics.state_durable.set(0)
 
     def _load_state(self) -> None:
         path = self.cfg.state_file
@@ -382,7 +403,7 @@ class Coordinator:
         self._blind = path is None or not self.state_file_note or bool(self.state_file_problem)
         self._take_epoch(fencing.next_epoch(None if self._blind else file_epoch))
         self.metrics.epoch.set(self.epoch)
-        self.metrics.state_durable.set(1)
+        self.metrics.state_durable.set(1 if self.durable else 0)
 
     def _take_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -506,6 +527,7 @@ class Coordinator:
                         log.exception("failed to carry out an action", action=type(a).__name__)
                 if fut is not None and not fut.done():
                     fut.set_result(d)
+            self._decided_at = time.monotonic()
 
     def apply(self, ev: Event, now: float) -> Decision:
         """Decide on one event and record the decision (log, journal, feed, metrics).
@@ -838,8 +860,12 @@ class Coordinator:
             # The new epoch must be on disk before anyone hears of it.
             await self._make_durable()
         if self.cfg.journal is not None:
-            self.cfg.journal.parent.mkdir(parents=True, exist_ok=True)
-            self._journal = open(self.cfg.journal, "a", encoding="utf-8")  # noqa: SIM115
+            try:
+                self.cfg.journal.parent.mkdir(parents=True, exist_ok=True)
+                self._journal = open(self.cfg.journal, "a", encoding="utf-8")  # noqa: SIM115
+            except OSError as e:  # a record for people, not intent: never a reason not to run
+                self.metrics.journal_write_failures.inc()
+                log.error("journal cannot be opened; running without it", journal=str(self.cfg.journal), error=str(e))
         self.server = self._grpc_server(
             self.cfg.peer_token, PEER_SERVICE, "peer", options=C.PEER_SERVER_KEEPALIVE_OPTIONS
         )
@@ -951,16 +977,32 @@ class Coordinator:
                 status=status,
                 ready=self.readiness,
                 registry=self.metrics.registry,
+                reasons=self.readiness_reasons,
             )
 
     def readiness(self) -> dict[str, bool]:
         """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
         # Not the Pub/Sub intake: notices are an optimisation, and a subscription or
         # permission mistake must not keep the job from starting (it shows in /status).
-        checks = {"grpc": self.serving, "not_fenced": not self.fenced_by, "state_durable": self.durable}
+        checks = {
+            "grpc": self.serving,
+            "not_fenced": not self.fenced_by,
+            "state_durable": self.durable,
+            "deciding": not self.decisions_wedged,
+        }
         if self.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
             checks["trainer"] = self.state.trainer.attached
         return checks
+
+    def readiness_reasons(self) -> dict[str, str]:
+        """Why a failing readiness check fails (/readyz shows it beside the check)."""
+        return {
+            "not_fenced": f"a newer coordinator (epoch {self.fenced_by}) took over" if self.fenced_by else "",
+            "state_durable": self.durability_problem,
+            "deciding": "the decision loop is wedged: events wait and nothing was decided"
+            if self.decisions_wedged
+            else "",
+        }
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -976,7 +1018,29 @@ class Coordinator:
             now = time.monotonic()
             self._note_datagram_drops(now)
             self.check_liveness(now)
+            self._check_decisions(now)
             self.submit(Tick())
+
+    def _check_decisions(self, now: float) -> None:
+        """Events waiting and nothing decided for long: the decision loop is wedged (awaiting something that
+        never returns). Not ready, and NOT_SERVING on gRPC health, the liveness probe's, so that a loop that
+        cannot recover by itself is restarted; SERVING again if it moves (and this coordinator is not fenced)."""
+        limit = max(DECISIONS_WEDGED_SECONDS, 2 * self.cfg.durability_bound)
+        wedged = not self.events.empty() and now - self._decided_at > limit
+        if wedged == self.decisions_wedged:
+            return
+        self.decisions_wedged = wedged
+        serving = not wedged and not self.fenced_by
+        if wedged:
+            log.error(
+                "decision loop wedged: events are waiting and nothing was decided; not ready, NOT_SERVING",
+                seconds=round(now - self._decided_at, 1),
+                queued=self.events.qsize(),
+            )
+        else:
+            log.warning("decision loop deciding again")
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        asyncio.get_running_loop().create_task(self.health.set("", status))
 
     async def _on_node_event(self, ev: Any) -> None:
         """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake

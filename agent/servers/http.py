@@ -3,7 +3,8 @@
 ==============  ===========================================================
 ``/healthz``    200 while the process's event loop answers (liveness)
 ``/readyz``     200 when the role's dependencies are up, else 503; JSON
-                ``{"ready": bool, "checks": {name: bool}}`` says which
+                ``{"ready": bool, "checks": {name: bool}}`` says which,
+                and ``"reasons": {name: text}`` why a failing one fails
 ``/metrics``    Prometheus text format of the sidecar's registry
 ``/status``     JSON: what the admin API's GetStatus returns, plus
                 ``recent_decisions`` (newest last) for the timeline
@@ -63,6 +64,7 @@ _server_log = logging.getLogger("aiohttp.server.elastic_sidecar")
 _server_log.addFilter(_NotHttp1())
 
 Checks = dict[str, bool]
+Reasons = dict[str, str]
 
 
 @dataclass
@@ -80,6 +82,7 @@ def build_app(
     status: Callable[[], dict[str, Any]],
     ready: Callable[[], Checks],
     registry: CollectorRegistry,
+    reasons: Callable[[], Reasons] | None = None,
 ) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -87,7 +90,13 @@ def build_app(
     async def readyz(_: web.Request) -> web.Response:
         checks = ready()
         ok = all(checks.values())
-        return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
+        body: dict[str, Any] = {"ready": ok, "checks": checks}
+        if not ok and reasons is not None:
+            why = reasons()
+            failing = {k: why[k] for k, passed in checks.items() if not passed and why.get(k)}
+            if failing:
+                body["reasons"] = failing
+        return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -122,9 +131,10 @@ async def start_http_server(
     status: Callable[[], dict[str, Any]],
     ready: Callable[[], Checks],
     registry: CollectorRegistry,
+    reasons: Callable[[], Reasons] | None = None,
 ) -> HttpServer:
     """Serve on ``listen``; OSError when the address cannot be bound (fatal at start-up, as for the admin API)."""
-    app = build_app(status=status, ready=ready, registry=registry)
+    app = build_app(status=status, ready=ready, registry=registry, reasons=reasons)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_server_log)
     await runner.setup()
     host, _, port = listen.rpartition(":")

@@ -7,10 +7,17 @@ on loopback restarted on the same state directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +47,7 @@ from agent.core.model import (
 )
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
+REPO = Path(__file__).resolve().parents[2]
 POLICY = Policy(num_slices=3, hosts_per_slice=2, elastic_timeout_seconds=30.0, rejoin_grace_seconds=7.0)
 HOSTS = {(s, h): HostRecord(f"inc-{s}-{h}", registered_at=1.0, settled=True) for s in range(3) for h in range(2)}
 OFFSET = 1_700_000_000.0
@@ -596,3 +604,174 @@ def test_write_is_a_rename_over_the_target(tmp_path: Path, monkeypatch: pytest.M
     src, dst = calls[0]
     assert dst == str(path)
     assert Path(src).parent == tmp_path and Path(src).name.startswith("state.json.") and src.endswith(".tmp")
+
+
+# ---------------------------------------------------------------------------
+# a broken state directory, a wedged decision loop
+# ---------------------------------------------------------------------------
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+@contextlib.contextmanager
+def broken_state_dir(tmp_path: Path, how: str) -> Iterator[Path]:
+    """A state directory that cannot be written: ``read-only`` (a read-only tmpfs as root, where chmod does
+    not stop writes; else chattr +i; else chmod as another user), ``missing`` (under a regular file, so it
+    cannot be made), or ``full`` (a tiny tmpfs filled up; root only)."""
+    d = tmp_path / "state"
+    undo: list[list[str]] = []
+    if how == "missing":
+        (tmp_path / "a-file").write_text("not a directory\n")
+        yield tmp_path / "a-file" / "state"
+        return
+    if how == "full":
+        if os.geteuid() != 0 or not _mount_tmpfs(d, "size=64k"):
+            pytest.skip("a full disk needs a tmpfs mount (root)")
+        undo.append(["umount", str(d)])
+        with contextlib.suppress(OSError), open(d / "filler", "wb") as f:
+            f.write(b"\0" * (1 << 20))
+    elif os.geteuid() == 0:
+        if _mount_tmpfs(d, "ro,size=64k"):
+            undo.append(["umount", str(d)])
+        else:
+            d.mkdir(parents=True, exist_ok=True)
+            r = subprocess.run(["chattr", "+i", str(d)], capture_output=True, timeout=30)
+            assert r.returncode == 0, f"as root, neither a read-only tmpfs nor chattr +i works here: {r.stderr!r}"
+            undo.append(["chattr", "-i", str(d)])
+    else:
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o555)
+    try:
+        with pytest.raises(OSError):
+            (d / "probe").write_text("x")  # the directory really refuses writes
+        yield d
+    finally:
+        for cmd in undo:
+            subprocess.run(cmd, capture_output=True, timeout=30)
+        if d.exists() and not undo:
+            d.chmod(0o755)
+
+
+@pytest.mark.parametrize("how", ["read-only", "missing", "full"])
+def test_a_broken_state_directory_means_running_without_durability_loudly(tmp_path: Path, how: str) -> None:
+    """Not a crash loop: the coordinator process serves on, with an ERROR, state_durable 0 and /readyz
+    saying why; SIGTERM still ends it with 0."""
+    from bench.common import free_port
+
+    http = free_port()
+    with broken_state_dir(tmp_path, how) as state_dir:
+        argv = [
+            sys.executable,
+            "-m",
+            "agent",
+            "coordinator",
+            "--num-slices",
+            "2",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+        ]
+        argv += [
+            "--trainer-listen",
+            f"127.0.0.1:{free_port()}",
+            "--http-listen",
+            f"127.0.0.1:{http}",
+            "--state-dir",
+            str(state_dir),
+        ]
+        p = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("ES_")}, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines: list[dict] = []
+        try:
+            assert p.stdout is not None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                line = p.stdout.readline()
+                assert line, f"the coordinator exited ({p.wait()}): {p.stderr.read() if p.stderr else ''}"
+                lines.append(json.loads(line))
+                if lines[-1]["message"] == "coordinator listening":
+                    break
+            time.sleep(0.5)
+            assert p.poll() is None, "the coordinator exited"
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{http}/readyz", timeout=10)
+                raise AssertionError("/readyz said ready")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503
+                ready = json.loads(e.read())
+            p.send_signal(signal.SIGTERM)
+            out, _ = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    lines += [json.loads(line) for line in out.splitlines()]
+    print(f"\n[state dir {how}] /readyz: {ready}")
+    assert p.returncode == 0
+    assert ready["checks"]["state_durable"] is False and ready["checks"]["grpc"] is True
+    assert str(state_dir) in ready["reasons"]["state_durable"]
+    assert "elastic_sidecar_state_durable 0.0" in metrics
+    errors = [rec["message"] for rec in lines if rec["severity"] == "ERROR"]
+    assert any("WITHOUT durability" in m or "cannot make decisions durable" in m for m in errors), errors
+    assert not any(rec["message"] == "coordinator could not start" for rec in lines)
+
+
+async def test_a_wedged_decision_loop_is_not_ready_and_not_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop awaits something that never returns: readiness and gRPC health (the liveness probe's)
+    say so, and serve again once it moves."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    import agent.coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "DECISIONS_WEDGED_SECONDS", 1.0)
+    coord = Coordinator(coordinator_config(tmp_path / "state", durability_bound=0.2))
+    await coord.start()
+    gate = asyncio.Event()
+    real = coord._make_durable
+
+    async def stuck() -> None:
+        await gate.wait()
+        await real()
+
+    async def health() -> int:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.port}") as ch:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            return reply.status
+
+    try:
+        assert await health() == health_pb2.HealthCheckResponse.SERVING and coord.readiness()["deciding"]
+        coord._make_durable = stuck  # type: ignore[method-assign]
+        coord.submit(WorkerJoined(0, 0, "a"))  # a write is due: the loop waits in stuck()
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if coord.decisions_wedged:
+                break
+        assert coord.readiness()["deciding"] is False
+        assert "wedged" in coord.readiness_reasons()["deciding"]
+        await asyncio.sleep(0.1)
+        assert await health() == health_pb2.HealthCheckResponse.NOT_SERVING
+        gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if not coord.decisions_wedged:
+                break
+        assert coord.readiness()["deciding"] is True
+        await asyncio.sleep(0.1)
+        assert await health() == health_pb2.HealthCheckResponse.SERVING
+        assert (0, 0) in coord.state.hosts
+    finally:
+        gate.set()
+        await coord.stop(grace=0.1)

@@ -114,19 +114,19 @@ async def test_coordinator_readyz_does_not_wait_for_workers_but_for_the_trainer_
     # Fresh: no worker has joined and no trainer attached, yet ready (the head pod starts first).
     assert await get_json(url) == (
         200,
-        {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True}},
+        {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True}},
     )
     await job.running()
     assert await get_json(url) == (
         200,
-        {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "trainer": True}},
+        {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True, "trainer": True}},
     )
     await job.trainer.close()
     await wait_for(lambda: not job.coord.state.trainer.attached, 5.0, "the trainer link to close")
     assert job.coord.state.phase == Phase.RUNNING
     assert await get_json(url) == (
         503,
-        {"ready": False, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "trainer": False}},
+        {"ready": False, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True, "trainer": False}},
     )
 
 
@@ -141,7 +141,7 @@ async def test_coordinator_readyz_does_not_depend_on_the_pubsub_intake(tmp_path:
         url = j.http_url + "/readyz"
         assert await get_json(url) == (
             200,
-            {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True}},
+            {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True}},
         )
         j.coord.serving = False
         status, body = await get_json(url)
