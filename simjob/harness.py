@@ -62,7 +62,7 @@ from simjob.options import (
 )
 from simjob.ports import free_port
 from simjob.summary import FaultRecord, render, summarize
-from standins.netproxy import Forwarder
+from standins.netproxy import Forwarder, HostLink
 from standins.provisioner import Provisioner
 
 __all__ = ["PY", "Demo", "Job", "free_port", "run_demo"]
@@ -122,6 +122,12 @@ class Job:
         if getattr(ns, "via_proxy", False):
             self.peer_proxy = Forwarder(self.coord_addr)
             self.trainer_proxy = Forwarder(self.trainer_addr)
+        # partition faults: each host they name reaches the coordinator through a link of its own
+        # (its stream and its heartbeat datagrams, on a loopback address of its own) that can be cut.
+        cut = sorted({(f.slice, f.host) for f in getattr(ns, "fault", None) or [] if f.kind == "partition"})
+        self.host_links: dict[tuple[int, int], HostLink] = {
+            k: HostLink(self.coord_port, f"127.0.0.{10 + i}") for i, k in enumerate(cut) if k in self.pw_ports
+        }
         # The coordinator's --state-dir: state.json, journal.jsonl and the lock a second one waits on.
         self.state_dir = Path(ns.state_dir).resolve() if getattr(ns, "state_dir", None) else workdir
         self.state_path = self.state_dir / "state.json"
@@ -273,7 +279,11 @@ class Job:
         port = self.pw_ports[(s, h)]
         cmd = [PY, "-m", "agent", "worker"] + _flags(
             job=DEMO_JOB,
-            coordinator=self.peer_proxy.address if self.peer_proxy else self.coord_addr,
+            coordinator=self.host_links[(s, h)].address
+            if (s, h) in self.host_links
+            else self.peer_proxy.address
+            if self.peer_proxy
+            else self.coord_addr,
             slice=s,
             host=h,
             node=f"gke-demo-slice{s}-host{h}-r{host.generation}",
@@ -389,6 +399,8 @@ class Job:
         for fwd in (self.peer_proxy, self.trainer_proxy):
             if fwd is not None:
                 fwd.close()
+        for link in self.host_links.values():
+            link.close()
         if self.publisher is not None:
             self.publisher.transport.close()
         if self.emulator is not None:
@@ -594,6 +606,14 @@ class Demo:
 
             self._after(f.seconds, f"worker sidecar {f.slice}.{f.host} continued (SIGCONT)", wake)
             what = f"worker sidecar {f.slice}.{f.host} stopped (SIGSTOP) for {f.seconds:g} s, its host stays up"
+        elif f.kind == "partition":
+            assert f.slice is not None and f.host is not None and f.seconds is not None
+            link = job.host_links.get((f.slice, f.host))
+            if link is None:
+                raise ValueError(f"{f}: host {f.slice}.{f.host} has no partitionable link (name it in --fault)")
+            link.partition(f.seconds)
+            self._after(f.seconds, f"host {f.slice}.{f.host}'s links healed", lambda: None)
+            what = f"host {f.slice}.{f.host}'s links to the coordinator cut for {f.seconds:g} s (stream and datagrams)"
         elif f.kind == "coordinator-restart":
             what = self.kill_coordinator(restart_after=RESTART_DELAY)
         elif f.kind == "coordinator-stall":

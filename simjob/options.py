@@ -20,9 +20,11 @@ JOB_KINDS = ("coordinator-restart", "coordinator-stall", "trainer-kill")
 start it again on the same state location; ``coordinator-stall:SECONDS@STEP``: SIGSTOP it, SIGCONT
 after SECONDS; ``trainer-kill@STEP``: SIGKILL the trainer, start it again with the same arguments
 (it restores from its Orbax checkpoint), as the JobSet would."""
-HOST_TIMED_KINDS = ("sidecar-stall",)
+HOST_TIMED_KINDS = ("sidecar-stall", "partition")
 """Faults aimed at one host for a while, ``KIND:SLICE.HOST:SECONDS@STEP``. sidecar-stall: SIGSTOP
-that host's worker sidecar alone (its Pathways worker stays healthy), SIGCONT after SECONDS."""
+that host's worker sidecar alone (its Pathways worker stays healthy), SIGCONT after SECONDS;
+partition: cut that host's links to the coordinator (its stream and its heartbeat datagrams pass a
+stand-in network path of their own, :class:`standins.netproxy.HostLink`) for SECONDS."""
 FAULT_KINDS = HOST_KINDS + HOST_TIMED_KINDS + JOB_KINDS
 ANNOUNCED = ("notice", "metadata")
 RESTART_DELAY = 1.0
@@ -34,7 +36,8 @@ _HOST_RE = re.compile(r"^(?P<slice>\d+)\.(?P<host>\d+)$")
 DEFAULT_FAULTS = ("kill:1.0@40", "hang:2.0@120")
 FAULT_HELP = (
     "KIND:SLICE.HOST@STEP with KIND one of " + ", ".join(HOST_KINDS) + " (e.g. kill:1.0@40), "
-    "or sidecar-stall:SLICE.HOST:SECONDS@STEP, coordinator-restart@STEP, coordinator-stall:SECONDS@STEP, "
+    "or sidecar-stall:SLICE.HOST:SECONDS@STEP, partition:SLICE.HOST:SECONDS@STEP, coordinator-restart@STEP, "
+    "coordinator-stall:SECONDS@STEP, "
     "trainer-kill@STEP"
 )
 
