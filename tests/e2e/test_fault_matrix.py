@@ -1030,3 +1030,24 @@ def test_sidecar_restarted_while_the_coordinator_is_down(outcomes: list[dict[str
         sc.check()
         sc.no_shrink()
         sc.retries(0)
+
+
+def test_host_partitioned(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Host 1.0's stream and heartbeat datagrams pass a stand-in network path of their own
+    (standins.netproxy.HostLink), cut for 10 s; its Pathways worker stays up."""
+    with scenario(
+        outcomes,
+        tmp_path,
+        "host-partitioned-10s",
+        "one host's links to the coordinator cut for 10 s, its Pathways worker healthy",
+        "--fault",
+        "partition:1.0:10@20",  # gives host 1.0 its own link; the scenario injects the fault itself
+        steps=200,
+        how="partition:1.0:10@20 (its stream's bytes held and its heartbeat datagrams dropped, both ways)",
+    ) as sc:
+        sc.until_step(20)
+        sc.fault("partition:1.0:10@20")
+        sc.finish(timeout=120.0)
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
