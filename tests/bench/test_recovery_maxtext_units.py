@@ -541,3 +541,26 @@ def test_the_job_has_at_least_three_slices_and_the_data_axis_across_them() -> No
         assert "dcn_data_parallelism=-1" in flags and not any(f.startswith("ici_data_parallelism") for f in flags)
     row = recovery_maxtext.not_run_row("sidecar", "kill", 20, 1.0, "tiny", "why")
     assert {"step_overhead_fraction_median", "period_cost_seconds_median", "mesh_slices_before"} <= set(row)
+
+
+def test_snapshot_figures_of_the_orbax_snapshotter_hook_reach_the_row() -> None:
+    finished = {
+        "snapshots": 40,
+        "snapshots_skipped": 3,
+        "snapshots_failed": 0,
+        "snapshot_every": "auto",
+        "snapshot_every_now": 5,
+        "snapshot_overhead_fraction": 0.0123,
+    }
+    cost = snapshot_cost(finished)
+    assert cost == {
+        "snapshots": 40,
+        "snapshots_skipped": 3,
+        "snapshots_failed": 0,
+        "snapshot_every": 5,
+        "hook_overhead_fraction": 0.0123,
+    }
+    refs = [ref("sidecar", 10.0, snapshot=cost), ref("sidecar", 12.0, snapshot=cost)]
+    row = summarise("sidecar", "kill", 20, 1.0, "tiny", [faulted("sidecar", 13.0, 0, 4.0)], refs)
+    assert row["snapshot_hook_overhead_fraction_median"] == 0.0123 and row["snapshot_every_seen"] == ["5"]
+    assert "snapshot_ms_per_step_median" not in row  # the new hook measures no per-copy time
