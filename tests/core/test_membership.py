@@ -23,6 +23,7 @@ from agent.core.model import (
     TrainerHeld,
     TrainerResumed,
     TrainerSettings,
+    TrainerSliceError,
     TrainerStepped,
     WorkerAway,
     WorkerHealth,
@@ -300,3 +301,44 @@ def test_registering_looks_again_only_at_the_joining_slice(monkeypatch: pytest.M
     # A loss is judged right too.
     d = decide_(state, WorkerLost(7, 1, "i7.1", "stream_closed", 0.0), now)
     assert 7 not in d.state.up_slices() and d.state.up_slices() == d.state.up_slices_afresh()
+
+
+def test_a_slice_error_naming_no_slice_costs_one_retry_even_when_the_host_is_found_later() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, unnamed_error_wait_seconds=3.0))
+    job.start()
+    g = job.state.generation
+    d = job.feed(TrainerSliceError(frozenset(), "DATA_LOSS: a device went away", 5, g), dt=0.1)
+    (hold,) = holds(d)
+    assert d.state.retries_used == 1
+    d = job.feed(TrainerHeld(hold.generation, 5, -1), dt=0.1)
+    assert not resumes(d) and "named no slice" in d.reason  # not straight back onto the same slices
+    d = job.feed(WorkerLost(2, 0, "a2.0", "heartbeat_timeout"), dt=1.2)  # the hung host is found meanwhile
+    (r,) = resumes(d)
+    assert r.active == frozenset({0, 1}) and d.state.retries_used == 1  # inside the same recovery
+
+
+def test_a_slice_error_naming_no_slice_resumes_the_same_slices_after_the_wait() -> None:
+    job = Job(Policy(num_slices=3, elastic_min_slice_count=2, unnamed_error_wait_seconds=3.0))
+    job.start()
+    d = job.feed(TrainerSliceError(frozenset(), "DATA_LOSS", 5, job.state.generation), dt=0.1)
+    d = job.feed(TrainerHeld(holds(d)[0].generation, 5, -1), dt=0.1)
+    assert not resumes(d)
+    assert not resumes(job.feed(Tick(), dt=1.0))
+    (r,) = resumes(job.feed(Tick(), dt=2.5))
+    assert r.active == frozenset({0, 1, 2}) and job.state.retries_used == 1
+
+
+def test_a_new_sidecar_on_the_same_node_while_the_coordinator_was_down_is_no_loss() -> None:
+    job = Job(Policy(num_slices=2, settle_seconds=1.0, rejoin_grace_seconds=10.0))
+    job.start()
+    hosts = {k: replace(r, node=f"n{k[0]}") for k, r in job.state.hosts.items()}
+    # What a restored state looks like: the known hosts are expected to rejoin.
+    job.state = replace(job.state, hosts=hosts, expected_rejoin=frozenset(hosts), rejoin_deadline=job.now + 10.0)
+    d = job.feed(WorkerJoined(0, 0, "a0.0", "n0"), dt=0.5)
+    d = job.feed(WorkerJoined(1, 0, "b1.0", "n1"), dt=0.5)  # a new incarnation, same node
+    assert not holds(d) and d.state.retries_used == 0 and d.state.up_slices() == frozenset({0, 1})
+    assert "while the coordinator was down" in d.reason
+    # On another node it is a replacement: the old host is lost.
+    job.state = replace(job.state, expected_rejoin=frozenset({(1, 0)}), rejoin_deadline=job.now + 10.0)
+    d = job.feed(WorkerJoined(1, 0, "c1.0", "n1-new"), dt=0.5)
+    assert "replaced live incarnation" in d.reason
