@@ -147,3 +147,42 @@ async def test_a_blind_start_behind_the_last_epoch_moves_above_it_instead_of_bei
         assert json.loads((tmp_path / "state" / "state.json").read_text())["epoch"] == previous + 1  # durable
     finally:
         await coord.stop(grace=0.1)
+
+
+async def test_a_worker_refused_by_a_superseded_coordinator_keeps_looking(tmp_path: Path) -> None:
+    from agent.config import WorkerConfig
+    from agent.worker import Worker
+
+    coord = await started(tmp_path / "state")
+    newer = coord.epoch + 5
+    await coord.epoch_claim(newer, "c-newer", fencing.proof(TOKEN, JOB, newer, "c-newer"), "test")
+    assert coord.fenced_by == newer
+    worker = Worker(
+        WorkerConfig(
+            job=JOB,
+            coordinator=f"127.0.0.1:{coord.port}",
+            slice=0,
+            host=0,
+            node="n0",
+            node_pool="",
+            pod="p0",
+            health_target=None,
+            health_check="grpc",
+            log_format="json",
+            log_level="warning",
+            peer_token=TOKEN,
+        )
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker._run(stop))  # noqa: SLF001
+    try:
+        await asyncio.sleep(2.5)
+        assert not task.done(), f"the worker gave up (exit {task.result() if task.done() else None})"
+        refused = (
+            [e for e in worker.feed.backlog() if e["trigger"] == "Refused"] if hasattr(worker.feed, "backlog") else []
+        )
+        assert worker.metrics.reconnects._value.get() >= 2 or refused  # noqa: SLF001
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 10) == 0
+        await coord.stop(grace=0.1)
