@@ -1,8 +1,10 @@
-"""What both demo modes share: process helpers, set-up checks, signals, live output.
+"""What both demo modes share: process helpers, set-up checks, signals, live output, one run.
 
 :mod:`simjob.harness` (one trainer process) and :mod:`simjob.mc_harness` (one
-per host) both import this module; neither imports the other's run function
-(``elastic-sidecar demo`` picks the mode in :mod:`agent.cli`).
+per host) both use this module; ``elastic-sidecar demo`` picks the mode in
+:mod:`agent.cli`. The multi-controller job extends the single-controller one's
+``Job`` and ``Demo`` classes; :mod:`simjob.harness` never imports
+:mod:`simjob.mc_harness`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from simjob.options import FaultSpec, check_faults, parse_fault
+from agent.auth import read_token_file
+from agent.config import is_loopback
+from simjob.options import FaultSpec, check_faults, check_flags, parse_fault
 from simjob.ports import free_port
 
 __all__ = ["PY", "flags", "free_port"]
@@ -329,3 +333,58 @@ class LiveReport:
                 time.time(),
                 f"[progress] step {self.step}/{self.steps}{on}; committed {done[-1] if done else 'none'}",
             )
+
+
+# -- one run, start to end -------------------------------------------------------------
+
+
+def drive(demo: Any) -> tuple[dict[str, Any], int | None]:
+    """Start the job, run it to its end, stop every process; the summary and, when SIGINT or
+    SIGTERM ended it, the exit code 128 + the signal. A SetupError raised while starting
+    passes through once every process is stopped."""
+    catch_stop_signals()
+    stopped: int | None = None
+    try:
+        demo.start()
+        if not demo.ns.quiet:
+            demo.report_live()
+        demo.run()
+    except Interrupted as e:
+        stopped = e.exit_code
+        print(f"elastic-sidecar demo: {e}: stopping every process of the demo", file=sys.stderr, flush=True)
+    finally:
+        with signals_deferred() as seen:
+            summary = demo.finish(interrupted=stopped is not None)
+        if seen and stopped is None:
+            stopped = 128 + seen[0]
+    return summary, stopped
+
+
+def preflight(ns: argparse.Namespace, defaults: tuple[str, ...], kinds: tuple[str, ...]) -> list[FaultSpec]:
+    """The checks before anything starts; a ValueError (SetupError among them) names the problem."""
+    check_flags(ns)
+    faults = resolve_faults(ns, defaults, kinds, lambda msg: print(msg, file=sys.stderr))
+    if ns.min_slices is not None and ns.min_slices != -1 and not 1 <= ns.min_slices <= ns.slices:
+        raise ValueError(f"--min-slices must be -1 or between 1 and --slices={ns.slices}, got {ns.min_slices}")
+    if ns.admin_token_file is not None:
+        read_token_file(ns.admin_token_file, "--admin-token-file")
+    if ns.admin_address and not ns.admin_token_file and not is_loopback(ns.admin_address):
+        raise ValueError(f"--admin-address {ns.admin_address} is not a loopback address: give --admin-token-file")
+    check_port_free("--admin-address", ns.admin_address)
+    check_port_free("--http-address", ns.http_address)
+    return faults
+
+
+def finish_line(demo: Any, stopped: int | None) -> int | None:
+    """The exit code of a demo that was stopped or failed (None: the job's own), with one line
+    on stderr saying why."""
+    if stopped is not None:
+        return stopped
+    if demo.failure is not None:
+        text, code = demo.failure
+        print(fit("elastic-sidecar demo: failed: ", text), file=sys.stderr)
+        return code if code > 0 else 1
+    why = demo.trainer_failure()
+    if why:
+        print(fit("elastic-sidecar demo: ", why), file=sys.stderr)
+    return None

@@ -43,9 +43,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simjob.demo_common import PY, SetupError, committed_steps, fit, free_port, prepare_workdir
+from simjob.demo_common import (
+    PY,
+    SetupError,
+    committed_steps,
+    drive,
+    finish_line,
+    fit,
+    free_port,
+    preflight,
+    prepare_workdir,
+)
 from simjob.demo_common import flags as _flags
-from simjob.harness import Demo, Job, drive, finish_line, preflight
+from simjob.harness import Demo, Job
 from simjob.mc_trainer import events_path
 from simjob.options import MC_DEFAULT_FAULTS, MC_KINDS, FaultSpec
 from simjob.summary import read_jsonl, render
