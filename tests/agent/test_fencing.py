@@ -178,10 +178,7 @@ async def test_a_worker_refused_by_a_superseded_coordinator_keeps_looking(tmp_pa
     try:
         await asyncio.sleep(2.5)
         assert not task.done(), f"the worker gave up (exit {task.result() if task.done() else None})"
-        refused = (
-            [e for e in worker.feed.backlog() if e["trigger"] == "Refused"] if hasattr(worker.feed, "backlog") else []
-        )
-        assert worker.metrics.reconnects._value.get() >= 2 or refused  # noqa: SLF001
+        assert not worker.registered.is_set()  # refused each time, never registered with the superseded one
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 10) == 0
