@@ -62,7 +62,6 @@ import asyncio
 import collections
 import fcntl
 import itertools
-import json
 import os
 import signal
 import time
@@ -591,7 +590,7 @@ class Coordinator:
                 "retries_used": s.retries_used,
                 "event_detail": _event_detail(ev),
             }
-            self._append_journal(json.dumps(rec, default=str) + "\n")
+            self._append_journal(logmod.bounded(rec) + "\n")  # at most log.MAX_LINE_BYTES
 
     def _append_journal(self, line: str) -> None:
         """The journal is a record for people, not intent: a failed append is counted, never fatal."""

@@ -17,6 +17,7 @@ through the same renderer, so stdout holds nothing but these JSON lines.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from datetime import UTC, datetime
@@ -33,6 +34,14 @@ _LEVEL_TO_SEVERITY = {
     "critical": "CRITICAL",
     "exception": "ERROR",
 }
+
+MAX_VALUE_CHARS = 4096
+"""The longest string value a log line or journal record keeps whole: longer ones (a peer's error text,
+a reason quoting one) are cut, marked with how much was cut."""
+MAX_LINE_BYTES = 64 * 1024
+"""The longest log line or journal line (Cloud Logging takes 256 KB an entry). A record still longer
+after its values are cut keeps its short fields and says it was cut."""
+TRUNCATED_KEY = "truncated"
 
 LABELS_KEY = "logging.googleapis.com/labels"
 OPERATION_KEY = "logging.googleapis.com/operation"
@@ -63,6 +72,54 @@ def _cloud_logging(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]
         }
     out.update(event)
     return out
+
+
+def _cut(value: Any, max_chars: int) -> Any:
+    if isinstance(value, str):
+        if len(value) <= max_chars:
+            return value
+        return f"{value[:max_chars]}...[cut {len(value) - max_chars} of {len(value)} characters]"
+    if isinstance(value, dict):
+        return {k: _cut(v, max_chars) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [_cut(v, max_chars) for v in value[:100]]
+        if len(value) > 100:
+            items.append(f"...[cut {len(value) - 100} of {len(value)} items]")
+        return items
+    return value
+
+
+def bounded(record: dict[str, Any], max_bytes: int = MAX_LINE_BYTES, max_chars: int = MAX_VALUE_CHARS) -> str:
+    """``record`` as one JSON line of at most ``max_bytes`` (newline excluded).
+
+    Long strings are cut first (each keeps its first ``max_chars`` characters and a marker saying
+    how much went); if the line is still too long, only the record's short fields stay, with
+    ``"truncated"`` saying how long the whole line was.
+    """
+    line = json.dumps(record, default=str)
+    if len(line.encode()) <= max_bytes:
+        return line
+    whole = len(line.encode())
+    line = json.dumps(
+        {**_cut(record, max_chars), TRUNCATED_KEY: f"a line of {whole} bytes, long values cut"}, default=str
+    )
+    if len(line.encode()) <= max_bytes:
+        return line
+    short: dict[str, Any] = {k: v for k, v in record.items() if isinstance(v, int | float | bool) or v is None}
+    short.update({k: v[:200] for k, v in record.items() if isinstance(v, str)})
+    short[TRUNCATED_KEY] = f"a line of {whole} bytes: only its short fields are kept"
+    line = json.dumps(short, default=str)
+    if len(line.encode()) <= max_bytes:
+        return line
+    return json.dumps({TRUNCATED_KEY: f"a line of {whole} bytes: too many fields to keep any"})
+
+
+def _bounded_values(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Log lines keep long values short (a peer's error text quoted whole would make a line of megabytes)."""
+    for k, v in event.items():
+        if isinstance(v, str | dict | list | tuple) and k != "exception":
+            event[k] = _cut(v, MAX_VALUE_CHARS)
+    return event
 
 
 def _console_labels(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +167,7 @@ def configure(fmt: str = "json", level: str = "info", **labels: Any) -> None:
                 # A library's record: point at the library's line, not at the bridge.
                 additional_ignores=["logging", __name__],
             ),
+            _bounded_values,
             _cloud_logging,
             structlog.processors.JSONRenderer(default=str),
         ]
