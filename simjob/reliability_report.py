@@ -41,7 +41,10 @@ otherwise), puts one failure of the sidecar machinery in and checks four promise
 Some rows check more: no shrink (every step ran on all 4 slices), the retries spent
 (`retries_used` of the coordinator's final state, and the failure holds its journal records as
 "recovery N of M"), the coordinator saying that its state writes fail, the older of two
-coordinators saying it is fenced."""
+coordinators saying it is fenced, the coordinator saying it ignored an epoch claimed without a
+valid proof (and not fenced), a paused sidecar's host found up by the coordinator's own check, the
+job growing back to 4 slices after a restart across a clock step. A fault that kills no host
+(a pause, a partition, a restart, a lying peer, a clock step) must cost no retry."""
 
 
 def _num(values: list[Any], unit: str = "") -> str:
