@@ -370,6 +370,7 @@ class Worker:
             watcher = MetadataWatcher(self.cfg.metadata_url, self._on_metadata)
             metadata_task = asyncio.create_task(watcher.run())
         delay = 0.05
+        misdirected = False
         while not stop.is_set():
             if not self.healthy:
                 # Register only once the local Pathways worker serves.
@@ -402,6 +403,22 @@ class Worker:
                     self.metrics.reconnects.inc()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, SUPERSEDED_RETRY_MAX_SECONDS)
+                    continue
+                if code == grpc.StatusCode.UNIMPLEMENTED and not misdirected:
+                    # Something answers there, but not the Peer service: another port of the
+                    # coordinator (or another program). Say which flag to fix; keep trying.
+                    misdirected = True
+                    why = (
+                        f"--coordinator {self.cfg.coordinator} answers gRPC but does not serve worker "
+                        f"registrations (UNIMPLEMENTED: {detail}): set --coordinator (ES_COORDINATOR) to the "
+                        f"coordinator's --listen address (port {C.COORDINATOR_PORT} by default), not its "
+                        "--trainer-listen or --admin-listen"
+                    )
+                    log.error(why)
+                    self._note("Refused", why)
+                    self.metrics.reconnects.inc()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
                     continue
                 if code in (
                     grpc.StatusCode.INVALID_ARGUMENT,

@@ -15,15 +15,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 
 from agent import constants as C
 from bench.common import free_port
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from tests.servers.conftest import Job, start_job
+from tests.servers.conftest import Job, start_job, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGS = {"peer": "--listen", "trainer": "--trainer-listen", "admin": "--admin-listen", "http": "--http-listen"}
@@ -167,3 +169,37 @@ async def test_an_oversized_message_is_refused_on_every_server(job_with_peers: J
     assert codes == dict.fromkeys(("peer", "trainer", "admin"), grpc.StatusCode.RESOURCE_EXHAUSTED), codes
     assert reply.phase == "starting"
     assert coord.serving and not coord.workers and coord.state.generation == 0
+
+
+# ---------------------------------------------------------------------------
+# a client at the wrong port
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("port", ["trainer", "admin"])
+async def test_a_worker_given_another_port_of_the_coordinator_says_which_flag_to_fix(
+    job_with_peers: Job, port: str
+) -> None:
+    """UNIMPLEMENTED from the trainer-link or admin port becomes, within seconds, an ERROR naming
+    --coordinator and the coordinator's --listen; the worker keeps trying and is not registered."""
+    from agent.worker import Worker
+    from tests.servers.test_http import worker_config
+
+    coord = job_with_peers.coord
+    assert coord.admin is not None
+    address = f"127.0.0.1:{coord.trainer_port}" if port == "trainer" else coord.admin.address
+    w = Worker(replace(worker_config(address), http_listen=None))
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(w.run())
+        try:
+            await wait_for(lambda: "--coordinator" in w.last_reason, 10.0, "the worker to name its flag")
+            await asyncio.sleep(0.5)
+            assert not task.done(), "the worker gave up"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await w.stop_servers()
+    errors = [r["event"] for r in logs if r["log_level"] == "error"]
+    assert len(errors) == 1, errors  # once, not at every retry
+    assert address in errors[0] and "--listen" in errors[0] and "UNIMPLEMENTED" in errors[0], errors[0]
+    assert not w.registered.is_set() and not coord.workers
