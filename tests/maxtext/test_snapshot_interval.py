@@ -81,3 +81,11 @@ def test_a_fixed_interval_is_kept(every: int) -> None:
     saves, _ = simulate(iv, 50, 1.0, [10.0])
     assert saves == ([s for s in range(1, 50) if s % every == 0] if every else [])
     assert iv.current == every
+
+
+def test_a_save_skipped_because_the_copy_still_runs_doubles_the_interval() -> None:
+    iv = SnapshotInterval(-1)
+    simulate(iv, 12, 1.0, [0.0])  # warm-up and baseline done
+    before = iv.current
+    assert iv.skipped() == 2 * before
+    assert SnapshotInterval(5).skipped() is None, "a fixed interval is the operator's"

@@ -308,17 +308,7 @@ class MaxTextHook:
             self._new_attempt(step, jax_device_state)
         elif self._slot is not None:
             started, saved, counted = self._slot
-            changed = self.interval.slot(entered - started, saved=saved, counted=counted)
-            if changed is not None:
-                say(
-                    "snapshot_every",
-                    {
-                        "every": changed,
-                        "overhead_fraction": self.interval.last_fraction,
-                        "step_seconds_baseline": self.interval.baseline,
-                        "budget": self.interval.budget,
-                    },
-                )
+            self._interval_changed(self.interval.slot(entered - started, saved=saved, counted=counted), "measured")
         self._slot = None
         try:
             d = session.step_boundary(step)
@@ -346,6 +336,21 @@ class MaxTextHook:
         return metrics
 
     # -- snapshots -------------------------------------------------------------------
+
+    def _interval_changed(self, every: int | None, why: str) -> None:
+        if every is None:
+            return
+        iv = self.interval
+        say(
+            "snapshot_every",
+            {
+                "every": every,
+                "why": why,
+                "overhead_fraction": iv.last_fraction,
+                "step_seconds_baseline": iv.baseline,
+                "budget": iv.budget,
+            },
+        )
 
     def _new_attempt(self, step: int, jax_device_state: dict[str, Any]) -> None:
         """The first boundary of a train attempt: where this mesh keeps its replicas, and measure anew."""
@@ -405,7 +410,10 @@ class MaxTextHook:
         if state is None:
             return False
         try:
-            return snaps.save(step, state, data_position(python_vars.get("data_iterator")))
+            saved = snaps.save(step, state, data_position(python_vars.get("data_iterator")))
+            if not saved:
+                self._interval_changed(self.interval.skipped(), "a due save was skipped: the previous copy still ran")
+            return saved
         except Exception as e:
             snaps.failed += 1
             say("snapshot_failed", {"step": step, "error": f"{type(e).__name__}: {e}"[:300], "kept": True})

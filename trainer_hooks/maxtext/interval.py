@@ -19,7 +19,9 @@ Per train attempt (a new mesh): ``WARMUP_SLOTS`` slots are skipped
 baseline (their median), then snapshots run at the current interval and every
 ``ROUND_WINDOWS`` windows the interval is corrected: up by the measured
 factor when over budget, down by at most half when well under it. The
-baseline is measured again every ``REBASELINE_WINDOWS`` windows.
+baseline is measured again before every round once the interval is
+``FRESH_BASELINE_FROM`` steps or more (a round then lasts long enough for the
+step time to drift), else every ``REBASELINE_WINDOWS`` windows.
 
 Pure: no clock, no JAX; the hook feeds it the slot times.
 """
@@ -36,6 +38,9 @@ WARMUP_SLOTS = 3
 BASELINE_SLOTS = 8
 ROUND_WINDOWS = 3
 REBASELINE_WINDOWS = 24
+FRESH_BASELINE_FROM = 8
+"""From this interval on, every round is preceded by a fresh baseline (its cost, ``BASELINE_SLOTS``
+steps without a snapshot, is then small beside the round's ``ROUND_WINDOWS`` x interval steps)."""
 MAX_EVERY = 100_000
 
 
@@ -87,16 +92,15 @@ class SnapshotInterval:
         self.baseline = None
 
     def slot(self, seconds: float, *, saved: bool, counted: bool = True) -> int | None:
-        """The slot that just ended: ``saved`` if a save was started at its start. Returns a new interval
-        when this slot completed a round that changed it (auto only), else None."""
+        """The slot that just ended: ``saved`` if a save was handed over at its start. Returns the new
+        interval when this slot completed a round that changed it (auto only), else None."""
         if not self.auto:
             return None
         if saved:
-            changed = self._close_window()
             self._window = [seconds] if counted else []
             self._in_window = counted
             self._since_save = 0
-            return changed
+            return self._close_window()
         self._since_save += 1
         if self._phase == "warmup":
             self._slots.append(seconds)
@@ -116,12 +120,24 @@ class SnapshotInterval:
                 self._window.append(seconds)
             else:  # a hold or a checkpoint inside the window: it cannot be measured
                 self._in_window, self._window = False, []
-        return None
+        return self._close_window()
+
+    def skipped(self) -> int | None:
+        """A due save was skipped because the previous one was still copying: the copy takes longer
+        than the interval, so the interval doubles (auto only). Returns the new interval, or None."""
+        if not self.auto or self._phase != "measure":
+            return None
+        self.current = min(MAX_EVERY, self.current * 2)
+        self._round.clear()
+        self._in_window, self._window = False, []
+        return self.current
 
     # -- measuring -------------------------------------------------------------------
 
     def _close_window(self) -> int | None:
-        if not self._in_window or self.baseline is None or not self._window:
+        """A window ends after ``current`` slots (where the next save is due), not at the next save,
+        so that a fresh baseline can follow it before any new copy starts."""
+        if not self._in_window or self.baseline is None or len(self._window) < self.current:
             return None
         n = len(self._window)
         self._round.append((sum(self._window) - n * self.baseline, n))
@@ -140,7 +156,9 @@ class SnapshotInterval:
             self.current = min(MAX_EVERY, max(self.current + 1, wanted))
         elif fraction < self.budget / 2:
             self.current = max(wanted, self.current // 2, 1)
-        if self._windows_since_baseline >= REBASELINE_WINDOWS:
+        if self.current >= FRESH_BASELINE_FROM or self._windows_since_baseline >= REBASELINE_WINDOWS:
+            # A round of long windows lasts long enough for the step time to drift (other work on
+            # the host, a slower phase of training): measure the baseline again right before it.
             self._windows_since_baseline = 0
             self._phase, self._slots = "baseline", []
         if self.current != before or not self._announced:
