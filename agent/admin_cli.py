@@ -54,6 +54,11 @@ _EXIT_BY_CODE = {
 _HINTS = {
     grpc.StatusCode.UNAUTHENTICATED: "give the admin token with --token-file or ES_ADMIN_TOKEN_FILE",
     grpc.StatusCode.UNAVAILABLE: "is the coordinator's admin API listening there? see --address or ES_ADMIN_ADDRESS",
+    # Another port of the sidecar (peer, trainer link) answers gRPC without the Admin service.
+    grpc.StatusCode.UNIMPLEMENTED: (
+        f"that address serves gRPC but not the admin API: give --address (ES_ADMIN_ADDRESS) the sidecar's "
+        f"--admin-listen (port {C.ADMIN_PORT} by default), not its --listen or --trainer-listen"
+    ),
 }
 
 

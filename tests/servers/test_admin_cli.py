@@ -75,6 +75,15 @@ async def test_exit_codes(job: Job, tmp_path: Path) -> None:
     assert job.coord.state.phase == Phase.RUNNING
 
 
+async def test_the_peer_or_trainer_port_instead_of_the_admin_port_names_the_right_flag(
+    job: Job, tmp_path: Path
+) -> None:
+    for port in (job.coord.port, job.coord.trainer_port):
+        code, _, err = await cli(job, tmp_path, "--address", f"127.0.0.1:{port}", "status")
+        assert code == 1 and "UNIMPLEMENTED" in err, err
+        assert "--admin-listen" in err and "ES_ADMIN_ADDRESS" in err, err
+
+
 async def test_token_from_env_and_commands_round_trip(job: Job, tmp_path: Path) -> None:
     await job.running()
     await job.trainer.advance(4)
