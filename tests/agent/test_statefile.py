@@ -492,6 +492,7 @@ async def test_a_hung_state_write_is_a_failed_one_the_hold_goes_out_and_readines
         t0 = time.monotonic()
         d = await asyncio.wait_for(coord.request(WorkerLost(1, 0, "b", "stream_closed")), 10)
         waited = time.monotonic() - t0
+        print(f"\n[state] hung state write: the hold was carried out after {waited:.2f} s (--durability-bound 0.6)")
         assert d.state.phase == Phase.HOLDING and "HoldTrainer" in sent
         assert 0.5 <= waited < 5, waited  # bounded: carried out after --durability-bound
         assert not coord.durable and "stalled disk" in coord.durability_problem
