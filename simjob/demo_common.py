@@ -304,6 +304,8 @@ class LiveReport:
         self.next_progress = time.monotonic() + period
         self.step = 0
         self.slices: list[int] | None = None
+        self.last_shown: tuple[int, int | None] | None = None
+        self.quiet_until = 0.0
 
     def line(self, t: float, text: str) -> None:
         self.say(fit(f"  +{t - self.t_start:7.3f}s  ", text))
@@ -325,14 +327,21 @@ class LiveReport:
             if text is not None:
                 self.line(float(j["time"]), text)
         now = time.monotonic()
-        if now >= self.next_progress:
-            self.next_progress = now + self.period
-            done = committed_steps(self.checkpoints)
-            on = f" on slices {','.join(map(str, self.slices))}" if self.slices else ""
-            self.line(
-                time.time(),
-                f"[progress] step {self.step}/{self.steps}{on}; committed {done[-1] if done else 'none'}",
-            )
+        if now < self.next_progress:
+            return
+        self.next_progress = now + self.period
+        done = committed_steps(self.checkpoints)
+        shown = (self.step, done[-1] if done else None)
+        if shown == self.last_shown and now < self.quiet_until:
+            return  # nothing moved: say so only every few periods
+        self.last_shown, self.quiet_until = shown, now + 3 * self.period
+        on = f" on slices {','.join(map(str, self.slices))}" if self.slices else ""
+        what = (
+            "waiting for the trainer's first step (JAX start-up)"
+            if self.step == 0 and not self.slices
+            else f"step {self.step}/{self.steps}{on}"
+        )
+        self.line(time.time(), f"[progress] {what}; committed {shown[1] if done else 'none'}")
 
 
 # -- one run, start to end -------------------------------------------------------------
