@@ -95,14 +95,17 @@ def test_recovery_smoke(tmp_path: Path) -> None:
     assert not [r for r in rows if r["trainer"] != "example"]  # MaxText: test_recovery_maxtext_smoke
     assert any(x["baseline"] == "checkpoint_rewind" for x in d["ratios"])
     # Goodput combines these rows (the inputs it would otherwise measure itself) and names their commit.
-    g = run_bench(tmp_path, "goodput", "--recovery-json", str(tmp_path / "recovery.json"), "--fault-mix", "kill=1")
+    (tmp_path / "g").mkdir()
+    g = run_bench(
+        tmp_path / "g", "goodput", "--recovery-json", str(tmp_path / "recovery.json"), "--fault-mix", "kill=1"
+    )
     assert {r["strategy"] for r in g["results"]} == {"checkpoint_rewind", "sidecar"}
     for r in g["results"]:
         assert r["trainer"] == "example" and r["faults_measured"] == ["kill"], r
         assert 0 <= r["goodput"] <= 1 and is_number(r["steady_seconds_per_step"]), r
     assert g["config"]["inputs_git_sha"] == d["git_sha"]
     assert {p["strategy"] for p in g["projection"]} == {"checkpoint_rewind", "sidecar"}
-    assert "## Goodput" in (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "## Goodput" in (tmp_path / "g" / "docs" / "benchmarks.md").read_text()
 
 
 def test_scale_smoke(tmp_path: Path) -> None:
