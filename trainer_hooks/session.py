@@ -28,10 +28,10 @@ down for ``elastic_timeout_seconds`` without a break, it flushes if it holds a
 step that is not committed yet (reading only slices not known down), then
 raises :class:`AbortTraining` (42). A held trainer (or one waiting for an
 answer to a slice error) whose link stays up but that gets neither a resume
-nor an abort for ``elastic_timeout_seconds`` does the same: its coordinator
-decides within that time or aborts itself, so silence that long means a
-wedged coordinator (a hung disk write, a stuck loop), and waiting longer
-would hang the job. A hold an operator asked for (its reason begins
+nor an abort for ``elastic_timeout_seconds`` (plus :data:`DECISION_GRACE_SECONDS`)
+does the same: its coordinator decides within that time or aborts itself, so
+silence that long means a wedged coordinator (a hung disk write, a stuck
+loop), and waiting longer would hang the job. A hold an operator asked for (its reason begins
 ``operator hold``) waits without that bound, as long as the link is up. An
 address that answers gRPC without the trainer link (another port of the
 sidecar) raises :class:`SidecarAddressError` from :meth:`ElasticSession.start`
@@ -80,6 +80,10 @@ DEFAULT_ABORT_GRACE = 1.0
 """Seconds a multi-controller process gets to leave on its own after an Abort before the watchdog ends it."""
 LEADER_EXTRA_GRACE = 0.5
 """Process 0 (jax.distributed's coordination service) waits this much longer, so it goes last."""
+DECISION_GRACE_SECONDS = 5.0
+"""Added to ``elastic_timeout_seconds`` for the no-decision bound: the coordinator's own deadline for the
+same wait starts when it receives the acknowledgement, and a slice back just before it still settles
+(``settle_seconds``) before the resume."""
 OPERATOR_HOLD_PREFIX = "operator hold"
 """How the reason of a hold an operator asked for begins (agent.core.decide's ``operator <kind>: ...``):
 such a hold has no deadline, so the trainer's no-decision bound does not apply to it."""
@@ -445,7 +449,8 @@ class ElasticSession:
         self.held = True
         since = time.monotonic()
         # Without a decision for the timeout, the coordinator is wedged (see the module docstring).
-        decide_by = None if self._hold_reason.startswith(OPERATOR_HOLD_PREFIX) else since + self.elastic_timeout_seconds
+        bound = self.elastic_timeout_seconds + DECISION_GRACE_SECONDS
+        decide_by = None if self._hold_reason.startswith(OPERATOR_HOLD_PREFIX) else since + bound
         try:
             while True:
                 cmd = self._next_command(since, decide_by)
@@ -476,8 +481,8 @@ class ElasticSession:
             waited = time.monotonic() - undecided_since
             reason = (
                 f"no decision from the sidecar at {link.address} for {waited:.1f} s while {what} "
-                f"(elastic_timeout_seconds={self.elastic_timeout_seconds:g}): neither resume nor abort came, "
-                f"so its coordinator is wedged"
+                f"(elastic_timeout_seconds={self.elastic_timeout_seconds:g} + {DECISION_GRACE_SECONDS:g} s): "
+                "neither resume nor abort came, so its coordinator is wedged"
             )
             self._on_event(
                 "sidecar_undecided",

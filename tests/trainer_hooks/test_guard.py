@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from trainer_hooks import AbortTraining, Directive, ElasticSession, FlushResult
+from trainer_hooks import session as session_module
 from trainer_hooks.session import DEFAULT_ADDRESS, ENV_TOKEN_FILE
 
 from .sidecar import FakeSidecar, boundary_until, call_within, flush, free_port, hold, resume
@@ -32,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 1.0
 """elastic_timeout_seconds in these tests."""
 SLACK = 2.5
+GRACE = 0.5
+"""session.DECISION_GRACE_SECONDS in the no-decision tests (5 s shipped)."""
 """How much later than the timeout an abort may come on a loaded 2-core machine."""
 
 
@@ -330,9 +333,13 @@ def test_a_hung_sidecar_during_a_hold_is_a_lost_one(flusher: Flusher) -> None:
     assert flusher.calls == [(1, frozenset())] and err.committed_step == 1
 
 
-def test_a_held_trainer_without_a_decision_flushes_then_aborts_42(flusher: Flusher) -> None:
+def test_a_held_trainer_without_a_decision_flushes_then_aborts_42(
+    flusher: Flusher, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The link stays up but the coordinator decides nothing (its loop wedged on a hung disk write):
-    after elastic_timeout_seconds held without a resume or an abort, the trainer flushes and exits 42."""
+    after elastic_timeout_seconds (plus the grace) held without a resume or an abort, the trainer
+    flushes and exits 42."""
+    monkeypatch.setattr(session_module, "DECISION_GRACE_SECONDS", GRACE)
     sidecar = FakeSidecar().start()
     session, events = connect(sidecar.address, flusher)
     try:
@@ -351,7 +358,7 @@ def test_a_held_trainer_without_a_decision_flushes_then_aborts_42(flusher: Flush
     after = out["at"] - held_at
     print(f"\n[guard] held without a decision (link up): exit 42 after {after:.2f} s (timeout {TIMEOUT} s)")
     assert err.exit_code == 42
-    assert TIMEOUT * 0.9 <= after < TIMEOUT + SLACK
+    assert TIMEOUT + GRACE - 0.05 <= after < TIMEOUT + GRACE + SLACK
     assert link_up  # the sidecar never went away: only its decision did
     assert "no decision from the sidecar" in err.reason and "while held" in err.reason
     assert flusher.calls == [(5, frozenset({1}))] and flusher.committed() == [5] and err.committed_step == 5
@@ -359,8 +366,11 @@ def test_a_held_trainer_without_a_decision_flushes_then_aborts_42(flusher: Flush
     assert events[1][1]["link_up"] is True
 
 
-def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(flusher: Flusher) -> None:
+def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(
+    flusher: Flusher, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An operator's hold has no deadline: the no-decision bound does not end it."""
+    monkeypatch.setattr(session_module, "DECISION_GRACE_SECONDS", GRACE)
     sidecar = FakeSidecar().start()
     session, events = connect(sidecar.address, flusher)
     try:
@@ -368,7 +378,7 @@ def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(flusher: F
         sidecar.send(hold(2, flush=True, reason="operator hold: storage maintenance"))
         t, out = in_thread(lambda: boundary_until(session, 3, timeout=30))
         sidecar.wait_for_message("held")
-        time.sleep(TIMEOUT * 2.5)
+        time.sleep((TIMEOUT + GRACE) * 2)
         assert t.is_alive(), out
         sidecar.send(resume(2, 0, 1))
         t.join(10)
