@@ -89,3 +89,19 @@ def test_a_save_skipped_because_the_copy_still_runs_doubles_the_interval() -> No
     before = iv.current
     assert iv.skipped() == 2 * before
     assert SnapshotInterval(5).skipped() is None, "a fixed interval is the operator's"
+
+
+def test_a_drifting_step_time_is_not_read_as_the_snapshots_cost() -> None:
+    # The step time drifts up and, for 40 steps in every 300, runs 30% slower (other work on the
+    # host); a snapshot costs 0.3 of a step in the step after it. The interval must stay near what
+    # the snapshot's cost alone asks for (15 to 31 steps), not jump with the host's load.
+    iv = SnapshotInterval(-1)
+    chosen = []
+    for step in range(6000):
+        step_s = (1.0 + 0.00005 * step) * (1.3 if step % 300 >= 260 else 1.0)
+        saved = iv.due(step)
+        changed = iv.slot(step_s + (0.3 if saved else 0.0), saved=saved)
+        if changed is not None:
+            chosen.append(changed)
+    assert 15 <= iv.current <= 31, chosen
+    assert max(chosen) <= 62, chosen

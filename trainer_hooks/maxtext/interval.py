@@ -9,6 +9,11 @@ against the same number of steps without snapshots::
 
     overhead fraction = (sum of the window's step slots - n x baseline slot) / (n x baseline slot)
 
+(in a window longer than ``2 x COPY_SLOTS``, the sum of its first ``COPY_SLOTS``
+slots against the median of the others, which serves as that window's own
+baseline: on a shared host the step time drifts by more than 2% within a
+few hundred steps),
+
 where a slot is the wall time from one step boundary (just before the save
 call, if any) to the next one, so it holds the save call, the step, and any
 slowdown the copy causes. Holds, rebuilds and slots in which MaxText started a
@@ -18,7 +23,8 @@ Per train attempt (a new mesh): ``WARMUP_SLOTS`` slots are skipped
 (compilation, first metrics), ``BASELINE_SLOTS`` without snapshots give the
 baseline (their median), then snapshots run at the current interval and every
 ``ROUND_WINDOWS`` windows the interval is corrected: up by the measured
-factor when over budget, down by at most half when well under it. The
+factor (at most ``MAX_GROWTH`` times) when the round's median window is over
+budget, down by at most half when two rounds in a row are well under it. The
 baseline is measured again before every round once the interval is
 ``FRESH_BASELINE_FROM`` steps or more (a round then lasts long enough for the
 step time to drift), else every ``REBASELINE_WINDOWS`` windows.
@@ -38,6 +44,11 @@ WARMUP_SLOTS = 3
 BASELINE_SLOTS = 8
 ROUND_WINDOWS = 3
 REBASELINE_WINDOWS = 24
+COPY_SLOTS = 4
+"""In a window longer than twice this, the snapshot's cost is read from its first ``COPY_SLOTS`` slots
+(the save call and the steps its copy runs beside) against the median of the rest."""
+MAX_GROWTH = 4
+"""The interval grows at most this many times per round (a noisy round must not jump it far)."""
 FRESH_BASELINE_FROM = 8
 """From this interval on, every round is preceded by a fresh baseline (its cost, ``BASELINE_SLOTS``
 steps without a snapshot, is then small beside the round's ``ROUND_WINDOWS`` x interval steps)."""
@@ -60,12 +71,13 @@ class SnapshotInterval:
     _phase: str = "warmup"
     _slots: list[float] = field(default_factory=list)
     _window: list[float] = field(default_factory=list)
-    _round: list[tuple[float, int]] = field(default_factory=list)
-    """(overhead seconds, slots) of the round's complete windows."""
+    _round: list[tuple[float, float]] = field(default_factory=list)
+    """(overhead seconds, the same slots' seconds without snapshots) of the round's complete windows."""
     _windows_since_baseline: int = 0
     _since_save: int = 0
     _in_window: bool = False
     _announced: bool = False
+    _low_rounds: int = 0
 
     def __post_init__(self) -> None:
         self.auto = self.every < 0
@@ -139,23 +151,31 @@ class SnapshotInterval:
         so that a fresh baseline can follow it before any new copy starts."""
         if not self._in_window or self.baseline is None or len(self._window) < self.current:
             return None
-        n = len(self._window)
-        self._round.append((sum(self._window) - n * self.baseline, n))
+        w, n = self._window, len(self._window)
+        if n > 2 * COPY_SLOTS:
+            # A long window carries its own baseline: the median of its slots past the copy's reach,
+            # so that the step time drifting (other work on the host) is not read as the snapshot's cost.
+            local = statistics.median(w[COPY_SLOTS:])
+            self._round.append((sum(w[:COPY_SLOTS]) - COPY_SLOTS * local, n * local))
+        else:
+            self._round.append((sum(w) - n * self.baseline, n * self.baseline))
         self._windows_since_baseline += 1
         self._window, self._in_window = [], False
         if len(self._round) < ROUND_WINDOWS:
             return None
-        over = sum(o for o, _ in self._round)
-        slots = sum(n for _, n in self._round)
+        # The median window of the round: one window hit by a burst of other work on the host (or
+        # straddling its end) does not decide the interval.
+        fraction = max(0.0, statistics.median(o / b if b > 0 else 0.0 for o, b in self._round))
         self._round.clear()
-        fraction = max(0.0, over) / (slots * self.baseline) if self.baseline > 0 else 0.0
         self.last_fraction = fraction
         before = self.current
         wanted = max(1, math.ceil(self.current * fraction / self.budget))
+        low = fraction < self.budget / 2
         if fraction > self.budget:
-            self.current = min(MAX_EVERY, max(self.current + 1, wanted))
-        elif fraction < self.budget / 2:
+            self.current = min(MAX_EVERY, max(self.current + 1, min(wanted, MAX_GROWTH * self.current)))
+        elif low and self._low_rounds >= 1:  # twice in a row well under budget: snapshot more often
             self.current = max(wanted, self.current // 2, 1)
+        self._low_rounds = self._low_rounds + 1 if low and self.current == before else 0
         if self.current >= FRESH_BASELINE_FROM or self._windows_since_baseline >= REBASELINE_WINDOWS:
             # A round of long windows lasts long enough for the step time to drift (other work on
             # the host, a slower phase of training): measure the baseline again right before it.
