@@ -3,7 +3,7 @@
 The same entry point as ``python -m trainer_hooks.maxtext``; with
 ``ELASTIC_SIDECAR_TEST_CPU_ELASTIC=1`` it first applies
 :mod:`simjob.maxtext.cpu_elastic` so MaxText's elastic path runs on the CPU
-(and a slice can be lost inside a step). Tests and benchmarks only.
+(CPU slices, and a slice that can die while a step runs). Tests and benchmarks only.
 """
 
 import os
