@@ -303,6 +303,7 @@ class McDemo(Demo):
                 except subprocess.TimeoutExpired:
                     job.kill_coordinator()
                 self.exits["coordinator"].append(job.coordinator.returncode)
+                self.coordinator_down = True  # ended with the attempt: not a failure of its own
             if len(self.attempts) > MAX_RESTARTS:
                 self.say(f"  [jobset] {MAX_RESTARTS} restarts used up; giving up")
                 return False
@@ -316,6 +317,7 @@ class McDemo(Demo):
         cur["committed_at_restart"] = committed_steps(job.workdir / "checkpoints")
         job.attempt += 1
         job.start_coordinator()
+        self.coordinator_down = False
         job.start_trainer()
         self.attempts.append({"attempt": job.attempt, "started": time.time(), "fault": None})
         self.say(
