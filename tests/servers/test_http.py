@@ -119,14 +119,20 @@ async def test_coordinator_readyz_does_not_wait_for_workers_but_for_the_trainer_
     await job.running()
     assert await get_json(url) == (
         200,
-        {"ready": True, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True, "trainer": True}},
+        {
+            "ready": True,
+            "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True, "trainer": True},
+        },
     )
     await job.trainer.close()
     await wait_for(lambda: not job.coord.state.trainer.attached, 5.0, "the trainer link to close")
     assert job.coord.state.phase == Phase.RUNNING
     assert await get_json(url) == (
         503,
-        {"ready": False, "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True, "trainer": False}},
+        {
+            "ready": False,
+            "checks": {"grpc": True, "not_fenced": True, "state_durable": True, "deciding": True, "trainer": False},
+        },
     )
 
 
