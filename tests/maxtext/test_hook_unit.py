@@ -641,12 +641,17 @@ class FakeSnapshotter:
         self.fail_next: BaseException | None = None
         self.newest: tuple[int, Any] | None = None
         self.replicas_lost = False
+        self.copy_in_flight = False
 
     def save(self, step: int, tree: Any) -> None:
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None
             raise err
         self.saves.append(step)
+        if self.copy_in_flight:  # the thread has taken it and still waits for the copy
+            self._queue.put((step, tree))
+            self._queue.get()
+            return
         self.newest = (step, tree)
 
     @property
@@ -731,6 +736,23 @@ def test_a_failed_snapshot_never_turns_snapshots_off(
     failed = hook_lines(capsys.readouterr().err, "snapshot_failed")
     assert [f["step"] for f in failed] == [3] and "exhausted" in failed[0]["error"]
     assert job.hook.interval.every == 1 and job.hook.snapshots.failed == 1
+
+
+def test_a_background_copy_that_fails_is_reported_once_it_is_over_and_the_previous_snapshot_stays(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, made = snapshot_job(monkeypatch, every=2)
+    job.run(0, 3)
+    snap = made[0]
+    snap.copy_in_flight = True
+    job.run(3, 6)  # the save of step 4 is handed over; its copy is still awaited at step 5
+    assert hook_lines(capsys.readouterr().err, "snapshot_failed") == [], "a copy still running is no failure"
+    snap._queue.task_done()  # Orbax's thread: the copy failed (logged), the newest snapshot is still step 2
+    snap.copy_in_flight = False
+    job.run(6, 7)
+    failed = hook_lines(capsys.readouterr().err, "snapshot_failed")
+    assert [f["step"] for f in failed] == [4]
+    assert snap.newest is not None and snap.newest[0] == 6 and snap.saves == [2, 4, 6]
 
 
 def test_a_slice_loss_inside_a_snapshot_takes_the_slice_error_path_and_snapshots_go_on(

@@ -284,9 +284,15 @@ class Snapshots:
         return self.layout is not None and self.layout.usable and self.snapshotter is not None
 
     def busy(self) -> bool:
-        """A save is still copying (the Snapshotter's queue of one is full)."""
+        """A save would be skipped: the Snapshotter's queue of one is full (its thread still waits for
+        an earlier copy and one more is queued behind it)."""
         q = getattr(self.snapshotter, "_queue", None)
         return bool(q is not None and q.full())
+
+    def copying(self) -> bool:
+        """A handed-over save is not finished yet (queued, or its copy still awaited by the thread)."""
+        q = getattr(self.snapshotter, "_queue", None)
+        return bool(q is not None and getattr(q, "unfinished_tasks", 0) > 0)
 
     def save(self, step: int, state: Any, data: str) -> bool:
         """Hand the state after ``step`` completed steps and the data position to the Snapshotter.
@@ -309,7 +315,7 @@ class Snapshots:
         """When the newest save has finished copying and is not the newest snapshot, it failed
         (Orbax logs the error and keeps the previous snapshot): returns its step, once."""
         step = self.pending
-        if step is None or self.busy():
+        if step is None or self.copying():
             return None
         self.pending = None
         latest = self.latest_step()
