@@ -915,8 +915,14 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             fmt(r.get("pinned")),
             status(r),
         ]
-        for r in hold_cycle_rows(s)
+        for r in s.get("results", [])
+        if r.get("scenario") != "coordinator_restart"
     ]
+    if any(r.get("scenario") == "health_reports" for r in s.get("results", [])):
+        for line, r in zip(
+            rows, (r for r in s.get("results", []) if r.get("scenario") != "coordinator_restart"), strict=True
+        ):
+            line[0] += " (hold by health report)" if r.get("scenario") == "health_reports" else ""
     head = ["workers", "heartbeat / timeout s", "heartbeats by", "coordinator cores", "main thread cores", "RSS MiB"]
     head += ["hold fan-out p99 s (worst cycle)", "same, when the generator read it", "resume fan-out p99 s"]
     head += ["hold first by datagram"]

@@ -47,7 +47,11 @@ drops); otherwise the row says ``valid: false`` and why. Each size runs ``runs``
 3); its row gives the median of the runs' CPU medians, the worst fan-out, the sum of drops, and is
 valid only if every run was.
 
-Scenarios (each row's ``scenario``): ``hold_cycles`` (the above), and ``coordinator_restart``:
+Scenarios (each row's ``scenario``): ``hold_cycles`` (the above); ``health_reports``, the same
+cycles with the hold caused by a health report instead of a disconnect (one worker reports its
+Pathways worker unhealthy on its stream, as agent.worker does, then healthy again: its slice comes
+back after the coordinator's settle time; every worker stays connected, so every one must hear the
+hold); and ``coordinator_restart``:
 once the job runs, the coordinator (started with a ``--state-dir``, as deployed) is SIGKILLed and
 started again on the same ports while every worker keeps heartbeating; the workers re-register
 with the worker's backoff. The row gives ``all_back_seconds`` (the kill until the restarted
@@ -119,7 +123,7 @@ c8c4b87 with this rate set to 0) was valid: registered in 38.08 s, 0.3696 cores,
 HOSTS_PER_SLICE = 100
 RUNS = 3
 """Runs of each size (``--repeats``); a row stands for all of them."""
-SCENARIOS = ("hold_cycles", "coordinator_restart")
+SCENARIOS = ("hold_cycles", "health_reports", "coordinator_restart")
 REJOIN_GRACE = 10.0
 """The coordinator's shipped ``--rejoin-grace`` (seconds known hosts get to re-register after its restart)."""
 TOPOLOGY = "flat"
@@ -536,6 +540,7 @@ def validate(
     timeouts: int,
     datagrams: tuple[int, int] | None = None,
     drops: int | None = 0,
+    held_connected: bool = False,
 ) -> list[str]:
     """Why a run's figures cannot stand (empty when they can).
 
@@ -558,8 +563,9 @@ def validate(
     for i, c in enumerate(cyc, 1):
         if c.get("spontaneous_holds"):
             why.append(f"cycle {i}: a hold was decided before the worker was disconnected")
-        if c["hold_expected"] != n - 1:
-            why.append(f"cycle {i}: {c['hold_expected']} workers were connected at the hold, not {n - 1}")
+        live = n if held_connected else n - 1
+        if c["hold_expected"] != live:
+            why.append(f"cycle {i}: {c['hold_expected']} workers were connected at the hold, not {live}")
         if c["hold_received"] < c["hold_expected"]:
             why.append(f"cycle {i}: hold reached {c['hold_received']} of {c['hold_expected']} live workers")
         if c["t_resume"] is None:
@@ -700,7 +706,11 @@ def run_size(
         cyc = []
         for _cycle in range(cycles):
             g0 = gens[0]
-            t_disc = g0.ask({"cmd": "disconnect", "index": 0})["t"]
+            if scenario == "health_reports":
+                # The host's sidecar reports its Pathways worker unhealthy on its stream, as agent.worker does.
+                t_disc = g0.ask({"cmd": "report", "index": 0, "healthy": False})["t"]
+            else:
+                t_disc = g0.ask({"cmd": "disconnect", "index": 0})["t"]
             spont = _spontaneous_holds(tail, last_gen, t_disc)
             hold = wait_until(lambda lg=last_gen: tail.tell_workers("hold", lg), 30, 0.01)
             if hold is None:
@@ -708,7 +718,10 @@ def run_size(
                 break
             gen = hold["generation"]
             waits = [g.ask({"cmd": "wait", "kind": "hold", "generation": gen, "timeout": 60}) for g in gens]
-            g0.ask({"cmd": "reconnect", "index": 0})
+            if scenario == "health_reports":
+                g0.ask({"cmd": "report", "index": 0, "healthy": True})  # healthy again: its slice comes back
+            else:
+                g0.ask({"cmd": "reconnect", "index": 0})
             resume = wait_until(lambda gg=gen: tail.tell_workers("resume", gg - 1), 60, 0.01)
             rwaits = []
             if resume is not None:
@@ -794,7 +807,7 @@ def run_size(
         out["delivered_fraction"] = rnd(min(delivered), 4) if delivered else 0.0
         dg = (out["datagram_workers"], out["connected_workers"]) if datagrams else None
         why = [c["error"] for c in cyc if "error" in c] + validate(
-            n, good, cycles, timeouts, dg, out["coordinator_socket_drops"]
+            n, good, cycles, timeouts, dg, out["coordinator_socket_drops"], held_connected=scenario == "health_reports"
         )
         if scenario == "coordinator_restart":
             why += validate_restart(out, rejoin_grace)

@@ -135,10 +135,15 @@ def test_scale_smoke(tmp_path: Path) -> None:
     assert row["fanout_p99_processed_seconds"] >= row["fanout_p99_seconds"] > 0
 
 
-def test_scale_coordinator_restart_smoke(tmp_path: Path) -> None:
+def test_scale_health_report_and_coordinator_restart_smoke(tmp_path: Path) -> None:
     # A generous grace: on a loaded 2-core machine the restarted coordinator takes seconds to import.
-    d = run_bench(tmp_path, "scale", "--scenarios", "coordinator_restart", "--rejoin-grace", "30")
-    (row,) = d["results"]
+    d = run_bench(tmp_path, "scale", "--scenarios", "health_reports,coordinator_restart", "--rejoin-grace", "30")
+    report, row = d["results"]
+    # A hold caused by a worker's health report reaches every worker (the reporter stays connected).
+    assert report["scenario"] == "health_reports" and report["valid"] is True, report.get("invalid_reason")
+    (cycle,) = next(s for s in d["sizes"] if s["scenario"] == "health_reports")["cycles"]
+    assert cycle["hold_received"] == cycle["hold_expected"] == 200
+    assert cycle["resume_received"] == cycle["resume_expected"] == 200
     assert row["scenario"] == "coordinator_restart" and row["workers"] == 200
     assert row["valid"] is True, row.get("invalid_reason")
     assert row["hosts_lost"] == 0 and row["coordinator_socket_drops"] == 0

@@ -103,3 +103,10 @@ def test_restart_rows_are_judged_on_hosts_lost() -> None:
     # The restart row is not mistaken for the hold-cycle row of the CPU target.
     cpu = next(v for v in targets(sections(data)) if v.target == "coordinator CPU")
     assert "restart" not in cpu.basis
+
+
+def test_a_hold_by_health_report_must_reach_the_reporter_too() -> None:
+    every = cycle(hold_expected=100, hold_received=100)
+    assert scale.validate(100, [every], 1, 0, held_connected=True) == []
+    assert "not 100" in " ".join(scale.validate(100, [cycle()], 1, 0, held_connected=True))
+    assert "not 99" in " ".join(scale.validate(100, [every], 1, 0))
