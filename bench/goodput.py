@@ -228,7 +228,12 @@ def run(
         if not quick and over.get("fault_free_runs") is None:
             over["fault_free_runs"] = min(3, over.get("runs") or 5)  # at least 3 fault-free references
         log("goodput: measuring its components with the recovery benchmark")
-        recovery_result = recovery.run(quick=quick, workdir=workdir, keep=workdir is not None, **over)
+        from bench.common import git_state
+
+        recovery_result = {
+            **recovery.run(quick=quick, workdir=workdir, keep=workdir is not None, **over),
+            "git_sha": git_state()["git_sha"],  # the commit this run measured (as the section's own)
+        }
         recovery_source = "measured in this run (bench.recovery)"
     rows, projections = compute(realistic_rows(recovery_result), sched)
     rcfg = recovery_result.get("config") or {}
