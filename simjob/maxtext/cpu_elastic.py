@@ -134,7 +134,8 @@ def install_slice_index(slices: int) -> dict[int, int]:
     cpu = [d for d in devices if d.platform == "cpu"]
     grouping = slice_grouping([d.id for d in cpu], slices)
     cls = type(devices[0])
-    if "slice_index" in vars(cls) and not getattr(cls.slice_index, "_cpu_elastic", False):
+    mine = getattr(getattr(vars(cls).get("slice_index"), "fget", None), "_cpu_elastic", False)
+    if "slice_index" in vars(cls) and not mine:
         raise RuntimeError(f"{cls.__qualname__} already has a slice_index of its own: nothing to stand in for")
 
     def slice_index(self: Any) -> int:
@@ -143,9 +144,7 @@ def install_slice_index(slices: int) -> dict[int, int]:
         return grouping[self.id]
 
     slice_index._cpu_elastic = True  # type: ignore[attr-defined]
-    prop = property(slice_index)
-    prop.fget._cpu_elastic = True  # type: ignore[union-attr]
-    cls.slice_index = prop
+    cls.slice_index = property(slice_index)
     return grouping
 
 

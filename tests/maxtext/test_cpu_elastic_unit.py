@@ -1,0 +1,101 @@
+"""The CPU stand-ins of :mod:`simjob.maxtext.cpu_elastic` without MaxText: slices, faults, a lost slice.
+
+They run in the main venv (JAX on the CPU, no ``maxtext`` marker): the slice grouping and the fault
+specification in this process, what losing a slice does to arrays in a child process with 8 CPU devices
+(the device count is fixed when JAX starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simjob.maxtext.cpu_elastic import ENV_FAIL_AT, ENV_SLICES, Fault, parse_faults, slice_grouping
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_slices_are_equal_groups_of_consecutive_device_ids_or_a_clear_error() -> None:
+    assert slice_grouping(range(8), 4) == {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2, 6: 3, 7: 3}
+    assert slice_grouping([3, 1, 2, 0], 2) == {0: 0, 1: 0, 2: 1, 3: 1}
+    with pytest.raises(ValueError, match=f"{ENV_SLICES}=3: the 8 CPU devices do not form 3 equal slices"):
+        slice_grouping(range(8), 3)
+
+
+def test_faults_are_parsed_in_step_order_and_a_bad_one_is_named() -> None:
+    assert parse_faults("5:3") == [Fault(5, 3, "step")]
+    assert parse_faults("5:3, 8:2:snapshot") == [Fault(5, 3, "step"), Fault(8, 2, "snapshot")]
+    for bad, why in (("x", "'x' is not STEP:SLICE"), ("5:1:later", "'5:1:later'"), ("-1:0", "'-1:0'")):
+        with pytest.raises(ValueError, match=f"{ENV_FAIL_AT}=.*{why}"):
+            parse_faults(bad)
+    with pytest.raises(ValueError, match="in step order"):
+        parse_faults("8:1,5:2")
+
+
+CHILD = r"""
+import json, threading
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from simjob.maxtext import cpu_elastic as ce
+
+out = {}
+ce.install_slice_index(4)
+devs = jax.devices()
+out["slices"] = [d.slice_index for d in devs]
+whole = jax.device_put(np.arange(8.0), NamedSharding(Mesh(np.array(devs), ("data",)), P("data")))
+on3 = [d for d in devs if d.slice_index == 3]
+on0 = [d for d in devs if d.slice_index == 0]
+only3 = jax.device_put(np.ones(2), NamedSharding(Mesh(np.array(on3), ("x",)), P("x")))
+only0 = jax.device_put(np.ones(2), NamedSharding(Mesh(np.array(on0), ("x",)), P("x")))
+out["deleted"] = ce.LOST.lose(ce.slice_devices(3))
+out["only3_deleted"] = only3.is_deleted()
+out["only0_sum"] = float(jnp.sum(only0))
+
+def fails(f):
+    try:
+        f()
+    except jax.errors.JaxRuntimeError as e:
+        return str(e)
+    return None
+
+out["read_whole"] = fails(lambda: np.asarray(whole))
+out["float_whole"] = fails(lambda: float(whole[0]))
+out["wait_whole"] = fails(lambda: jax.block_until_ready(whole))
+# a computation on the lost slice's devices (what pathwaysutils' health check runs): its wait fails
+on_lost = jax.jit(lambda x: x + 1)(jax.device_put(np.zeros(2), NamedSharding(Mesh(np.array(on3), ("x",)), P("x"))))
+out["health_lost"] = fails(lambda: jax.block_until_ready(on_lost))
+on_live = jax.jit(lambda x: x + 1)(jax.device_put(np.zeros(2), NamedSharding(Mesh(np.array(on0), ("x",)), P("x"))))
+out["health_live"] = fails(lambda: jax.block_until_ready(on_live))
+seen = {}
+def observer():
+    ce.LOST.exempt_this_thread()
+    seen["read"] = fails(lambda: jax.block_until_ready(whole))
+t = threading.Thread(target=observer); t.start(); t.join()
+out["exempt_read"] = seen["read"]
+ce.LOST.reconnect(ce.slice_devices(3))
+fresh = jax.jit(lambda x: x + 1)(jax.device_put(np.zeros(2), NamedSharding(Mesh(np.array(on3), ("x",)), P("x"))))
+out["after_reconnect"] = float(jnp.sum(fresh))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_fail_with_data_loss() -> None:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    r = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, r.stderr[-3000:]
+    out = json.loads(line[len("RESULT ") :])
+    assert out["slices"] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert out["deleted"] >= 1 and out["only3_deleted"] is True, out
+    assert out["only0_sum"] == 2.0, "a survivor's array is untouched"
+    for key in ("read_whole", "float_whole", "wait_whole", "health_lost"):
+        assert out[key] and out[key].startswith("DATA_LOSS"), (key, out)
+        assert "3" not in out[key], "the error names no slice or device"
+    assert out["health_live"] is None, out
+    assert out["exempt_read"] is None, "the event recorder's thread only observes"
+    assert out["after_reconnect"] == 2.0, "the replacement slice computes again"
