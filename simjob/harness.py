@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from agent.constants import EXIT_USAGE
 from simjob.demo_common import (
     BENIGN_EXITS,
     PY,
@@ -481,6 +482,8 @@ class Demo:
         self.deadline = float("inf")
         self.gave_up = False
         self.failure: tuple[str, int] | None = None  # a child that exited with an error: (what, its code)
+        self._handled: set[int] = set()  # pids of crashed worker sidecars already started again
+        self._sidecar_restarted: set[tuple[int, int]] = set()
         self.live: LiveReport | None = None
 
     def report_live(self) -> None:
@@ -501,7 +504,8 @@ class Demo:
         """False (and ``failure`` set) once a child exited with an error by itself.
 
         The coordinator, a worker sidecar or a stand-in Pathways worker that exits with a code
-        other than 0, 3 or 42 (a process a fault killed ends by a signal, and is not counted).
+        other than 0, 3 or 42 (a process a fault killed ends by a signal, and is not counted). A
+        worker sidecar that crashes (not exit 2) is started again once, as the kubelet would.
         """
         if self.live is not None:
             self.live.poll()
@@ -515,9 +519,33 @@ class Demo:
         for (s, h), host in list(job.hosts.items()):
             for i, p in enumerate(host.procs):
                 code = p.poll()
-                if found is None and code is not None and code > 0 and code not in BENIGN_EXITS:
-                    what = "the stand-in Pathways worker" if i == 0 else "the worker sidecar"
-                    found = (f"{what} of host {s}.{h}", code, job.logs / f"host-{s}.{h}.log")
+                if found is not None or code is None or code <= 0 or code in BENIGN_EXITS or p.pid in self._handled:
+                    continue
+                log = job.logs / f"host-{s}.{h}.log"
+                if i > 0 and p is host.sidecar and code != EXIT_USAGE and (s, h) not in self._sidecar_restarted:
+                    # The kubelet restarts a native sidecar container that exits (restartPolicy: Always;
+                    # Kubernetes, "Sidecar Containers"): once here, said out loud. A second crash of the
+                    # same host's sidecar, or a configuration error (exit 2, a crash loop), ends the demo.
+                    self._handled.add(p.pid)
+                    self._sidecar_restarted.add((s, h))
+                    why = last_error(log)
+                    self.say(
+                        fit(
+                            f"  +{self.elapsed():7.3f}s  ",
+                            f"[harness] worker sidecar {s}.{h} exited with code {code}"
+                            + (f" ({why})" if why else "")
+                            + "; started again, as the kubelet restarts a sidecar container",
+                        )
+                    )
+                    print(
+                        fit("elastic-sidecar demo: ", f"worker sidecar {s}.{h} crashed (exit {code}): {why}"),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    job.start_sidecar(s, h)
+                    continue
+                what = "the stand-in Pathways worker" if i == 0 else "the worker sidecar"
+                found = (f"{what} of host {s}.{h}", code, log)
         if found is None:
             return True
         what, code, log = found
