@@ -35,8 +35,13 @@ def _stderr_captured() -> Iterator[list[str]]:
     """Collect what is written to file descriptor 2 meanwhile (grpc's C core logs there directly)."""
     out: list[str] = []
     with _stderr_lock, tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        saved = os.dup(2)
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr at all (closed): nothing to keep clean
+            yield out
+            return
         try:
             os.dup2(tmp.fileno(), 2)
             yield out

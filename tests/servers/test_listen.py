@@ -203,3 +203,27 @@ async def test_a_worker_given_another_port_of_the_coordinator_says_which_flag_to
     assert len(errors) == 1, errors  # once, not at every retry
     assert address in errors[0] and "--listen" in errors[0] and "UNIMPLEMENTED" in errors[0], errors[0]
     assert not w.registered.is_set() and not coord.workers
+
+
+async def test_bind_refuses_a_port_a_default_grpc_server_shares(capfd: pytest.CaptureFixture[str]) -> None:
+    """A server built with grpcio's defaults (SO_REUSEPORT on) holds the port: ours must not join it,
+    and grpc's plain-text bind error stays off stderr, its cause in the error instead."""
+    from agent.servers.listen import ListenError, bind
+
+    other = grpc.aio.server()  # grpcio's defaults
+    port = other.add_insecure_port("127.0.0.1:0")
+    await other.start()
+    try:
+        ours = grpc.aio.server(options=list(C.GRPC_SERVER_OPTIONS))
+        capfd.readouterr()
+        with pytest.raises(ListenError) as ei:
+            bind(ours, f"127.0.0.1:{port}", "--listen")
+        assert str(ei.value) == (
+            f"could not listen on 127.0.0.1:{port} (--listen): Address already in use (another process holds this port)"
+        )
+        assert capfd.readouterr().err == ""
+        # Without the option, grpcio would have shared the port (FACTS section 6).
+        shared = grpc.aio.server()
+        assert shared.add_insecure_port(f"127.0.0.1:{port}") == port
+    finally:
+        await other.stop(0)
