@@ -30,7 +30,11 @@ Trust under its own failures (docs/reliability.md):
   retried; after ``--durability-bound`` seconds the decision is carried out
   from memory anyway, flagged not durable (ERROR log, metric, /status,
   readiness), and the file catches up at the next write that succeeds: a job
-  is never left unprotected waiting for a disk.
+  is never left unprotected waiting for a disk. A write that hangs (a stalled
+  disk) counts as failed once its bound passes (``statefile.BoundedWriter``),
+  and a state directory that cannot be used at all (read-only, missing, full)
+  means running without durability, loudly, never exiting for it. A decision
+  loop that stops deciding is not ready and NOT_SERVING on gRPC health.
 * **fencing** (:mod:`agent.fencing`): every start takes a new epoch, one above
   the last one on file (the wall clock in milliseconds only as a floor when
   there is no state file), durable before it serves, and issued with a proof
