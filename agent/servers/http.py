@@ -13,10 +13,13 @@
 
 Readiness by role:
 
-* coordinator: its gRPC server serves; the Pub/Sub intake runs (when
-  configured); and, once training has started, the trainer link is attached.
-  It does *not* wait for worker sidecars: the head pod starts first, and
-  JobSet's ``startupPolicyOrder: InOrder`` waits for it to be ready.
+* coordinator: its gRPC server serves, it is not fenced, its decisions are
+  durable (``state_durable``: false while the state file cannot be written, a
+  hung write included), its decision loop decides (``deciding``), and, once
+  training has started, the trainer link is attached. Not the Pub/Sub intake
+  (notices are an optimisation). It does *not* wait for worker sidecars: the
+  head pod starts first, and JobSet's ``startupPolicyOrder: InOrder`` waits
+  for it to be ready.
 * worker: registered with the coordinator.
 
 Nothing here is authenticated: it reports, it never changes the job. Keep it
