@@ -17,8 +17,9 @@ For each trainer and recovery strategy, over a run of ``run_hours`` of wall time
   row says which were);
 * faults: ``run_hours x 60 / fault_interval_minutes``, spread so none overlaps another's recovery.
 
-Every input is measured by :mod:`bench.recovery` in the same invocation (or read from a recovery
-result of the same commit, ``--recovery-json``, named in the config); nothing is assumed. The
+Every input is measured by :mod:`bench.recovery` in the same invocation, or read from a recovery
+result (``--recovery-json``) whose path and commit the config records (``inputs_from``,
+``inputs_git_sha``) and the report prints; nothing is assumed. The
 combination is arithmetic on those medians, stated here and in each row's inputs.
 
 The ``projection`` rows carry the same figures on paper to a large job at a published interruption
@@ -64,7 +65,7 @@ class PublishedRate:
 
 PUBLISHED_RATES = (
     PublishedRate(
-        source="Llama 3 Herd of Models (Meta, 2024), section 3.3.4, Table 5: 419 unexpected interruptions "
+        source="The Llama 3 Herd of Models (Meta, 2024, arXiv:2407.21783), section 3.3.4: 419 unexpected interruptions "
         "in a 54-day snapshot of pre-training on 16,384 H100 GPUs",
         interruptions=419,
         days=54.0,

@@ -1013,15 +1013,28 @@ def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         ]
     proj = s.get("projection") or []
     if proj:
+        sources = sorted({str(p.get("source")) for p in proj})
         out += [
             "",
-            f"On paper, at {fmt(proj[0].get('chips'))} chips (the per-fault costs measured here, at the interval a published rate gives):",
+            f"On paper, at {fmt(proj[0].get('chips'))} chips: the per-fault costs measured here (seconds on this "
+            "machine, not what a restart costs at that scale), at the interval between interruptions that a "
+            "published rate gives that job. Rate"
+            + ("s" if len(sources) > 1 else "")
+            + ": "
+            + "; ".join(f"[{i}] {src}" for i, src in enumerate(sources, 1))
+            + ".",
             "",
         ]
         out += table(
-            ["trainer", "strategy", "hours between interruptions", "goodput", "rate from"],
+            ["trainer", "strategy", "hours between interruptions", "goodput", "rate"],
             [
-                [p["trainer"], p["strategy"], fmt(p.get("interval_hours")), fmt(p.get("goodput")), p.get("source", "–")]
+                [
+                    p["trainer"],
+                    p["strategy"],
+                    fmt(p.get("interval_hours")),
+                    fmt(p.get("goodput")),
+                    f"[{sources.index(str(p.get('source'))) + 1}]",
+                ]
                 for p in proj
             ],
         )
