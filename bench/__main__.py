@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--state-mib", type=int, default=None, help="train state across all slices (>= 1024 documented)")
     g.add_argument("--no-donate", action="store_true", help="do not donate the state into the step")
     g.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="the sidecar's example trainer: steps between in-memory snapshots (default 1: before every step)",
+    )
+    g.add_argument(
         "--local-checkpoint-period",
         type=int,
         default=None,
@@ -192,6 +199,7 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             seed=ns.seed,
             state_mib=ns.state_mib,
             donate=False if ns.no_donate else None,
+            snapshot_every=ns.snapshot_every,
             local_checkpoint_period=ns.local_checkpoint_period,
             poll_interval=ns.poll_interval,
             maxtext_model=ns.maxtext_model,
@@ -220,6 +228,7 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             seed=ns.seed,
             state_mib=ns.state_mib,
             donate=False if ns.no_donate else None,
+            snapshot_every=ns.snapshot_every,
             local_checkpoint_period=ns.local_checkpoint_period,
             poll_interval=ns.poll_interval,
             maxtext_model=ns.maxtext_model,

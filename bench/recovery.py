@@ -125,6 +125,9 @@ class Config:
     """Train state across all slices' replicas; None: the example model alone (about 135 KB a replica).
     The bulk is the trainer's ``--ballast-mib`` per replica: optimizer-like state rewritten every step."""
     donate: bool = True
+    snapshot_every: int = 1
+    """The sidecar's example trainer: steps between in-memory snapshots (its ``--snapshot-every``; 1: before
+    every step, at most the step in flight lost; N: less steady cost, up to N - 1 more steps lost)."""
     local_checkpoint_period: int = 5
     min_slices: int = 2
     poll_interval: float = 10.0
@@ -205,6 +208,8 @@ class Config:
             raise ValueError(f"sweep {c.sweep!r}: expected 'grid' or 'cross'")
         if not 0 <= c.fault_free_runs <= c.runs:
             raise ValueError(f"fault_free_runs {c.fault_free_runs}: expected 0 (every round) to runs ({c.runs})")
+        if c.snapshot_every < 0:
+            raise ValueError(f"snapshot_every {c.snapshot_every}: expected steps >= 0 (0: no snapshots)")
         if c.runs < (3 if c.quick else 5):
             log(f"recovery: {c.runs} runs per row is below the {3 if c.quick else 5} the method asks for")
         return c
@@ -259,6 +264,8 @@ def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
         args += ["--poll-interval", str(cfg.poll_interval)]
     if cfg.donate:
         args.append("--trainer-arg=--donate")
+    if strategy == "sidecar" and cfg.snapshot_every != 1:
+        args.append(f"--trainer-arg=--snapshot-every={cfg.snapshot_every}")
     mib = cfg.ballast_mib()
     if mib is not None:
         args.append(f"--trainer-arg=--ballast-mib={mib}")
@@ -477,6 +484,7 @@ def _row(cfg: Config, trainer: str, strategy: str, fault: str, period: int, dela
         "checkpoint_period": period,
         "state_bytes": cfg.state_bytes(),
         "donate": cfg.donate,
+        **({"snapshot_every": cfg.snapshot_every} if strategy == "sidecar" else {}),
     }
 
 

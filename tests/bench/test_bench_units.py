@@ -345,3 +345,14 @@ def test_a_runs_own_pre_fault_rate_counts_only_steps_before_the_fault() -> None:
     assert rate == pytest.approx((30 - recovery.WARMUP_STEP) / (30.0 - 3.0))
     # Too few steps before the fault: no rate rather than a noisy one.
     assert recovery.pre_fault_rate(ev, 4, fault_time=float(recovery.WARMUP_STEP + 2)) is None
+
+
+def test_the_sidecars_snapshot_cadence_reaches_its_trainer_only() -> None:
+    cfg = recovery.Config.make(quick=True, snapshot_every=8)
+    assert "--trainer-arg=--snapshot-every=8" in recovery._strategy_args(cfg, "sidecar", 20)
+    assert not any("snapshot-every" in a for a in recovery._strategy_args(cfg, "memory_snapshot", 20))
+    default = recovery.Config.make(quick=True)
+    assert not any("snapshot-every" in a for a in recovery._strategy_args(default, "sidecar", 20))
+    assert recovery._row(cfg, "example", "sidecar", "kill", 20, 1.0)["snapshot_every"] == 8
+    with pytest.raises(ValueError, match="snapshot_every -1"):
+        recovery.Config.make(quick=True, snapshot_every=-1)
