@@ -898,3 +898,22 @@ def test_maxtext_or_pathwaysutils_not_as_built_for_exits_2_naming_what_differs(
     assert exc.value.code == 2
     (line,) = hook_lines(capsys.readouterr().err, "incompatible")
     assert line["differs"] == ["maxtext 0.2.6 (the hook is built for 0.2.5)"]
+
+
+def test_maxtexts_own_scale_up_keeps_the_boundarys_state_as_a_snapshot_not_a_checkpoint(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathwaysutils.elastic import manager
+
+    job, made = snapshot_job(monkeypatch, every=5)
+    job.run(0, 3)
+
+    def scale_up(jds: Any, pv: Any, imm: Any) -> Any:
+        raise manager.ScaleUpSignalError()
+
+    pv = {"step": 3, "checkpoint_manager": job.manager, "data_iterator": None}
+    with pytest.raises(manager.ScaleUpSignalError):
+        job.hook._iteration(scale_up, job.device_state, pv, {"config": job.config})
+    assert made[0].saves == [3] and job.manager.labels == [], "a snapshot of step 3, no checkpoint written"
+    (restart,) = hook_lines(capsys.readouterr().err, "restart")
+    assert restart["kept"] == "snapshot of step 3"
