@@ -75,7 +75,8 @@ def test_range_checks_skip_the_host_for_job_faults() -> None:
 def test_help_names_every_fault_kind() -> None:
     p = argparse.ArgumentParser()
     add_demo_args(p)
-    text = " ".join(p.format_help().split())
+    # argparse wraps at hyphens too ("sidecar-" at a line's end, "stall" on the next one).
+    text = " ".join(p.format_help().split()).replace("- ", "-")
     for kind in FAULT_KINDS:
         assert kind in text, kind
     assert "coordinator-stall:SECONDS@STEP" in text and "0.2 s apart" in text
