@@ -390,7 +390,10 @@ class Worker:
             try:
                 session.result()
                 delay = 0.05
-            except (grpc.aio.AioRpcError, ConnectionError) as e:
+            except (grpc.aio.AioRpcError, ConnectionError, asyncio.InvalidStateError) as e:
+                # InvalidStateError: call.write on a stream the coordinator already ended
+                # ("RPC already finished", e.g. a coordinator killed while starting): the link
+                # is gone, as with a connection error; reconnect instead of crashing.
                 detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                 code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
                 if code == grpc.StatusCode.FAILED_PRECONDITION and "superseded" in detail:
