@@ -1,4 +1,5 @@
-"""In-memory snapshots for the MaxText hook (trainer_hooks/maxtext/snapshot.py), on real JAX CPU devices."""
+"""The example trainer's NumPy host copies (trainer_hooks/maxtext/host_copy.py) on real JAX CPU devices, and the
+hook's snapshot interval setting (trainer_hooks/maxtext/snapshot.py; its Orbax snapshots are tested in tests/maxtext)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import textwrap
 
 import pytest
 
-from trainer_hooks.maxtext.snapshot import AUTO, ENV_SNAPSHOT_EVERY, auto_every, snapshot_every_from_env
+from trainer_hooks.maxtext.snapshot import AUTO, ENV_SNAPSHOT_EVERY, snapshot_every_from_env
 
 pytest.importorskip("jax")
 
@@ -22,7 +23,7 @@ SCRIPT = textwrap.dedent(
     import json
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from trainer_hooks.maxtext.snapshot import take
+    from trainer_hooks.maxtext.host_copy import take
 
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("replica", "model"))
     w = np.arange(64.0, dtype=np.float32).reshape(8, 8)
@@ -93,10 +94,3 @@ def test_the_interval_comes_from_the_environment(value: str | None, want: int) -
 def test_a_bad_interval_is_a_clear_error_naming_it(value: str) -> None:
     with pytest.raises(ValueError, match=f"{ENV_SNAPSHOT_EVERY}='{value}'"):
         snapshot_every_from_env({ENV_SNAPSHOT_EVERY: value})
-
-
-def test_auto_keeps_snapshots_within_five_percent_of_the_step_time() -> None:
-    assert auto_every(0.001, 2.0) == 1  # a long step: every step
-    assert auto_every(0.012, 0.013) == 19  # the CPU test model: about every 20 steps
-    assert auto_every(1.0, 0.0) == 1
-    assert auto_every(100.0, 0.001) == 1000  # capped
