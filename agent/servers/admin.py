@@ -124,26 +124,24 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
         return (await self._command(context, "Resume", OperatorCommand("resume", request.reason.strip())))[1]
 
     async def DrainSlice(self, request: admin_pb2.DrainSliceRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        n = self.c.state.policy.num_slices
-        if not 0 <= request.slice < n:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"slice {request.slice} is out of range: this job has slices 0..{n - 1}",
-            )
-        await self._check_reason(context, request.reason)
-        ev = OperatorCommand("drain", request.reason.strip(), slice=request.slice)
-        return (await self._command(context, "DrainSlice", ev))[1]
+        return await self._slice_command(context, "DrainSlice", "drain", request.slice, request.reason)
 
     async def UndrainSlice(self, request: admin_pb2.UndrainSliceRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        return await self._slice_command(context, "UndrainSlice", "undrain", request.slice, request.reason)
+
+    async def _slice_command(
+        self, context: grpc.aio.ServicerContext, rpc: str, kind: str, slice_index: int, reason: str
+    ) -> Any:
+        """An operator command naming one slice (drain, undrain): the slice must be one of the job's."""
         n = self.c.state.policy.num_slices
-        if not 0 <= request.slice < n:
+        if not 0 <= slice_index < n:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"slice {request.slice} is out of range: this job has slices 0..{n - 1}",
+                f"slice {slice_index} is out of range: this job has slices 0..{n - 1}",
             )
-        await self._check_reason(context, request.reason)
-        ev = OperatorCommand("undrain", request.reason.strip(), slice=request.slice)
-        return (await self._command(context, "UndrainSlice", ev))[1]
+        await self._check_reason(context, reason)
+        ev = OperatorCommand(kind, reason.strip(), slice=slice_index)
+        return (await self._command(context, rpc, ev))[1]
 
     async def Abort(self, request: admin_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         await self._check_reason(context, request.reason)
