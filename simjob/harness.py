@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from agent.constants import EXIT_USAGE
+from simjob.cpu_devices import cpu_device_env
 from simjob.demo_common import (
     BENIGN_EXITS,
     PY,
@@ -321,7 +322,7 @@ class Job:
     def start_trainer(self) -> None:
         ns = self.ns
         n_dev = ns.slices * ns.devices_per_slice
-        env = {**self.env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_dev}"}
+        env = {**self.env, **cpu_device_env(n_dev)}
         sidecar = self.trainer_proxy.address if self.trainer_proxy else self.trainer_addr
         cmd = [PY, "-m", "simjob.trainer"] + _flags(
             sidecar=sidecar,

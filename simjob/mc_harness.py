@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simjob.cpu_devices import cpu_device_env
 from simjob.demo_common import (
     PY,
     SetupError,
@@ -112,8 +113,7 @@ class McJob(Job):
         for index, (s, h) in enumerate(self.keys):
             env = {
                 **self.env,
-                "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": f"--xla_force_host_platform_device_count={per_host}",
+                **cpu_device_env(per_host),
                 "ELASTIC_SIDECAR_ADDRESS": self.trainer_addr,
                 "ELASTIC_SIDECAR_JOB": "elastic-demo",
             }

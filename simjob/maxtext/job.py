@@ -26,6 +26,7 @@ from typing import Any
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, Policy, State
+from simjob.cpu_devices import cpu_device_env
 
 REPO = Path(__file__).resolve().parents[2]
 MAXTEXT_VENV = REPO / ".venv-maxtext"
@@ -178,8 +179,7 @@ class MaxTextRun:
             if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("ELASTIC_SIDECAR_")
         }
         e.update(
-            JAX_PLATFORMS="cpu",
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            **cpu_device_env(devices),
             PYTHONUNBUFFERED="1",
             TF_CPP_MIN_LOG_LEVEL="2",
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from simjob import trainer as sim_trainer
+from simjob.cpu_devices import cpu_device_env
 from simjob.harness import _Tail, free_port
 from simjob.options import DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
 from simjob.summary import FaultRecord, render, summarize
@@ -125,8 +126,7 @@ def trainer_env(ns: argparse.Namespace) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={ns.slices * ns.devices_per_slice}",
+        **cpu_device_env(ns.slices * ns.devices_per_slice),
     }
 
 

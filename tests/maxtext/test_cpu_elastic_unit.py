@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from simjob.cpu_devices import cpu_device_env
 from simjob.maxtext.cpu_elastic import ENV_FAIL_AT, ENV_SLICES, Fault, parse_faults, slice_grouping
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_fail_with_data_loss() -> None:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, **cpu_device_env(8)}
     r = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, r.stderr[-3000:]

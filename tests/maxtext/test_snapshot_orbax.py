@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from simjob.cpu_devices import cpu_device_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.maxtext
@@ -29,7 +31,7 @@ def run_scenario(name: str) -> Any:
     from tests.maxtext.harness import require_maxtext_venv
 
     python = require_maxtext_venv()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = {**os.environ, **cpu_device_env(8)}
     r = subprocess.run(
         [str(python), "-m", "tests.maxtext.test_snapshot_orbax", name],
         cwd=REPO,
