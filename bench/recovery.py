@@ -98,6 +98,11 @@ FRESH_MEMORY_GIB = 4
 (the documented state, 1 GiB, in its four replicas)."""
 
 
+EXAMPLE_LOCAL_CHECKPOINT_PERIOD = 5
+"""The example trainer's ``local_checkpoint_rewind``: a local checkpoint every 5 steps (MaxText's is
+:data:`bench.recovery_maxtext.LOCAL_CHECKPOINT_PERIOD`, 20, its own example value)."""
+
+
 @dataclass
 class Config:
     trainers: list[str] = field(default_factory=lambda: ["example"])
@@ -128,7 +133,9 @@ class Config:
     snapshot_every: int = 1
     """The sidecar's example trainer: steps between in-memory snapshots (its ``--snapshot-every``; 1: before
     every step, at most the step in flight lost; N: less steady cost, up to N - 1 more steps lost)."""
-    local_checkpoint_period: int = 5
+    local_checkpoint_period: int | None = None
+    """``local_checkpoint_rewind``'s checkpoint every N steps; None: each trainer's own default (the example
+    trainer's :data:`EXAMPLE_LOCAL_CHECKPOINT_PERIOD`, MaxText's :data:`bench.recovery_maxtext.LOCAL_CHECKPOINT_PERIOD`)."""
     min_slices: int = 2
     poll_interval: float = 10.0
     notice_deadline: float = 4.0
@@ -140,6 +147,10 @@ class Config:
     maxtext_min_slices: int = -1
     """``--trainer maxtext``: ``elastic_min_slice_count`` of both elastic strategies (-1: wait for every slice)."""
     quick: bool = False
+
+    def example_local_period(self) -> int:
+        """The example trainer's ``local_checkpoint_rewind`` period."""
+        return self.local_checkpoint_period or EXAMPLE_LOCAL_CHECKPOINT_PERIOD
 
     def ballast_mib(self) -> int | None:
         """The trainer's ``--ballast-mib`` (per replica, one replica per slice) for ``state_mib``."""
@@ -233,7 +244,7 @@ def margin_seconds(cfg: Config, strategy: str, period: int, step_s: float) -> fl
         return 8.0 + period * step_s
     if strategy == "sidecar":
         return 4.0 + cfg.notice_deadline
-    rewind = {"checkpoint_rewind": period, "local_checkpoint_rewind": cfg.local_checkpoint_period}.get(strategy, 1)
+    rewind = {"checkpoint_rewind": period, "local_checkpoint_rewind": cfg.example_local_period()}.get(strategy, 1)
     return cfg.poll_interval + 4.0 + rewind * step_s
 
 
@@ -258,7 +269,7 @@ def post_fault_seconds(cfg: Config, strategy: str, period: int, step_s: float, d
 def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
     args = [
         "--checkpoint-period",
-        str(cfg.local_checkpoint_period if strategy == "local_checkpoint_rewind" else period),
+        str(cfg.example_local_period() if strategy == "local_checkpoint_rewind" else period),
     ]
     if strategy in ("checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot"):
         args += ["--poll-interval", str(cfg.poll_interval)]
