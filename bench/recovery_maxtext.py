@@ -84,9 +84,12 @@ report the snapshot's cost per step, as the hook measures it (``finished``
 line): milliseconds and the fraction of the step time, over fault-free runs.
 
 Every row also gives (issue 23): ``step_overhead_fraction_median``, the
-strategy's steady step time (fault-free runs: seconds past the warm-up over
-their work) over plain MaxText's (``full_restart``'s fault-free runs: no
-elastic mode, no sidecar), minus 1; ``period_cost_seconds_median``, each run's
+strategy's steady step time over plain MaxText's (``full_restart``: no
+elastic mode, no sidecar), minus 1, each the median over the strategy's
+faulted runs of the mean step time from :data:`SETTLE_STEPS` past the
+warm-up to the fault, less the slots of the periodic checkpoint every
+strategy pays alike (:func:`steady_before_fault`; ``steady_step_source``
+says which runs, and falls back to the fault-free runs); ``period_cost_seconds_median``, each run's
 fault cost with every step on fewer slices counted at the full-slice rate
 (``..._if_shrunk_steps_took_full_time``) plus the steady overhead over one
 checkpoint period (``(steady - plain) * checkpoint_period``), the median over
@@ -135,6 +138,13 @@ LOCAL_TAIL_STEPS = 50
 """New steps past the fault (and past the job's return to every slice) that close the window of the
 local fault cost (:func:`analyse`): enough for the steps right after a restore (the first ones
 re-trace or refill caches) to be in it, few enough that the window stays short."""
+SETTLE_STEPS = 100
+"""Steps past the warm-up before a run's steady step time is measured (:func:`steady_before_fault`): the first
+steps after a start fill caches, and the hook's ``auto`` measures its interval from every step up."""
+MIN_STEADY_STEPS = 50
+"""Fewest steps a run's steady step time before its fault is measured over."""
+MIN_STEADY_RUNS = 3
+"""Fewest faulted runs whose steady step times before the fault make a row's steady step time."""
 LEAD_STEPS = 200
 """Steps each run trains from the pre-trained checkpoint (:func:`pretrain`) before its faulted
 checkpoint period starts: the run's own step time before the fault is measured over them and the
@@ -263,8 +273,12 @@ def analyse(
     replacement_time: float | None = None,
     reference_steps: int = 300,
     local_tail: int = LOCAL_TAIL_STEPS,
+    save_every: int | None = None,
 ) -> dict[str, Any]:
     """One run's figures from its event log (``step`` / ``fault`` lines, wall-clock ``t``).
+
+    ``save_every``: MaxText's periodic checkpoint, every strategy's alike, whose slots the steady step time
+    before the fault leaves out (:func:`steady_before_fault`); None: none left out.
 
     ``error`` says why the run does not measure what it should; its figures are then not used.
     """
@@ -369,6 +383,9 @@ def analyse(
     # compares with other processes' rates, which differ by up to 15% between runs here (ea4f932); the
     # error of this one grows with the window's work, not with the run's length.
     pre = {e["step"]: e["t"] for e in done if e["t"] <= ft}
+    steady = steady_before_fault([e for e in done if e["t"] <= ft], warm, before, save_every)
+    if steady is not None:
+        out["steady_step_s"], out["steady_reference_steps"] = rnd(steady[0], 6), steady[1]
     n_ref = min(reference_steps, before - warm)
     if n_ref < 10 or before - n_ref not in pre:  # the row then has the whole-run measure only
         out["local_note"] = f"too few steps before the fault for its own step time: {n_ref} past the warm-up"
@@ -392,6 +409,34 @@ def analyse(
         local - sum(seconds_of[e["step"]] for e in timed) + len(timed) * ref_s, 3
     )
     return out
+
+
+def steady_before_fault(
+    done: Sequence[dict[str, Any]], warm: int, before: int, save_every: int | None
+) -> tuple[float, int] | None:
+    """The run's steady step time before its fault: the mean of its steps' own times from
+    :data:`SETTLE_STEPS` past the warm-up to the fault, less the slots of MaxText's periodic checkpoint
+    (the completed steps ``k * save_every + 1 .. + 3``: its blocking save and the steps its commit runs
+    beside), which every strategy pays alike; ``local_checkpoint_rewind``'s own saves stay in (they are
+    its overhead), as do the sidecar's snapshots and the hook's measuring of their interval after the
+    settling steps. None with fewer than :data:`MIN_STEADY_STEPS` such steps."""
+
+    def periodic(step: int) -> bool:
+        return bool(save_every) and (step - 1) % int(save_every) < 3 and step > 3
+
+    # Each step's own time: since the step before it in the same process (``done``: the steps completed
+    # before the fault, in time order).
+    times = [
+        float(b["t"]) - float(a["t"])
+        for a, b in zip(done, done[1:], strict=False)
+        if a.get("pid") == b.get("pid")
+        and a["step"] == b["step"] - 1
+        and warm + SETTLE_STEPS < b["step"] <= before
+        and not periodic(b["step"])
+    ]
+    if len(times) < MIN_STEADY_STEPS:
+        return None
+    return sum(times) / len(times), len(times)
 
 
 def mesh_slices(events: Sequence[dict[str, Any]], fault_t: float | None) -> tuple[int | None, int | None]:
@@ -492,10 +537,26 @@ def not_run_row(
     }
 
 
-def plain_step_seconds(plain_refs: Sequence[dict[str, Any]]) -> float | None:
-    """Plain MaxText's steady step time: the median over ``full_restart``'s fault-free runs (MaxText without
-    elastic mode or the sidecar) that measured what they should."""
-    return median(r.get("steady_step_s") for r in plain_refs if not r.get("error"))
+def steady_step_seconds(
+    runs: Sequence[dict[str, Any]], refs: Sequence[dict[str, Any]]
+) -> tuple[float | None, str | None]:
+    """A strategy's steady step time and where it comes from: the median of its faulted runs' steady step
+    time before the fault (:func:`steady_before_fault`) when at least :data:`MIN_STEADY_RUNS` runs have one,
+    else the median over its fault-free runs (seconds past the warm-up over their work: these hold the
+    settling steps and a periodic checkpoint, and there is one a period by default)."""
+    pre = [r["steady_step_s"] for r in runs if not r.get("error") and r.get("steady_step_s")]
+    if len(pre) >= MIN_STEADY_RUNS:
+        return median(pre), f"median over {len(pre)} faulted runs, before the fault"
+    whole = [r["steady_step_s"] for r in refs if not r.get("error") and r.get("steady_step_s")]
+    if whole:
+        return median(whole), f"median over {len(whole)} fault-free runs, whole run"
+    return None, None
+
+
+def plain_step_seconds(plain_refs: Sequence[dict[str, Any]], plain_runs: Sequence[dict[str, Any]] = ()) -> float | None:
+    """Plain MaxText's steady step time: ``full_restart``'s (MaxText without elastic mode or the sidecar),
+    as :func:`steady_step_seconds` reads it."""
+    return steady_step_seconds(plain_runs, plain_refs)[0]
 
 
 def summarise(
@@ -548,8 +609,9 @@ def summarise(
         if seen:
             row[key] = seen[0] if len(seen) == 1 else seen
     # Steady step time (fault-free runs), its overhead over plain MaxText's, and one period's cost with the fault.
-    steady = median(r["steady_step_s"] for r in good_refs if r.get("steady_step_s"))
+    steady, source = steady_step_seconds(ok, good_refs)
     row["steady_step_seconds_median"] = rnd(steady, 6)
+    row["steady_step_source"] = source
     row["plain_step_seconds_median"] = rnd(plain_step_s, 6)
     overhead = step_overhead_fraction(steady, plain_step_s)
     row["step_overhead_fraction_median"] = rnd(overhead, 4)
@@ -729,7 +791,12 @@ def run_one(
             sc.stop()
     evs = read_jsonl(events)
     figures = analyse(
-        evs, steps=steps, fault_step=fault_step, replacement_time=replaced, reference_steps=job.checkpoint_period
+        evs,
+        steps=steps,
+        fault_step=fault_step,
+        replacement_time=replaced,
+        reference_steps=job.checkpoint_period,
+        save_every=None if strategy == "local_checkpoint_rewind" else job.checkpoint_period,
     )
     if "error" in out:
         figures.pop("error", None)
@@ -925,7 +992,15 @@ def run(
                         mine,
                         refs.get((s, period), []),
                         min_slices,
-                        plain_step_s=plain_step_seconds(refs.get(("full_restart", period), [])),
+                        plain_step_s=plain_step_seconds(
+                            refs.get(("full_restart", period), []),
+                            [
+                                r
+                                for r in done
+                                if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
+                                == ("full_restart", fault, period, delay)
+                            ],
+                        ),
                     )
                 )
     return {

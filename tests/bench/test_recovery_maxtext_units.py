@@ -564,3 +564,41 @@ def test_snapshot_figures_of_the_orbax_snapshotter_hook_reach_the_row() -> None:
     row = summarise("sidecar", "kill", 20, 1.0, "tiny", [faulted("sidecar", 13.0, 0, 4.0)], refs)
     assert row["snapshot_hook_overhead_fraction_median"] == 0.0123 and row["snapshot_every_seen"] == ["5"]
     assert "snapshot_ms_per_step_median" not in row  # the new hook measures no per-copy time
+
+
+def test_the_steady_step_time_is_read_before_the_fault_past_the_settling_steps_without_the_periodic_save() -> None:
+    # Steps 1..200 at 0.1 s; the periodic save (every 50) slows the slots of steps 51..53, 101..103, 151..153
+    # by 1 s; a snapshot-like slowdown of 0.05 s every 10th step stays in. Fault in index 200.
+    ev: list[dict[str, Any]] = []
+    t = 0.0
+    for s in range(1, 201):
+        t += 0.1 + (1.0 if s > 3 and (s - 1) % 50 < 3 else 0.0) + (0.05 if s % 10 == 0 else 0.0)
+        ev.append({"kind": "step", "step": s, "t": t, "devices": 8, "pid": 1})
+    ev += [{"kind": "fault", "step": 200, "t": t + 0.05}, *steps(191, 260, t + 5.0, devices=8, pid=1)]
+    m = analyse(ev, steps=260, fault_step=200, save_every=50)
+    # Past warm-up (3) + 100 settling steps: steps 104..200, less 151..153: 94 steps, 10 of them (110..200) with +0.05 s.
+    assert m["steady_reference_steps"] == 94
+    assert m["steady_step_s"] == pytest.approx(0.1 + 10 * 0.05 / 94, abs=1e-6)
+    # Without the save's period the saves' slots count: steps 104..200 with the save at 151..153.
+    whole = analyse(ev, steps=260, fault_step=200)
+    assert whole["steady_reference_steps"] == 97
+    assert whole["steady_step_s"] == pytest.approx(0.1 + (3 * 1.0 + 10 * 0.05) / 97, abs=1e-6)
+    # A fault too early for 50 steady steps leaves the run without one.
+    early = analyse(
+        [*ev[:120], {"kind": "fault", "step": 120, "t": ev[119]["t"] + 0.05}, *steps(111, 260, 99.0)],
+        steps=260,
+        fault_step=120,
+        save_every=50,
+    )
+    assert "steady_step_s" not in early
+
+
+def test_a_rows_steady_step_time_comes_from_its_faulted_runs_when_three_have_one_else_its_fault_free_runs() -> None:
+    runs = [{"steady_step_s": x} for x in (0.030, 0.031, 0.035)] + [{"steady_step_s": 9.0, "error": "x"}]
+    refs = [{"steady_step_s": 0.050}]
+    value, source = recovery_maxtext.steady_step_seconds(runs, refs)
+    assert value == pytest.approx(0.031) and source is not None and "3 faulted runs" in source
+    value, source = recovery_maxtext.steady_step_seconds(runs[:2], refs)
+    assert value == pytest.approx(0.050) and source is not None and "fault-free" in source
+    assert recovery_maxtext.steady_step_seconds([], []) == (None, None)
+    assert recovery_maxtext.plain_step_seconds(refs, runs) == pytest.approx(0.031)
