@@ -1070,11 +1070,16 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
                 return refuse("the job has not started yet")
             if state.phase == Phase.RUNNING:
                 return _start_hold(replace(state, operator_hold=True), now, why, failure=False, flush=True)
-            return Decision(
-                replace(state, operator_hold=True, deadline=None if state.phase == Phase.WAITING else state.deadline),
-                (),
-                f"{why}; already holding, will stay held until an operator resumes",
+            held = replace(state, operator_hold=True, deadline=None if state.phase == Phase.WAITING else state.deadline)
+            # The trainer, held for a failure, bounds its wait for a decision (elastic_timeout_seconds and a
+            # grace: trainer_hooks/session.py); an operator hold has no such bound. Tell it that an operator
+            # holds it now: the same generation again, no flush (it is held already).
+            tell = (
+                (HoldTrainer(state.generation, False, state.hold_down, why),)
+                if state.phase in (Phase.HOLDING, Phase.WAITING)
+                else ()
             )
+            return Decision(held, tell, f"{why}; already holding, will stay held until an operator resumes")
         case "resume":
             if not state.operator_hold:
                 return refuse(f"the job is {state.phase} and not held by an operator")

@@ -432,6 +432,10 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
             )
             assert a.generation == after.generation and after.phase == Phase.RUNNING
             assert after.active == a.active
+        elif isinstance(a, HoldTrainer) and after.phase == Phase.WAITING:
+            # Only an operator's hold of a trainer held already: the same generation, no flush.
+            assert isinstance(event, OperatorCommand) and event.kind == "hold" and after.operator_hold
+            assert a.generation == before.generation == after.generation and not a.flush
         elif isinstance(a, HoldTrainer):
             assert a.generation == after.generation and after.phase == Phase.HOLDING
             assert a.generation > before.generation or before.phase == Phase.HOLDING

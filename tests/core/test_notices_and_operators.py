@@ -21,6 +21,7 @@ from agent.core.model import (
     TrainerHeld,
     TrainerResumed,
     WorkerJoined,
+    WorkerLost,
     initial_state,
 )
 from agent.core.model import (
@@ -211,6 +212,23 @@ def test_operator_hold_stays_held_until_an_operator_resumes() -> None:
     assert d.actions == () and job.state.phase == Phase.WAITING
     d = job.step(OperatorCommand("resume", "done"), dt=1000.0)  # no timeout while an operator holds
     assert _one(d, ResumeTrainer).active == frozenset(range(4))
+
+
+def test_an_operator_hold_during_a_failure_hold_tells_the_held_trainer_so() -> None:
+    # Held for a lost slice and waiting for it: the trainer bounds that wait (no decision for
+    # elastic_timeout_seconds and a grace ends it); an operator hold has no bound, so the trainer must hear of it.
+    job = Job(min_slices=4)
+    fail = _one(job.step(WorkerLost(1, 0, "a1", "stream_closed")), HoldTrainer)
+    job.step(TrainerHeld(fail.generation, 7, 7))
+    assert job.state.phase == Phase.WAITING
+    d = job.step(OperatorCommand("hold", "investigating"))
+    again = _one(d, HoldTrainer)
+    assert again.generation == fail.generation and not again.flush
+    assert again.reason.startswith("operator hold") and again.down_slices == job.state.hold_down
+    assert job.state.operator_hold and job.state.deadline is None
+    # Its acknowledgement changes nothing; the operator's resume decides.
+    assert job.step(TrainerHeld(fail.generation, 7, 7)).actions == ()
+    assert job.state.phase == Phase.WAITING and job.state.operator_hold
 
 
 def test_operator_resume_while_running_is_refused() -> None:

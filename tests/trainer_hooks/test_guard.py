@@ -390,6 +390,33 @@ def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(
     assert "sidecar_undecided" not in events.kinds() and "sidecar_lost" not in events.kinds()
 
 
+def test_an_operator_hold_of_a_trainer_held_for_a_failure_lifts_the_no_decision_bound(
+    flusher: Flusher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held for a lost slice, then held by an operator (the same generation again, agent.core.decide): the
+    trainer waits for the operator's resume however long it takes, as for any operator hold."""
+    monkeypatch.setattr(session_module, "DECISION_GRACE_SECONDS", GRACE)
+    sidecar = FakeSidecar().start()
+    session, events = connect(sidecar.address, flusher)
+    try:
+        started(sidecar, session, steps=3)
+        sidecar.send(hold(2, flush=True, down=(1,), reason="slice 1 lost"))
+        t, out = in_thread(lambda: boundary_until(session, 3, timeout=30))
+        sidecar.wait_for_message("held")
+        sidecar.send(hold(2, flush=False, down=(1,), reason="operator hold: investigating"))
+        time.sleep((TIMEOUT + GRACE) * 2)
+        assert t.is_alive(), out
+        sidecar.send(resume(2, 0, 1))
+        t.join(10)
+    finally:
+        sidecar.stop()
+        session.close()
+    assert "error" not in out, out
+    assert out["result"].generation == 2
+    assert "sidecar_undecided" not in events.kinds() and "sidecar_lost" not in events.kinds()
+    assert flusher.calls == [(3, frozenset({1}))]  # the operator's hold flushed nothing more
+
+
 def test_while_training_runs_a_missing_sidecar_never_stops_it(flusher: Flusher) -> None:
     sidecar = FakeSidecar().start()
     session, events = connect(sidecar.address, flusher, timeout=0.5)
