@@ -6,13 +6,15 @@ For each trainer and recovery strategy, over a run of ``run_hours`` of wall time
     goodput = (1 - faults x mean fault cost / run seconds) x ideal step seconds / strategy's step seconds
 
 * the strategy's step seconds: its fault-free runs' median seconds per full-capacity step (its steady
-  cost of being protected: snapshots, frequent local checkpoints, the hooks' checks, included);
+  cost of being protected: snapshots, frequent local checkpoints, the hooks' checks, included); on
+  MaxText the row's steady step time, read before each run's fault (:mod:`bench.recovery_maxtext`);
 * ideal step seconds: the fastest strategy's, on the same trainer (work is worth what the least
   protected configuration pays for it);
 * fault cost: per fault kind, the median over runs of the wall seconds a fault cost the strategy
   (``T - W / r``, :mod:`bench.recovery`: time beyond the work kept, steps on k of n slices counting
   k/n, steps computed again counting nothing), against each run's own pre-fault rate where it had one
-  (``fault_cost_own_rate_seconds_median``), else against the fault-free runs' rate; the mean over the
+  (``fault_cost_own_rate_seconds_median``), else against the fault-free runs' rate (on MaxText the local
+  cost against the run's own step time, steps on fewer slices at the full-slice rate); the mean over the
   mix weights each measured kind by its share (a kind not measured for a trainer is left out and the
   row says which were);
 * faults: ``run_hours x 60 / fault_interval_minutes``, spread so none overlaps another's recovery.
@@ -112,13 +114,30 @@ def parse_mix(text: str) -> dict[str, float]:
 
 
 def fault_cost_of(row: dict[str, Any]) -> tuple[float | None, str]:
-    """A recovery row's per-fault cost and its basis: against the runs' own pre-fault rate when
-    measured, else against the fault-free runs' rate."""
+    """A recovery row's per-fault cost and its basis. MaxText rows (:mod:`bench.recovery_maxtext`): the
+    local cost against the run's own step time before the fault, with every step on fewer slices at the
+    full-slice rate (as on a TPU slice; on this CPU such a step is faster). Else against the runs' own
+    pre-fault rate when measured, else against the fault-free runs' rate."""
+    full = row.get("fault_cost_if_shrunk_steps_took_full_time_seconds_median")
+    if full is not None and row.get("fault_cost_method") == "local":
+        return float(full), "own pre-fault step time, steps on fewer slices at the full-slice rate"
     own = row.get("fault_cost_own_rate_seconds_median")
     if own is not None:
         return float(own), "own pre-fault rate"
     ref = row.get("fault_cost_seconds_median")
+    if ref is not None and row.get("fault_cost_method") == "local":
+        return float(ref), "own pre-fault step time"
     return (float(ref), "fault-free runs' rate") if ref is not None else (None, "not measured")
+
+
+def steady_of(row: dict[str, Any]) -> float | None:
+    """A recovery row's steady seconds per full-capacity step: MaxText rows' steady step time (the faulted runs
+    before their faults, :func:`bench.recovery_maxtext.steady_step_seconds`) where given, else its fault-free
+    runs' median."""
+    for key in ("steady_step_seconds_median", "fault_free_seconds_per_step"):
+        if row.get(key):
+            return float(row[key])
+    return None
 
 
 def goodput(
@@ -138,9 +157,7 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
     valid = [r for r in recovery_rows if r.get("runs") and not r.get("invalid_reason")]
     for trainer in sorted({r["trainer"] for r in valid}):
         mine = [r for r in valid if r["trainer"] == trainer]
-        steady = {
-            r["strategy"]: float(r["fault_free_seconds_per_step"]) for r in mine if r.get("fault_free_seconds_per_step")
-        }
+        steady = {r["strategy"]: v for r in mine if (v := steady_of(r)) is not None}
         if not steady:
             continue
         ideal = min(steady.values())

@@ -57,6 +57,34 @@ def test_goodput_combines_steady_overhead_and_mixed_fault_costs() -> None:
     assert all(p["chips"] == goodput.PROJECTION_CHIPS for p in proj)
 
 
+def test_maxtext_rows_give_their_steady_step_and_their_full_slice_rate_local_cost() -> None:
+    def mx(strategy: str, local: float, full: float, steady: float, fault_free: float) -> dict[str, Any]:
+        return rec(
+            strategy,
+            "kill",
+            local,
+            fault_free,
+            trainer="maxtext",
+            fault_cost_method="local",
+            fault_cost_if_shrunk_steps_took_full_time_seconds_median=full,
+            steady_step_seconds_median=steady,
+        )
+
+    # The fault-free runs (one each, disturbed) say otherwise; the steady step times before the faults decide.
+    rows = [mx("checkpoint_rewind", 20.0, 30.0, 0.030, 0.050), mx("sidecar", 5.0, 8.0, 0.0306, 0.040)]
+    out, _ = goodput.compute(rows, goodput.Schedule(run_hours=10, fault_interval_minutes=10, fault_mix={"kill": 1}))
+    by = {r["strategy"]: r for r in out}
+    assert by["sidecar"]["steady_seconds_per_step"] == pytest.approx(0.0306)
+    assert by["sidecar"]["ideal_seconds_per_step"] == pytest.approx(0.030)
+    assert by["sidecar"]["fault_cost_seconds"] == {"kill": 8.0}
+    assert "full-slice rate" in by["sidecar"]["fault_cost_basis"]["kill"]
+    assert by["sidecar"]["goodput"] == pytest.approx((1 - 8.0 / 600) * 0.030 / 0.0306, abs=1e-4)
+    assert by["checkpoint_rewind"]["goodput"] == pytest.approx(1 - 30.0 / 600, abs=1e-4)
+    # Without the full-rate figure, the local cost itself, named as such.
+    plain = {k: v for k, v in rows[1].items() if k != "fault_cost_if_shrunk_steps_took_full_time_seconds_median"}
+    assert goodput.fault_cost_of(plain) == (5.0, "own pre-fault step time")
+
+
 def test_a_mix_is_weighted_and_unmeasured_kinds_are_named() -> None:
     rows = [rec("sidecar", "kill", 4.0, 0.1), rec("sidecar", "hang", None, 0.1)]
     sched = goodput.Schedule(fault_interval_minutes=1, fault_mix={"kill": 3, "hang": 1, "notice": 1})
