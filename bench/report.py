@@ -519,11 +519,62 @@ def _goodput_targets(gp: dict[str, Any] | None) -> list[Verdict]:
     return out or [Verdict("goodput", goal, "–", "not measured", "no goodput rows")]
 
 
+PERIOD_COST_FACTOR = 3
+"""The sidecar's period cost at most a third of MaxText's rewind's (issue 23)."""
+STEP_OVERHEAD_BUDGET = 0.02
+"""The sidecar's steady step overhead over plain MaxText at most 2% (issue 23)."""
+
+
+def _period_cost_targets(rec: dict[str, Any] | None) -> list[Verdict]:
+    """MaxText, per checkpoint period measured: the sidecar's period cost (fault cost at the full-slice rate
+    plus the steady overhead over one period) the lowest of all strategies and at most a third of the rewind's,
+    and its steady step overhead over plain MaxText at most 2%."""
+    goal = (
+        f"sidecar's period cost the lowest and <= 1/{PERIOD_COST_FACTOR} of checkpoint_rewind's; its step "
+        f"overhead <= {STEP_OVERHEAD_BUDGET:.0%}"
+    )
+    rows = [r for r in (rec or {}).get("results", []) if r.get("trainer") == "maxtext" and r.get("fault") == "kill"]
+    if rec is None or not any(r.get("period_cost_seconds_median") is not None for r in rows):
+        return [Verdict("period cost, MaxText", goal, "–", "not measured", "no MaxText rows with a period cost")]
+    out = []
+    for period in sorted({r["checkpoint_period"] for r in rows}):
+        at = [r for r in rows if r["checkpoint_period"] == period]
+        name = f"period cost, MaxText, period {fmt(period)}"
+        costs = {r["strategy"]: r for r in at if r.get("period_cost_seconds_median") is not None and is_valid(r)}
+        side, rewind = costs.get("sidecar"), costs.get("checkpoint_rewind")
+        shown = ", ".join(f"{k} {fmt(v['period_cost_seconds_median'])} s" for k, v in sorted(costs.items()))
+        if side is None or rewind is None:
+            out.append(Verdict(name, goal, shown or "–", "not measured", "no valid sidecar or rewind row"))
+            continue
+        runs = min(int(r.get("runs") or 0) for r in costs.values())
+        overhead = side.get("step_overhead_fraction_median")
+        shown += f"; sidecar step overhead {fmt(overhead)} (n={fmt(runs)})"
+        why = unjudged(rec, runs)
+        missing = sorted({"full_restart", "checkpoint_rewind", "local_checkpoint_rewind"} - set(costs))
+        if why or missing or overhead is None:
+            reason = why or (f"no valid {', '.join(missing)} row" if missing else "no step overhead")
+            out.append(Verdict(name, goal, shown, "not measured", reason))
+            continue
+        lowest = min(costs.values(), key=lambda r: float(r["period_cost_seconds_median"]))
+        ratio = float(rewind["period_cost_seconds_median"]) / float(side["period_cost_seconds_median"])
+        fails = []
+        if lowest is not side:
+            fails.append(f"{lowest['strategy']} lower")
+        if ratio < PERIOD_COST_FACTOR:
+            fails.append(f"rewind / sidecar {ratio:.2f}x")
+        if float(overhead) > STEP_OVERHEAD_BUDGET:
+            fails.append(f"step overhead {float(overhead):.2%}")
+        basis = f"rewind / sidecar {ratio:.2f}x" + (f"; {', '.join(fails)}" if fails else "")
+        out.append(Verdict(name, goal, shown, "not met" if fails else "met", basis))
+    return out
+
+
 def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
     rec = secs.get("recovery")
     out = _goodput_targets(secs["goodput"]) if "goodput" in secs else []
     out += _recovery_ratio_target(rec, "checkpoint_rewind", 3, "maxtext", "sidecar vs checkpoint rewind, MaxText")
     out += _recovery_ratio_target(rec, "full_restart", 10, "maxtext", "sidecar vs full restart, MaxText")
+    out += _period_cost_targets(rec)
     if rec is not None and any(r.get("trainer") == "example" for r in rec.get("results", [])):
         out += _recovery_ratio_target(
             rec, "checkpoint_rewind", 3, "example", "sidecar vs checkpoint rewind, example trainer"
@@ -657,6 +708,14 @@ def maxtext_steps(s: dict[str, Any], mx: dict[str, Any]) -> str:
     return f"steps per run {fmt(mx.get('steps'))}"
 
 
+def snapshot_interval_text(mx: dict[str, Any]) -> str:
+    """The sidecar's MaxText snapshot interval as run: a number of steps, or the hook's shipped ``auto``."""
+    every = mx.get("snapshot_every")
+    if every is None or "auto" in str(every) or str(every) == "-1":
+        return "auto (the hook's shipped default: measured, at most 2% of the step)"
+    return f"every {fmt(every)} step(s)"
+
+
 def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     cfg = s.get("config", {})
     out: list[str] = []
@@ -692,8 +751,8 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         if mx and trainer in (None, "maxtext"):
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
-                f"bytes per row below), {maxtext_steps(s, mx)}, snapshot every "
-                f"{fmt(mx.get('snapshot_every'))} step(s) for the sidecar; elastic_min_slice_count "
+                f"bytes per row below), {maxtext_steps(s, mx)}, the sidecar's snapshot interval "
+                f"{snapshot_interval_text(mx)}; elastic_min_slice_count "
                 # Runs before the option existed all passed -1 (bench.recovery_maxtext's flags then).
                 f"{fmt(mx.get('elastic_min_slice_count', -1))} for both elastic strategies "
                 "(-1: wait for every slice; 1: continue on the survivor, grow back when the replacement comes)."
@@ -760,12 +819,50 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 for x in ratios
             ],
         )
+    period = [r for r in s.get("results", []) if r.get("period_cost_seconds_median") is not None]
+    if period:
+        out += [
+            "",
+            "MaxText, one checkpoint period with its fault (issue 23): the fault cost with every step on fewer "
+            "slices at the full-slice rate, plus the strategy's steady step overhead over plain MaxText "
+            "(full_restart: no elastic mode, no sidecar) times the period's steps. Steady step times are read "
+            "before each run's fault (steady source); mesh slices: MaxText's mesh before the fault and for the "
+            "first attempt after it.",
+            "",
+        ]
+        out += table(
+            [
+                *ROW_KEY_HEAD,
+                "period cost s",
+                "fault cost at full rate s",
+                "step overhead",
+                "steady step s",
+                "plain step s",
+                "mesh slices",
+                "n",
+                "steady source",
+            ],
+            [
+                [
+                    *row_key(r),
+                    fmt(r["period_cost_seconds_median"]),
+                    fmt(r.get("fault_cost_if_shrunk_steps_took_full_time_seconds_median")),
+                    fmt(r.get("step_overhead_fraction_median")),
+                    fmt(r.get("steady_step_seconds_median")),
+                    fmt(r.get("plain_step_seconds_median")),
+                    f"{fmt(r.get('mesh_slices_before'))} -> {fmt(r.get('mesh_slices_after'))}",
+                    fmt(r.get("runs")),
+                    fmt(r.get("steady_step_source")),
+                ]
+                for r in period
+            ],
+        )
     snaps: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in s.get("results", []):  # one line per job: the cost comes from its fault-free runs
         if r.get("snapshot_ms_per_step_median") is not None:
             snaps.setdefault((r["trainer"], r["strategy"], r["checkpoint_period"], r.get("model")), r)
     if snaps:
-        out += ["", "In-memory snapshot before every step (fault-free runs; not in the fault cost above):", ""]
+        out += ["", "In-memory snapshots (fault-free runs; not in the fault cost above):", ""]
         out += table(
             ["trainer", "strategy", "period", "model", "params", "snapshot ms per step", "of the step", "n"],
             [

@@ -677,3 +677,49 @@ def test_local_fault_costs_are_tabled_beside_the_whole_run_measure_and_named_in_
     data["benchmarks"]["recovery"]["runs"] = [run, {**run, "local_fault_cost_s": None}]
     (line,) = [x for x in render(data).splitlines() if "41.25" in x]
     assert all(v in line for v in ("| 237 | 36 | 613 | 2 |", "44.5")), line
+
+
+def test_maxtexts_period_cost_is_tabled_and_judged_per_period() -> None:
+    data = fixture()
+    rows = data["benchmarks"]["recovery"]["results"]
+    rows[:] = [r for r in rows if r["trainer"] != "maxtext"]
+
+    def mx(strategy: str, period_cost: float, overhead: float, period: int = 1000) -> dict[str, Any]:
+        return rec_row(
+            "maxtext",
+            strategy,
+            5.5,
+            checkpoint_period=period,
+            period_cost_seconds_median=period_cost,
+            step_overhead_fraction_median=overhead,
+            fault_cost_if_shrunk_steps_took_full_time_seconds_median=4.25,
+            steady_step_seconds_median=0.0312,
+            plain_step_seconds_median=0.0306,
+            mesh_slices_before=4,
+            mesh_slices_after=3,
+            steady_step_source="median over 5 faulted runs, before the fault",
+        )
+
+    rows += [
+        mx("full_restart", 61.5, 0.0),
+        mx("checkpoint_rewind", 40.25, 0.0125),
+        mx("local_checkpoint_rewind", 17.75, 0.375),
+        mx("sidecar", 11.125, 0.0175),
+    ]
+    md = render(data)
+    (line,) = [x for x in md.splitlines() if "11.125" in x and "4 -> 3" in x]
+    assert all(v in line for v in ("sidecar", "4.25", "0.0175", "0.0312", "0.0306", "4 -> 3")), line
+    vs = {v.target: v for v in targets(sections(data))}
+    v = vs["period cost, MaxText, period 1000"]
+    assert v.verdict == "met" and "3.62x" in v.basis, v
+    # Over 2% a step, or a baseline with a lower period cost, or under 3x the rewind: not met, saying which.
+    rows[-1]["step_overhead_fraction_median"] = 0.025
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
+    assert v.verdict == "not met" and "step overhead 2.50%" in v.basis, v
+    rows[-1].update(step_overhead_fraction_median=0.01, period_cost_seconds_median=18.5)
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
+    assert v.verdict == "not met" and "local_checkpoint_rewind lower" in v.basis and "2.18x" in v.basis, v
+    # A missing baseline is not a verdict.
+    del rows[-2]
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
+    assert v.verdict == "not measured" and "local_checkpoint_rewind" in v.basis, v
