@@ -185,7 +185,7 @@ def _recovery_ratio_target(
 
 
 WHY_NOT_MET = {
-    "maxtext": "[maxtext.md](maxtext.md#a-realistic-period-pre-trained-runs-and-the-period-sweep)",
+    "maxtext": "[maxtext.md](maxtext.md#the-run-at-73bf883-checkpoint-period-1000)",
     "example": "[recovery.md](recovery.md#why-its-3x-and-10x-are-not-met)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
