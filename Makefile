@@ -11,7 +11,8 @@ VENV_MAXTEXT ?= .venv-maxtext
 EDITABLE := --config-settings editable_mode=compat -e
 
 .PHONY: setup setup-maxtext system-deps demo test test-fast test-maxtext lint protos clean \
-	bench-recovery bench-recovery-maxtext bench-scale bench-flush bench-detection bench-footprint bench-docs
+	bench-recovery bench-recovery-maxtext bench-scale bench-flush bench-detection bench-footprint bench-goodput \
+	bench-docs
 
 # Headless Chromium renders the status page in a test (Debian's package; root or sudo).
 system-deps:
@@ -101,9 +102,19 @@ MAXTEXT_RECOVERY_ARGS := --trainer maxtext --maxtext-min-slices 1 \
 bench-recovery-maxtext: setup setup-maxtext
 	$(BENCH) recovery --require-clean $(MAXTEXT_RECOVERY_ARGS) --merge-into $(BENCH_OUT) $(ARGS)
 
-# 1,000 / 2,500 / 5,000 / 10,000 workers at the shipped heartbeats (0.25 s / 1.2 s), 3 cycles each.
+# 10,000 and 25,000 workers (a 100,000-chip job's hosts) at the shipped heartbeats (0.25 s / 1.2 s),
+# registration unpaced, 3 hold cycles a run, 3 runs a size; then the coordinator SIGKILLed and
+# restarted under that load, 3 runs a size.
 bench-scale: setup
-	$(BENCH) scale --require-clean --sizes 1000,2500,5000,10000 --merge-into $(BENCH_OUT) $(ARGS)
+	$(BENCH) scale --require-clean --sizes 10000,25000 --scenarios hold_cycles,coordinator_restart \
+		--repeats 3 --merge-into $(BENCH_OUT) $(ARGS)
+
+# Goodput over a 24-hour run with a fault every 30 minutes, from the recovery rows already in
+# $(BENCH_OUT) (both trainers' realistic points): arithmetic only, no runs. Run it after the
+# recovery runs, so that it reads theirs.
+bench-goodput: setup
+	$(BENCH) goodput --require-clean --trainer all --recovery-json $(BENCH_OUT) \
+		--merge-into $(BENCH_OUT) $(ARGS)
 
 bench-flush: setup
 	$(BENCH) flush --require-clean --merge-into $(BENCH_OUT) $(ARGS)

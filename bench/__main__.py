@@ -163,12 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--recovery-json",
         type=Path,
         default=None,
-        help="combine the rows of this recovery result (python -m bench recovery --json) instead of running it; "
-        "its commit is recorded",
+        help="combine the rows of this recovery result (python -m bench recovery --json, or a combined file such "
+        "as docs/benchmarks.json: its recovery section) instead of running it; its commit is recorded",
     )
     g = ap.add_argument_group("flush")
     g.add_argument("--sizes-mib", type=_ints, default=None, help="state sizes in MiB, e.g. 256,1024")
     return ap
+
+
+def recovery_of(data: dict[str, Any]) -> dict[str, Any]:
+    """A recovery result: one (``python -m bench recovery --json``), or the ``recovery`` section of a combined
+    file (``--merge-into``, docs/benchmarks.json); a file with neither is an error naming what it holds."""
+    if "benchmarks" in data:
+        sec = (data.get("benchmarks") or {}).get("recovery")
+        if sec is None:
+            raise ValueError(f"no recovery section in the combined file (it has {sorted(data['benchmarks'])})")
+        return dict(sec)
+    if data.get("name") not in (None, "recovery") or "results" not in data:
+        raise ValueError(f"not a recovery result: name {data.get('name')!r}, keys {sorted(data)[:8]}")
+    return data
 
 
 def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -182,7 +195,7 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
         if rec is not None:
             source = "the recovery benchmark of this invocation"
         elif ns.recovery_json is not None:
-            rec, source = json.loads(ns.recovery_json.read_text()), str(ns.recovery_json)
+            rec, source = recovery_of(json.loads(ns.recovery_json.read_text())), str(ns.recovery_json)
         return goodput.run(
             quick=ns.quick,
             sched=sched,

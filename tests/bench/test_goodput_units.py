@@ -151,3 +151,16 @@ def test_the_page_leads_with_goodput_from_data_only(tmp_path: Any) -> None:
     # No goodput in the file: no section and no figure for it.
     del data["benchmarks"]["goodput"]
     assert "## Goodput" not in render(data)
+
+
+def test_goodput_reads_a_recovery_result_or_the_recovery_section_of_a_combined_file() -> None:
+    from bench.__main__ import recovery_of
+
+    one = {"name": "recovery", "results": [{"trainer": "maxtext"}], "config": {}}
+    assert recovery_of(one) is one
+    combined = {"benchmarks": {"recovery": one, "flush": {"name": "flush"}}}
+    assert recovery_of(combined) == one
+    with pytest.raises(ValueError, match=r"no recovery section.*'flush'"):
+        recovery_of({"benchmarks": {"flush": {"name": "flush"}}})
+    with pytest.raises(ValueError, match="not a recovery result: name 'flush'"):
+        recovery_of({"name": "flush", "results": []})
