@@ -91,8 +91,10 @@ bench-recovery: setup
 # shipped snapshot interval (auto); each run restores a checkpoint pre-trained once per period. The
 # period 10,000 rows alone take about 2.5 hours on a quiet 2-core machine (about 30 ms a step; a run
 # trains its phase, on average 5,000 steps, and the rewinds train it twice): MAXTEXT_PERIODS=1000 runs
-# the short one.
+# the short one. With MAXTEXT_KEEP=--keep-other-periods a run of one period keeps the other periods'
+# rows in docs/benchmarks.json, each with its own run's commit (e.g. MAXTEXT_PERIODS=10000 beside 1,000).
 MAXTEXT_PERIODS ?= 1000,10000
+MAXTEXT_KEEP ?=
 MAXTEXT_RECOVERY_ARGS := --trainer maxtext --maxtext-min-slices 1 \
 	--strategies full_restart,checkpoint_rewind,local_checkpoint_rewind,sidecar \
 	--faults kill --delays 10 --checkpoint-periods $(MAXTEXT_PERIODS) \
@@ -100,7 +102,7 @@ MAXTEXT_RECOVERY_ARGS := --trainer maxtext --maxtext-min-slices 1 \
 	--realistic-delay 10 --repeats $(RECOVERY_ROUNDS) --fault-free-runs 1
 
 bench-recovery-maxtext: setup setup-maxtext
-	$(BENCH) recovery --require-clean $(MAXTEXT_RECOVERY_ARGS) --merge-into $(BENCH_OUT) $(ARGS)
+	$(BENCH) recovery --require-clean $(MAXTEXT_RECOVERY_ARGS) --merge-into $(BENCH_OUT) $(MAXTEXT_KEEP) $(ARGS)
 
 # 10,000 and 25,000 workers (a 100,000-chip job's hosts) at the shipped heartbeats (0.25 s / 1.2 s),
 # registration unpaced, 3 hold cycles a run, 3 runs a size; then the coordinator SIGKILLed and

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a small version (smoke test; figures not representative)")
     ap.add_argument("--json", type=Path, default=None, help="write the result (one benchmark's JSON) here")
     ap.add_argument("--merge-into", type=Path, default=None, help="merge the result into this combined JSON file")
+    ap.add_argument(
+        "--keep-other-periods",
+        action="store_true",
+        help="recovery, with --merge-into: keep the file's rows of this run's trainers at checkpoint periods this "
+        "run did not run (each with its own run's commit), instead of replacing all of those trainers' rows",
+    )
     ap.add_argument("--docs-dir", type=Path, default=None, help="merge into DIR/benchmarks.json and render DIR")
     ap.add_argument(
         "--require-clean",
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {ns.json}")
     targets = [p for p in (ns.merge_into, ns.docs_dir / "benchmarks.json" if ns.docs_dir else None) if p]
     for store in targets:
-        merge(store, results)
+        merge(store, results, keep_periods=ns.keep_other_periods)
         log(f"merged into {store}")
     if ns.docs_dir is not None:
         from bench.report import write
@@ -379,7 +385,55 @@ def section_shas(s: dict[str, Any]) -> set[str]:
     return shas or {s.get("git_sha") or "unknown"}
 
 
-def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def _period_key(trainer: str, period: Any) -> str:
+    """``by_trainer``'s key for a trainer's rows at one checkpoint period kept from an earlier run."""
+    return f"{trainer} (period {period})"
+
+
+def keep_other_periods(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (a recovery run of some trainers) with the rows of ``old`` at checkpoint periods the new run did
+    not run, for the same trainers, kept beside them (``--keep-other-periods``): so that a trainer's periods can
+    be published by separate runs (MaxText's 10,000-step period takes hours on its own). Each kept period keeps
+    its run's config and commit under ``config["by_trainer"]["<trainer> (period <P>)"]``; the trainer's own
+    entry is the new run's (its realistic point). Both runs must be clean and name their trainers, else ``new``."""
+    mine = set(new.get("config", {}).get("trainers") or [])
+    if old.get("dirty") is not False or new.get("dirty") is not False or not mine or not old.get("git_sha"):
+        return new
+    ran = {(trainer_of(r), r.get("checkpoint_period")) for r in new.get("results") or []}
+    old_cfg = old.get("config", {})
+    by_old = old_cfg.get("by_trainer") or {}
+    old_run = {k: old.get(k) for k in RUN_KEYS}
+    kept_rows = [
+        r
+        for r in old.get("results") or []
+        if trainer_of(r) in mine and (trainer_of(r), r.get("checkpoint_period")) not in ran
+    ]
+    if not kept_rows:
+        return new
+    out = dict(new)
+    cfg = dict(new.get("config", {}))
+    by_trainer = dict(cfg.get("by_trainer") or {t: {k: v for k, v in cfg.items() if k != "by_trainer"} for t in mine})
+    for t, period in sorted({(trainer_of(r), r.get("checkpoint_period")) for r in kept_rows}, key=str):
+        key = _period_key(t, period)
+        source = by_old.get(key) or {
+            **old_run,
+            **by_old.get(t, {k: v for k, v in old_cfg.items() if k != "by_trainer"}),
+        }
+        by_trainer[key] = source
+    cfg["by_trainer"] = by_trainer
+    cfg["trainers"] = sorted(set(cfg.get("trainers") or []) | {k for k in by_trainer if k in mine})
+    out["config"] = cfg
+
+    def kept(r: dict[str, Any]) -> bool:
+        return trainer_of(r) in mine and (trainer_of(r), r.get("checkpoint_period")) not in ran
+
+    out["results"] = list(new.get("results") or []) + kept_rows
+    for key in ("ratios", "runs", "fault_free_runs"):
+        out[key] = list(new.get(key) or []) + [r for r in old.get(key) or [] if kept(r)]
+    return out
+
+
+def merge_recovery(old: dict[str, Any], new: dict[str, Any], keep_periods: bool = False) -> dict[str, Any]:
     """A recovery run for some trainers replaces only those trainers' rows.
 
     So the example trainer and MaxText can be run separately (each with the rounds it can afford)
@@ -388,6 +442,8 @@ def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     (the page prints them per trainer), and the section's ``git_sha`` is the newest run's. A dirty
     run, or one that names no trainer, replaces the section.
     """
+    if keep_periods:
+        new = keep_other_periods(old, new)
     mine = set(new.get("config", {}).get("trainers") or [])
     if old.get("dirty") is not False or new.get("dirty") is not False or not mine:
         return new
@@ -403,19 +459,38 @@ def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         for t in old_cfg.get("trainers") or []
         if t not in mine
     }
+    # Periods kept from an earlier run of the same trainer (keep_other_periods) and of other trainers.
+    by_trainer.update(
+        {
+            k: v
+            for k, v in ((new.get("config") or {}).get("by_trainer") or {}).items()
+            if k not in mine and " (period " in k
+        }
+    )
+    by_trainer.update(
+        {
+            k: v
+            for k, v in (old_cfg.get("by_trainer") or {}).items()
+            if " (period " in k and k.split(" (period ")[0] not in mine
+        }
+    )
     if not by_trainer:
         return new
     new_cfg = {k: v for k, v in new.get("config", {}).items() if k != "by_trainer"}
     new_run = {k: new.get(k) for k in RUN_KEYS}
     by_trainer.update({t: {**new_cfg, **new_run} for t in mine})
     out = dict(new)
-    out["config"] = {**new_cfg, "trainers": sorted(by_trainer), "by_trainer": by_trainer}
+    out["config"] = {
+        **new_cfg,
+        "trainers": sorted(k for k in by_trainer if " (period " not in k),
+        "by_trainer": by_trainer,
+    }
     for key in ("results", "ratios", "runs", "fault_free_runs"):
         out[key] = [r for r in old.get(key) or [] if trainer_of(r) not in mine] + list(new.get(key) or [])
     return out
 
 
-def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:
+def merge(store: Path, new: list[dict[str, Any]], keep_periods: bool = False) -> dict[str, Any]:
     old: dict[str, Any] = {}
     if store.exists():
         try:
@@ -425,7 +500,7 @@ def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:
     sections = {k: v for k, v in old.items() if isinstance(v, dict) and v.get("schema") == 2}
     for s in new:
         if s["name"] == "recovery" and "recovery" in sections:
-            s = merge_recovery(sections["recovery"], s)
+            s = merge_recovery(sections["recovery"], s, keep_periods=keep_periods)
         sections[s["name"]] = s
     data = combine([sections[k] for k in NAMES if k in sections])
     store.parent.mkdir(parents=True, exist_ok=True)

@@ -748,7 +748,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     + " (the trainers' allocations pay this; see the method)."
                 )
         mx = c.get("maxtext")
-        if mx and trainer in (None, "maxtext"):
+        if mx and (trainer is None or trainer.split(" (period ")[0] == "maxtext"):
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
                 f"bytes per row below), {maxtext_steps(s, mx)}, the sidecar's snapshot interval "

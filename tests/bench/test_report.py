@@ -506,7 +506,7 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     (short,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
     assert short.verdict == "not met"
     assert (
-        "why not met: [maxtext.md](maxtext.md#a-realistic-period-pre-trained-runs-and-the-period-sweep)" in short.basis
+        "why not met: [maxtext.md](maxtext.md#the-run-at-73bf883-checkpoint-period-1000)" in short.basis
     )
     # A run of the example trainer again replaces only its own rows.
     merge(store, [example])
@@ -723,3 +723,68 @@ def test_maxtexts_period_cost_is_tabled_and_judged_per_period() -> None:
     del rows[-2]
     v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
     assert v.verdict == "not measured" and "local_checkpoint_rewind" in v.basis, v
+
+
+def test_a_maxtext_run_of_one_period_can_keep_the_other_periods_rows_with_their_own_commit(tmp_path: Path) -> None:
+    """MaxText's period 10,000 takes hours on its own: --keep-other-periods publishes it beside period 1,000."""
+    from bench.__main__ import merge
+
+    def mx_run(period: int, sha: str, cost: float) -> dict[str, Any]:
+        cfg = {"realistic_checkpoint_period": period, "realistic_delay": 10.0, "trainers": ["maxtext"], "runs": 5}
+        sec = section(
+            "recovery",
+            cfg,
+            [rec_row("maxtext", s, c, checkpoint_period=period, replacement_delay=10.0) for s, c in cost_rows(cost)],
+            ratios=[
+                {
+                    "trainer": "maxtext",
+                    "fault": "kill",
+                    "checkpoint_period": period,
+                    "replacement_delay": 10.0,
+                    "baseline": "checkpoint_rewind",
+                    "baseline_fault_cost_seconds_median": cost * 4,
+                    "sidecar_fault_cost_seconds_median": cost,
+                    "ratio": 4,
+                }
+            ],
+            runs=[{"trainer": "maxtext", "checkpoint_period": period, "tag": f"mx-{period}"}],
+        )
+        sec["git_sha"] = sha
+        return sec
+
+    def cost_rows(cost: float) -> list[tuple[str, float]]:
+        return [("sidecar", cost), ("checkpoint_rewind", cost * 4)]
+
+    example = section("recovery", {"trainers": ["example"], "runs": 5}, [rec_row("example", "sidecar", 1.5)])
+    store = tmp_path / "b.json"
+    merge(store, [example])
+    merge(store, [mx_run(1000, "a" * 40, 8.0)])
+    data = merge(store, [mx_run(10000, "b" * 40, 9.0)], keep_periods=True)
+    rec = data["benchmarks"]["recovery"]
+    periods = sorted((r["trainer"], r["checkpoint_period"]) for r in rec["results"])
+    assert periods == [("example", 100), ("maxtext", 1000), ("maxtext", 1000), ("maxtext", 10000), ("maxtext", 10000)]
+    by = rec["config"]["by_trainer"]
+    assert by["maxtext"]["git_sha"] == "b" * 40 and by["maxtext"]["realistic_checkpoint_period"] == 10000
+    assert by["maxtext (period 1000)"]["git_sha"] == "a" * 40 and "example" in by
+    assert rec["config"]["trainers"] == ["example", "maxtext"]
+    assert sorted(r["checkpoint_period"] for r in rec["ratios"]) == [1000, 10000]
+    assert sorted(r["tag"] for r in rec["runs"]) == ["mx-1000", "mx-10000"]
+    assert {"a" * 40, "b" * 40} <= set(data["git_shas"])
+    assert "**Trainer maxtext (period 1000)**" in render(data)
+    # Without the flag a trainer's run replaces all of its rows, as before; a later run of period 1,000 with
+    # the flag keeps period 10,000's rows under their own key.
+    plain = merge(tmp_path / "c.json", [mx_run(1000, "a" * 40, 8.0)])
+    plain = merge(tmp_path / "c.json", [mx_run(10000, "b" * 40, 9.0)])
+    assert {r["checkpoint_period"] for r in plain["benchmarks"]["recovery"]["results"]} == {10000}
+    again = merge(store, [mx_run(1000, "c" * 40, 7.0)], keep_periods=True)
+    by = again["benchmarks"]["recovery"]["config"]["by_trainer"]
+    assert by["maxtext"]["git_sha"] == "c" * 40 and by["maxtext (period 10000)"]["git_sha"] == "b" * 40
+    assert "maxtext (period 1000)" not in by
+    assert sorted(
+        r["checkpoint_period"] for r in again["benchmarks"]["recovery"]["results"] if r["trainer"] == "maxtext"
+    ) == [
+        1000,
+        1000,
+        10000,
+        10000,
+    ]
