@@ -1027,6 +1027,14 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     head += ["dropped on the coordinator's socket", "cycles", "runs", "pinned", "status"]
     top = topology_line(s)
     out = table(head, rows) + (["", top] if top else [])
+    cfg = s.get("config") or {}
+    if cfg.get("net_core_rmem_max") is not None:
+        out += [
+            "",
+            f"The machine's net.core.rmem_max: {fmt(cfg['net_core_rmem_max'])} bytes; the coordinator asks for "
+            f"{fmt(cfg.get('coordinator_recv_buffer_asked'))} bytes on its heartbeat socket (the kernel grants at "
+            "most rmem_max).",
+        ]
     restarts = [r for r in s.get("results", []) if r.get("scenario") == "coordinator_restart"]
     if restarts:
         out += ["", "Coordinator restart (SIGKILL under load, started again on the same ports):", ""]

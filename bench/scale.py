@@ -999,6 +999,14 @@ def size_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def rmem_max() -> int | None:
+    """The machine's ``net.core.rmem_max``: the most receive buffer the coordinator's heartbeat socket gets."""
+    try:
+        return int(Path("/proc/sys/net/core/rmem_max").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def run(
     quick: bool = False,
     sizes: list[int] | None = None,
@@ -1014,6 +1022,7 @@ def run(
     rejoin_grace: float | None = None,
 ) -> dict[str, Any]:
     from agent import constants as C
+    from agent.sources import heartbeat_datagrams
 
     runs = runs or (1 if quick else RUNS)
     scenarios = scenarios or ["hold_cycles"]
@@ -1071,6 +1080,8 @@ def run(
             "heartbeat_interval": hb,
             "heartbeat_timeout": hbt,
             "heartbeats": heartbeats,
+            "net_core_rmem_max": rmem_max(),
+            "coordinator_recv_buffer_asked": heartbeat_datagrams.RECV_BUFFER_BYTES,
             "shipped_heartbeats": "datagram" if C.HEARTBEAT_DATAGRAMS else "stream",
             "shipped_heartbeat_interval": C.HEARTBEAT_INTERVAL_SECONDS,
             "shipped_heartbeat_timeout": C.HEARTBEAT_TIMEOUT_SECONDS,

@@ -367,3 +367,23 @@ async def test_datagrams_the_kernel_drops_are_counted(monkeypatch: pytest.Monkey
         assert 0 < rx.dropped() < 1000
     finally:
         rx.close()
+
+
+async def test_a_receive_buffer_capped_by_rmem_max_is_named_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel grants at most net.core.rmem_max: the coordinator says so, and what it got, when it asked more."""
+    import structlog
+
+    from agent.sources import heartbeat_datagrams as hd
+
+    with open("/proc/sys/net/core/rmem_max") as f:
+        rmem_max = int(f.read())
+    for asked, warned in ((rmem_max * 4, True), (4096, False)):
+        monkeypatch.setattr(hd, "RECV_BUFFER_BYTES", asked)
+        rx = DatagramReceiver(lambda dg, now, reply: Live())
+        with structlog.testing.capture_logs() as logs:
+            rx.open("127.0.0.1:0", 0)
+        rx.close()
+        capped = [e for e in logs if "capped by net.core.rmem_max" in e["event"]]
+        assert bool(capped) == warned, logs
+        if warned:
+            assert capped[0]["asked_bytes"] == asked and capped[0]["granted_bytes"] <= rmem_max
