@@ -366,18 +366,24 @@ def test_a_held_trainer_without_a_decision_flushes_then_aborts_42(
     assert events[1][1]["link_up"] is True
 
 
+@pytest.mark.parametrize("after_a_failure", [False, True])
 def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(
-    flusher: Flusher, monkeypatch: pytest.MonkeyPatch
+    flusher: Flusher, monkeypatch: pytest.MonkeyPatch, after_a_failure: bool
 ) -> None:
-    """An operator's hold has no deadline: the no-decision bound does not end it."""
+    """An operator's hold has no deadline: the no-decision bound does not end it. ``after_a_failure``: held for a
+    lost slice first, then held by an operator (the same generation again, agent.core.decide), which lifts the
+    bound the failure's hold had."""
     monkeypatch.setattr(session_module, "DECISION_GRACE_SECONDS", GRACE)
     sidecar = FakeSidecar().start()
     session, events = connect(sidecar.address, flusher)
     try:
         started(sidecar, session, steps=3)
-        sidecar.send(hold(2, flush=True, reason="operator hold: storage maintenance"))
+        first = "slice 1 lost" if after_a_failure else "operator hold: storage maintenance"
+        sidecar.send(hold(2, flush=True, down=(1,), reason=first))
         t, out = in_thread(lambda: boundary_until(session, 3, timeout=30))
         sidecar.wait_for_message("held")
+        if after_a_failure:
+            sidecar.send(hold(2, flush=False, down=(1,), reason="operator hold: investigating"))
         time.sleep((TIMEOUT + GRACE) * 2)
         assert t.is_alive(), out
         sidecar.send(resume(2, 0, 1))
@@ -388,33 +394,7 @@ def test_an_operator_hold_waits_past_the_timeout_while_the_link_is_up(
     assert "error" not in out, out
     assert out["result"].generation == 2
     assert "sidecar_undecided" not in events.kinds() and "sidecar_lost" not in events.kinds()
-
-
-def test_an_operator_hold_of_a_trainer_held_for_a_failure_lifts_the_no_decision_bound(
-    flusher: Flusher, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Held for a lost slice, then held by an operator (the same generation again, agent.core.decide): the
-    trainer waits for the operator's resume however long it takes, as for any operator hold."""
-    monkeypatch.setattr(session_module, "DECISION_GRACE_SECONDS", GRACE)
-    sidecar = FakeSidecar().start()
-    session, events = connect(sidecar.address, flusher)
-    try:
-        started(sidecar, session, steps=3)
-        sidecar.send(hold(2, flush=True, down=(1,), reason="slice 1 lost"))
-        t, out = in_thread(lambda: boundary_until(session, 3, timeout=30))
-        sidecar.wait_for_message("held")
-        sidecar.send(hold(2, flush=False, down=(1,), reason="operator hold: investigating"))
-        time.sleep((TIMEOUT + GRACE) * 2)
-        assert t.is_alive(), out
-        sidecar.send(resume(2, 0, 1))
-        t.join(10)
-    finally:
-        sidecar.stop()
-        session.close()
-    assert "error" not in out, out
-    assert out["result"].generation == 2
-    assert "sidecar_undecided" not in events.kinds() and "sidecar_lost" not in events.kinds()
-    assert flusher.calls == [(3, frozenset({1}))]  # the operator's hold flushed nothing more
+    assert flusher.calls == [(3, frozenset({1}))]  # one flush: the operator's second hold flushed nothing more
 
 
 def test_while_training_runs_a_missing_sidecar_never_stops_it(flusher: Flusher) -> None:
