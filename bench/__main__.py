@@ -400,16 +400,16 @@ def keep_other_periods(old: dict[str, Any], new: dict[str, Any]) -> dict[str, An
     if old.get("dirty") is not False or new.get("dirty") is not False or not mine or not old.get("git_sha"):
         return new
     ran = {(trainer_of(r), r.get("checkpoint_period")) for r in new.get("results") or []}
+
+    def kept(r: dict[str, Any]) -> bool:
+        return trainer_of(r) in mine and (trainer_of(r), r.get("checkpoint_period")) not in ran
+
+    kept_rows = [r for r in old.get("results") or [] if kept(r)]
+    if not kept_rows:
+        return new
     old_cfg = old.get("config", {})
     by_old = old_cfg.get("by_trainer") or {}
     old_run = {k: old.get(k) for k in RUN_KEYS}
-    kept_rows = [
-        r
-        for r in old.get("results") or []
-        if trainer_of(r) in mine and (trainer_of(r), r.get("checkpoint_period")) not in ran
-    ]
-    if not kept_rows:
-        return new
     out = dict(new)
     cfg = dict(new.get("config", {}))
     by_trainer = dict(cfg.get("by_trainer") or {t: {k: v for k, v in cfg.items() if k != "by_trainer"} for t in mine})
@@ -421,12 +421,7 @@ def keep_other_periods(old: dict[str, Any], new: dict[str, Any]) -> dict[str, An
         }
         by_trainer[key] = source
     cfg["by_trainer"] = by_trainer
-    cfg["trainers"] = sorted(set(cfg.get("trainers") or []) | {k for k in by_trainer if k in mine})
     out["config"] = cfg
-
-    def kept(r: dict[str, Any]) -> bool:
-        return trainer_of(r) in mine and (trainer_of(r), r.get("checkpoint_period")) not in ran
-
     out["results"] = list(new.get("results") or []) + kept_rows
     for key in ("ratios", "runs", "fault_free_runs"):
         out[key] = list(new.get(key) or []) + [r for r in old.get(key) or [] if kept(r)]

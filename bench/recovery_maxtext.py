@@ -382,8 +382,9 @@ def analyse(
     # exactly one periodic save, as the run's long-term step time does). The whole-run measure above
     # compares with other processes' rates, which differ by up to 15% between runs here (ea4f932); the
     # error of this one grows with the window's work, not with the run's length.
-    pre = {e["step"]: e["t"] for e in done if e["t"] <= ft}
-    steady = steady_before_fault([e for e in done if e["t"] <= ft], warm, before, save_every)
+    done_before = [e for e in done if e["t"] <= ft]
+    pre = {e["step"]: e["t"] for e in done_before}
+    steady = steady_before_fault(done_before, warm, before, save_every)
     if steady is not None:
         out["steady_step_s"], out["steady_reference_steps"] = rnd(steady[0], 6), steady[1]
     n_ref = min(reference_steps, before - warm)
@@ -551,6 +552,15 @@ def steady_step_seconds(
     if whole:
         return median(whole), f"median over {len(whole)} fault-free runs, whole run"
     return None, None
+
+
+def runs_at(runs: Sequence[dict[str, Any]], strategy: str, case: tuple[str, int, float]) -> list[dict[str, Any]]:
+    """The faulted runs of ``strategy`` at ``case`` (fault, checkpoint period, replacement delay)."""
+    return [
+        r
+        for r in runs
+        if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"]) == (strategy, *case)
+    ]
 
 
 def plain_step_seconds(plain_refs: Sequence[dict[str, Any]], plain_runs: Sequence[dict[str, Any]] = ()) -> float | None:
@@ -976,12 +986,8 @@ def run(
             elif period in no_start:
                 rows.append(not_run_row(s, fault, period, delay, model, no_start[period], min_slices))
             else:
-                mine = [
-                    r
-                    for r in done
-                    if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
-                    == (s, fault, period, delay)
-                ]
+                case = (fault, period, delay)
+                plain = plain_step_seconds(refs.get(("full_restart", period), []), runs_at(done, "full_restart", case))
                 rows.append(
                     summarise(
                         s,
@@ -989,18 +995,10 @@ def run(
                         period,
                         delay,
                         model,
-                        mine,
+                        runs_at(done, s, case),
                         refs.get((s, period), []),
                         min_slices,
-                        plain_step_s=plain_step_seconds(
-                            refs.get(("full_restart", period), []),
-                            [
-                                r
-                                for r in done
-                                if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
-                                == ("full_restart", fault, period, delay)
-                            ],
-                        ),
+                        plain_step_s=plain,
                     )
                 )
     return {

@@ -7,8 +7,9 @@ else ``NPROC``, else the core count), and its in-process collectives block the t
 they wait for every participant (``InProcessCommunicator``). Collectives of one device may overlap (a
 collective is a scheduling dependency of the next, not a completion one: ``xla/runtime/execution_graph.h``),
 so with only ``n`` threads all of them can block while one device's part of the collective waits for a
-free thread: XLA aborts after 40 s ("Termination timeout for `all reduce RendezvousKey...`"). Seen about
-once in ten MaxText runs on 8 devices after a shrink and a grow. More threads than can block at once
+free thread: XLA aborts after 40 s ("Termination timeout for `all reduce RendezvousKey...`"). Seen in
+MaxText runs on 8 devices after a shrink and a grow (every elastic run of one quick benchmark round before
+this, intermittently in tests). More threads than can block at once
 remove that starvation; the extra threads cost nothing while they sleep. A TPU runs each chip's program
 on the chip, so this is a property of the CPU stand-in only.
 """
