@@ -273,6 +273,7 @@ class Coordinator:
         """Set when the state file found at start could not be used (it was moved aside)."""
         self._lock_fd: int | None = None
         self._state_writer = statefile.BoundedWriter()
+        self._renderer = statefile.Renderer()  # used only inside the writer's one-at-a-time writes
         self._loop_resumed_at = 0.0
         """End of the newest event-loop stall: nobody is late for time the loop could not read."""
         self._drops_seen = 0
@@ -448,8 +449,8 @@ class Coordinator:
     def _write_state(self, state: State) -> None:
         """Serialise and write ``state`` (runs in a thread: states are immutable)."""
         assert self.cfg.state_file is not None
-        snap = statefile.snapshot(state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
-        statefile.write(self.cfg.state_file, snap)
+        raw = self._renderer.render(state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
+        statefile.write(self.cfg.state_file, raw)
 
     async def _make_durable(self) -> None:
         """Write the current state before its actions run (write-ahead); see the module docstring."""

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from agent import statefile
 from agent.config import CoordinatorConfig
@@ -162,6 +164,91 @@ def test_version_1_files_are_still_read(tmp_path: Path) -> None:
     r = statefile.restore(statefile.read(path), initial_state(POLICY, 10.0), 10.0).state
     assert r.phase == Phase.RUNNING and r.generation == 4 and r.retries_used == 1
     assert r.expected_rejoin == frozenset({(0, 0), (1, 1)}) and r.trainer.committed_step == 9
+
+
+def _read_back(raw: bytes) -> dict:
+    got = json.loads(raw)
+    got.pop("written_at")
+    return got
+
+
+def _expected(state: State, offset: float) -> dict:
+    want = json.loads(json.dumps(statefile.snapshot(state, offset=offset)))
+    want.pop("written_at")
+    return want
+
+
+_KEYS = hs.tuples(hs.integers(0, 2), hs.integers(0, 1))
+_RECORDS = hs.builds(
+    HostRecord,
+    hs.sampled_from(["a", "b", "c"]),
+    node=hs.sampled_from(["", "n1", "n2"]),
+    registered_at=hs.sampled_from([1.0, 2.5]),
+    healthy=hs.booleans(),
+    settled=hs.booleans(),
+    away_since=hs.sampled_from([None, 3.0]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=hs.lists(
+        hs.tuples(hs.sampled_from(["put", "drop", "keep"]), _KEYS, _RECORDS, hs.frozensets(_KEYS, max_size=6)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_the_renderer_writes_what_snapshot_holds_as_hosts_come_change_and_go(steps: list) -> None:
+    """One renderer over a run of states (its cached lines reused) writes exactly snapshot()'s dict each time."""
+    renderer = statefile.Renderer()
+    hosts = dict(HOSTS)
+    state = saved_state(Phase.RUNNING)
+    for op, key, record, expected in steps:
+        if op == "put":
+            hosts[key] = record  # a new object under a known key too: it must be rendered again
+        elif op == "drop":
+            hosts.pop(key, None)
+        state = replace(state, hosts=_frozen(hosts), expected_rejoin=expected)
+        raw = renderer.render(state, epoch=3, offset=OFFSET)
+        assert _read_back(raw) == {**_expected(state, OFFSET), "epoch": 3}
+
+
+def test_a_record_replaced_under_the_same_key_is_written_anew() -> None:
+    renderer = statefile.Renderer()
+    state = saved_state(Phase.RUNNING)
+    renderer.render(state, offset=OFFSET)
+    sick = replace(HOSTS[(1, 0)], healthy=False, incarnation="inc-new")
+    later = replace(state, hosts=_frozen({**HOSTS, (1, 0): sick}))
+    rows = {(r["slice"], r["host"]): r for r in json.loads(renderer.render(later, offset=OFFSET))["hosts"]}
+    assert rows[(1, 0)]["healthy"] is False and rows[(1, 0)]["incarnation"] == "inc-new"
+    assert rows[(0, 0)]["healthy"] is True
+
+
+def test_a_wall_clock_that_drifted_renders_every_host_on_the_new_offset(tmp_path: Path) -> None:
+    """Every time in one file is on one offset (``_rebase`` relies on it), cached lines included."""
+    renderer = statefile.Renderer()
+    state = saved_state(Phase.RUNNING)
+    renderer.render(state, offset=OFFSET)
+    near = json.loads(renderer.render(state, offset=OFFSET + statefile.OFFSET_TOLERANCE_SECONDS / 2))
+    assert near["hosts"][0]["registered_at"] == pytest.approx(1.0 + OFFSET)  # within tolerance: the first offset
+    stepped = json.loads(renderer.render(state, offset=OFFSET + 3600.0))
+    assert [r["registered_at"] for r in stepped["hosts"]] == [pytest.approx(1.0 + OFFSET + 3600.0)] * len(HOSTS)
+    assert stepped["written_at"] == pytest.approx(time.monotonic() + OFFSET + 3600.0, abs=1.0)
+    path = tmp_path / "state.json"
+    statefile.write(path, renderer.render(state, epoch=7, offset=OFFSET + 3600.0))
+    r = statefile.restore(statefile.read(path), initial_state(POLICY, 50.0), 50.0, offset=OFFSET + 3600.0)
+    assert r.state.hosts[(0, 0)].registered_at == pytest.approx(1.0) and r.epoch == 7
+
+
+def test_hosts_awaited_after_a_restart_are_written_once_and_all_awaited_again(tmp_path: Path) -> None:
+    """The awaited hosts on record are not written twice (10,000 of them after a restart); a restore awaits
+    every host on record and the others written."""
+    hosts = {k: v for k, v in HOSTS.items() if k != (2, 1)}
+    st = saved_state(Phase.RUNNING, hosts=_frozen(hosts), expected_rejoin=frozenset({(0, 0), (1, 1), (2, 1)}))
+    snap = statefile.snapshot(st, offset=OFFSET)
+    assert snap["expected_rejoin"] == [[2, 1]]
+    r = roundtrip(tmp_path, st, now=100.0)
+    assert r.expected_rejoin == frozenset(HOSTS)
 
 
 @pytest.mark.parametrize(
