@@ -212,7 +212,9 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         "--rejoin-grace",
         default=10.0,
         type=positive_float,
-        help="after a coordinator restart, seconds known hosts get to re-register (default 10)",
+        help="after a coordinator restart, seconds known hosts get to re-register (default 10), counted again "
+        "from each host that re-registers while they keep coming back: a host is judged lost only this long "
+        "after the restart and after the newest re-registration",
     )
     _add(
         p,

@@ -58,7 +58,8 @@ with the worker's backoff. The row gives ``all_back_seconds`` (the kill until th
 coordinator counts every worker connected, its ``workers_connected`` gauge),
 ``restart_to_serving_seconds``, the restarted coordinator's CPU until then, and ``hosts_lost``
 (``WorkerLost`` decisions of the restarted coordinator, read after the rejoin grace has passed);
-valid only with no host lost, every worker back within ``--rejoin-grace`` and no socket drops.
+valid only with no host lost, every worker back and no socket drops (the grace counts from the
+newest re-registration, so the time until all are back is reported beside it, not bounded by it).
 The coordinator's main-thread CPU is reported too: near one core the event
 loop is saturated and the CPU figure is a ceiling, not the demand.
 
@@ -519,15 +520,15 @@ def _worker_lost_since(log_path: Path, pos: int = 0) -> int:
     return n
 
 
-def validate_restart(out: dict[str, Any], grace: float) -> list[str]:
-    """Why a coordinator_restart run cannot stand (empty when it can)."""
+def validate_restart(out: dict[str, Any]) -> list[str]:
+    """Why a coordinator_restart run cannot stand (empty when it can).
+
+    Every worker must be back and none lost. How long they took is reported (``all_back_seconds``), not
+    judged against ``--rejoin-grace``: the grace counts from the newest re-registration (agent/core/decide.py ``_rejoin_deadline_after``), so a storm longer than the grace
+    loses nobody while it progresses, and a host it did lose shows in ``hosts_lost``."""
     why = []
     if out.get("all_back_seconds") is None:
         why.append("not every worker was back after the restart")
-    elif out["all_back_seconds"] > grace:
-        why.append(
-            f"every worker was back {out['all_back_seconds']} s after the kill, past the {grace:g} s rejoin grace"
-        )
     if out.get("hosts_lost"):
         why.append(f"{out['hosts_lost']} hosts were lost across the restart")
     return why
@@ -810,7 +811,7 @@ def run_size(
             n, good, cycles, timeouts, dg, out["coordinator_socket_drops"], held_connected=scenario == "health_reports"
         )
         if scenario == "coordinator_restart":
-            why += validate_restart(out, rejoin_grace)
+            why += validate_restart(out)
         if timeouts and out["loadgen_heartbeats_late_max_s"] >= hbt / 2:
             why.append(
                 f"a load generator's heartbeat datagrams ran {out['loadgen_heartbeats_late_max_s']} s late "
@@ -878,7 +879,9 @@ def restart_coordinator(
         out["restart_error"] = "the restarted coordinator did not serve within 30 s"
         return new, out
     out["restart_to_serving_seconds"] = rnd(time.time() - t_kill, 3)
-    deadline = time.monotonic() + 3 * grace + 30
+    # The storm's length grows with the workers (about 300 registrations a second here): wait for at
+    # least 100 a second before calling a worker missing.
+    deadline = time.monotonic() + 3 * grace + 30 + n / 100
     connected = 0.0
     while time.monotonic() < deadline:
         connected = coordinator_metrics(http, timeout=2.0).get(CONNECTED, connected)
@@ -888,8 +891,11 @@ def restart_coordinator(
         time.sleep(0.1)
     out["workers_back"] = int(connected)
     out["restart_cpu_seconds"] = rnd(sampler.cpu_seconds(), 2)
-    # A host that had not re-registered when the grace ran out counts as lost: read after it.
-    time.sleep(max(0.0, t_kill + out.get("restart_to_serving_seconds", 0.0) + grace + 2.0 - time.time()))
+    # A host that had not re-registered when the grace ran out counts as lost: read after it. The grace
+    # runs from the restart and again from the newest re-registration, so it ends at the latest a grace
+    # after the last worker came back (or after now, if some never did).
+    last = t_kill + (out["all_back_seconds"] if out["all_back_seconds"] is not None else time.time() - t_kill)
+    time.sleep(max(0.0, max(last, t_kill + out.get("restart_to_serving_seconds", 0.0)) + grace + 2.0 - time.time()))
     out["hosts_lost"] = _worker_lost_since(wd / "coordinator-restarted.log")
     return new, out
 

@@ -74,8 +74,10 @@ Membership and the coordinator's own failures (issue "never make a failure worse
   sidecar restarted while nobody watched; it registers only once its host's
   Pathways worker serves).
 * After a coordinator restart (:mod:`agent.statefile`) the hosts it knew get
-  ``rejoin_grace_seconds`` in every phase before anyone is judged; those that
-  did not come back are then lost. A coordinator that starts blind (no state
+  ``rejoin_grace_seconds`` in every phase before anyone is judged, counted
+  from the newest re-registration while they keep coming back (a storm of
+  10,000 reconnections outlasts any fixed grace; in a hold or a wait never past
+  the phase's deadline); those that did not come back are then lost. A coordinator that starts blind (no state
   file) adopts a trainer that is training (its generation and slices) or one
   that is held (waiting with it, above its generation) instead of starting over.
 * Nothing waits for ever: RUNNING with no step report for ``hang_step_factor``
@@ -338,6 +340,7 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         slice_errors=errors,
         lost_incarnations=lost,
         expected_rejoin=state.expected_rejoin - {key},
+        rejoin_deadline=_rejoin_deadline_after(state, key, now),
     )
     if state.phase == Phase.STARTING and ev.generation_seen > state.generation:
         # A coordinator that starts blind learns from the workers where the job was.
@@ -624,6 +627,33 @@ def _trainer_resumed(state: State, ev: TrainerResumed, now: float) -> Decision:
 # --------------------------------------------------------------------------
 
 
+def _rejoin_deadline_after(state: State, key: HostKey, now: float) -> float | None:
+    """The rejoin deadline once the awaited host ``key`` has re-registered at ``now``.
+
+    The grace counts from the newest re-registration, not from the restart: while awaited hosts
+    keep coming back, the restarted coordinator (or the network in front of it) is working through
+    their reconnections, and one that has not been reached yet is not late. At 10,000 hosts a
+    re-registration storm takes longer than any fixed grace worth having; judging the hosts it has
+    not read yet lost would take healthy slices out of the job for the coordinator's own backlog.
+    A host that does not come back is judged ``rejoin_grace_seconds`` after the last one that did.
+    In a hold or a wait the grace never outlasts the phase's own deadline.
+    """
+    deadline = state.rejoin_deadline
+    if deadline is None or now >= deadline or key not in state.expected_rejoin:
+        return deadline
+    slid = max(deadline, now + state.policy.rejoin_grace_seconds)
+    if state.phase in (Phase.HOLDING, Phase.WAITING) and state.deadline is not None:
+        slid = min(slid, max(deadline, state.deadline))
+    return slid
+
+
+def _rejoining_slices(state: State, now: float) -> frozenset[int]:
+    """Slices with a host still awaited by a restarted coordinator within its rejoin grace."""
+    if state.rejoin_deadline is None or now >= state.rejoin_deadline:
+        return frozenset()
+    return frozenset(sl for sl, _ in state.expected_rejoin)
+
+
 def _evaluate(state: State, now: float, why: str) -> Decision:
     """Given membership as it stands, what must happen now."""
     state = _settle(_forget_repaired(state), now)
@@ -636,14 +666,13 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     # A slice that went down, even briefly, no longer holds a replica. One whose
     # hosts have yet to rejoin a restarted coordinator is not known to be down:
     # the trainer itself skips replicas Pathways reports lost when it reads memory.
-    rejoining = (
-        {sl for sl, _ in state.expected_rejoin}
-        if state.rejoin_deadline is not None and now < state.rejoin_deadline
-        else set()
-    )
-    if state.trainer.surviving - up - rejoining:
-        keep = state.trainer.surviving & (up | rejoining)
-        state = replace(state, trainer=replace(state.trainer, surviving=keep))
+    # (Worked out only when a replica is not up: the hosts awaited are every host after a restart, and
+    # this runs on each of their re-registrations.)
+    if state.trainer.surviving - up:
+        rejoining = _rejoining_slices(state, now)
+        if state.trainer.surviving - up - rejoining:
+            keep = state.trainer.surviving & (up | rejoining)
+            state = replace(state, trainer=replace(state.trainer, surviving=keep))
 
     # Rejoin grace after a coordinator restart: hosts it knew may still come
     # back, so nobody is judged on membership until they have or it has passed.
@@ -882,12 +911,7 @@ def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: boo
     # Slices whose hosts have yet to rejoin a restarted coordinator are not known
     # to be down: naming them would make the trainer drop their replicas (and,
     # with none left, rewind to its checkpoint); it skips lost ones itself.
-    rejoining = (
-        {sl for sl, _ in state.expected_rejoin}
-        if state.rejoin_deadline is not None and now < state.rejoin_deadline
-        else set()
-    )
-    down = p.all_slices - up - rejoining
+    down = p.all_slices - up - _rejoining_slices(state, now)
     ack_within = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flush else 0.0)
     new = replace(
         state,

@@ -234,6 +234,49 @@ def test_restored_waiting_gives_the_rejoin_grace_and_repeats_a_pending_resume() 
     assert holds(d) and 1 in holds(d)[0].down_slices
 
 
+def test_a_reregistration_storm_keeps_the_grace_open_and_who_never_returns_is_lost_after_the_last() -> None:
+    """The grace counts from the newest re-registration: a restarted coordinator working through
+    thousands of reconnections does not judge the hosts it has not read yet."""
+    p = Policy(num_slices=4, hosts_per_slice=3, rejoin_grace_seconds=5.0, settle_seconds=0.0)
+    job = Job(p)
+    job.start()
+    restored_at = job.now
+    job.state = replace(
+        job.state,
+        trainer=replace(job.state.trainer, attached=False),
+        expected_rejoin=frozenset(job.state.hosts),
+        rejoin_deadline=restored_at + 5.0,
+    )
+    back = [k for k in sorted(job.state.hosts) if k != (3, 2)]
+    for s, h in back:  # one every 2 s: 22 s in all, four times the grace
+        d = job.feed(WorkerJoined(s, h, f"a{s}.{h}"), dt=2.0)
+        assert not holds(d) and d.state.retries_used == 0, d.reason
+        assert not holds(job.feed(Tick(), dt=0.1))
+    assert job.now - restored_at > 4 * p.rejoin_grace_seconds
+    last = job.now - 0.1
+    d = job.feed(Tick(), dt=last + 4.9 - job.now)
+    assert not holds(d) and d.state.expected_rejoin == frozenset({(3, 2)})
+    d = job.feed(Tick(), dt=0.2)  # 5.1 s after the last one came back
+    assert "did not rejoin within the grace" in d.reason
+    assert holds(d) and holds(d)[0].down_slices == frozenset({3}) and d.state.retries_used == 1
+
+
+def test_in_a_wait_the_sliding_grace_never_outlasts_the_phase_deadline() -> None:
+    p = Policy(num_slices=2, rejoin_grace_seconds=5.0, settle_seconds=0.0)
+    job = Job(p)
+    job.start()
+    t0 = job.now
+    job.state = replace(
+        job.state,
+        phase=Phase.WAITING,
+        deadline=t0 + 3.0,
+        expected_rejoin=frozenset(job.state.hosts),
+        rejoin_deadline=t0 + 2.0,
+    )
+    d = job.feed(WorkerJoined(0, 0, "a0.0"), dt=1.0)
+    assert d.state.rejoin_deadline == pytest.approx(t0 + 3.0)  # not t0 + 1 + 5
+
+
 def test_a_pending_resume_goes_out_again_once_the_trainer_says_it_is_held() -> None:
     job = Job(Policy(num_slices=2, settle_seconds=0.0))
     job.start()
