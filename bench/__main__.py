@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="recovery, with --merge-into: keep the file's rows of this run's trainers at checkpoint periods this "
         "run did not run (each with its own run's commit), instead of replacing all of those trainers' rows",
     )
+    ap.add_argument(
+        "--keep-other-rows",
+        action="store_true",
+        help="scale, with --merge-into: keep the file's rows of sizes and scenarios this run did not run (each "
+        "with its own run's commit), instead of replacing the whole section",
+    )
     ap.add_argument("--docs-dir", type=Path, default=None, help="merge into DIR/benchmarks.json and render DIR")
     ap.add_argument(
         "--require-clean",
@@ -340,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {ns.json}")
     targets = [p for p in (ns.merge_into, ns.docs_dir / "benchmarks.json" if ns.docs_dir else None) if p]
     for store in targets:
-        merge(store, results, keep_periods=ns.keep_other_periods)
+        merge(store, results, keep_periods=ns.keep_other_periods, keep_rows=ns.keep_other_rows)
         log(f"merged into {store}")
     if ns.docs_dir is not None:
         from bench.report import write
@@ -379,9 +385,11 @@ RUN_KEYS = ("git_sha", "dirty", "started_at", "duration_s", "machine", "load_ave
 
 
 def section_shas(s: dict[str, Any]) -> set[str]:
-    """Every commit a section's figures come from (a recovery section may hold one per trainer)."""
+    """Every commit a section's figures come from (a recovery section may hold one per trainer, a scale
+    section one per row)."""
     by_trainer = (s.get("config") or {}).get("by_trainer") or {}
     shas = {str(c.get("git_sha")) for c in by_trainer.values() if c.get("git_sha")}
+    shas |= {str(r["run"]["git_sha"]) for r in s.get("results") or [] if (r.get("run") or {}).get("git_sha")}
     return shas or {s.get("git_sha") or "unknown"}
 
 
@@ -485,7 +493,42 @@ def merge_recovery(old: dict[str, Any], new: dict[str, Any], keep_periods: bool 
     return out
 
 
-def merge(store: Path, new: list[dict[str, Any]], keep_periods: bool = False) -> dict[str, Any]:
+def _scale_key(r: dict[str, Any]) -> tuple[int, str]:
+    return int(r.get("workers") or 0), str(r.get("scenario") or "hold_cycles")
+
+
+def scale_run(s: dict[str, Any]) -> dict[str, Any]:
+    """What says which run a scale row comes from (``row["run"]`` once rows of several runs share a section)."""
+    cfg = s.get("config") or {}
+    return {
+        **{k: s.get(k) for k in ("git_sha", "dirty", "started_at", "duration_s")},
+        "net_core_rmem_max": cfg.get("net_core_rmem_max"),
+        "argv": cfg.get("argv"),
+    }
+
+
+def keep_other_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (a scale run) with ``old``'s rows of the (workers, scenario) pairs it did not run kept beside its
+    own (``--keep-other-rows``): so that a size or a scenario can be published by a run of its own (a 25,000-worker
+    restart takes a while). Every row then names its run (``row["run"]``: commit, start, duration, rmem_max,
+    command line). Both runs must be clean full runs at a known commit, else ``new``."""
+    if any(s.get("dirty") is not False or s.get("quick") or not s.get("git_sha") for s in (old, new)):
+        return new
+    ran = {_scale_key(r) for r in new.get("results") or []}
+    kept = [r for r in old.get("results") or [] if _scale_key(r) not in ran]
+    if not kept:
+        return new
+    old_run, new_run = scale_run(old), scale_run(new)
+    order = {name: i for i, name in enumerate(("hold_cycles", "health_reports", "coordinator_restart"))}
+    rows = [{**r, "run": r.get("run") or old_run} for r in kept]
+    rows += [{**r, "run": new_run} for r in new.get("results") or []]
+    rows.sort(key=lambda r: (order.get(_scale_key(r)[1], 9), _scale_key(r)[0]))
+    return {**new, "results": rows}
+
+
+def merge(
+    store: Path, new: list[dict[str, Any]], keep_periods: bool = False, keep_rows: bool = False
+) -> dict[str, Any]:
     old: dict[str, Any] = {}
     if store.exists():
         try:
@@ -496,6 +539,8 @@ def merge(store: Path, new: list[dict[str, Any]], keep_periods: bool = False) ->
     for s in new:
         if s["name"] == "recovery" and "recovery" in sections:
             s = merge_recovery(sections["recovery"], s, keep_periods=keep_periods)
+        if s["name"] == "scale" and "scale" in sections and keep_rows:
+            s = keep_other_rows(sections["scale"], s)
         sections[s["name"]] = s
     data = combine([sections[k] for k in NAMES if k in sections])
     store.parent.mkdir(parents=True, exist_ok=True)

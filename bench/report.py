@@ -607,10 +607,44 @@ def commit_line(d: dict[str, Any]) -> str:
     )
 
 
+def row_run_list(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs a section's rows name (``row["run"]``, one per commit and start), oldest first."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in s.get("results") or []:
+        run = r.get("run")
+        if run:
+            seen.setdefault((str(run.get("started_at")), str(run.get("git_sha"))), run)
+    return [seen[k] for k in sorted(seen)]
+
+
+def row_commit(r: dict[str, Any]) -> str:
+    return f"`{(r.get('run') or {}).get('git_sha') or '–'}`"
+
+
 def header(s: dict[str, Any]) -> list[str]:
     m = s.get("machine", {})
     by_trainer = (s.get("config") or {}).get("by_trainer") or {}
     runs = {str(c["git_sha"]) for c in by_trainer.values() if c.get("git_sha")}
+    row_runs = row_run_list(s)
+    if len(row_runs) > 1:
+        # Rows of separate runs (bench --keep-other-rows): each row names its run's commit.
+        first = "Rows from separate runs, each row with its run's commit (`commit` column):"
+        lines = [first, ""]
+        for run in row_runs:
+            lines.append(
+                f"- {commit_line(run)}; net.core.rmem_max {fmt(run.get('net_core_rmem_max'))}: "
+                + (f"`python -m bench {' '.join(run['argv'])}`" if run.get("argv") is not None else "command unknown")
+            )
+        m = s.get("machine", {})
+        lines += [
+            "",
+            f"Machine (newest run): {fmt(m.get('cores'))} cores ({fmt(m.get('cores_usable'))} usable), "
+            f"{fmt(m.get('memory_gib'))} GiB, {m.get('cpu_model') or '–'}; Python {m.get('python') or '–'}.",
+        ]
+        if s.get("method"):
+            lines += ["", "<details><summary>Method (the benchmark's description when it ran)</summary>", ""]
+            lines += [s["method"].strip(), "", "</details>"]
+        return lines
     if len(runs) > 1:
         # Separate runs per trainer: each trainer's block below names its commit and command line.
         first = (
@@ -1026,6 +1060,12 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     head += ["hold first by datagram"]
     head += ["hold stream copy p99 s (worst cycle)", "delivered", "UDP datagrams dropped (machine)"]
     head += ["dropped on the coordinator's socket", "cycles", "runs", "pinned", "status"]
+    split = len(row_run_list(s)) > 1
+    if split:
+        head.append("commit")
+        kept = [r for r in s.get("results", []) if r.get("scenario") != "coordinator_restart"]
+        for line, r in zip(rows, kept, strict=True):
+            line.append(row_commit(r))
     top = topology_line(s)
     out = table(head, rows) + (["", top] if top else [])
     cfg = s.get("config") or {}
@@ -1050,6 +1090,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 "dropped on the coordinator's socket",
                 "runs",
                 "status",
+                *(["commit"] if split else []),
             ],
             [
                 [
@@ -1062,6 +1103,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     fmt(r.get("coordinator_socket_drops")),
                     fmt(r.get("runs")),
                     status(r),
+                    *([row_commit(r)] if split else []),
                 ]
                 for r in restarts
             ],

@@ -786,3 +786,46 @@ def test_a_maxtext_run_of_one_period_can_keep_the_other_periods_rows_with_their_
         10000,
         10000,
     ]
+
+
+def _scale_row(workers: int, scenario: str, **kw: Any) -> dict[str, Any]:
+    row = {"workers": workers, "scenario": scenario, "runs": 3, "valid": True, "coordinator_socket_drops": 0}
+    if scenario == "coordinator_restart":
+        row |= {"hosts_lost": 0, "all_back_seconds": 21.5, "rejoin_grace": 10.0, "restart_to_serving_seconds": 1.25}
+    else:
+        row |= {"coordinator_cores": 0.31, "heartbeat_interval": 0.25, "heartbeat_timeout": 1.2}
+    return row | kw
+
+
+def test_a_scale_run_of_one_scenario_keeps_the_other_rows_each_with_its_commit(tmp_path: Path) -> None:
+    """bench --keep-other-rows: a restart-only run replaces the restart rows and keeps the hold cycles' rows,
+    each row naming its own run; without the flag the run replaces the section."""
+    from bench.__main__ import combine, merge
+
+    first = section(
+        "scale",
+        {"net_core_rmem_max": 33554432},
+        [_scale_row(10000, "hold_cycles"), _scale_row(10000, "coordinator_restart", hosts_lost=32148, valid=False)],
+    )
+    later = {
+        **section("scale", {"net_core_rmem_max": 33554432}, [_scale_row(10000, "coordinator_restart")]),
+        "git_sha": "feedbeef",
+        "started_at": "2026-12-03 09:00:00 UTC",
+    }
+    store = tmp_path / "b.json"
+    merge(store, [first])
+    data = merge(store, [later], keep_rows=True)
+    rows = sections(data)["scale"]["results"]
+    assert [(r["scenario"], r["run"]["git_sha"]) for r in rows] == [
+        ("hold_cycles", SHA),
+        ("coordinator_restart", "feedbeef"),
+    ]
+    assert rows[1]["hosts_lost"] == 0
+    assert set(combine(list(sections(data).values()))["git_shas"]) == {SHA, "feedbeef"}
+    page = render(data)
+    assert "Rows from separate runs" in page and f"`{SHA}`" in page and "`feedbeef`" in page
+    # Without the flag, or from a dirty run, the new run is the section.
+    plain = merge(tmp_path / "c.json", [first]) and merge(tmp_path / "c.json", [later])
+    assert [r["scenario"] for r in sections(plain)["scale"]["results"]] == ["coordinator_restart"]
+    dirty = merge(store, [{**later, "dirty": True}], keep_rows=True)
+    assert [r["scenario"] for r in sections(dirty)["scale"]["results"]] == ["coordinator_restart"]
