@@ -449,8 +449,8 @@ class Coordinator:
     def _write_state(self, state: State) -> None:
         """Serialise and write ``state`` (runs in a thread: states are immutable)."""
         assert self.cfg.state_file is not None
-        raw = self._renderer.render(state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
-        statefile.write(self.cfg.state_file, raw)
+        pieces = self._renderer.chunks(state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
+        statefile.write(self.cfg.state_file, pieces)
 
     async def _make_durable(self) -> None:
         """Write the current state before its actions run (write-ahead); see the module docstring."""
