@@ -35,7 +35,6 @@ starts as if it had none, saying so; it never crash-loops on it.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import errno
 import json
 import os
@@ -45,7 +44,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from agent.core.model import Drain, HostRecord, Phase, State, TrainerView, _frozen
@@ -128,7 +126,7 @@ def _head(state: State, epoch: int, restart_attempt: int, off: float) -> dict[st
         "hold_down": sorted(state.hold_down),
         # A restore expects every host on record back (``_restore``), so only the others are written:
         # after a restart the hosts still awaited would otherwise be a second copy of the host list.
-        "expected_rejoin": sorted([list(k) for k in state.expected_rejoin.difference(state.hosts.keys())]),
+        "expected_rejoin": [list(k) for k in state.expected_rejoin.missing_from(state.hosts)],
         "slice_errors": {str(s): _wall(v, off) for s, v in sorted(state.slice_errors.items())},
         "lost_incarnations": [[s, h, inc] for (s, h), inc in sorted(state.lost_incarnations.items())],
         "drains": {str(s): _drain_record(d, off) for s, d in sorted(state.drains.items())},
@@ -165,27 +163,28 @@ OFFSET_TOLERANCE_SECONDS = 0.005
 
 
 class Renderer:
-    """Renders states to the state file's bytes, reusing the line of every host whose record is unchanged.
+    """Renders states to the state file's bytes, rendering again only the slices whose hosts changed.
 
     The hosts are most of the file (about 175 bytes each: 1.75 MB at 10,000 hosts). Rendering them all on
     every write cost about 75 ms of Python at 10,000 hosts (holding the GIL, so the event loop stalled
-    with it), and during a registration storm every group commit that adds a host writes the file. A
-    state shares its unchanged ``HostRecord`` objects with the state before it (records are immutable),
-    so a record seen before (the same object) keeps its rendered line; only new or changed hosts are
-    rendered. The lines use one wall-clock offset, the one of the first render, until the wall clock
-    drifts from it by more than :data:`OFFSET_TOLERANCE_SECONDS` (a stepped or slewed clock): then every
-    line is rendered again with the new one, so every time in one file is on one offset, as
-    :func:`_rebase` needs. The file reads back as :func:`snapshot`'s dict, hosts one to a line.
-    Not thread-safe: one write at a time (:class:`BoundedWriter` runs them so).
+    with it), and during a registration storm every group commit that adds a host writes the file.
+    A state shares every slice whose hosts did not change with the state before it
+    (:class:`agent.core.model.Hosts` keeps one dict per slice, never mutated once held), so a slice
+    seen before (the same dict) keeps its rendered block; in a slice that changed, a record seen before
+    (the same object: records are immutable) keeps its line. The lines use one wall-clock offset, the
+    one of the first render, until the wall clock drifts from it by more than
+    :data:`OFFSET_TOLERANCE_SECONDS` (a stepped or slewed clock): then everything is rendered again
+    with the new one, so every time in one file is on one offset, as :func:`_rebase` needs. The file
+    reads back as :func:`snapshot`'s dict, hosts one to a line. Not thread-safe: one write at a time
+    (:class:`BoundedWriter` runs them so).
     """
 
     def __init__(self) -> None:
         self._offset: float | None = None
-        self._records: dict[tuple[int, int], HostRecord] = {}
-        """The records the lines below were rendered from (compared by identity)."""
-        self._lines: dict[tuple[int, int], bytes] = {}
-        self._order: list[tuple[int, int]] = []
-        """``_lines``' keys, sorted: kept between writes (a storm adds a few hosts a write)."""
+        self._blocks: dict[int, tuple[Mapping[int, HostRecord], bytes]] = {}
+        """Slice -> (the hosts' dict it was rendered from, compared by identity; its lines joined)."""
+        self._lines: dict[tuple[int, int], tuple[HostRecord, bytes]] = {}
+        """(slice, host) -> (the record it was rendered from, compared by identity; its line)."""
 
     def render(self, state: State, *, epoch: int = 0, restart_attempt: int = 0, offset: float | None = None) -> bytes:
         """The file's bytes (:meth:`chunks` joined)."""
@@ -197,31 +196,33 @@ class Renderer:
         """The file's bytes in a few pieces, for :func:`write` (the hosts' piece is megabytes: not copied again)."""
         off = time.time() - time.monotonic() if offset is None else offset
         if self._offset is None or abs(off - self._offset) > OFFSET_TOLERANCE_SECONDS:
-            self._offset, self._records, self._lines, self._order = off, {}, {}, []
+            self._offset, self._blocks, self._lines = off, {}, {}
         off = self._offset
-        hosts = state.hosts
-        seen, lines = self._records, self._lines
-        # One pass of identity checks (25,000 hosts: about a millisecond); only what changed is rendered.
-        changed = [k for k, r in hosts.items() if seen.get(k) is not r]
-        added = [k for k in changed if k not in lines]
-        for k in changed:
-            lines[k] = json.dumps(_host(k[0], k[1], hosts[k], off), separators=(",", ":")).encode()
-        order = self._order
-        if len(lines) != len(hosts):  # hosts gone from the state leave the file with it
-            for k in lines.keys() - hosts.keys():
-                del lines[k]
-            order = sorted(lines)
-        elif added:
-            for k in added:
-                bisect.insort(order, k)
-        # A mapping proxy's own copy is a C copy of its dict; dict(proxy) walks it item by item.
-        self._records = hosts.copy() if isinstance(hosts, (dict, MappingProxyType)) else dict(hosts)
-        self._order = order
+        by_slice = state.hosts.by_slice()
+        seen, lines = self._blocks, self._lines
+        blocks: dict[int, tuple[Mapping[int, HostRecord], bytes]] = {}
+        for s in sorted(by_slice):
+            of = by_slice[s]
+            if not of:
+                continue
+            block = seen.get(s)
+            if block is None or block[0] is not of:
+                rendered = []
+                for h in sorted(of):
+                    r = of[h]
+                    line = lines.get((s, h))
+                    if line is None or line[0] is not r:
+                        line = lines[(s, h)] = (r, json.dumps(_host(s, h, r, off), separators=(",", ":")).encode())
+                    rendered.append(line[1])
+                block = (of, b",\n  ".join(rendered))
+            blocks[s] = block
+        self._blocks = blocks  # (lines of hosts gone stay cached: at most one per host of the job)
         head = json.dumps(_head(state, epoch, restart_attempt, off), indent=1)
         # ``head`` ends with "\n}": the hosts go in as its last key.
-        if not order:
+        if not blocks:
             return [head[:-2].encode(), b',\n "hosts": []\n}\n']
-        return [head[:-2].encode(), b',\n "hosts": [\n  ', b",\n  ".join(map(lines.__getitem__, order)), b"\n ]\n}\n"]
+        body = b",\n  ".join(b for _, b in blocks.values())
+        return [head[:-2].encode(), b',\n "hosts": [\n  ', body, b"\n ]\n}\n"]
 
 
 def _drain_record(d: Drain, off: float) -> dict[str, Any]:

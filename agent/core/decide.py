@@ -112,7 +112,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace as _replace
-from types import MappingProxyType
 from typing import Any
 
 from agent.constants import EXIT_ABORTED, EXIT_RESTART
@@ -149,13 +148,6 @@ from agent.core.model import (
     WorkerLost,
     _frozen,
 )
-
-
-def _hosts_copy(state: State) -> dict[HostKey, HostRecord]:
-    """A mutable copy of the hosts: the mapping's own copy (a C copy of the dict under a
-    MappingProxyType), where ``dict(proxy)`` walks 10,000 hosts one by one."""
-    hosts = state.hosts
-    return hosts.copy() if isinstance(hosts, (dict, MappingProxyType)) else dict(hosts)
 
 
 def replace(obj: Any, _slices: Iterable[int] | None = None, **changes: Any) -> Any:
@@ -328,18 +320,16 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
             errs[ev.slice] = now - 1e-6
             errors = _frozen(errs)
             what = f"replaced live incarnation {old.incarnation} (the old one counts as lost)"
-    hosts = _hosts_copy(state)
-    hosts[key] = record
     lost = state.lost_incarnations
     if key in lost and lost[key] != ev.incarnation:
         lost = _frozen({k: v for k, v in lost.items() if k != key})
     new = replace(
         state,
         (ev.slice,),
-        hosts=MappingProxyType(hosts),  # a fresh copy already: _frozen would copy 10,000 hosts again
+        hosts=state.hosts.with_record(key, record),  # copies one slice's hosts, not all of them
         slice_errors=errors,
         lost_incarnations=lost,
-        expected_rejoin=state.expected_rejoin - {key},
+        expected_rejoin=state.expected_rejoin.without([key]),
         rejoin_deadline=_rejoin_deadline_after(state, key, now),
     )
     if state.phase == Phase.STARTING and ev.generation_seen > state.generation:
@@ -368,8 +358,6 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
             f"stale loss of host {ev.slice}.{ev.host} incarnation {ev.incarnation} "
             f"(registration {ev.registration}) ignored",
         )
-    hosts = _hosts_copy(state)
-    del hosts[key]
     # Marked lost: only a new incarnation that settles brings the slice back.
     errors = dict(state.slice_errors)
     errors[ev.slice] = now
@@ -380,7 +368,7 @@ def _worker_lost(state: State, ev: WorkerLost, now: float) -> Decision:
     new = replace(
         state,
         (ev.slice,),
-        hosts=_frozen(hosts),
+        hosts=state.hosts.without([key]),
         slice_errors=_frozen(errors),
         lost_incarnations=_frozen(lost),
         host_losses=_frozen(losses),
@@ -399,14 +387,13 @@ def _worker_away(state: State, ev: WorkerAway, now: float) -> Decision:
             f"(registration {ev.registration}) ignored",
         )
     assert old is not None
-    hosts = _hosts_copy(state)
-    hosts[key] = replace(old, away_since=now if old.away_since is None else old.away_since)
+    hosts = state.hosts.with_record(key, replace(old, away_since=now if old.away_since is None else old.away_since))
     detail = f" ({ev.detail})" if ev.detail else ""
     why = (
         f"sidecar of host {ev.slice}.{ev.host} disconnected but its Pathways worker still answers{detail}: "
         "the host stays in the job while its sidecar comes back"
     )
-    return Decision(replace(state, (ev.slice,), hosts=_frozen(hosts)), (), why)
+    return Decision(replace(state, (ev.slice,), hosts=hosts), (), why)
 
 
 def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
@@ -417,16 +404,14 @@ def _worker_health(state: State, ev: WorkerHealth, now: float) -> Decision:
     assert old is not None
     if old.healthy == ev.healthy:
         return Decision(state, (), f"host {ev.slice}.{ev.host} health unchanged")
-    hosts = _hosts_copy(state)
     if ev.healthy:
-        hosts[key] = replace(old, healthy=True, healthy_since=now, settled=state.policy.settle_seconds <= 0)
+        record = replace(old, healthy=True, healthy_since=now, settled=state.policy.settle_seconds <= 0)
     else:
-        hosts[key] = replace(old, healthy=False, settled=False)
+        record = replace(old, healthy=False, settled=False)
+    hosts = state.hosts.with_record(key, record)
     word = "healthy" if ev.healthy else "unhealthy"
     detail = f": {ev.detail}" if ev.detail else ""
-    return _evaluate(
-        replace(state, (ev.slice,), hosts=_frozen(hosts)), now, f"host {ev.slice}.{ev.host} {word}{detail}"
-    )
+    return _evaluate(replace(state, (ev.slice,), hosts=hosts), now, f"host {ev.slice}.{ev.host} {word}{detail}")
 
 
 # --------------------------------------------------------------------------
@@ -651,7 +636,7 @@ def _rejoining_slices(state: State, now: float) -> frozenset[int]:
     """Slices with a host still awaited by a restarted coordinator within its rejoin grace."""
     if state.rejoin_deadline is None or now >= state.rejoin_deadline:
         return frozenset()
-    return frozenset(sl for sl, _ in state.expected_rejoin)
+    return state.expected_rejoin.slices()
 
 
 def _evaluate(state: State, now: float, why: str) -> Decision:
@@ -683,14 +668,14 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
                 return _fail(state, f"{prefix}trainer did not acknowledge the hold in time")
             return Decision(state, (), f"{prefix}waiting for {len(state.expected_rejoin)} host(s) to rejoin")
         # Hosts that did not come back in time are lost, like any other.
-        gone = state.expected_rejoin & set(state.hosts)
-        hosts = {k: r for k, r in state.hosts.items() if k not in gone}
+        gone = frozenset(k for k in state.expected_rejoin if k in state.hosts)
         errors = dict(state.slice_errors)
         for sl, _ in gone:
             errors[sl] = now
         state = replace(
             state,
-            hosts=_frozen(hosts),
+            {sl for sl, _ in gone},
+            hosts=state.hosts.without(gone),
             slice_errors=_frozen(errors),
             expected_rejoin=frozenset(),
             rejoin_deadline=None,
@@ -885,10 +870,8 @@ def _settle(state: State, now: float) -> State:
                 due.append((sl, h))
     if not due:
         return state
-    hosts = _hosts_copy(state)
-    for k in due:
-        hosts[k] = replace(hosts[k], settled=True)
-    return replace(state, {k[0] for k in due}, hosts=MappingProxyType(hosts))
+    hosts = state.hosts.with_records({k: replace(state.hosts[k], settled=True) for k in due})
+    return replace(state, {k[0] for k in due}, hosts=hosts)
 
 
 def _start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool | None = None) -> Decision:
