@@ -104,6 +104,8 @@ MAXTEXT_RECOVERY_ARGS := --trainer maxtext --maxtext-min-slices 1 \
 
 bench-recovery-maxtext: setup setup-maxtext
 	$(BENCH) recovery --require-clean $(MAXTEXT_RECOVERY_ARGS) --merge-into $(BENCH_OUT) $(MAXTEXT_KEEP) $(ARGS)
+# Period 10,000 takes longer than one sitting: with ARGS='--workdir DIR' (kept), run it again with the same DIR at
+# the same commit to go on where it stopped (bench/recovery_maxtext.py's Journal).
 
 # 10,000 and 25,000 workers (a 100,000-chip job's hosts) at the shipped heartbeats (0.25 s / 1.2 s),
 # registration unpaced, 3 hold cycles a run, 3 runs a size; then the coordinator SIGKILLed and

@@ -72,7 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse to run (exit 2) when the working tree has uncommitted changes: figures for the docs",
     )
     ap.add_argument("--repeats", type=int, default=None, help="runs per figure (recovery: runs per row)")
-    ap.add_argument("--workdir", type=Path, default=None, help="keep the runs' files here (default: temp, removed)")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the runs' files here (default: temp, removed). recovery --trainer maxtext journals each "
+        "finished run in DIR/maxtext/runs.jsonl: started again with the same DIR, clean commit and arguments, "
+        "it goes on where it stopped (a 10,000-step period takes more than one sitting)",
+    )
     g = ap.add_argument_group("recovery")
     g.add_argument(
         "--trainer",

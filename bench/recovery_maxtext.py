@@ -102,7 +102,9 @@ snapshot interval (``auto``) unless :attr:`Job.snapshot_every` says otherwise.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import shutil
 import subprocess
@@ -112,7 +114,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import cost_fields, fault_cost, log, median, read_jsonl, rnd, spread
+from bench.common import cost_fields, fault_cost, git_state, log, median, read_jsonl, rnd, spread
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
 FAULTS = ("kill",)
@@ -928,10 +930,31 @@ def run(
     starts: dict[int, Path] = {}
     no_start: dict[int, str] = {}
     jobs = {p: Job(model, p, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period) for p in periods}
+    journal = Journal(
+        root / JOURNAL,
+        {
+            "model": model,
+            "min_slices": min_slices,
+            "local_checkpoint_period": local_checkpoint_period,
+            "seed": seed,
+            "runs": runs,
+            "fault_free_runs": n_refs,
+            "strategies": list(ours),
+            "cases": [list(c) for c in cases],
+        },
+    )
+    if journal.done:
+        log(f"recovery maxtext: {len(journal.done)} finished runs of this commit and arguments in {journal.path}")
     for period, job in jobs.items() if ours else []:
+        kept = journal.done.get(f"pretrain-p{period}", {}).get("checkpoint")
+        if kept and Path(kept).is_dir():
+            log(f"recovery maxtext: period {period}: the pre-trained checkpoint {kept} of an earlier sitting")
+            starts[period] = Path(kept)
+            continue
         log(f"recovery maxtext: pre-training period {period} to step {job.start_label}")
         try:
             starts[period] = pretrain(job, root, cache)
+            journal.add(f"pretrain-p{period}", {"checkpoint": str(starts[period])})
         except Exception as e:  # noqa: BLE001 - the period's rows say why they have no figure
             no_start[period] = f"not run: pre-training failed: {type(e).__name__}: {e}"
             log(f"recovery maxtext: {no_start[period]}")
@@ -940,18 +963,15 @@ def run(
             job = jobs[period]
             for s in ours if rep < n_refs else []:
                 n = job.steps_for(None, s) - job.start_label
-                log(f"recovery maxtext: {s} fault-free, period {period}, {n} steps, round {rep + 1}/{runs}")
-                r = guarded(
-                    job,
-                    s,
-                    root,
-                    f"mx-ref-{s}-p{period}-r{rep}",
-                    fault_step=None,
-                    delay=0.0,
-                    cache=cache,
-                    start=starts[period],
-                )
-                r["checkpoint_period"] = period
+                tag = f"mx-ref-{s}-p{period}-r{rep}"
+                r = journal.get(tag)
+                if r is None:
+                    log(f"recovery maxtext: {s} fault-free, period {period}, {n} steps, round {rep + 1}/{runs}")
+                    r = guarded(job, s, root, tag, fault_step=None, delay=0.0, cache=cache, start=starts[period])
+                    r["checkpoint_period"] = period
+                    journal.add(tag, r)
+                else:
+                    log(f"recovery maxtext: {s} fault-free, period {period}, round {rep + 1}/{runs}: from {JOURNAL}")
                 log(f"  -> {r.get('seconds')} s for {r.get('work_steps')} steps{_err(r)}")
                 refs.setdefault((s, period), []).append(r)
         for fault, period, delay in cases:
@@ -960,18 +980,17 @@ def run(
             job = jobs[period]
             at = fault_index(job, seed, rep, runs)
             for s in ours:
-                log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
-                r = guarded(
-                    job,
-                    s,
-                    root,
-                    f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}",
-                    fault_step=at,
-                    delay=delay,
-                    cache=cache,
-                    start=starts[period],
-                )
+                what = f"{s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}"
+                tag = f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}"
+                r = journal.get(tag)
+                if r is not None:
+                    log(f"recovery maxtext: {what}: from {JOURNAL}")
+                    done.append(r)
+                    continue
+                log(f"recovery maxtext: {what}")
+                r = guarded(job, s, root, tag, fault_step=at, delay=delay, cache=cache, start=starts[period])
                 r.update({"fault": fault, "checkpoint_period": period})
+                journal.add(tag, r)
                 log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s{_err(r)}")
                 done.append(r)
     rows = []
@@ -1022,8 +1041,68 @@ def run(
             "warmup_step": WARMUP_STEP,
             "fault_free_runs_per_strategy": min(n_refs, runs),
             "local_checkpoint_period": local_checkpoint_period,
+            "journal": journal.summary(),
         },
     }
+
+
+JOURNAL = "runs.jsonl"
+
+
+class Journal:
+    """The finished runs of one configuration at one clean commit, in the work directory's ``runs.jsonl``.
+
+    A period of 10,000 steps takes hours of runs (the rewinds train each fault's phase two or three
+    times), more than one sitting. With a kept ``--workdir``, a benchmark stopped part way goes on
+    where it stopped when it is started again with the same work directory, commit and arguments:
+    each run is appended here once it has finished (a run cut short is run again), the period's
+    pre-trained checkpoint is reused, and the result says how many runs came from earlier sittings
+    (``journal``). Runs recorded by another commit, a dirty tree or other arguments are never reused.
+    """
+
+    def __init__(self, path: Path, identity: dict[str, Any]) -> None:
+        git = git_state()
+        self.path = path if git.get("git_sha") and git.get("dirty") is False else None
+        self.identity = {**identity, "git_sha": git.get("git_sha")}
+        self.done: dict[str, dict[str, Any]] = {}
+        self.reused = 0
+        self.first_started: float | None = None
+        if self.path is None or not self.path.exists():
+            return
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+            if isinstance(rec, dict) and rec.get("identity") == self.identity and isinstance(rec.get("record"), dict):
+                self.done[str(rec.get("tag"))] = rec["record"]
+                t = rec.get("finished_at")
+                if isinstance(t, (int, float)):
+                    self.first_started = min(self.first_started or t, t)
+
+    def get(self, tag: str) -> dict[str, Any] | None:
+        r = self.done.get(tag)
+        if r is not None:
+            self.reused += 1
+        return r
+
+    def add(self, tag: str, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        line = json.dumps(
+            {"identity": self.identity, "tag": tag, "finished_at": time.time(), "record": record}, default=str
+        )
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path) if self.path else None,
+            "runs_from_earlier_sittings": self.reused,
+            "earliest_earlier_run_finished_at": self.first_started,
+        }
 
 
 def _err(r: dict[str, Any]) -> str:

@@ -602,3 +602,34 @@ def test_a_rows_steady_step_time_comes_from_its_faulted_runs_when_three_have_one
     assert value == pytest.approx(0.050) and source is not None and "fault-free" in source
     assert recovery_maxtext.steady_step_seconds([], []) == (None, None)
     assert recovery_maxtext.plain_step_seconds(refs, runs) == pytest.approx(0.031)
+
+
+def test_the_journal_reuses_only_runs_of_the_same_clean_commit_and_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A benchmark stopped part way goes on where it stopped; nothing of another commit or config leaks in."""
+    from bench import recovery_maxtext as rm
+
+    clean = {"git_sha": "abc123", "dirty": False}
+    monkeypatch.setattr(rm, "git_state", lambda: clean)
+    path = tmp_path / rm.JOURNAL
+    ident = {"model": "tiny", "runs": 5, "cases": [["kill", 10000, 10.0]]}
+    first = rm.Journal(path, ident)
+    first.add("mx-sidecar-kill-p10000-d10-r0", {"lost_steps": 40, "strategy": "sidecar"})
+    first.add("pretrain-p10000", {"checkpoint": str(tmp_path)})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"identity": {"model": "tin')  # a line cut short by a kill
+
+    again = rm.Journal(path, ident)
+    assert again.get("mx-sidecar-kill-p10000-d10-r0") == {"lost_steps": 40, "strategy": "sidecar"}
+    assert again.get("mx-sidecar-kill-p10000-d10-r1") is None
+    assert again.summary()["runs_from_earlier_sittings"] == 1 and "pretrain-p10000" in again.done
+
+    assert rm.Journal(path, {**ident, "runs": 3}).done == {}  # other arguments
+    monkeypatch.setattr(rm, "git_state", lambda: {"git_sha": "def456", "dirty": False})
+    assert rm.Journal(path, ident).done == {}  # another commit
+    monkeypatch.setattr(rm, "git_state", lambda: {"git_sha": "abc123", "dirty": True})
+    dirty = rm.Journal(path, ident)
+    assert dirty.done == {} and dirty.path is None  # a dirty tree neither reads nor writes one
+    dirty.add("x", {"a": 1})
+    assert '"x"' not in path.read_text()
