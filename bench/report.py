@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -792,6 +793,15 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 f"{fmt(mx.get('elastic_min_slice_count', -1))} for both elastic strategies "
                 "(-1: wait for every slice; 1: continue on the survivor, grow back when the replacement comes)."
             )
+            j = mx.get("journal") or {}
+            if j.get("runs_from_earlier_sittings"):
+                first = j.get("earliest_earlier_run_finished_at")
+                when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(first)) if first else "–"
+                out.append(
+                    f"{fmt(j['runs_from_earlier_sittings'])} of these runs were made by earlier sittings of the same "
+                    f"benchmark at the same commit (its journal; the earliest finished {when}): the start and "
+                    "duration above are the last sitting's."
+                )
         out += [
             f"Realistic point: checkpoint period {fmt(c.get('realistic_checkpoint_period'))} steps, replacement "
             f"delay {fmt(c.get('realistic_delay'))} s; fault phases seeded with {fmt(c.get('seed'))}.",

@@ -829,3 +829,16 @@ def test_a_scale_run_of_one_scenario_keeps_the_other_rows_each_with_its_commit(t
     assert [r["scenario"] for r in sections(plain)["scale"]["results"]] == ["coordinator_restart"]
     dirty = merge(store, [{**later, "dirty": True}], keep_rows=True)
     assert [r["scenario"] for r in sections(dirty)["scale"]["results"]] == ["coordinator_restart"]
+
+
+def test_maxtext_rows_say_how_many_runs_came_from_earlier_sittings() -> None:
+    data = fixture()
+    rec = data["benchmarks"]["recovery"]
+    rec["config"]["maxtext"] = {
+        "model": "tiny",
+        "slices": 4,
+        "journal": {"runs_from_earlier_sittings": 12, "earliest_earlier_run_finished_at": 1796288400.0},
+    }
+    rec["config"]["trainers"] = ["example", "maxtext"]
+    page = render(data)
+    assert "12 of these runs were made by earlier sittings" in page and "2026-12-03 09:00 UTC" in page
