@@ -356,3 +356,16 @@ def test_the_sidecars_snapshot_cadence_reaches_its_trainer_only() -> None:
     assert recovery._row(cfg, "example", "sidecar", "kill", 20, 1.0)["snapshot_every"] == 8
     with pytest.raises(ValueError, match="snapshot_every -1"):
         recovery.Config.make(quick=True, snapshot_every=-1)
+
+
+def test_state_cost_measures_a_full_job_and_refuses_sizes_it_cannot_fill(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import state_cost
+
+    out = state_cost.measure(2000, 2)
+    assert out["hosts"] == 2000 and out["slices"] == 20
+    assert out["state_file_mib"] > 0.3  # 2,000 hosts of about 200 bytes
+    assert out["hosts_in_state_mib"] > 0 and out["renderer_cache_mib"] > 0
+    assert all(out[k] > 0 for k in ("decision_ms_registration", "render_ms_one_host_changed"))
+    with pytest.raises(SystemExit):
+        state_cost.main(["--hosts", "2050"])
+    assert "multiple of 100" in capsys.readouterr().err
