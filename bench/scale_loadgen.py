@@ -197,6 +197,11 @@ class FakeWorker:
                 )
                 await asyncio.sleep(interval)
             await asyncio.wait({reader})
+            if not reader.cancelled():
+                # The stream's end (the coordinator gone) is this session's end, as in agent.worker: read
+                # here, so that 10,000 broken streams do not each print "Task exception was never
+                # retrieved" with its traceback (seconds of a generator's core, at the restart).
+                reader.exception()
         finally:
             self.connected = False
             self.call = None
