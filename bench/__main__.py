@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="keep the runs' files here (default: temp, removed). recovery --trainer maxtext journals each "
-        "finished run in DIR/maxtext/runs.jsonl: started again with the same DIR, clean commit and arguments, "
+        "finished run in DIR/recovery/maxtext/runs.jsonl: started again with the same DIR, clean commit and arguments, "
         "it goes on where it stopped (a 10,000-step period takes more than one sitting)",
     )
     g = ap.add_argument_group("recovery")
