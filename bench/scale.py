@@ -524,8 +524,9 @@ def validate_restart(out: dict[str, Any]) -> list[str]:
     """Why a coordinator_restart run cannot stand (empty when it can).
 
     Every worker must be back and none lost. How long they took is reported (``all_back_seconds``), not
-    judged against ``--rejoin-grace``: the grace counts from the newest re-registration (agent/core/decide.py ``_rejoin_deadline_after``), so a storm longer than the grace
-    loses nobody while it progresses, and a host it did lose shows in ``hosts_lost``."""
+    judged against ``--rejoin-grace``: the grace counts from the newest re-registration
+    (agent/core/decide.py ``_rejoin_deadline_after``), so a storm longer than the grace loses nobody
+    while it progresses, and a host it did lose shows in ``hosts_lost``."""
     why = []
     if out.get("all_back_seconds") is None:
         why.append("not every worker was back after the restart")

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from agent.constants import EXIT_RESTART
 
@@ -25,7 +26,63 @@ def _frozen(d: Mapping | None = None) -> Mapping:
     return MappingProxyType(dict(d or {}))
 
 
-class Hosts(Mapping[HostKey, "HostRecord"]):
+class _BySlice:
+    """What :class:`Hosts` and :class:`HostKeys` share: (slice, host) keys kept as one container of
+    hosts per slice, with their count."""
+
+    __slots__ = ("_by_slice", "_len")
+
+    _by_slice: dict[int, Any]
+    _len: int
+
+    @classmethod
+    def _of(cls, by: dict[int, Any], n: int) -> Any:
+        new = object.__new__(cls)
+        new._by_slice, new._len = by, n
+        return new
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        of = self._by_slice.get(key[0])
+        return of is not None and key[1] in of
+
+    def __iter__(self) -> Iterator[HostKey]:
+        for s, of in self._by_slice.items():
+            for h in of:
+                yield (s, h)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @staticmethod
+    def _less(of: Any, hosts: set[int]) -> Any:
+        """A slice's container less ``hosts`` (a new one: containers held are never changed)."""
+        raise NotImplementedError
+
+    def without(self, keys: Iterable[HostKey]) -> Any:
+        """The same kind of collection without ``keys`` (those not in it are ignored); copies only the
+        slices they touch, each once."""
+        drop: dict[int, set[int]] = {}
+        for s, h in keys:
+            of = self._by_slice.get(s)
+            if of is not None and h in of:
+                drop.setdefault(s, set()).add(h)
+        if not drop:
+            return self
+        by = dict(self._by_slice)
+        n = self._len
+        for s, hosts in drop.items():
+            rest = self._less(by[s], hosts)
+            n -= len(hosts)
+            if rest:
+                by[s] = rest
+            else:
+                del by[s]
+        return self._of(by, n)
+
+
+class Hosts(_BySlice, Mapping[HostKey, "HostRecord"]):
     """The hosts on record: an immutable mapping (slice, host) -> record, kept as one dict per slice.
 
     A change to one host makes a new mapping that copies that slice's dict and the index of slices
@@ -36,10 +93,9 @@ class Hosts(Mapping[HostKey, "HostRecord"]):
     mutates a slice dict once a ``Hosts`` holds it.
     """
 
-    __slots__ = ("_by_slice", "_len")
+    __slots__ = ()
 
     _by_slice: dict[int, dict[int, HostRecord]]
-    _len: int
 
     def __init__(self, records: Mapping[HostKey, HostRecord] | Iterable[tuple[HostKey, HostRecord]] = ()) -> None:
         by: dict[int, dict[int, HostRecord]] = {}
@@ -48,12 +104,6 @@ class Hosts(Mapping[HostKey, "HostRecord"]):
             by.setdefault(s, {})[h] = r
         self._by_slice = by
         self._len = sum(len(d) for d in by.values())
-
-    @classmethod
-    def _of(cls, by: dict[int, dict[int, HostRecord]], n: int) -> Hosts:
-        new = object.__new__(cls)
-        new._by_slice, new._len = by, n
-        return new
 
     def __getitem__(self, key: HostKey) -> HostRecord:
         d = self._by_slice.get(key[0])
@@ -64,20 +114,6 @@ class Hosts(Mapping[HostKey, "HostRecord"]):
     def get(self, key: HostKey, default: HostRecord | None = None) -> HostRecord | None:  # type: ignore[override]
         d = self._by_slice.get(key[0])
         return default if d is None else d.get(key[1], default)
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        d = self._by_slice.get(key[0])
-        return d is not None and key[1] in d
-
-    def __iter__(self) -> Iterator[HostKey]:
-        for s, d in self._by_slice.items():
-            for h in d:
-                yield (s, h)
-
-    def __len__(self) -> int:
-        return self._len
 
     def items(self) -> list[tuple[HostKey, HostRecord]]:  # type: ignore[override]
         """Every (key, record), slice by slice (a list: walked faster than a view over ``__getitem__``)."""
@@ -115,23 +151,9 @@ class Hosts(Mapping[HostKey, "HostRecord"]):
     def with_record(self, key: HostKey, record: HostRecord) -> Hosts:
         return self.with_records({key: record})
 
-    def without(self, keys: Iterable[HostKey]) -> Hosts:
-        """A mapping without ``keys`` (those not on record are ignored)."""
-        by: dict[int, dict[int, HostRecord]] | None = None
-        n = self._len
-        for s, h in keys:
-            src = (self._by_slice if by is None else by).get(s)
-            if src is None or h not in src:
-                continue
-            if by is None:
-                by = dict(self._by_slice)
-            if src is self._by_slice.get(s):
-                src = by[s] = dict(src)
-            del src[h]
-            n -= 1
-            if not src:
-                del by[s]
-        return self if by is None else Hosts._of(by, n)
+    @staticmethod
+    def _less(of: dict[int, HostRecord], hosts: set[int]) -> dict[int, HostRecord]:
+        return {h: r for h, r in of.items() if h not in hosts}
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Hosts):
@@ -156,15 +178,14 @@ class Hosts(Mapping[HostKey, "HostRecord"]):
 _MISSING = object()
 
 
-class HostKeys(AbstractSet[HostKey]):
+class HostKeys(_BySlice, AbstractSet[HostKey]):
     """An immutable set of (slice, host), kept as one frozenset per slice: removing one key copies that
     slice's set, not all keys (the hosts a restarted coordinator awaits are every host, and each of
     their re-registrations removes one: a flat 25,000-key copy each time was quadratic)."""
 
-    __slots__ = ("_by_slice", "_len")
+    __slots__ = ()
 
     _by_slice: dict[int, frozenset[int]]
-    _len: int
 
     def __init__(self, keys: Iterable[HostKey] = ()) -> None:
         by: dict[int, set[int]] = {}
@@ -172,20 +193,6 @@ class HostKeys(AbstractSet[HostKey]):
             by.setdefault(s, set()).add(h)
         self._by_slice = {s: frozenset(hs) for s, hs in by.items()}
         self._len = sum(len(hs) for hs in by.values())
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        hs = self._by_slice.get(key[0])
-        return hs is not None and key[1] in hs
-
-    def __iter__(self) -> Iterator[HostKey]:
-        for s, hs in self._by_slice.items():
-            for h in hs:
-                yield (s, h)
-
-    def __len__(self) -> int:
-        return self._len
 
     def slices(self) -> frozenset[int]:
         """The slices with a key in the set."""
@@ -197,27 +204,9 @@ class HostKeys(AbstractSet[HostKey]):
             (s, h) for s in sorted(self._by_slice) for h in sorted(self._by_slice[s].difference(hosts.slice_keys(s)))
         ]
 
-    def without(self, keys: Iterable[HostKey]) -> HostKeys:
-        """The set less ``keys`` (those not in it are ignored); copies only the slices they touch."""
-        by: dict[int, frozenset[int]] | None = None
-        n = self._len
-        for s, h in keys:
-            hs = (self._by_slice if by is None else by).get(s)
-            if hs is None or h not in hs:
-                continue
-            if by is None:
-                by = dict(self._by_slice)
-            rest = hs - {h}
-            n -= 1
-            if rest:
-                by[s] = rest
-            else:
-                del by[s]
-        if by is None:
-            return self
-        new = object.__new__(HostKeys)
-        new._by_slice, new._len = by, n
-        return new
+    @staticmethod
+    def _less(of: frozenset[int], hosts: set[int]) -> frozenset[int]:
+        return of - hosts
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, HostKeys):
