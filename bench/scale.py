@@ -449,7 +449,7 @@ def _loadgen_late(path: Path) -> list[float]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    from bench.scale_loadgen import LATE_NOTE
+    from bench.heartbeat_clock import LATE_NOTE
 
     before, _, after = LATE_NOTE.partition("{late:.3f}")
     return [float(m) for m in re.findall(re.escape(before) + r"([0-9.]+)" + re.escape(after), text)]

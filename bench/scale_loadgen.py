@@ -14,8 +14,9 @@ keeping its incarnation. Like the worker, it sends each heartbeat as a UDP datag
 coordinator offers a datagram port, and on its stream too until the coordinator
 says it received one (``DatagramsReceived``); ``--no-datagrams`` keeps every
 heartbeat on the stream. The process sends all its workers' datagrams from one
-clock (a thread of its own) and one socket, spread over the interval (phases by
-worker index). It
+socket, spread over the interval (phases by worker index), by a clock that runs as a
+small process of its own (:mod:`bench.heartbeat_clock`: as a thread it shared this
+process's GIL and fell 1.2-1.5 s behind when thousands of channels opened at once). It
 records the arrival time (``time.time()``) of every ``PeerCommand``, and by which
 way it came: on the stream, or as the coordinator's ``CommandDatagram`` to the
 socket the heartbeats leave from (checked with the worker's token and
@@ -71,6 +72,7 @@ from agent.sources.heartbeat_datagrams import (
     target_host,
 )
 from bench.common import raise_nofile
+from bench.heartbeat_clock import HeartbeatClock
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
 SO_TIMESTAMP = SCM_TIMESTAMP = 29
@@ -79,11 +81,6 @@ ancillary data. One process stands in for thousands of hosts, so when it gets to
 more about its own backlog than about the coordinator's fan-out; the receive time is when the
 datagram reached the (stand-in) host. Python's socket module does not name the constant."""
 
-DATAGRAM_SLOTS = 125
-"""The datagram clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats."""
-LATE_NOTE = "heartbeat datagrams {late:.3f} s late"
-"""What a generator prints (stderr) each time its datagram clock runs later than ever, past 0.3 s;
-bench.scale reads it back from the generators' log after a collapse."""
 COMMANDS_PER_WAKE = 64
 """Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
@@ -255,10 +252,7 @@ class LoadGen:
         self.datagrams = not ns.no_datagrams
         self.datagram_host = target_host(ns.coordinator)
         self.sock: socket.socket | None = None
-        self.beats: dict[int, bytes] = {}
-        self.slots: list[set[int]] = [set() for _ in range(DATAGRAM_SLOTS)]
-        self.clock: threading.Thread | None = None
-        self.stopping = threading.Event()
+        self.clock: HeartbeatClock | None = None
         self.interval = 0.25
         self.port = 0
         self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
@@ -266,25 +260,27 @@ class LoadGen:
         self.counts: Counter[tuple[str, int]] = Counter()
         self.stream_counts: Counter[tuple[str, int]] = Counter()
         self.command_datagrams_refused = 0
-        self.clock_late_max = 0.0
-        """The datagram clock's worst lateness (s): how long this process left its workers silent."""
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
-        """Send ``w``'s heartbeat datagrams every ``interval`` from now on (one clock and one socket
-        for the process: 10,000 sleeping tasks would cost this process more than the coordinator)."""
+        """Send ``w``'s heartbeat datagrams every ``interval`` from now on: the process's clock
+        (:class:`HeartbeatClock`, a process of its own) sends them from this process's one socket."""
         self.interval = interval
         self.port = port
-        self.beats[w.index] = data
-        self.slots[w.index % DATAGRAM_SLOTS].add(w.index)
         if self.clock is None:
             self._open_datagram_socket()
-            self.clock = threading.Thread(target=self._datagram_clock, name="datagram-clock", daemon=True)
-            self.clock.start()
+            assert self.sock is not None
+            self.clock = HeartbeatClock(self.sock, self.datagram_host, self.workers[0].index)
+        self.clock.add(w.index, port, interval, data)
 
     def stop_datagrams(self, w: FakeWorker) -> None:
-        self.beats.pop(w.index, None)
-        self.slots[w.index % DATAGRAM_SLOTS].discard(w.index)
+        if self.clock is not None:
+            self.clock.remove(w.index)
+
+    @property
+    def clock_late_max(self) -> float:
+        """The datagram clock's worst lateness (s): how long this process left its workers silent."""
+        return self.clock.late_max if self.clock is not None else 0.0
 
     def _open_datagram_socket(self) -> None:
         family = socket.AF_INET6 if ":" in self.datagram_host else socket.AF_INET
@@ -298,36 +294,6 @@ class LoadGen:
         except OSError:
             pass  # no kernel receive times here: the records keep the processing time alone
         asyncio.get_running_loop().add_reader(self.sock.fileno(), self._read_commands)
-
-    def _datagram_clock(self) -> None:
-        """The heartbeat datagrams, from a thread of their own: each real worker heartbeats from its own
-        host, so this process's own work (thousands of channels opening, stream messages read) must not
-        hold them back. The GIL still hands this thread its turn every few milliseconds."""
-        assert self.sock is not None
-        tick = self.interval / DATAGRAM_SLOTS
-        slot, t = 0, time.monotonic()
-        while not self.stopping.is_set():
-            addr = (self.datagram_host, self.port)
-            for i in list(self.slots[slot]):
-                data = self.beats.get(i)
-                if data is None:
-                    continue
-                try:
-                    self.sock.sendto(data, addr)
-                except OSError:
-                    pass  # a worker's stream heartbeats carry on until the coordinator confirms its datagrams
-            slot = (slot + 1) % DATAGRAM_SLOTS
-            t += tick
-            late = time.monotonic() - t
-            if late > self.clock_late_max:
-                self.clock_late_max = late
-                if late > 0.3:
-                    print(
-                        f"scale_loadgen {self.workers[0].index}: " + LATE_NOTE.format(late=late),
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            self.stopping.wait(max(0.0, -late))
 
     def _read_commands(self) -> None:
         """Reads up to COMMANDS_PER_WAKE datagrams, then lets the loop run: a fan-out brings 2,500 at
@@ -449,7 +415,8 @@ class LoadGen:
                 with open(cmd["path"], "w", encoding="utf-8") as f:
                     json.dump(data, f)
                 emit({"event": "dumped", "path": cmd["path"]})
-        self.stopping.set()
+        if self.clock is not None:
+            self.clock.close()
         for w in self.workers:
             if w.task is not None:
                 w.task.cancel()
