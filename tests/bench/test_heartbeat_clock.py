@@ -72,3 +72,24 @@ def test_lateness_is_reported_once_it_grows(capsys: pytest.CaptureFixture[str]) 
     assert out.split() == ["late", "0.0100", "late", "0.5000"]
     assert err == "scale_loadgen 2500: heartbeat datagrams 0.500 s late\n"
     assert c.late_max == 0.5
+
+
+def test_the_gate_answers_for_every_retrying_worker_with_one_probe_while_fresh() -> None:
+    import asyncio
+
+    from bench.scale_loadgen import CoordinatorGate
+
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        gate = CoordinatorGate(f"127.0.0.1:{port}")
+        assert await asyncio.gather(*(gate.reachable() for _ in range(50))) == [True] * 50
+        assert gate.probes == 1  # one probe answered all fifty
+        server.close()
+        await server.wait_closed()
+        assert await gate.reachable() is True  # still fresh
+        await asyncio.sleep(CoordinatorGate.FRESH * 2)
+        assert await gate.reachable() is False  # the port is closed now
+        assert gate.probes == 2
+
+    asyncio.run(main())
