@@ -63,6 +63,14 @@ newest re-registration, so the time until all are back is reported beside it, no
 The coordinator's main-thread CPU is reported too: near one core the event
 loop is saturated and the CPU figure is a ceiling, not the demand.
 
+Where the stand-in hosts differ from real ones: a generator process stands in for 2,500 hosts on a
+share of one core, so work that a real host does on a CPU of its own must not queue behind the
+others' here. Each generator's heartbeats are sent by a small process of its own
+(:mod:`bench.heartbeat_clock`, at a higher priority than the generator), and a worker retrying
+after a coordinator restart first asks its generator's ``CoordinatorGate`` (one TCP connect, at
+most 50 ms old, for all its workers) whether the port is open, instead of opening a channel that
+would be refused (bench/scale_loadgen.py says why each was needed).
+
 Topology measured (each row's ``topology``): ``flat``, every worker holds its own ``Join``
 stream to the one coordinator and heartbeats it directly. Per-slice leaders (one aggregated
 stream per slice, so the coordinator sees slices rather than hosts) are not built; no row
