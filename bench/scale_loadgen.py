@@ -306,7 +306,6 @@ class LoadGen:
         self.datagram_host = target_host(ns.coordinator)
         self.sock: socket.socket | None = None
         self.clock: HeartbeatClock | None = None
-        self.interval = 0.25
         self.port = 0
         self.workers = [FakeWorker(self, i) for i in range(ns.first, ns.first + ns.count)]
         self.by_index = {w.index: w for w in self.workers}
@@ -318,7 +317,6 @@ class LoadGen:
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
         """Send ``w``'s heartbeat datagrams every ``interval`` from now on: the process's clock
         (:class:`HeartbeatClock`, a process of its own) sends them from this process's one socket."""
-        self.interval = interval
         self.port = port
         if self.clock is None:
             self._open_datagram_socket()

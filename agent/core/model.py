@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ def _frozen(d: Mapping | None = None) -> Mapping:
     return MappingProxyType(dict(d or {}))
 
 
-class _BySlice:
+class _BySlice(ABC):
     """What :class:`Hosts` and :class:`HostKeys` share: (slice, host) keys kept as one container of
     hosts per slice, with their count."""
 
@@ -56,9 +57,9 @@ class _BySlice:
         return self._len
 
     @staticmethod
+    @abstractmethod
     def _less(of: Any, hosts: set[int]) -> Any:
         """A slice's container less ``hosts`` (a new one: containers held are never changed)."""
-        raise NotImplementedError
 
     def without(self, keys: Iterable[HostKey]) -> Any:
         """The same kind of collection without ``keys`` (those not in it are ignored); copies only the
