@@ -217,9 +217,12 @@ class Metrics(ServerMetrics):
                 self.flush_seconds.observe(ev.flush_seconds)
                 self.flush_bytes.inc(ev.flush_bytes)
             case TrainerStepped():
-                self._step_seconds += ev.seconds
+                # A report stands for every step since the previous one, with their mean seconds
+                # (trainer_hooks.session.ElasticSession.report_step sends at most one per 50 ms).
+                covered = ev.seconds * max(1, ev.step - before.trainer.last_step)
+                self._step_seconds += covered
                 if self._first_step_at is None:
-                    self._first_step_at = time.monotonic() - ev.seconds
+                    self._first_step_at = time.monotonic() - covered
                 wall = time.monotonic() - self._first_step_at
                 if wall > 0:
                     self.goodput.set(min(1.0, self._step_seconds / wall))

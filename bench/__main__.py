@@ -1,8 +1,9 @@
 """``python -m bench <name> [--quick] [--json PATH] [--merge-into docs/benchmarks.json]``.
 
-Names: goodput, recovery, detection, scale, flush, footprint, all (goodput
-measures its inputs with the recovery benchmark; in ``all`` it reuses that
-run's).  Every output has the
+Names: goodput, recovery, step_overhead, detection, scale, flush, footprint,
+all (goodput measures its inputs with the recovery benchmark; in ``all`` it
+reuses that run's; ``all`` leaves out step_overhead, which runs MaxText:
+about 30 minutes).  Every output has the
 same top level: ``git_sha`` (HEAD when the run started), ``dirty`` (whether
 ``git status --porcelain`` showed changes), ``machine``, ``config`` (the
 arguments) and ``results`` (a list of rows). ``--merge-into`` adds the
@@ -29,7 +30,7 @@ from typing import Any
 
 from bench.common import envelope, git_state, log, machine, trainer_of
 
-NAMES = ("goodput", "recovery", "detection", "scale", "flush", "footprint")
+NAMES = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
 ALL_ORDER = ("footprint", "flush", "detection", "recovery", "goodput", "scale")
 
 
@@ -185,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="combine the rows of this recovery result (python -m bench recovery --json, or a combined file such "
         "as docs/benchmarks.json: its recovery section) instead of running it; its commit is recorded",
     )
+    g = ap.add_argument_group("step_overhead (also: --repeats, rounds, default 5)")
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="fault-free MaxText steps per run (default 2000; each run is about 2 minutes on 2 cores)",
+    )
     g = ap.add_argument_group("flush")
     g.add_argument("--sizes-mib", type=_ints, default=None, help="state sizes in MiB, e.g. 256,1024")
     return ap
@@ -265,6 +273,12 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             poll_interval=ns.poll_interval,
             maxtext_model=ns.maxtext_model,
             maxtext_min_slices=ns.maxtext_min_slices,
+        )
+    if name == "step_overhead":
+        from bench import step_overhead
+
+        return step_overhead.run(
+            quick=ns.quick, rounds=ns.repeats, steps=ns.steps, workdir=wd, model=ns.maxtext_model or "tiny"
         )
     if name == "detection":
         from bench import detection

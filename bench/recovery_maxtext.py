@@ -185,6 +185,8 @@ class Job:
     """MaxText's ``elastic_min_slice_count``: -1 waits for every slice, 1 continues on the survivor."""
     local_checkpoint_period: int = LOCAL_CHECKPOINT_PERIOD
     """``local_checkpoint_rewind``'s ``checkpoint_period``: a save this often (see the module doc)."""
+    fault_free_steps: int | None = None
+    """A fault-free run's ``steps`` (:mod:`bench.step_overhead`); None: through the faulted period's save."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_period < 1:
@@ -193,6 +195,8 @@ class Job:
             raise ValueError(f"min_slices={self.min_slices}: expected -1 (every slice) or 1..{SLICES}")
         if self.local_checkpoint_period < 1:
             raise ValueError(f"local_checkpoint_period={self.local_checkpoint_period}: expected a whole number >= 1")
+        if self.fault_free_steps is not None and self.fault_free_steps < 1:
+            raise ValueError(f"fault_free_steps={self.fault_free_steps}: expected a whole number of steps >= 1")
 
     @property
     def lead(self) -> int:
@@ -223,7 +227,7 @@ class Job:
         period's save and :data:`TAIL_STEPS` more. Each run is as long as it must be: the fault cost is
         local (:func:`analyse`), so runs of different lengths measure the same thing."""
         if fault_step is None:
-            return self.first_period_end + TAIL_STEPS
+            return self.fault_free_steps or self.first_period_end + TAIL_STEPS
         return fault_step + self.tail(strategy)
 
 
@@ -500,6 +504,8 @@ def snapshot_cost(finished: dict[str, Any] | None) -> dict[str, Any]:
         out["snapshot_every"] = finished["snapshot_every_now"]
     if finished.get("snapshot_overhead_fraction") is not None:
         out["hook_overhead_fraction"] = rnd(float(finished["snapshot_overhead_fraction"]), 4)
+    if finished.get("hook_seconds_per_step") is not None:
+        out["hook_seconds_per_step"] = rnd(float(finished["hook_seconds_per_step"]), 7)
     return {"snapshots": int(finished["snapshots"]), **out} if out else {}
 
 

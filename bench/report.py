@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import trainer_of
 
-ORDER = ("goodput", "recovery", "detection", "scale", "flush", "footprint")
+ORDER = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
 
 
 # ---------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def is_valid(row: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------------------
 
 
-MIN_RUNS = {"goodput": 5, "recovery": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 3}
+MIN_RUNS = {"goodput": 5, "recovery": 5, "step_overhead": 5, "flush": 5, "detection": 5, "footprint": 3, "scale": 3}
 """Runs a figure needs before a target is judged on it (the methods' minimums)."""
 
 
@@ -571,12 +571,36 @@ def _period_cost_targets(rec: dict[str, Any] | None) -> list[Verdict]:
     return out
 
 
+def _step_overhead_target(so: dict[str, Any] | None) -> list[Verdict]:
+    """MaxText: the sidecar's steady step overhead over plain MaxText at most 2%, from the paired rounds of
+    ``python -m bench step_overhead`` (the wall time's median over rounds without steal)."""
+    name, goal = (
+        "step overhead, MaxText (paired rounds)",
+        f"sidecar's steady step <= {STEP_OVERHEAD_BUDGET:.0%} over plain",
+    )
+    if so is None:
+        return []
+    side = next((r for r in so.get("results", []) if r.get("variant") == "sidecar"), None)
+    if side is None or not is_valid(side) or side.get("overhead_fraction_median") is None:
+        return [Verdict(name, goal, "–", "not measured", (side or {}).get("invalid_reason") or "no sidecar row")]
+    wall, cpu = float(side["overhead_fraction_median"]), side.get("cpu_overhead_fraction_median")
+    used = int(side.get("rounds_used") or 0)
+    shown = f"wall {fmt(wall)}" + (f", CPU {fmt(cpu)}" if cpu is not None else "") + f" of the step, n={used} rounds"
+    why = unjudged(so, used)
+    if why:
+        return [Verdict(name, goal, shown, "not measured", why)]
+    per = side.get("overhead_fraction_per_round") or []
+    basis = "wall, per round: " + ", ".join(fmt(x) for x in per)
+    return [Verdict(name, goal, shown, "met" if wall <= STEP_OVERHEAD_BUDGET else "not met", basis)]
+
+
 def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
     rec = secs.get("recovery")
     out = _goodput_targets(secs["goodput"]) if "goodput" in secs else []
     out += _recovery_ratio_target(rec, "checkpoint_rewind", 3, "maxtext", "sidecar vs checkpoint rewind, MaxText")
     out += _recovery_ratio_target(rec, "full_restart", 10, "maxtext", "sidecar vs full restart, MaxText")
     out += _period_cost_targets(rec)
+    out += _step_overhead_target(secs.get("step_overhead"))
     if rec is not None and any(r.get("trainer") == "example" for r in rec.get("results", [])):
         out += _recovery_ratio_target(
             rec, "checkpoint_rewind", 3, "example", "sidecar vs checkpoint rewind, example trainer"
@@ -1300,7 +1324,58 @@ def sec_footprint(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     return out
 
 
+def sec_step_overhead(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    cfg = s.get("config") or {}
+    rows = []
+    for r in s.get("results", []):
+        rows.append(
+            [
+                r.get("variant"),
+                fmt(r.get("runs")),
+                fmt(r.get("wall_step_seconds_median")),
+                fmt(r.get("cpu_step_seconds_median")),
+                fmt(r.get("overhead_fraction_median")) if r.get("variant") != "plain" else "–",
+                ", ".join(fmt(x) for x in r.get("overhead_fraction_per_round") or []) or "–",
+                fmt(r.get("cpu_overhead_fraction_median")) if r.get("variant") != "plain" else "–",
+                ", ".join(fmt(x) for x in r.get("steal_fraction_per_run") or []),
+                status(r),
+            ]
+        )
+    out = [
+        f"{fmt(cfg.get('rounds'))} rounds of {fmt(cfg.get('steps'))} fault-free steps per variant, back to back in "
+        f"a rotating order; overheads are paired with the same round's plain run and leave out rounds in which a "
+        f"run saw more than {fmt(cfg.get('steal_limit'))} of the CPUs' time as steal (see the method).",
+        "",
+    ]
+    out += table(
+        [
+            "variant",
+            "runs",
+            "wall s/step (median)",
+            "CPU s/step (median)",
+            "overhead (wall, median)",
+            "per round",
+            "overhead (CPU, median)",
+            "steal per run",
+            "status",
+        ],
+        rows,
+    )
+    side = next((r for r in s.get("results", []) if r.get("variant") == "sidecar"), None)
+    if side and side.get("hook_seconds_per_step_median") is not None:
+        out += [
+            "",
+            f"The hook's own figures (sidecar runs, median): snapshots cost "
+            f"{fmt(side.get('snapshot_hook_overhead_fraction_median'))} of the step by its `auto` interval's "
+            f"in-process measure (interval seen: {', '.join(side.get('snapshot_every_seen') or []) or '–'}); its own "
+            f"bookkeeping at each step boundary {fmt(side.get('hook_seconds_per_step_median'))} s, "
+            f"{fmt(side.get('hook_fraction_of_plain_step'))} of the plain step.",
+        ]
+    return out
+
+
 SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any], dict[str, str]], list[str]]]] = {
+    "step_overhead": ("Step overhead: MaxText, paired rounds", sec_step_overhead),
     "recovery": ("Recovery: fault cost by strategy", sec_recovery),
     "detection": ("Detection: fault to the coordinator's decision", sec_detection),
     "scale": ("Scale: one coordinator, many workers", sec_scale),

@@ -91,8 +91,10 @@ ENV_FAIL_AT = "ELASTIC_SIDECAR_TEST_FAIL_AT"
 ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 """A directory; a file ``reconnect`` in it ends the simulated loss."""
 ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
-"""A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "batch": H, "rows": [...], "t": ...}``
-(N completed steps, the index run + 1; D the devices its new state spans; H the batch hash, grain only),
+"""A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "batch": H, "rows": [...], "t": ..., "cpu": C, "steal": S}``
+(N completed steps, the index run + 1; D the devices its new state spans; H the batch hash, grain only;
+C the process's CPU seconds over all its threads, ``time.process_time()``; S the machine's steal seconds,
+:func:`machine_steal_seconds`: a step's wall time on a shared VM moves with the steal, its CPU time much less),
 ``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}``, ``{"kind": "mesh", "slices": K, ...}`` (each mesh
 MaxText builds), ``{"kind": "state", ...}`` (sizes, once per
 attempt), ``{"kind": "reconnected", ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
@@ -195,6 +197,18 @@ def apply() -> None:
         _record_meshes(events)
         _record_steps(events)
     _applied.append("yes")
+
+
+def machine_steal_seconds() -> float | None:
+    """The machine's steal time so far, in CPU-seconds over all its CPUs: the time its virtual CPUs
+    were ready to run but the hypervisor ran something else (the 8th field of the ``cpu`` line of
+    ``/proc/stat``, in ``USER_HZ`` ticks: proc(5)). None where there is no such field."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def record(path: Path | None, kind: str, **fields: Any) -> None:
@@ -500,7 +514,7 @@ def _record_steps(path: Path) -> None:
             except Exception as e:  # noqa: BLE001 - a step that failed did not complete
                 record(path, "step_failed", step=fields["step"], error=f"{type(e).__name__}: {e}"[:200])
             else:
-                record(path, "step", **fields)
+                record(path, "step", cpu=round(time.process_time(), 6), steal=machine_steal_seconds(), **fields)
             finally:
                 pending.task_done()
 

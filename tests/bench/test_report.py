@@ -257,7 +257,23 @@ def fixture() -> dict[str, Any]:
         gp_rows,
         projection=gp_proj,
     )
-    return combine([gp, rec, detection, scale, flush, footprint])
+    overhead = section(
+        "step_overhead",
+        {"rounds": 5, "steps": 2000, "steal_limit": 0.01},
+        [
+            {"trainer": "maxtext", "variant": "plain", "runs": 5, "wall_step_seconds_median": 0.035},
+            {
+                "trainer": "maxtext",
+                "variant": "sidecar",
+                "runs": 5,
+                "rounds_used": 5,
+                "overhead_fraction_median": 0.012,
+                "overhead_fraction_per_round": [0.01, 0.012, 0.02, 0.005, 0.015],
+                "cpu_overhead_fraction_median": 0.018,
+            },
+        ],
+    )
+    return combine([gp, rec, overhead, detection, scale, flush, footprint])
 
 
 def numbers(obj: Any) -> set[str]:
@@ -353,7 +369,7 @@ def test_targets_from_data() -> None:
 def test_a_page_with_every_benchmark_judges_every_target(tmp_path: Path) -> None:
     data = fixture()
     md = render(data)
-    for title in ("Goodput", "Recovery", "Detection", "Scale", "Flush", "Footprint"):
+    for title in ("Goodput", "Recovery", "Step overhead", "Detection", "Scale", "Flush", "Footprint"):
         assert f"## {title}" in md, title
     assert "Not in this file" not in md
     vs = targets(sections(data))

@@ -218,12 +218,16 @@ class Job:
         self.ran: list[int] = []
         self.fail_at = fail_at
         self.settings: Any = None
+        self.step_seconds = 0.0
 
         def connect(address: str, **kw: Any) -> ElasticSession:
             self.settings = kw["settings"]
+            # Every step reported: these tests count the reports (their coalescing: tests/trainer_hooks).
             if address != "scripted":
-                return ElasticSession.connect(address, **kw)
-            return ElasticSession(self.link, flush=kw["flush"], on_event=kw["on_event"])  # type: ignore[arg-type]
+                return ElasticSession.connect(address, report_interval=0.0, **kw)
+            return ElasticSession(  # type: ignore[arg-type]
+                self.link, flush=kw["flush"], on_event=kw["on_event"], report_interval=0.0
+            )
 
         def initialize(argv: list[str]) -> tuple[Config, None]:
             return config, None
@@ -234,6 +238,8 @@ class Job:
 
                 raise jax.errors.JaxRuntimeError("DATA_LOSS: a slice went away")
             self.ran.append(pv["step"])
+            if self.step_seconds:
+                time.sleep(self.step_seconds)
             return {}
 
         self.train = types.ModuleType("fake_train")
@@ -270,6 +276,18 @@ def test_reports_maxtexts_elastic_flags_and_every_step(fake_maxtext: Any) -> Non
     assert job.link.kinds() == ["resumed", "step", "step", "step"]
     assert job.link.last("resumed").restored_from == "fresh"
     assert [m.step.step for m in job.link.sent[1:]] == [1, 2, 3]  # completed steps, 1-based
+
+
+def test_the_hooks_own_seconds_per_step_leave_out_the_step_itself_and_the_attempts_first_boundary(
+    fake_maxtext: Any,
+) -> None:
+    job = Job(Config())
+    job.step_seconds = 0.05
+    job.step(0)  # the attempt's first boundary (its resume is acknowledged there): not a per-step cost
+    assert job.hook.snapshot_counts()["hook_seconds_per_step"] is None
+    job.run(1, 4)
+    own = job.hook.snapshot_counts()["hook_seconds_per_step"]
+    assert isinstance(own, float) and 0.0 < own < job.step_seconds / 2
 
 
 def test_hold_on_the_same_slices_flushes_and_goes_on_from_memory(fake_maxtext: Any) -> None:

@@ -83,6 +83,69 @@ def test_step_boundary_with_nothing_pending_is_cheap() -> None:
     assert session.step == -1  # nothing pending: not even the step is recorded
 
 
+class RecordingLink(SidecarLink):
+    """A link that is never started: what the session sends is kept, in order."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1:1", trainer_pb2.TrainerHello)
+        self.sent: list[trainer_pb2.TrainerMessage] = []
+
+    def send(self, msg: trainer_pb2.TrainerMessage) -> None:
+        self.sent.append(msg)
+
+    def kinds(self) -> list[str]:
+        return [str(m.WhichOneof("msg")) for m in self.sent]
+
+
+def test_fast_steps_are_reported_together_with_their_mean_seconds_and_before_anything_else() -> None:
+    link = RecordingLink()
+    session = ElasticSession(link, report_interval=3600.0)
+    session.report_step(1, 0.01)  # the first report goes at once
+    for step, seconds in ((2, 0.02), (3, 0.04), (4, 0.06)):
+        session.report_step(step, seconds)
+    assert link.kinds() == ["step"] and link.sent[0].step.step == 1
+    # Any other message sends the unsent report first: the sidecar sees step 4 before the flush.
+    session.committed(4)
+    assert link.kinds() == ["step", "step", "flushed"]
+    report = link.sent[1].step
+    assert report.step == 4 and report.step_seconds == pytest.approx(0.04)  # the mean of steps 2-4
+    session.committed(5)  # nothing unsent: no empty report
+    assert link.kinds() == ["step", "step", "flushed", "flushed"]
+
+
+def test_with_a_zero_interval_every_step_is_reported() -> None:
+    link = RecordingLink()
+    session = ElasticSession(link, report_interval=0.0)
+    for step in range(1, 6):
+        session.report_step(step, 0.01)
+    assert [m.step.step for m in link.sent] == [1, 2, 3, 4, 5]
+
+
+def test_steps_are_reported_again_once_the_interval_has_passed() -> None:
+    link = RecordingLink()
+    session = ElasticSession(link, report_interval=0.05)
+    session.report_step(1, 0.001)
+    session.report_step(2, 0.001)
+    time.sleep(0.06)
+    session.report_step(3, 0.003)
+    assert [(m.step.step, round(m.step.step_seconds, 6)) for m in link.sent] == [(1, 0.001), (3, 0.002)]
+
+
+def test_the_report_interval_comes_from_the_environment_and_a_bad_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainer_hooks.session import ENV_REPORT_INTERVAL, REPORT_INTERVAL, report_interval_from_env
+
+    monkeypatch.delenv(ENV_REPORT_INTERVAL, raising=False)
+    assert report_interval_from_env() == REPORT_INTERVAL
+    monkeypatch.setenv(ENV_REPORT_INTERVAL, "0.2")
+    assert report_interval_from_env() == 0.2
+    for bad in ("-1", "soon", "nan"):
+        monkeypatch.setenv(ENV_REPORT_INTERVAL, bad)
+        with pytest.raises(ValueError, match=f"{ENV_REPORT_INTERVAL}='{bad}'"):
+            report_interval_from_env()
+
+
 # ---------------------------------------------------------------------------
 # (c) the protocol against a real coordinator
 # ---------------------------------------------------------------------------

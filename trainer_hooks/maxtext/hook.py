@@ -193,6 +193,11 @@ class MaxTextHook:
         """Where this attempt's state came from (``snapshot``, ``checkpoint``, ``fresh``) and its step."""
         self._directive: Directive | None = None
         """The sidecar's newest resume, which the running mesh serves."""
+        self._own_seconds = 0.0
+        self._own_steps = 0
+        """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
+        the step report; not a save call, a hold or a rebuild), and over how many steps: ``finished`` reports
+        the mean, a per-step cost that the snapshot interval's measurement cannot see (it is in every slot)."""
 
     # -- wiring ------------------------------------------------------------------
 
@@ -247,6 +252,7 @@ class MaxTextHook:
             "snapshot_every_now": iv.current,
             "snapshot_overhead_fraction": iv.last_fraction,
             "step_seconds_baseline": iv.baseline,
+            "hook_seconds_per_step": self._own_seconds / self._own_steps if self._own_steps else None,
         }
 
     # -- MaxText's seams ---------------------------------------------------------------
@@ -303,6 +309,7 @@ class MaxTextHook:
         step = int(python_vars["step"])
         self._device_state, self._python_vars = jax_device_state, python_vars
         self._config = immutable_data["config"]
+        ordinary = self._rebuilding is None
         if self._rebuilding is not None:
             self._resumed(step)
             self._new_attempt(step, jax_device_state)
@@ -317,6 +324,8 @@ class MaxTextHook:
         if d is not None:
             self._apply(d, step)
         started = time.monotonic()
+        # The hook's own time at this boundary (not a rebuild's or a hold's, which are not per-step costs).
+        own = started - entered if ordinary and d is None else None
         saved = self._maybe_snapshot(step, jax_device_state, python_vars)
         t0 = time.monotonic()
         try:
@@ -327,12 +336,16 @@ class MaxTextHook:
             if is_slice_down(e) or (session.process_count > 1 and is_collective_failure(e)):
                 self._slice_error(step, e)  # never returns: elastic_retry takes over, or exit 42
             raise
+        after = time.monotonic()
         self.completed = step + 1
-        session.report_step(step + 1, time.monotonic() - t0)
+        session.report_step(step + 1, after - t0)
         periodic = self._on_save_schedule(step)
         if self._periodic_label is not None or periodic:
             self._periodic_commit(step)
         self._slot = (started, saved, not periodic)
+        if own is not None:
+            self._own_seconds += own + (time.monotonic() - after)
+            self._own_steps += 1
         return metrics
 
     # -- snapshots -------------------------------------------------------------------
