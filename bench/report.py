@@ -589,9 +589,15 @@ def _step_overhead_target(so: dict[str, Any] | None) -> list[Verdict]:
     why = unjudged(so, used)
     if why:
         return [Verdict(name, goal, shown, "not measured", why)]
-    per = side.get("overhead_fraction_per_round") or []
+    per = [float(x) for x in side.get("overhead_fraction_per_round") or [wall]]
     basis = "wall, per round: " + ", ".join(fmt(x) for x in per)
-    return [Verdict(name, goal, shown, "met" if wall <= STEP_OVERHEAD_BUDGET else "not met", basis)]
+    # Judged only where every round agrees: rounds that straddle the budget do not resolve it, whatever
+    # their median says (on this VM the step time drifts by more than 2% between runs minutes apart).
+    if max(per) <= STEP_OVERHEAD_BUDGET:
+        return [Verdict(name, goal, shown, "met", basis)]
+    if min(per) > STEP_OVERHEAD_BUDGET:
+        return [Verdict(name, goal, shown, "not met", basis)]
+    return [Verdict(name, goal, shown, "not measured", basis + ": the rounds straddle the budget, not resolved")]
 
 
 def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:

@@ -31,7 +31,8 @@ seconds over wall seconds times CPUs). A variant's overhead is the median over
 rounds of its run's wall time per step over the same round's ``plain`` run's,
 minus 1 (the CPU time's beside it); a round in which any run saw more than
 :data:`STEAL_LIMIT` steal is left out of the medians (``rounds_left_out``) and
-a row with no round left is invalid. The sidecar row also gives the hook's own
+a row with no round left is invalid. The page judges the 2% only where every
+round falls on one side of it (``bench/report.py``). The sidecar row also gives the hook's own
 figures from its ``finished`` line: the snapshot overhead its ``auto``
 interval measured (windows with a snapshot against those without, in the same
 process) and its own seconds per step at ordinary step boundaries, as a

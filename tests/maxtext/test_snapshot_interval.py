@@ -105,3 +105,16 @@ def test_a_drifting_step_time_is_not_read_as_the_snapshots_cost() -> None:
             chosen.append(changed)
     assert 15 <= iv.current <= 31, chosen
     assert max(chosen) <= 62, chosen
+
+
+def test_the_hooks_own_cost_leaves_the_snapshots_the_rest_of_the_budget() -> None:
+    cost = [0.015]  # a snapshot costs 1.5% of one step: within 2% at every step
+    free = SnapshotInterval(-1)
+    simulate(free, 3000, 1.0, cost)
+    assert free.current == 1
+    shared = SnapshotInterval(-1)
+    shared.fixed = 0.012  # the hook's own bookkeeping: 1.2% of every step
+    assert shared.snapshot_budget == pytest.approx(BUDGET - 0.012)
+    _, overhead = simulate(shared, 3000, 1.0, cost)
+    assert shared.current >= 2 and overhead <= BUDGET - 0.012 + 1e-9
+    assert SnapshotInterval(-1, fixed=0.5).snapshot_budget == BUDGET / 4  # never nothing left

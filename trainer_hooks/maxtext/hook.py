@@ -315,6 +315,9 @@ class MaxTextHook:
             self._new_attempt(step, jax_device_state)
         elif self._slot is not None:
             started, saved, counted = self._slot
+            iv = self.interval
+            if iv.baseline and self._own_steps:
+                iv.fixed = self._own_seconds / self._own_steps / iv.baseline  # snapshots get the rest of 2%
             self._interval_changed(self.interval.slot(entered - started, saved=saved, counted=counted), "measured")
         self._slot = None
         try:
@@ -361,7 +364,8 @@ class MaxTextHook:
                 "why": why,
                 "overhead_fraction": iv.last_fraction,
                 "step_seconds_baseline": iv.baseline,
-                "budget": iv.budget,
+                "budget": iv.snapshot_budget,
+                "hook_fraction": iv.fixed,
             },
         )
 

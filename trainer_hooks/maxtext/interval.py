@@ -1,4 +1,5 @@
-"""How often to snapshot: by measurement, so that snapshots cost at most ``BUDGET`` of the step time.
+"""How often to snapshot: by measurement, so that snapshots cost at most ``BUDGET`` of the step time,
+less what the hook itself costs at every step boundary (:attr:`SnapshotInterval.fixed`).
 
 A snapshot's cost is not the time ``Snapshotter.save`` takes to return: the
 copy to pinned host memory runs on after it, beside the following steps (on
@@ -68,6 +69,10 @@ class SnapshotInterval:
     """Median slot seconds without snapshots, this attempt."""
     last_fraction: float | None = None
     """The overhead fraction of the newest measurement round."""
+    fixed: float = 0.0
+    """The fraction of a step that the hook itself costs at every boundary (its bookkeeping and step
+    report, measured by the hook): in every slot, baseline included, so the windows cannot see it.
+    The snapshots get the rest of the budget (:attr:`snapshot_budget`)."""
     _phase: str = "warmup"
     _slots: list[float] = field(default_factory=list)
     _window: list[float] = field(default_factory=list)
@@ -82,6 +87,12 @@ class SnapshotInterval:
     def __post_init__(self) -> None:
         self.auto = self.every < 0
         self.current = 1 if self.auto else self.every
+
+    @property
+    def snapshot_budget(self) -> float:
+        """What the snapshots may cost: the budget less the hook's own fixed cost, at least a quarter of it
+        (a hook that costs the whole budget by itself still snapshots, at a sparse interval)."""
+        return max(self.budget / 4, self.budget - max(0.0, self.fixed))
 
     # -- what the hook asks --------------------------------------------------------
 
@@ -169,9 +180,10 @@ class SnapshotInterval:
         self._round.clear()
         self.last_fraction = fraction
         before = self.current
-        wanted = max(1, math.ceil(self.current * fraction / self.budget))
-        low = fraction < self.budget / 2
-        if fraction > self.budget:
+        budget = self.snapshot_budget
+        wanted = max(1, math.ceil(self.current * fraction / budget))
+        low = fraction < budget / 2
+        if fraction > budget:
             self.current = min(MAX_EVERY, max(self.current + 1, min(wanted, MAX_GROWTH * self.current)))
         elif low and self._low_rounds >= 1:  # twice in a row well under budget: snapshot more often
             self.current = max(wanted, self.current // 2, 1)
