@@ -134,3 +134,14 @@ def test_the_step_events_steal_is_the_machines_from_proc_stat() -> None:
     assert first is not None and first >= int(fields[8]) / os.sysconf("SC_CLK_TCK")
     second = machine_steal_seconds()
     assert second is not None and second >= first
+
+
+def test_the_in_process_overhead_adds_the_snapshots_and_the_hooks_own_time() -> None:
+    s = section([-0.064, 0.126, -0.013, -0.046, 0.055])
+    side = s["results"][1]
+    side.update(snapshot_hook_overhead_fraction_median=0.0187, hook_fraction_of_plain_step=0.00862)
+    v = next(v for v in targets(sections(s)) if v.target == "step overhead, MaxText (in process)")
+    assert v.verdict == "not met" and "0.02732" in v.measured
+    side.update(snapshot_hook_overhead_fraction_median=0.011)
+    v = next(v for v in targets(sections(s)) if v.target == "step overhead, MaxText (in process)")
+    assert v.verdict == "met"
