@@ -113,6 +113,22 @@ def test_fast_steps_are_reported_together_with_their_mean_seconds_and_before_any
     assert link.kinds() == ["step", "step", "flushed", "flushed"]
 
 
+def test_an_unsent_report_keeps_its_own_step_and_generation_across_a_resume() -> None:
+    link = RecordingLink()
+    session = ElasticSession(link, report_interval=3600.0)
+    for step in (1, 2, 3):
+        session.report_step(step, 0.01)
+    # The attempt restored step 2 (a rewind) under generation 2: the unsent report still says step 3, generation 0.
+    session.resumed(Directive(2, (0,), "memory", "resumed"), 2, "snapshot", 0.1)
+    assert link.kinds() == ["step", "step", "resumed"]
+    assert (link.sent[1].step.step, link.sent[1].step.generation) == (3, 0)
+    session.generation = 2
+    session.report_step(3, 0.01)
+    session.generation = 3  # a newer generation's steps are never merged into an older report
+    session.report_step(4, 0.01)
+    assert [(m.step.step, m.step.generation) for m in link.sent if m.HasField("step")][2:] == [(3, 2)]
+
+
 def test_with_a_zero_interval_every_step_is_reported() -> None:
     link = RecordingLink()
     session = ElasticSession(link, report_interval=0.0)
