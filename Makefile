@@ -11,7 +11,7 @@ VENV_MAXTEXT ?= .venv-maxtext
 EDITABLE := --config-settings editable_mode=compat -e
 
 .PHONY: setup setup-maxtext system-deps demo test test-fast test-maxtext lint protos clean \
-	bench-recovery bench-recovery-maxtext bench-scale bench-flush bench-detection bench-footprint bench-goodput \
+	bench-recovery bench-recovery-maxtext bench-scale bench-flush bench-step-overhead bench-detection bench-footprint bench-goodput \
 	bench-docs
 
 # Headless Chromium renders the status page in a test (Debian's package; root or sudo).
@@ -124,6 +124,9 @@ bench-goodput: setup
 
 bench-flush: setup
 	$(BENCH) flush --require-clean --merge-into $(BENCH_OUT) $(ARGS)
+
+bench-step-overhead: setup setup-maxtext
+	$(BENCH) step_overhead --require-clean --merge-into $(BENCH_OUT) $(ARGS)
 
 bench-detection: setup
 	$(BENCH) detection --require-clean --merge-into $(BENCH_OUT) $(ARGS)
