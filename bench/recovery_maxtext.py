@@ -418,6 +418,16 @@ def analyse(
     return out
 
 
+def consecutive_steps(steps: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs of ``step`` events (in time order) in which the second step directly follows the first in the
+    same process: the second one's own time is ``b["t"] - a["t"]``."""
+    return [
+        (a, b)
+        for a, b in zip(steps, steps[1:], strict=False)
+        if a.get("pid") == b.get("pid") and b["step"] == a["step"] + 1
+    ]
+
+
 def steady_before_fault(
     done: Sequence[dict[str, Any]], warm: int, before: int, save_every: int | None
 ) -> tuple[float, int] | None:
@@ -435,11 +445,8 @@ def steady_before_fault(
     # before the fault, in time order).
     times = [
         float(b["t"]) - float(a["t"])
-        for a, b in zip(done, done[1:], strict=False)
-        if a.get("pid") == b.get("pid")
-        and a["step"] == b["step"] - 1
-        and warm + SETTLE_STEPS < b["step"] <= before
-        and not periodic(b["step"])
+        for a, b in consecutive_steps(done)
+        if warm + SETTLE_STEPS < b["step"] <= before and not periodic(b["step"])
     ]
     if len(times) < MIN_STEADY_STEPS:
         return None

@@ -65,12 +65,10 @@ leaves its slots out as well)."""
 def steady_window(events: Sequence[dict[str, Any]], *, from_step: int) -> dict[str, Any] | None:
     """A fault-free run's steady figures from its ``step`` events: consecutive steps of one process past
     ``from_step``. None with fewer than :data:`MIN_STEPS` such steps or without ``cpu`` and ``steal``."""
+    from bench.recovery_maxtext import consecutive_steps
+
     steps = [e for e in events if e.get("kind") == "step"]
-    pairs = [
-        (a, b)
-        for a, b in zip(steps, steps[1:], strict=False)
-        if a.get("pid") == b.get("pid") and b["step"] == a["step"] + 1 and a["step"] >= from_step
-    ]
+    pairs = [(a, b) for a, b in consecutive_steps(steps) if a["step"] >= from_step]
     if len(pairs) < MIN_STEPS or any(e.get("cpu") is None or e.get("steal") is None for p in pairs for e in p):
         return None
     wall = sum(float(b["t"]) - float(a["t"]) for a, b in pairs)

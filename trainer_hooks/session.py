@@ -341,8 +341,8 @@ class ElasticSession:
         generation: the newest step and their mean seconds. Any other message, and :meth:`finished`
         and :meth:`close`, send the unsent report first, so the sidecar never sees an event out of order."""
         self.step = step
-        if self._unsent_steps and self._unsent_generation != self.generation:
-            self._send_step_report(time.monotonic())  # steps of an earlier generation are reported as such
+        if self._unsent_generation != self.generation:
+            self._send_unsent_report()  # steps of an earlier generation are reported as such
         self._unsent_steps += 1
         self._unsent_seconds += seconds
         self._unsent_step, self._unsent_generation = step, self.generation
@@ -350,11 +350,13 @@ class ElasticSession:
         if now - self._reported_at >= self.report_interval:
             self._send_step_report(now)
 
+    def _send_unsent_report(self) -> None:
+        if self._unsent_steps:
+            self._send_step_report(time.monotonic())
+
     def _send_step_report(self, now: float) -> None:
         n, self._unsent_steps = self._unsent_steps, 0
         total, self._unsent_seconds = self._unsent_seconds, 0.0
-        if not n:
-            return
         self._reported_at = now
         self._link.send(
             trainer_pb2.TrainerMessage(
@@ -366,8 +368,7 @@ class ElasticSession:
 
     def _send(self, msg: trainer_pb2.TrainerMessage) -> None:
         """Send ``msg`` after the unsent step report, if any."""
-        if self._unsent_steps:
-            self._send_step_report(time.monotonic())
+        self._send_unsent_report()
         self._link.send(msg)
 
     # -- blocking calls ----------------------------------------------------------
@@ -480,13 +481,11 @@ class ElasticSession:
         the report waits for the link (up to ``FINISHED_WAIT_SECONDS``), else the job
         would end with a coordinator that never learns it finished."""
         msg = trainer_pb2.TrainerMessage(finished=trainer_pb2.Finished(step=step))
-        if self._unsent_steps:
-            self._send_step_report(time.monotonic())
+        self._send_unsent_report()
         self._link.deliver(msg, min(FINISHED_WAIT_SECONDS, self.elastic_timeout_seconds))
 
     def close(self) -> None:
-        if self._unsent_steps:
-            self._send_step_report(time.monotonic())
+        self._send_unsent_report()
         self._link.flush_outbox()
         self._link.close()
 
