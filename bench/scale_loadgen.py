@@ -130,13 +130,18 @@ class FakeWorker:
         without opening a channel for it (see there)."""
         delay = 0.05
         first = True
+        tally = self.gen.tally
         while True:
             if first or await self.gen.gate.reachable():
                 try:
                     await self._session()
                     delay = 0.05
-                except (grpc.aio.AioRpcError, ConnectionError, OSError):
-                    pass
+                except grpc.aio.AioRpcError as e:
+                    tally[f"session_failed:{e.code().name}"] += 1
+                except (ConnectionError, OSError) as e:
+                    tally[f"session_failed:{type(e).__name__}"] += 1
+            else:
+                tally["gate_closed"] += 1
             first = False
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -150,25 +155,37 @@ class FakeWorker:
 
     async def _session(self) -> None:
         g = self.gen
-        self.channel = grpc.aio.insecure_channel(g.coordinator, options=g.options)
+        # At most ``--concurrency`` of this process's stand-in hosts set up a connection at once, after a
+        # coordinator restart as at the first registration. Its one core serves 2,500 hosts: unbounded,
+        # all 2,500 handshakes advanced in turn and none finished for about 30 s (one 10,000-worker
+        # diagnostic run), past the coordinator's rejoin grace, a convoy no set of real hosts, each with
+        # its own CPU, would form.
+        async with g.joining:
+            g.tally["session_started"] += 1
+            self.channel = grpc.aio.insecure_channel(g.coordinator, options=g.options)
+            try:
+                call = peer_pb2_grpc.PeerStub(self.channel).Join()
+                ident = peer_pb2.HostIdentity(
+                    slice=self.slice, host=self.host, node=f"loadgen-{self.index}", incarnation=self.incarnation
+                )
+                register = peer_pb2.Register(
+                    identity=ident,
+                    job=g.job,
+                    epoch_seen=self.epoch_seen,
+                    generation_seen=self.generation_seen,
+                    local_healthy=self.healthy,
+                )
+                await call.write(peer_pb2.WorkerMessage(register=register))
+                first = await call.read()
+                if first is grpc.aio.EOF or not first.HasField("registered"):
+                    raise ConnectionError("no Registered")
+                if first.registered.epoch < self.epoch_seen:
+                    raise ConnectionError("an older coordinator than one already followed")  # as agent.worker
+            except BaseException:
+                await self.channel.close()
+                raise
+        g.tally["registered"] += 1
         try:
-            call = peer_pb2_grpc.PeerStub(self.channel).Join()
-            ident = peer_pb2.HostIdentity(
-                slice=self.slice, host=self.host, node=f"loadgen-{self.index}", incarnation=self.incarnation
-            )
-            register = peer_pb2.Register(
-                identity=ident,
-                job=g.job,
-                epoch_seen=self.epoch_seen,
-                generation_seen=self.generation_seen,
-                local_healthy=self.healthy,
-            )
-            await call.write(peer_pb2.WorkerMessage(register=register))
-            first = await call.read()
-            if first is grpc.aio.EOF or not first.HasField("registered"):
-                raise ConnectionError("no Registered")
-            if first.registered.epoch < self.epoch_seen:
-                raise ConnectionError("an older coordinator than one already followed")  # as agent.worker
             self.epoch_seen = max(self.epoch_seen, first.registered.epoch)
             self.generation_seen = max(self.generation_seen, first.registered.generation)
             self.call = call
@@ -203,7 +220,9 @@ class FakeWorker:
                 # The stream's end (the coordinator gone) is this session's end, as in agent.worker: read
                 # here, so that 10,000 broken streams do not each print "Task exception was never
                 # retrieved" with its traceback (seconds of a generator's core, at the restart).
-                reader.exception()
+                e = reader.exception()
+                why = "EOF" if e is None else e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+                g.tally[f"stream_ended:{why}"] += 1
         finally:
             self.connected = False
             self.call = None
@@ -313,6 +332,10 @@ class LoadGen:
         self.stream_counts: Counter[tuple[str, int]] = Counter()
         self.command_datagrams_refused = 0
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.joining = asyncio.Semaphore(ns.concurrency)
+        """Connections being set up at once (see FakeWorker._session)."""
+        self.tally: Counter[str] = Counter()
+        """What this process's stand-in hosts did, by kind; :meth:`_progress` logs it."""
 
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
         """Send ``w``'s heartbeat datagrams every ``interval`` from now on: the process's clock
@@ -407,9 +430,25 @@ class LoadGen:
         oks = await asyncio.gather(*(one(w) for w in self.workers))
         emit({"event": "registered", "ok": sum(oks), "failed": len(oks) - sum(oks), "t0": t0, "t1": time.time()})
 
+    async def _progress(self) -> None:
+        """One line a second on stderr (the run's generators.log) while anything happens: what the
+        stand-in hosts did since the last line, the gate's probes and this process's CPU seconds, so a
+        slow restart can be told apart from a busy generator."""
+        last: Counter[str] = Counter()
+        while True:
+            await asyncio.sleep(1.0)
+            new = self.tally - last
+            if not new:
+                continue
+            last = self.tally.copy()
+            line = {"t": round(time.time(), 3), "first": self.workers[0].index, "cpu": round(time.process_time(), 2)}
+            line |= {"connected": sum(1 for w in self.workers if w.connected), "gate_probes": self.gate.probes}
+            print(json.dumps(line | {"since_last": dict(sorted(new.items()))}), file=sys.stderr, flush=True)
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._stdin_thread, args=(loop,), daemon=True).start()
+        progress = asyncio.create_task(self._progress())
         await self.register_all()
         while True:
             cmd = await self.commands.get()
@@ -467,6 +506,7 @@ class LoadGen:
                 with open(cmd["path"], "w", encoding="utf-8") as f:
                     json.dump(data, f)
                 emit({"event": "dumped", "path": cmd["path"]})
+        progress.cancel()
         if self.clock is not None:
             self.clock.close()
         for w in self.workers:

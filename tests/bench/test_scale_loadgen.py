@@ -1,0 +1,118 @@
+"""The scale benchmark's stand-in hosts set up at most ``--concurrency`` connections at once, after a
+coordinator restart as at their first registration, and log what they did."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+import grpc
+import pytest
+
+from bench import scale_loadgen
+from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
+
+
+class SlowPeer(peer_pb2_grpc.PeerServicer):
+    """Answers each Join's Register after a pause, counting the Joins waiting for their answer at once."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.most_waiting = 0
+        self.joins = 0
+
+    async def Join(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        async for msg in request_iterator:
+            if msg.HasField("register"):
+                self.joins += 1
+                self.waiting += 1
+                self.most_waiting = max(self.most_waiting, self.waiting)
+                await asyncio.sleep(0.05)
+                self.waiting -= 1
+                # No datagram port: heartbeats stay on the stream.
+                yield peer_pb2.CoordinatorMessage(
+                    registered=peer_pb2.Registered(generation=1, heartbeat_interval_seconds=0.5, epoch=1)
+                )
+
+
+async def serve(peer: SlowPeer) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    peer_pb2_grpc.add_PeerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+def loadgen(port: int, count: int, concurrency: int) -> scale_loadgen.LoadGen:
+    ns = argparse.Namespace(
+        coordinator=f"127.0.0.1:{port}",
+        job="bench-scale",
+        first=0,
+        count=count,
+        hosts_per_slice=4,
+        concurrency=concurrency,
+        rate=0.0,
+        keepalive_ms=None,
+        no_datagrams=True,
+    )
+    return scale_loadgen.LoadGen(ns)
+
+
+async def wait_for(cond: Any, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+async def test_reregistrations_after_a_restart_are_capped_like_the_first(concurrency: int) -> None:
+    peer = SlowPeer()
+    server, port = await serve(peer)
+    gen = loadgen(port, 12, concurrency)
+    try:
+        for w in gen.workers:
+            w.start()
+        await wait_for(lambda: all(w.connected for w in gen.workers))
+        assert peer.most_waiting <= concurrency
+        # The coordinator goes away and comes back on the same port: every stream breaks at once.
+        await server.stop(None)
+        await wait_for(lambda: not any(w.connected for w in gen.workers))
+        peer2 = SlowPeer()
+        server = grpc.aio.server()
+        peer_pb2_grpc.add_PeerServicer_to_server(peer2, server)
+        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+        await server.start()
+        await wait_for(lambda: all(w.connected for w in gen.workers))
+        assert peer2.joins == 12
+        assert 1 <= peer2.most_waiting <= concurrency
+        assert all(w.sessions == 2 for w in gen.workers)
+        assert gen.tally["registered"] == 24
+        assert sum(v for k, v in gen.tally.items() if k.startswith(("stream_ended:", "session_failed:"))) >= 12
+    finally:
+        for w in gen.workers:
+            await w.disconnect()
+        await server.stop(None)
+
+
+async def test_progress_lines_say_what_the_hosts_did(capsys: pytest.CaptureFixture[str]) -> None:
+    peer = SlowPeer()
+    server, port = await serve(peer)
+    gen = loadgen(port, 3, 3)
+    progress = asyncio.create_task(gen._progress())
+    try:
+        for w in gen.workers:
+            w.start()
+        await wait_for(lambda: all(w.connected for w in gen.workers))
+        await asyncio.sleep(1.2)
+        lines = [json.loads(ln) for ln in capsys.readouterr().err.splitlines() if ln.startswith("{")]
+        assert lines, "no progress line"
+        assert sum(ln["since_last"].get("registered", 0) for ln in lines) == 3
+        assert lines[-1]["connected"] == 3 and lines[-1]["first"] == 0
+    finally:
+        progress.cancel()
+        for w in gen.workers:
+            await w.disconnect()
+        await server.stop(None)
