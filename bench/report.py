@@ -586,10 +586,11 @@ def _step_overhead_target(so: dict[str, Any] | None) -> list[Verdict]:
     wall, cpu = float(side["overhead_fraction_median"]), side.get("cpu_overhead_fraction_median")
     used = int(side.get("rounds_used") or 0)
     shown = f"wall {fmt(wall)}" + (f", CPU {fmt(cpu)}" if cpu is not None else "") + f" of the step, n={used} rounds"
+    # The in-process figure comes from every sidecar run's own lines, whatever rounds steal left out.
+    out = _in_process_overhead(so, side)
     why = unjudged(so, used)
     if why:
-        return [Verdict(name, goal, shown, "not measured", why)]
-    out = _in_process_overhead(so, side)
+        return [Verdict(name, goal, shown, "not measured", why), *out]
     per = [float(x) for x in side.get("overhead_fraction_per_round") or [wall]]
     basis = "wall, per round: " + ", ".join(fmt(x) for x in per)
     # Judged only where every round agrees: rounds that straddle the budget do not resolve it, whatever
