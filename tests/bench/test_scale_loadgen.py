@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from typing import Any
 
 import grpc
@@ -41,6 +42,15 @@ async def serve(peer: SlowPeer) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server()
     peer_pb2_grpc.add_PeerServicer_to_server(peer, server)
     port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+async def serve_on(peer: SlowPeer, port: int) -> tuple[grpc.aio.Server, int]:
+    """A coordinator back on the same port."""
+    server = grpc.aio.server()
+    peer_pb2_grpc.add_PeerServicer_to_server(peer, server)
+    assert server.add_insecure_port(f"127.0.0.1:{port}") == port
     await server.start()
     return server, port
 
@@ -81,10 +91,7 @@ async def test_reregistrations_after_a_restart_are_capped_like_the_first(concurr
         await server.stop(None)
         await wait_for(lambda: not any(w.connected for w in gen.workers))
         peer2 = SlowPeer()
-        server = grpc.aio.server()
-        peer_pb2_grpc.add_PeerServicer_to_server(peer2, server)
-        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
-        await server.start()
+        server, _ = await serve_on(peer2, port)
         await wait_for(lambda: all(w.connected for w in gen.workers))
         assert peer2.joins == 12
         assert 1 <= peer2.most_waiting <= concurrency
@@ -113,6 +120,38 @@ async def test_progress_lines_say_what_the_hosts_did(capsys: pytest.CaptureFixtu
         assert lines[-1]["connected"] == 3 and lines[-1]["first"] == 0
     finally:
         progress.cancel()
+        for w in gen.workers:
+            await w.disconnect()
+        await server.stop(None)
+
+
+async def test_retries_wait_while_the_generators_loop_is_behind() -> None:
+    peer = SlowPeer()
+    server, port = await serve(peer)
+    gen = loadgen(port, 2, 2)
+    watch = asyncio.create_task(gen._watch_lag())
+    try:
+        await asyncio.sleep(0.2)
+        assert gen.caught_up.is_set()
+        asyncio.get_running_loop().call_soon(time.sleep, 0.4)  # a backlog: the loop runs 0.4 s late
+        await asyncio.sleep(0.1)
+        assert not gen.caught_up.is_set() and gen.lag_max >= 0.3
+        # A first registration does not wait; a retry (after a broken stream) does, until the loop keeps time.
+        gen.caught_up.clear()
+        watch.cancel()
+        w = gen.workers[0]
+        w.start()
+        await wait_for(lambda: w.connected)
+        await server.stop(None)
+        await wait_for(lambda: not w.connected)
+        server, _ = await serve_on(peer, port)
+        await asyncio.sleep(1.5)
+        assert not w.connected and peer.joins == 1  # held back while the process is behind
+        gen.caught_up.set()
+        await wait_for(lambda: w.connected)
+        assert peer.joins == 2
+    finally:
+        watch.cancel()
         for w in gen.workers:
             await w.disconnect()
         await server.stop(None)
