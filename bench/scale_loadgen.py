@@ -86,6 +86,8 @@ LAG_PROBE = 0.05
 """How often (s) a generator checks that its event loop keeps time (LoadGen._watch_lag)."""
 LAG_OK = 0.1
 """How late (s) a generator's timer may fire while its stand-in hosts still retry registrations."""
+LAG_CALM = 0.5
+"""How long (s) a generator's timers must have fired on time before its stand-in hosts retry again."""
 """Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
@@ -450,15 +452,22 @@ class LoadGen:
         10,000-worker diagnostic run). A real host, with its own CPU, answers at once. So a retry
         waits until this process is caught up (a first registration does not)."""
         loop = asyncio.get_running_loop()
+        calm_since: float | None = loop.time()
         while True:
             t = loop.time()
             await asyncio.sleep(LAG_PROBE)
-            lag = loop.time() - t - LAG_PROBE
+            now = loop.time()
+            lag = now - t - LAG_PROBE
             self.lag_max = max(self.lag_max, lag)
-            if lag <= LAG_OK:
-                self.caught_up.set()
-            else:
+            if lag > LAG_OK:
+                calm_since = None
                 self.caught_up.clear()
+            else:
+                # One timer on time between two batches of a backlog is not the end of it (it let
+                # some hosts through too early in a 10,000-worker run): on time for LAG_CALM seconds.
+                calm_since = now if calm_since is None else calm_since
+                if now - calm_since >= LAG_CALM:
+                    self.caught_up.set()
 
     async def _progress(self) -> None:
         """One line a second on stderr (the run's generators.log) while anything happens: what the

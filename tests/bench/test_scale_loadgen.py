@@ -136,6 +136,10 @@ async def test_retries_wait_while_the_generators_loop_is_behind() -> None:
         asyncio.get_running_loop().call_soon(time.sleep, 0.4)  # a backlog: the loop runs 0.4 s late
         await asyncio.sleep(0.1)
         assert not gen.caught_up.is_set() and gen.lag_max >= 0.3
+        # Caught up again only once its timers have fired on time for LAG_CALM.
+        await asyncio.sleep(scale_loadgen.LAG_CALM / 2)
+        assert not gen.caught_up.is_set()
+        await wait_for(gen.caught_up.is_set, timeout=scale_loadgen.LAG_CALM * 4)
         # A first registration does not wait; a retry (after a broken stream) does, until the loop keeps time.
         gen.caught_up.clear()
         watch.cancel()
