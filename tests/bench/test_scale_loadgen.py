@@ -125,7 +125,7 @@ async def test_progress_lines_say_what_the_hosts_did(capsys: pytest.CaptureFixtu
         await server.stop(None)
 
 
-async def test_retries_wait_while_the_generators_loop_is_behind() -> None:
+async def test_registrations_wait_while_the_generators_loop_is_behind() -> None:
     peer = SlowPeer()
     server, port = await serve(peer)
     gen = loadgen(port, 2, 2)
@@ -140,14 +140,18 @@ async def test_retries_wait_while_the_generators_loop_is_behind() -> None:
         await asyncio.sleep(scale_loadgen.LAG_CALM / 2)
         assert not gen.caught_up.is_set()
         await wait_for(gen.caught_up.is_set, timeout=scale_loadgen.LAG_CALM * 4)
-        # A first registration does not wait; a retry (after a broken stream) does, until the loop keeps time.
-        gen.caught_up.clear()
+        # A registration, the first or a retry after a broken stream, waits until the loop keeps time.
         watch.cancel()
+        gen.caught_up.clear()
         w = gen.workers[0]
         w.start()
+        await asyncio.sleep(1.0)
+        assert not w.connected and peer.joins == 0
+        gen.caught_up.set()
         await wait_for(lambda: w.connected)
         await server.stop(None)
         await wait_for(lambda: not w.connected)
+        gen.caught_up.clear()
         server, _ = await serve_on(peer, port)
         await asyncio.sleep(1.5)
         assert not w.connected and peer.joins == 1  # held back while the process is behind
