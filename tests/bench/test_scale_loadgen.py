@@ -163,3 +163,29 @@ async def test_registrations_wait_while_the_generators_loop_is_behind() -> None:
         for w in gen.workers:
             await w.disconnect()
         await server.stop(None)
+
+
+async def test_a_session_that_fails_in_any_way_is_followed_by_a_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    peer = SlowPeer()
+    server, port = await serve(peer)
+    gen = loadgen(port, 1, 1)
+    w = gen.workers[0]
+    real = scale_loadgen.FakeWorker._session
+    calls = 0
+
+    async def flaky(self: scale_loadgen.FakeWorker) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            # What grpc.aio raises for a heartbeat written on a stream the coordinator already ended.
+            raise asyncio.InvalidStateError("RPC already finished.")
+        await real(self)
+
+    monkeypatch.setattr(scale_loadgen.FakeWorker, "_session", flaky)
+    try:
+        w.start()
+        await wait_for(lambda: w.connected)
+        assert calls == 2 and gen.tally["session_failed:InvalidStateError"] == 1
+    finally:
+        await w.disconnect()
+        await server.stop(None)
