@@ -9,9 +9,10 @@ channel and one ``Join`` stream per fake worker, as production workers do, and
 heartbeat at the interval the coordinator asks for. Where the machine has more
 than one usable core, the coordinator is pinned to one core and the load
 generators, the fake trainer and this process to the others
-(``os.sched_setaffinity``); the result records the pinning. Registration is unpaced by default
-(every worker at once, as after a job restart); ``--registration-rate`` paces each generator to at
-most that many a second (``registration_rate_per_generator`` in the config). A fake trainer attaches with
+(``os.sched_setaffinity``); the result records the pinning. Registration has no set rate by default
+(every worker at once, as after a job restart, within what each generator can serve: see below);
+``--registration-rate`` paces each generator to at most that many a second
+(``registration_rate_per_generator`` in the config). A fake trainer attaches with
 :class:`trainer_hooks.ElasticSession`, so once every worker has registered the
 job is RUNNING. Then:
 
@@ -69,7 +70,16 @@ others' here. Each generator's heartbeats are sent by a small process of its own
 (:mod:`bench.heartbeat_clock`, at a higher priority than the generator), and a worker retrying
 after a coordinator restart first asks its generator's ``CoordinatorGate`` (one TCP connect, at
 most 50 ms old, for all its workers) whether the port is open, instead of opening a channel that
-would be refused (bench/scale_loadgen.py says why each was needed).
+would be refused. A generator sets up at most ``--concurrency`` (100) connections at once, at the
+first registration and after a restart, and a host starts a registration only while its
+generator's event loop keeps time (its timers on time within 0.1 s for 0.5 s): unbounded, the
+2,500 handshakes of a generator advanced in turn and none finished for 30 s, and a host that
+registered while its generator was behind (winding up 2,500 broken streams, or registering
+others) read the reply late, heartbeated late and was rightly judged lost, which a real host
+with a CPU of its own would not be. The registration rate, and the time until every worker is
+back, are therefore what the generators can serve on their share of the machine
+(bench/scale_loadgen.py says why each was needed; each generator logs one line a second of what
+its hosts did to the run's generators.log).
 
 Topology measured (each row's ``topology``): ``flat``, every worker holds its own ``Join``
 stream to the one coordinator and heartbeats it directly. Per-slice leaders (one aggregated

@@ -301,8 +301,9 @@ class CoordinatorGate:
 
     Not enough on its own: one diagnostic 10,000-worker restart run with this gate and the clock
     process (3795ca9 + docs, 2026-12-03) still saw the first re-registration 31 s after the restarted
-    coordinator's first log line, and re-registered hosts lost to heartbeat timeouts within about
-    3 s; the cause is not found yet.
+    coordinator's first log line, and re-registered hosts lost within about 3 s. The causes were the
+    generators' own: every retry of a process set up its connection at once (see FakeWorker._session)
+    and hosts re-registered while their process was still behind (see LoadGen._watch_lag).
     """
 
     FRESH = 0.05
