@@ -122,6 +122,21 @@ def trainer_config(rec: dict[str, Any], trainer: str) -> dict[str, Any]:
     return (cfg.get("by_trainer") or {}).get(trainer, cfg)
 
 
+def _own_rate_ratio(base: dict[str, Any], side: dict[str, Any]) -> float | None:
+    """The baseline's fault cost over the sidecar's, each against its runs' own pre-fault rate: only for
+    rows measured that way in every run (the example trainer's; MaxText rows carry a local cost instead)."""
+    if base.get("fault_cost_method") == "local" or side.get("fault_cost_method") == "local":
+        return None
+    b, s = base.get("fault_cost_own_rate_seconds_median"), side.get("fault_cost_own_rate_seconds_median")
+    if b is None or s is None or float(s) <= 0:
+        return None
+    if base.get("fault_cost_own_rate_runs") != base.get("runs") or side.get("fault_cost_own_rate_runs") != side.get(
+        "runs"
+    ):
+        return None
+    return round(float(b) / float(s), 2)
+
+
 def _recovery_ratio_target(
     rec: dict[str, Any] | None, baseline: str, factor: float, trainer: str, goal_name: str
 ) -> list[Verdict]:
@@ -170,6 +185,21 @@ def _recovery_ratio_target(
             f"{baseline} {fmt(base['fault_cost_seconds_median'])} s (n={fmt(base['runs'])}) / sidecar "
             f"{fmt(side['fault_cost_seconds_median'])} s (n={fmt(side['runs'])})"
         )
+        own = _own_rate_ratio(base, side)
+        if own is not None and ratio is not None and ratio.get("ratio") is not None:
+            # The same basis as the goodput section's (bench/goodput.py fault_cost_of): each run's cost
+            # against its own pre-fault rate, which a drift of the machine between runs does not move.
+            spread = base.get("fault_free_rate_spread")
+            basis += (
+                f"; each run against its own pre-fault rate (as goodput); against the fault-free runs' rate"
+                f" instead: {fmt(ratio['ratio'])}x ({costs})"
+                + (f", those runs' rates spreading {fmt(spread)}" if spread is not None else "")
+            )
+            ratio = {**ratio, "ratio": own}
+            costs = (
+                f"{baseline} {fmt(base['fault_cost_own_rate_seconds_median'])} s (n={fmt(base['runs'])}) / "
+                f"sidecar {fmt(side['fault_cost_own_rate_seconds_median'])} s (n={fmt(side['runs'])})"
+            )
         if ratio is None or ratio.get("ratio") is None:
             why = (ratio or {}).get("why_none", "no ratio stored")
             out.append(Verdict(name, goal, costs, "not measured", f"{basis}: {why}"))

@@ -506,6 +506,10 @@ class LoadGen:
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._stdin_thread, args=(loop,), daemon=True).start()
         progress = asyncio.create_task(self._progress())
+        # Not caught up until its timers have kept time for LAG_CALM: at 25,000 workers, ten generators
+        # starting together on one core let 918 hosts register before any had measured its lag, and
+        # those read their replies too late to heartbeat in time.
+        self.caught_up.clear()
         watch = asyncio.create_task(self._watch_lag())
         await self.register_all()
         while True:

@@ -424,6 +424,24 @@ def test_ratio_below_target_is_not_met() -> None:
     assert vs["sidecar vs checkpoint rewind, example trainer (kill)"].verdict == "not met"
 
 
+def test_example_ratios_are_judged_against_each_runs_own_pre_fault_rate_where_every_run_has_one() -> None:
+    data = fixture()
+    for x in data["benchmarks"]["recovery"]["ratios"]:
+        x["ratio"] = 1.43  # against the fault-free runs' rate: not met
+    rows = {r["strategy"]: r for r in data["benchmarks"]["recovery"]["results"] if r["trainer"] == "example"}
+    for name, own in (("checkpoint_rewind", 13.69), ("full_restart", 24.41), ("sidecar", 1.844)):
+        rows[name].update(fault_cost_own_rate_seconds_median=own, fault_cost_own_rate_runs=rows[name]["runs"])
+    rows["checkpoint_rewind"]["fault_free_rate_spread"] = 0.148
+    vs = {v.target: v for v in targets(sections(data))}
+    rewind = vs["sidecar vs checkpoint rewind, example trainer (kill)"]
+    assert rewind.verdict == "met" and rewind.measured.startswith("7.42x (checkpoint_rewind 13.69 s")
+    assert "fault-free runs' rate instead: 1.43x" in rewind.basis and "spreading 0.148" in rewind.basis
+    # A row with a run that had no pre-fault rate keeps the reference-based ratio.
+    rows["sidecar"]["fault_cost_own_rate_runs"] = rows["sidecar"]["runs"] - 1
+    vs = {v.target: v for v in targets(sections(data))}
+    assert vs["sidecar vs checkpoint rewind, example trainer (kill)"].verdict == "not met"
+
+
 def test_command_line_writes_the_page(tmp_path: Path) -> None:
     store = tmp_path / "benchmarks.json"
     store.write_text(json.dumps(fixture()))
