@@ -82,13 +82,13 @@ more about its own backlog than about the coordinator's fan-out; the receive tim
 datagram reached the (stand-in) host. Python's socket module does not name the constant."""
 
 COMMANDS_PER_WAKE = 64
+"""Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
 LAG_PROBE = 0.05
 """How often (s) a generator checks that its event loop keeps time (LoadGen._watch_lag)."""
 LAG_OK = 0.1
-"""How late (s) a generator's timer may fire while its stand-in hosts still retry registrations."""
+"""How late (s) a generator's timer may fire while its stand-in hosts still start registrations."""
 LAG_CALM = 0.5
-"""How long (s) a generator's timers must have fired on time before its stand-in hosts retry again."""
-"""Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
+"""How long (s) a generator's timers must have fired on time before its stand-in hosts start registrations again."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
