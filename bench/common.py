@@ -70,6 +70,16 @@ def rnd(x: float | None, n: int = 4) -> float | None:
     return None if x is None else round(float(x), n)
 
 
+def consecutive_steps(steps: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs of ``step`` events (in time order) in which the second step directly follows the first in the
+    same process: the second one's own time is ``b["t"] - a["t"]``."""
+    return [
+        (a, b)
+        for a, b in zip(steps, steps[1:], strict=False)
+        if a.get("pid") == b.get("pid") and b["step"] == a["step"] + 1
+    ]
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

@@ -114,7 +114,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import cost_fields, fault_cost, git_state, log, median, read_jsonl, rnd, spread
+from bench.common import consecutive_steps, cost_fields, fault_cost, git_state, log, median, read_jsonl, rnd, spread
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
 FAULTS = ("kill",)
@@ -416,16 +416,6 @@ def analyse(
         local - sum(seconds_of[e["step"]] for e in timed) + len(timed) * ref_s, 3
     )
     return out
-
-
-def consecutive_steps(steps: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Pairs of ``step`` events (in time order) in which the second step directly follows the first in the
-    same process: the second one's own time is ``b["t"] - a["t"]``."""
-    return [
-        (a, b)
-        for a, b in zip(steps, steps[1:], strict=False)
-        if a.get("pid") == b.get("pid") and b["step"] == a["step"] + 1
-    ]
 
 
 def steady_before_fault(

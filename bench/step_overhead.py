@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, median, read_jsonl, rnd
+from bench.common import consecutive_steps, log, median, read_jsonl, rnd
 
 VARIANTS = {"plain": "full_restart", "elastic": "checkpoint_rewind", "sidecar": "sidecar"}
 """Each variant and the recovery benchmark's strategy that runs it (fault-free)."""
@@ -65,8 +65,6 @@ leaves its slots out as well)."""
 def steady_window(events: Sequence[dict[str, Any]], *, from_step: int) -> dict[str, Any] | None:
     """A fault-free run's steady figures from its ``step`` events: consecutive steps of one process past
     ``from_step``. None with fewer than :data:`MIN_STEPS` such steps or without ``cpu`` and ``steal``."""
-    from bench.recovery_maxtext import consecutive_steps
-
     steps = [e for e in events if e.get("kind") == "step"]
     pairs = [(a, b) for a, b in consecutive_steps(steps) if a["step"] >= from_step]
     if len(pairs) < MIN_STEPS or any(e.get("cpu") is None or e.get("steal") is None for p in pairs for e in p):
