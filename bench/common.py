@@ -378,3 +378,33 @@ def fault_cost(
         "fault_free_rate_spread": rnd((max(rates) - min(rates)) / rate, 4) if rate and len(rates) > 1 else None,
     }
     return fields, ok, good_refs, rate
+
+
+def own_rate_costs(rec: dict[str, Any], row: dict[str, Any]) -> list[float]:
+    """The row's runs' fault costs against each run's own pre-fault rate (``fault_cost_own_rate_s``)."""
+    key = ("strategy", "fault", "checkpoint_period", "replacement_delay")
+    return [
+        float(r["fault_cost_own_rate_s"])
+        for r in rec.get("runs") or []
+        if trainer_of(r) == row.get("trainer")
+        and all(r.get(k) == row.get(k) for k in key)
+        and r.get("fault_cost_own_rate_s") is not None
+    ]
+
+
+def own_rate_invalid(rec: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """Why the row's own-rate cost cannot be judged (None when it can): every run has one, none below zero.
+
+    An example-trainer row's ``invalid_reason`` speaks of its cost against the fault-free runs' rate
+    (bench/recovery.py: a cost below zero there, or no reference run), which the own-rate cost does not
+    use; so where the own-rate basis is judged (the report's ratios, bench/goodput.py), that reason is
+    stated beside it instead, as MaxText's whole-run cost below zero is beside its local cost
+    (bench/recovery_maxtext.py ``_local_fields``)."""
+    if not row.get("runs") or row.get("status") == "not_run" or row.get("fault_cost_method") == "local":
+        return f"{row.get('strategy')}: no own-rate cost (no run, or a local cost instead)"
+    own = own_rate_costs(rec, row)
+    if len(own) != row.get("runs") or row.get("fault_cost_own_rate_runs") != row.get("runs"):
+        return f"{row.get('strategy')}: own-rate cost in {len(own)} of {row.get('runs')} runs"
+    if any(c < 0 for c in own):
+        return f"{row.get('strategy')}: own-rate cost below zero (lowest {round(min(own), 3)} s)"
+    return None

@@ -19,6 +19,12 @@ For each trainer and recovery strategy, over a run of ``run_hours`` of wall time
   row says which were);
 * faults: ``run_hours x 60 / fault_interval_minutes``, spread so none overlaps another's recovery.
 
+Each trainer's rows at its realistic replacement delay are combined per checkpoint period measured
+there (MaxText's are published at 1,000 and 10,000 steps): a period's strategies are compared with
+each other only. An example-trainer row invalid only against the fault-free runs' rate (a cost below
+zero there: that rate's noise between runs) counts where every run has a cost against its own
+pre-fault rate, none below zero, the basis used above; its reason is kept in the row's basis.
+
 Every input is measured by :mod:`bench.recovery` in the same invocation, or read from a recovery
 result (``--recovery-json``) whose path and commit the config records (``inputs_from``,
 ``inputs_git_sha``) and the report prints; nothing is assumed. The
@@ -36,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, rnd
+from bench.common import log, own_rate_invalid, rnd
 
 NAME = "goodput"
 FAULTS = ("kill", "hang", "notice")
@@ -150,13 +156,13 @@ def goodput(
 
 
 def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(goodput rows, projection rows) from recovery rows of one (checkpoint period, delay) point."""
+    """(goodput rows, projection rows) from recovery rows at one delay: per trainer and checkpoint period."""
     sched.check()
     rows: list[dict[str, Any]] = []
     projections: list[dict[str, Any]] = []
     valid = [r for r in recovery_rows if r.get("runs") and not r.get("invalid_reason")]
-    for trainer in sorted({r["trainer"] for r in valid}):
-        mine = [r for r in valid if r["trainer"] == trainer]
+    for trainer, period in sorted({(r["trainer"], r.get("checkpoint_period")) for r in valid}, key=str):
+        mine = [r for r in valid if r["trainer"] == trainer and r.get("checkpoint_period") == period]
         steady = {r["strategy"]: v for r in mine if (v := steady_of(r)) is not None}
         if not steady:
             continue
@@ -169,10 +175,13 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
                 c, b = fault_cost_of(r)
                 if c is not None:
                     costs[r["fault"]], basis[r["fault"]], runs[r["fault"]] = c, b, int(r["runs"])
+                    if r.get("reference_note"):
+                        basis[r["fault"]] += f" (against the fault-free runs' rate: {r['reference_note']})"
             weights = {f: sched.fault_mix[f] for f in costs if sched.fault_mix[f] > 0}
             row: dict[str, Any] = {
                 "trainer": trainer,
                 "strategy": strategy,
+                "checkpoint_period": period,
                 "run_hours": sched.run_hours,
                 "fault_interval_minutes": sched.fault_interval_minutes,
                 "faults_in_run": rnd(sched.run_hours * 60 / sched.fault_interval_minutes, 2),
@@ -203,6 +212,7 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
                     {
                         "trainer": trainer,
                         "strategy": strategy,
+                        "checkpoint_period": period,
                         "chips": PROJECTION_CHIPS,
                         "source": rate.source,
                         "interval_hours": rnd(hours, 3),
@@ -214,14 +224,22 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
 
 
 def realistic_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """A recovery result's rows at each trainer's realistic (checkpoint period, delay) point."""
+    """A recovery result's rows at each trainer's realistic replacement delay, at every checkpoint period
+    measured there (MaxText's are published at two periods; each period gets its own goodput rows).
+
+    An example-trainer row marked invalid for its cost against the fault-free runs' rate (that rate's
+    noise between runs) is kept when every run has a cost against its own pre-fault rate, none below
+    zero (:func:`bench.common.own_rate_invalid`): that is the basis :func:`fault_cost_of` uses. Its
+    reason moves to ``reference_note``."""
     cfg = rec.get("config") or {}
     out = []
     for r in rec.get("results") or []:
         tcfg = (cfg.get("by_trainer") or {}).get(r.get("trainer"), cfg)  # as bench.report.trainer_config
-        period, delay = tcfg.get("realistic_checkpoint_period"), tcfg.get("realistic_delay")
-        if r.get("checkpoint_period") == period and r.get("replacement_delay") == delay:
-            out.append(r)
+        if r.get("replacement_delay") != tcfg.get("realistic_delay"):
+            continue
+        if r.get("invalid_reason") and not own_rate_invalid(rec, r):
+            r = {k: v for k, v in r.items() if k != "invalid_reason"} | {"reference_note": r["invalid_reason"]}
+        out.append(r)
     return out
 
 

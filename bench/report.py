@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import trainer_of
+from bench.common import own_rate_invalid, trainer_of
 
 ORDER = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
 
@@ -165,8 +165,17 @@ def _recovery_ratio_target(
             # What the period is in training time here: its realism is a matter of seconds, not of steps.
             lo, hi = round(period * min(step_s)), round(period * max(step_s))
             basis += f", one period {fmt(lo)}{'' if lo == hi else f'-{fmt(hi)}'} s of training here"
-        if side is None or base is None or not is_valid(side) or not is_valid(base):
+        own_basis = (
+            side is not None
+            and base is not None
+            and _own_rate_ratio(base, side) is not None
+            and not any(own_rate_invalid(rec, r) for r in (side, base))
+            and not any(r.get("status") == "not_run" for r in (side, base))
+        )
+        if side is None or base is None or (not own_basis and (not is_valid(side) or not is_valid(base))):
             why = "; ".join(status(r) for r in (side, base) if r is not None and not is_valid(r)) or "rows missing"
+            if side is not None and base is not None and _own_rate_ratio(base, side) is not None:
+                why += "; " + "; ".join(filter(None, (own_rate_invalid(rec, r) for r in (side, base))))
             out.append(Verdict(name, goal, "–", "not measured", f"{basis}: {why}"))
             continue
         ratio = next(
@@ -185,17 +194,21 @@ def _recovery_ratio_target(
             f"{baseline} {fmt(base['fault_cost_seconds_median'])} s (n={fmt(base['runs'])}) / sidecar "
             f"{fmt(side['fault_cost_seconds_median'])} s (n={fmt(side['runs'])})"
         )
-        own = _own_rate_ratio(base, side)
-        if own is not None and ratio is not None and ratio.get("ratio") is not None:
+        own = _own_rate_ratio(base, side) if own_basis else None
+        if own is not None:
             # The same basis as the goodput section's (bench/goodput.py fault_cost_of): each run's cost
             # against its own pre-fault rate, which a drift of the machine between runs does not move.
             spread = base.get("fault_free_rate_spread")
-            basis += (
-                f"; each run against its own pre-fault rate (as goodput); against the fault-free runs' rate"
-                f" instead: {fmt(ratio['ratio'])}x ({costs})"
-                + (f", those runs' rates spreading {fmt(spread)}" if spread is not None else "")
-            )
-            ratio = {**ratio, "ratio": own}
+            ref = (ratio or {}).get("ratio")
+            basis += "; each run against its own pre-fault rate (as goodput)"
+            if ref is not None:
+                basis += f"; against the fault-free runs' rate instead: {fmt(ref)}x ({costs})"
+            if spread is not None:
+                basis += f", those runs' rates spreading {fmt(spread)}"
+            ref_why = [f"{r['strategy']}: {r['invalid_reason']}" for r in (side, base) if r.get("invalid_reason")]
+            if ref_why:
+                basis += " (not valid on that basis: " + "; ".join(ref_why) + ")"
+            ratio = {**(ratio or {}), "ratio": own}
             costs = (
                 f"{baseline} {fmt(base['fault_cost_own_rate_seconds_median'])} s (n={fmt(base['runs'])}) / "
                 f"sidecar {fmt(side['fault_cost_own_rate_seconds_median'])} s (n={fmt(side['runs'])})"
@@ -520,17 +533,24 @@ def _restart_targets(sc: dict[str, Any] | None) -> list[Verdict]:
     return out
 
 
+def _goodput_group(r: dict[str, Any]) -> str:
+    """A goodput row's trainer and checkpoint period (rows before periods were kept apart name none)."""
+    period = r.get("checkpoint_period")
+    return f"{r['trainer']} trainer" + ("" if period is None else f", checkpoint period {fmt(period)}")
+
+
 def _goodput_targets(gp: dict[str, Any] | None) -> list[Verdict]:
-    """Per trainer: is the sidecar's goodput the highest of the strategies at the stated schedule?"""
+    """Per trainer and checkpoint period: is the sidecar's goodput the highest of the strategies at the
+    stated schedule?"""
     goal = "the sidecar's goodput the highest of the strategies"
     if gp is None:
         return [Verdict("goodput", goal, "–", "not measured", "no goodput results")]
     out = []
     rows = [r for r in gp.get("results", []) if r.get("goodput") is not None]
-    for trainer in sorted({r["trainer"] for r in rows}):
-        mine = sorted((r for r in rows if r["trainer"] == trainer), key=lambda r: -r["goodput"])
+    for group in sorted({_goodput_group(r) for r in rows}):
+        mine = sorted((r for r in rows if _goodput_group(r) == group), key=lambda r: -r["goodput"])
         side = next((r for r in mine if r["strategy"] == "sidecar"), None)
-        name = f"goodput, {trainer} trainer"
+        name = f"goodput, {group}"
         runs = min(r.get("runs", 0) for r in mine)
         shown = ", ".join(f"{r['strategy']} {fmt(r['goodput'])}" for r in mine) + f", n={fmt(runs)}"
         why = unjudged(gp, runs)
@@ -1210,6 +1230,7 @@ def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
         rows.append(
             [
                 r["trainer"],
+                fmt(r.get("checkpoint_period")),
                 r["strategy"],
                 f"**{fmt(r.get('goodput'))}**",
                 fmt(r.get("steady_seconds_per_step")),
@@ -1233,6 +1254,7 @@ def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     out += table(
         [
             "trainer",
+            "checkpoint period",
             "strategy",
             "goodput",
             "s/step, fault-free",
@@ -1265,10 +1287,11 @@ def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             "",
         ]
         out += table(
-            ["trainer", "strategy", "hours between interruptions", "goodput", "rate"],
+            ["trainer", "checkpoint period", "strategy", "hours between interruptions", "goodput", "rate"],
             [
                 [
                     p["trainer"],
+                    fmt(p.get("checkpoint_period")),
                     p["strategy"],
                     fmt(p.get("interval_hours")),
                     fmt(p.get("goodput")),
@@ -1463,17 +1486,18 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
     gp = secs.get("goodput")
     gp_rows = [r for r in (gp or {}).get("results", []) if r.get("goodput") is not None]
     if gp_rows:
-        trainers = sorted({r["trainer"] for r in gp_rows})
+        groups = sorted({_goodput_group(r) for r in gp_rows})
         strategies = sorted({r["strategy"] for r in gp_rows})
         fig, ax = plt.subplots(figsize=(7, 3.8))
         width = 0.8 / len(strategies)
         for i, st in enumerate(strategies):
             vals = [
-                next((r["goodput"] for r in gp_rows if r["trainer"] == t and r["strategy"] == st), 0.0)
-                for t in trainers
+                next((r["goodput"] for r in gp_rows if _goodput_group(r) == g and r["strategy"] == st), 0.0)
+                for g in groups
             ]
-            ax.bar([x + i * width for x in range(len(trainers))], vals, width, label=st)
-        ax.set_xticks([x + width * (len(strategies) - 1) / 2 for x in range(len(trainers))], trainers)
+            ax.bar([x + i * width for x in range(len(groups))], vals, width, label=st)
+        ticks = [g.replace(" trainer, checkpoint period ", "\nperiod ") for g in groups]
+        ax.set_xticks([x + width * (len(strategies) - 1) / 2 for x in range(len(groups))], ticks, fontsize=8)
         ax.set_ylabel("goodput (fraction of wall time)")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7, loc="lower right")

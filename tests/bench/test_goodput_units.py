@@ -123,12 +123,37 @@ def test_bad_schedules_are_refused_naming_the_value(mix: str, why: str) -> None:
         goodput.Schedule(fault_interval_minutes=0).check()
 
 
-def test_only_each_trainers_realistic_point_is_combined() -> None:
+def test_each_period_at_the_realistic_delay_gets_its_own_rows() -> None:
     result = {
         "config": {"realistic_checkpoint_period": 50, "realistic_delay": 10.0},
-        "results": [rec("sidecar", "kill", 4.0, 0.1), {**rec("sidecar", "kill", 99.0, 0.1), "checkpoint_period": 20}],
+        "results": [
+            rec("sidecar", "kill", 4.0, 0.1),
+            {**rec("sidecar", "kill", 99.0, 0.1), "checkpoint_period": 20},
+            {**rec("sidecar", "kill", 7.0, 0.1), "replacement_delay": 30.0},
+        ],
     }
-    assert [r["fault_cost_seconds_median"] for r in goodput.realistic_rows(result)] == [4.0]
+    inputs = goodput.realistic_rows(result)
+    assert sorted(r["fault_cost_seconds_median"] for r in inputs) == [4.0, 99.0]
+    out, proj = goodput.compute(inputs, goodput.Schedule(fault_mix={"kill": 1}))
+    assert [(r["checkpoint_period"], r["mean_fault_cost_seconds"]) for r in out] == [(20, 99.0), (50, 4.0)]
+    assert {p["checkpoint_period"] for p in proj} == {20, 50}
+
+
+def test_a_row_invalid_only_against_the_reference_rate_counts_on_its_own_rate() -> None:
+    bad = "fault cost below zero in 1 of 5 runs (lowest -0.673 s): the reference rate's noise"
+    row = rec("checkpoint_rewind", "kill", 11.5, 0.1, own=13.7, fault_cost_own_rate_runs=5, invalid_reason=bad)
+    key = ("trainer", "strategy", "fault", "checkpoint_period", "replacement_delay")
+    runs = [{**{k: row[k] for k in key}, "fault_cost_own_rate_s": c} for c in (8.6, 13.7, 5.5, 15.7, 19.7)]
+    result = {"config": {"realistic_checkpoint_period": 50, "realistic_delay": 10.0}, "results": [row], "runs": runs}
+    (kept,) = goodput.realistic_rows(result)
+    assert "invalid_reason" not in kept and kept["reference_note"] == bad
+    (out,), _ = goodput.compute([kept], goodput.Schedule(fault_mix={"kill": 1}))
+    assert out["mean_fault_cost_seconds"] == 13.7 and bad in out["fault_cost_basis"]["kill"]
+    # A run without an own-rate cost, or one below zero, leaves the row invalid.
+    for broken in (runs[1:], [{**runs[0], "fault_cost_own_rate_s": -0.1}] + runs[1:]):
+        (still,) = goodput.realistic_rows({**result, "runs": broken})
+        assert still["invalid_reason"] == bad
+        assert goodput.compute([still], goodput.Schedule(fault_mix={"kill": 1}))[0] == []
 
 
 def test_the_page_leads_with_goodput_from_data_only(tmp_path: Any) -> None:
@@ -141,12 +166,14 @@ def test_the_page_leads_with_goodput_from_data_only(tmp_path: Any) -> None:
     md = render(data)
     assert md.index("## Goodput") < md.index("## Targets") < md.index("## Recovery")
     assert "Llama 3" in md and "hours between interruptions" in md
-    v = next(v for v in targets(sections(data)) if v.target == "goodput, example trainer")
+    v = next(v for v in targets(sections(data)) if v.target.startswith("goodput, example trainer, checkpoint period"))
     assert v.verdict == "not met" and "full_restart higher" in v.basis  # the fixture's sidecar is slower a step
     better = copy.deepcopy(data)
     side = next(r for r in better["benchmarks"]["goodput"]["results"] if r["strategy"] == "sidecar")
     side["goodput"] = 0.999
-    assert next(v for v in targets(sections(better)) if v.target == "goodput, example trainer").verdict == "met"
+    name = "goodput, example trainer, checkpoint period 100"
+    assert next(v for v in targets(sections(better)) if v.target == name).verdict == "met"
+    assert "| example | 100 | sidecar |" in md  # each row names its checkpoint period
     assert "goodput" in make_plots(sections(data), tmp_path) and (tmp_path / "goodput.png").exists()
     # No goodput in the file: no section and no figure for it.
     del data["benchmarks"]["goodput"]

@@ -428,14 +428,34 @@ def test_example_ratios_are_judged_against_each_runs_own_pre_fault_rate_where_ev
     data = fixture()
     for x in data["benchmarks"]["recovery"]["ratios"]:
         x["ratio"] = 1.43  # against the fault-free runs' rate: not met
-    rows = {r["strategy"]: r for r in data["benchmarks"]["recovery"]["results"] if r["trainer"] == "example"}
-    for name, own in (("checkpoint_rewind", 13.69), ("full_restart", 24.41), ("sidecar", 1.844)):
+    rec = data["benchmarks"]["recovery"]
+    rows = {r["strategy"]: r for r in rec["results"] if r["trainer"] == "example"}
+    per_run = {"checkpoint_rewind": 13.69, "full_restart": 24.41, "sidecar": 1.844}
+    for name, own in per_run.items():
         rows[name].update(fault_cost_own_rate_seconds_median=own, fault_cost_own_rate_runs=rows[name]["runs"])
+    key = ("fault", "checkpoint_period", "replacement_delay")
+    rec["runs"] = [
+        {"trainer": "example", "strategy": n, **{k: rows[n][k] for k in key}, "fault_cost_own_rate_s": c}
+        for n, c in per_run.items()
+        for _ in range(rows[n]["runs"])
+    ]
     rows["checkpoint_rewind"]["fault_free_rate_spread"] = 0.148
     vs = {v.target: v for v in targets(sections(data))}
     rewind = vs["sidecar vs checkpoint rewind, example trainer (kill)"]
     assert rewind.verdict == "met" and rewind.measured.startswith("7.42x (checkpoint_rewind 13.69 s")
     assert "fault-free runs' rate instead: 1.43x" in rewind.basis and "spreading 0.148" in rewind.basis
+    # A row whose cost against the fault-free runs' rate went below zero in a run (that rate's noise) is
+    # judged on its own-rate cost, the reason stated beside it.
+    rows["checkpoint_rewind"]["invalid_reason"] = "fault cost below zero in 1 of 5 runs (lowest -0.673 s): noise"
+    rewind = {v.target: v for v in targets(sections(data))}["sidecar vs checkpoint rewind, example trainer (kill)"]
+    assert rewind.verdict == "met"
+    assert "not valid on that basis: checkpoint_rewind: fault cost below zero" in rewind.basis
+    # ... but not where an own-rate cost is itself below zero.
+    rec["runs"][0]["fault_cost_own_rate_s"] = -0.2
+    rewind = {v.target: v for v in targets(sections(data))}["sidecar vs checkpoint rewind, example trainer (kill)"]
+    assert rewind.verdict == "not measured" and "own-rate cost below zero (lowest -0.2 s)" in rewind.basis
+    rec["runs"][0]["fault_cost_own_rate_s"] = 13.69
+    del rows["checkpoint_rewind"]["invalid_reason"]
     # A row with a run that had no pre-fault rate keeps the reference-based ratio.
     rows["sidecar"]["fault_cost_own_rate_runs"] = rows["sidecar"]["runs"] - 1
     vs = {v.target: v for v in targets(sections(data))}
