@@ -23,7 +23,10 @@ Each trainer's rows at its realistic replacement delay are combined per checkpoi
 there (MaxText's are published at 1,000 and 10,000 steps): a period's strategies are compared with
 each other only. An example-trainer row invalid only against the fault-free runs' rate (a cost below
 zero there: that rate's noise between runs) counts where every run has a cost against its own
-pre-fault rate, none below zero, the basis used above; its reason is kept in the row's basis.
+pre-fault rate, none below zero, the basis used above; its reason is kept in the row's basis. A period
+whose MaxText rows' steady step times drifted (a strategy measured faster than plain MaxText by more than
+the 2% being resolved, :func:`bench.common.step_times_drifted`) gets no goodput: its ideal step would be
+the drift's.
 
 Every input is measured by :mod:`bench.recovery` in the same invocation, or read from a recovery
 result (``--recovery-json``) whose path and commit the config records (``inputs_from``,
@@ -42,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, own_rate_invalid, rnd
+from bench.common import log, own_rate_invalid, rnd, step_times_drifted
 
 NAME = "goodput"
 FAULTS = ("kill", "hang", "notice")
@@ -167,6 +170,7 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
         if not steady:
             continue
         ideal = min(steady.values())
+        drift = step_times_drifted(mine)
         for strategy in sorted({r["strategy"] for r in mine}):
             costs: dict[str, float] = {}
             basis: dict[str, str] = {}
@@ -194,9 +198,9 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
                 "steady_seconds_per_step": rnd(steady.get(strategy), 5),
                 "ideal_seconds_per_step": rnd(ideal, 5),
             }
-            if strategy not in steady or not weights:
+            if strategy not in steady or not weights or drift:
                 row["goodput"] = None
-                row["invalid_reason"] = (
+                row["invalid_reason"] = drift or (
                     "no fault-free rate" if strategy not in steady else "no fault kind of the mix was measured"
                 )
                 rows.append(row)

@@ -85,6 +85,35 @@ def test_maxtext_rows_give_their_steady_step_and_their_full_slice_rate_local_cos
     assert goodput.fault_cost_of(plain) == (5.0, "own pre-fault step time")
 
 
+def test_a_period_whose_step_times_drifted_below_plain_maxtext_gets_no_goodput() -> None:
+    """A strategy measured faster than plain MaxText by more than the 2% resolved measures the machine's
+    drift: the ideal step would be that drift's, so none of that period's rows is ranked."""
+
+    def mx(strategy: str, overhead: float, period: int) -> dict[str, Any]:
+        return rec(
+            strategy,
+            "kill",
+            5.0,
+            0.03,
+            trainer="maxtext",
+            checkpoint_period=period,
+            fault_cost_method="local",
+            steady_step_seconds_median=0.03 * (1 + overhead),
+            step_overhead_fraction_median=overhead,
+        )
+
+    rows = [mx("full_restart", 0.0, 1000), mx("checkpoint_rewind", -0.197, 1000), mx("sidecar", -0.015, 1000)]
+    rows += [mx("full_restart", 0.0, 10000), mx("sidecar", -0.015, 10000)]  # within the resolution: ranked
+    out, proj = goodput.compute(rows, goodput.Schedule(fault_mix={"kill": 1}))
+    at = {(r["checkpoint_period"], r["strategy"]): r for r in out}
+    for s in ("full_restart", "checkpoint_rewind", "sidecar"):
+        r = at[(1000, s)]
+        assert r["goodput"] is None and "checkpoint_rewind -19.70%" in r["invalid_reason"], r
+        assert "sidecar" not in r["invalid_reason"]  # -1.5% is within what the rows resolve
+    assert at[(10000, "sidecar")]["goodput"] is not None and "invalid_reason" not in at[(10000, "sidecar")]
+    assert {p["checkpoint_period"] for p in proj} == {10000}
+
+
 def test_a_mix_is_weighted_and_unmeasured_kinds_are_named() -> None:
     rows = [rec("sidecar", "kill", 4.0, 0.1), rec("sidecar", "hang", None, 0.1)]
     sched = goodput.Schedule(fault_interval_minutes=1, fault_mix={"kill": 3, "hang": 1, "notice": 1})
@@ -174,6 +203,11 @@ def test_the_page_leads_with_goodput_from_data_only(tmp_path: Any) -> None:
     name = "goodput, example trainer, checkpoint period 100"
     assert next(v for v in targets(sections(better)) if v.target == name).verdict == "met"
     assert "| example | 100 | sidecar |" in md  # each row names its checkpoint period
+    # A group with no goodput at all (every row invalid) is a verdict of its own, giving the rows' reason.
+    for r in better["benchmarks"]["goodput"]["results"]:
+        r.update(goodput=None, invalid_reason="steady step times drifted: checkpoint_rewind -19.70%")
+    v = next(v for v in targets(sections(better)) if v.target == name)
+    assert v.verdict == "not measured" and "drifted" in v.basis, v
     assert "goodput" in make_plots(sections(data), tmp_path) and (tmp_path / "goodput.png").exists()
     # No goodput in the file: no section and no figure for it.
     del data["benchmarks"]["goodput"]
