@@ -195,9 +195,7 @@ def make_flusher(method: str, ckdir: Path, holder: dict[str, Any]) -> Any:
 
     from trainer_hooks.orbax_flush import OrbaxFlusher, tree_nbytes, uncompressed_item_handlers
 
-    # As the trainers' managers (simjob/trainer.py): the superseded step is deleted in the background, not
-    # inside the flush's wait_until_finished().
-    opts = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, max_to_keep=1, enable_background_delete=True)
+    opts = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, max_to_keep=1)
     if method == "orbax_zstd":
         mngr = ocp.CheckpointManager(ckdir, options=opts)
 

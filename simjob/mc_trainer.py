@@ -83,14 +83,10 @@ class McTrainer:
         self.replicated = NamedSharding(self.mesh, P())
         self.batch_sh = NamedSharding(self.mesh, P("data", None))
         self.local_rows = ns.per_device_batch * len(jax.local_devices())
-        # Superseded checkpoints are deleted in the background, as in simjob/trainer.py (the reason is there).
         self.manager = ocp.CheckpointManager(
             (ns.workdir / "checkpoints").resolve(),
             options=ocp.CheckpointManagerOptions(
-                save_interval_steps=ns.checkpoint_period,
-                max_to_keep=3,
-                enable_async_checkpointing=True,
-                enable_background_delete=True,
+                save_interval_steps=ns.checkpoint_period, max_to_keep=3, enable_async_checkpointing=True
             ),
         )
         self.state: Any = None
@@ -255,7 +251,6 @@ class McTrainer:
         if self.session is not None:
             self.session.finished(step)
             self.session.close()
-        self.manager.close()  # waits for the background deletions
         return 0
 
 

@@ -148,17 +148,10 @@ class Trainer:
         self.sim = None
         self._new_simulator()
         ckdir = (ns.workdir / "checkpoints").resolve()
-        # enable_background_delete: Orbax deletes the checkpoints beyond max_to_keep in a background thread, not
-        # "at the end of each save" (orbax.checkpoint CheckpointManagerOptions docstring), so an emergency flush's
-        # wait_until_finished() waits for the new step's commit, not the old step's deletion (bench/flush.py
-        # measures both; close() at the end lets the deletions finish).
         self.manager = ocp.CheckpointManager(
             ckdir,
             options=ocp.CheckpointManagerOptions(
-                save_interval_steps=ns.checkpoint_period,
-                max_to_keep=3,
-                enable_async_checkpointing=True,
-                enable_background_delete=True,
+                save_interval_steps=ns.checkpoint_period, max_to_keep=3, enable_async_checkpointing=True
             ),
         )
         self.state: dict[str, Any] | None = None
@@ -512,7 +505,6 @@ class Trainer:
         self.events("finished", {"step": step, "committed_steps": sorted(self.manager.all_steps())})
         self.session.finished(step)
         self.session.close()
-        self.manager.close()  # waits for the background deletions
         return 0
 
 
