@@ -610,11 +610,11 @@ def _period_cost_targets(rec: dict[str, Any] | None) -> list[Verdict]:
         shown += f"; sidecar step overhead {fmt(overhead)} (n={fmt(runs)})"
         why = unjudged(rec, runs)
         missing = sorted({"full_restart", "checkpoint_rewind", "local_checkpoint_rewind"} - set(costs))
+        drift = step_times_drifted(list(costs.values()))
         if why or missing or overhead is None:
             reason = why or (f"no valid {', '.join(missing)} row" if missing else "no step overhead")
-            out.append(Verdict(name, goal, shown, "not measured", reason))
+            out.append(Verdict(name, goal, shown, "not measured", reason + (f"; {drift}" if drift else "")))
             continue
-        drift = step_times_drifted(list(costs.values()))
         if drift:
             # The period cost adds steady overhead the run could not resolve; its fault costs still stand.
             full = {k: _full_rate_cost(v) for k, v in costs.items()}

@@ -781,10 +781,13 @@ def test_maxtexts_period_cost_is_tabled_and_judged_per_period() -> None:
     rows[-3]["step_overhead_fraction_median"] = -0.015  # within the resolution: judged as before
     v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
     assert v.verdict == "not met" and "local_checkpoint_rewind lower" in v.basis, v
-    # A missing baseline is not a verdict.
+    # A missing baseline is not a verdict (and a drift is named beside it).
     del rows[-2]
     v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
     assert v.verdict == "not measured" and "local_checkpoint_rewind" in v.basis, v
+    rows[-2]["step_overhead_fraction_median"] = -0.197
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 1000"]
+    assert "no valid local_checkpoint_rewind row" in v.basis and "checkpoint_rewind -19.70%" in v.basis, v
 
 
 def test_a_maxtext_run_of_one_period_can_keep_the_other_periods_rows_with_their_own_commit(tmp_path: Path) -> None:
