@@ -229,8 +229,8 @@ def _recovery_ratio_target(
 
 
 WHY_NOT_MET = {
-    "maxtext": "[maxtext.md](maxtext.md#the-run-at-73bf883-checkpoint-period-1000)",
-    "example": "[recovery.md](recovery.md#the-run-at-d5da86e-kill-5-runs-a-row)",
+    "maxtext": "[maxtext.md](maxtext.md#the-run-at-3d67d6a-checkpoint-period-1000)",
+    "example": "[recovery.md](recovery.md#the-run-at-3d67d6a-kill-5-runs-a-row)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
