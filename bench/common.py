@@ -431,6 +431,6 @@ def step_times_drifted(rows: list[dict[str, Any]]) -> str | None:
         return None
     named = ", ".join(f"{s} {o:+.2%}" for o, s in below)
     return (
-        f"steady step times drifted: {named} against plain MaxText, which does less work than either; the "
+        f"steady step times drifted: {named} against plain MaxText, which does no more work than any strategy; the "
         f"run's step times cannot resolve the {STEP_OVERHEAD_RESOLUTION:.0%} overheads compared"
     )
