@@ -25,6 +25,7 @@ from typing import Any
 
 from simjob.commits import PeriodicCommits
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
+from trainer_hooks.maxtext.host_copy import live_shards, put_shards
 from trainer_hooks.maxtext.snapshot import Snapshot
 from trainer_hooks.maxtext.snapshot import take as take_snapshot
 from trainer_hooks.orbax_flush import OrbaxFlusher
@@ -360,6 +361,30 @@ class Trainer:
             return None
         return self.host_snapshot.assemble(exclude)
 
+    def _slice_of(self, device: Any) -> int:
+        return self.device_slice[device.id]
+
+    def _place(self, source: Any, exclude: frozenset[int]) -> Any | None:
+        """The state on the current mesh from ``source`` (the live state's shards on slices not in
+        ``exclude``, or a :class:`Snapshot`), shard by shard (``host_copy.put_shards``): a surviving
+        slice keeps its own buffers or restores its own copy, and only what the new mesh lacks (a
+        replacement slice's shards) is copied across. None when some shard has no surviving copy."""
+        shardings = self._shardings(self.mesh)
+        try:
+            if isinstance(source, Snapshot):
+                state = source.put(shardings, exclude, self._slice_of)
+            else:
+                state = put_shards(*source, shardings, self._slice_of)
+            if state is not None:
+                # Ready before the step that donates it, and before the next snapshot writes over the
+                # host buffers (the spare snapshot's) that it may still be reading.
+                self.jax.block_until_ready(state)
+        except self.jax.errors.JaxRuntimeError as e:
+            if not is_slice_down(e):
+                raise
+            return None  # a copy on a slice lost meanwhile: the next source, else the checkpoint
+        return state
+
     def _save_args(self, step: int, down: frozenset[int]) -> tuple[Any, int]:
         exclude = down | self.runtime.lost_slices() | self._seen_lost
         host = self._host_copy(exclude)
@@ -391,15 +416,18 @@ class Trainer:
             missing = sorted(set(d.active_slices) - self.runtime.available_slices())
             err = self.jax.errors.JaxRuntimeError(f"DATA_LOSS: slices {missing} have no Pathways worker")
             return self._apply(self.session.slice_error(step, err, missing), step)
-        host = None
+        sources: list[Any] = []
+        """What the new mesh's state may be built from, in order: the live state's shards, the snapshot's copies."""
+        exclude: frozenset[int] = frozenset()
         if d.source == "memory" and self.state is not None:
             # A slice lost since this mesh was built holds no replica, even if its
             # replacement is already up again.
             exclude = d.down_slices | self.runtime.lost_slices() | self._seen_lost
-            # Donated into the step that failed: the snapshot taken before that step stands in.
-            host = self._host_copy(exclude)
-            if host is None:
-                host = self._from_snapshot(exclude, step)
+            if not any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(self.state)):
+                sources.append(live_shards(self.state, self._slice_of, exclude))
+            if self.host_snapshot is not None and self.host_snapshot.step == step:
+                # Donated into the step that failed: the snapshot taken before that step stands in.
+                sources.append(self.host_snapshot)
         self._seen_lost = frozenset()
         # No longer a snapshot (its lost slices' copies must not outlive this rebuild: the next boundary
         # takes one), but its buffers are kept for that one to write over instead of allocating afresh.
@@ -410,8 +438,9 @@ class Trainer:
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
-        if host is not None:
-            self.state, restored_from = self.jax.device_put(host, self._shardings(self.mesh)), "memory"
+        state = next((x for x in (self._place(src, exclude) for src in sources) if x is not None), None)
+        if state is not None:
+            self.state, restored_from = state, "memory"
         else:
             self.manager.wait_until_finished()
             self.state, step, restored_from = self._restore(self.mesh)

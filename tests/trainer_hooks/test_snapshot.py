@@ -94,3 +94,73 @@ def test_the_interval_comes_from_the_environment(value: str | None, want: int) -
 def test_a_bad_interval_is_a_clear_error_naming_it(value: str) -> None:
     with pytest.raises(ValueError, match=f"{ENV_SNAPSHOT_EVERY}='{value}'"):
         snapshot_every_from_env({ENV_SNAPSHOT_EVERY: value})
+
+
+# Six CPU devices as three slices ({0, 1}, {2, 3}, {4, 5}); a rebuild onto a mesh of fewer or more slices.
+PUT_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from trainer_hooks.maxtext.host_copy import live_shards, put_shards, take
+
+    devs = np.array(jax.devices()).reshape(3, 2)
+    slice_of = lambda d: d.id // 2
+    mesh = lambda slices: Mesh(devs[list(slices)], ("replica", "model"))
+    spec = {"w": P(None, "model"), "b": P("model"), "step": None}
+    sh = lambda m: {k: NamedSharding(m, v) for k, v in spec.items() if v is not None} | {"step": None}
+    w = np.arange(96.0, dtype=np.float32).reshape(8, 12)
+    b = np.arange(4.0, dtype=np.float32)
+    state = {"w": jax.device_put(w, sh(mesh([0, 1, 2]))["w"]), "b": jax.device_put(b, sh(mesh([0, 1, 2]))["b"]), "step": 7}
+    ptr = lambda arr: {s.device.id: s.data.unsafe_buffer_pointer() for s in arr.addressable_shards}
+    same = lambda x, y: bool(np.array_equal(np.asarray(x), y))
+    out = {}
+
+    # shrink from the live state (slice 2 lost): the survivors keep their own buffers
+    small = put_shards(*live_shards(state, slice_of, exclude=[2]), {**sh(mesh([0, 1])), "step": None}, slice_of)
+    out["shrink_values"] = [same(small["w"], w), same(small["b"], b), small["step"]]
+    before, after = ptr(state["w"]), ptr(small["w"])
+    out["shrink_reused"] = sorted(after) == [0, 1, 2, 3] and all(after[d] == before[d] for d in after)
+
+    # grow back: slice 2 (its shards were never in the 2-slice state) gets copies, the others keep theirs
+    big = put_shards(*live_shards(small, slice_of), {**sh(mesh([0, 1, 2])), "step": None}, slice_of)
+    grown = ptr(big["w"])
+    out["grow_values"] = [same(big["w"], w), same(big["b"], b)]
+    out["grow_reused"] = [all(grown[d] == after[d] for d in (0, 1, 2, 3)), all(grown[d] not in after.values() for d in (4, 5))]
+
+    # from a snapshot, with slice 1 lost: copies (never the host buffers themselves), each from its own slice
+    snap = take(state, 7, slice_of)
+    for x in (state["w"], state["b"]):
+        x.delete()  # donated into a step that failed
+    host = [c.ctypes.data for copies in snap.leaves[2].shards.values() for c in copies.values()]
+    got = snap.put({**sh(mesh([0, 2])), "step": None}, [1], slice_of)
+    jax.block_until_ready(got)
+    out["snap_not_aliased"] = not set(ptr(got["w"]).values()) & set(host)
+    for copies in snap.leaves[2].shards.values():  # the next snapshot writes over the host buffers
+        for c in copies.values():
+            c.fill(0)
+    # read through a computation on the devices (np.asarray of the array itself would cache its value)
+    out["snap_values"] = [same(got["w"] + 0, w), same(got["b"] + 0, b), got["step"]]
+
+    # no surviving copy, or a layout whose shards match no copy: None (the caller restores a checkpoint)
+    out["all_lost"] = snap.put({**sh(mesh([0])), "step": None}, [0, 1, 2], slice_of) is None
+    rows = {"w": NamedSharding(mesh([0]), P("model", None)), "b": NamedSharding(mesh([0]), P("model")), "step": None}
+    out["other_layout"] = put_shards(*live_shards(got, slice_of), rows, slice_of) is None
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_rebuild_keeps_what_each_slice_holds_and_copies_only_what_the_new_mesh_lacks() -> None:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=6", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", PUT_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["shrink_values"] == [True, True, 7]
+    assert out["shrink_reused"] is True, "a surviving slice's shards were copied instead of kept"
+    assert out["grow_values"] == [True, True]
+    assert out["grow_reused"] == [True, True], "the survivors' buffers kept, the new slice's freshly copied"
+    assert out["snap_values"] == [True, True, 7], "the state changed when the host copies were written over"
+    assert out["snap_not_aliased"] is True, "a device buffer is the snapshot's host buffer itself"
+    assert out["all_lost"] is True
+    assert out["other_layout"] is True

@@ -62,6 +62,90 @@ class Snapshot:
 
         return jax.tree_util.tree_unflatten(self.treedef, out)
 
+    def put(self, shardings: Any, lost: Iterable[int], slice_of: Callable[[Any], int]) -> Any | None:
+        """The state on ``shardings`` from the copies of slices not in ``lost`` (:func:`put_shards`), or None.
+
+        The result may still be reading these host buffers when this returns; it is ready (and the
+        buffers free to be written over) once ``jax.block_until_ready`` of it has returned."""
+        gone = set(lost)
+        leaves = [
+            _Leaf(
+                shape=leaf.shape,
+                dtype=leaf.dtype,
+                value=leaf.value,
+                key_impl=leaf.key_impl,
+                shards={b: {s: c for s, c in copies.items() if s not in gone} for b, copies in leaf.shards.items()},
+            )
+            for leaf in self.leaves
+        ]
+        return put_shards(self.treedef, leaves, shardings, slice_of)
+
+
+def live_shards(state: Any, slice_of: Callable[[Any], int], exclude: Iterable[int] = ()) -> tuple[Any, list[_Leaf]]:
+    """The shards of a live ``state`` (JAX arrays) by bounds and slice, for :func:`put_shards`: each one the
+    single-device array of a device on a slice not in ``exclude`` (no copy is made; a lost slice's shards
+    are not touched)."""
+    import jax
+
+    skip = set(exclude)
+    flat, treedef = jax.tree_util.tree_flatten(state)
+    leaves: list[_Leaf] = []
+    for x in flat:
+        if not isinstance(x, jax.Array):
+            leaves.append(_Leaf(value=x))
+            continue
+        leaf = _Leaf(shape=tuple(x.shape), dtype=x.dtype)
+        for sh in x.addressable_shards:
+            s = slice_of(sh.device)
+            if s not in skip:
+                leaf.shards.setdefault(_bounds(sh.index, x.shape), {}).setdefault(s, sh.data)
+        leaves.append(leaf)
+    return treedef, leaves
+
+
+def put_shards(treedef: Any, leaves: list[_Leaf], shardings: Any, slice_of: Callable[[Any], int]) -> Any | None:
+    """A state laid out by ``shardings`` (a tree of JAX shardings over ``treedef``), built shard by shard.
+
+    Each device of the new layout takes its shard from its own slice's copy when its slice holds
+    one, as each surviving host restores what it holds itself; a live single-device array already
+    on that device is used as it is (no copy). Only a device whose slice holds none (a replacement
+    slice, or a slice whose copy was lost) gets a copy, from another slice's. So a rebuild moves
+    the bytes the new layout lacks, not the whole state once per slice through one process.
+
+    None when some device's shard matches no surviving copy (no replica left, or a layout whose
+    shard bounds differ from the copies'): the caller then has no state in memory for it.
+    """
+    import jax
+    import numpy as np
+
+    flat_sh = treedef.flatten_up_to(shardings)
+    out = []
+    for leaf, sharding in zip(leaves, flat_sh, strict=True):
+        if leaf.dtype is None:  # not an array: kept whole
+            out.append(jax.device_put(leaf.value, sharding) if hasattr(leaf.value, "shape") else leaf.value)
+            continue
+        if not leaf.shards:
+            return None  # no surviving shard at all
+        if leaf.key_impl is not None:
+            return None  # key data would need re-wrapping per shard: not worth it for a few bytes
+        parts = []
+        for dev, index in sharding.devices_indices_map(leaf.shape).items():
+            copies = leaf.shards.get(_bounds(index, leaf.shape))
+            if not copies:
+                return None
+            src = copies.get(slice_of(dev))
+            if src is None:
+                src = next(iter(copies.values()))
+            if isinstance(src, jax.Array):
+                parts.append(src if src.devices() == {dev} else jax.device_put(src, dev))
+            else:
+                # A copy of the host buffer: on the CPU backend the device buffer can be the NumPy
+                # buffer itself (seen with jax 0.12 even with may_alias=False), and the next snapshot
+                # writes over the host buffers.
+                parts.append(jax.device_put(np.array(src, copy=True), dev))
+        out.append(jax.make_array_from_single_device_arrays(leaf.shape, sharding, parts))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
 
 def take(
     state: Any,
