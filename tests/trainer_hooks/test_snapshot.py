@@ -68,11 +68,16 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_snapshot_is_rebuilt_from_the_surviving_slices_copies_only() -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+def run_on_cpu_devices(script: str, devices: int) -> dict[str, object]:
+    """``script``'s last line of output, as JSON, from a process with ``devices`` CPU devices."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_snapshot_is_rebuilt_from_the_surviving_slices_copies_only() -> None:
+    out = run_on_cpu_devices(SCRIPT, 4)
     whole = {"w": True, "rng": True, "step": 5}
     assert out["[]"] == out["[0]"] == out["[1]"] == whole
     assert out["[0, 1]"] is None, "with every slice lost there is nothing to rebuild from"
@@ -152,10 +157,7 @@ PUT_SCRIPT = textwrap.dedent(
 
 
 def test_a_rebuild_keeps_what_each_slice_holds_and_copies_only_what_the_new_mesh_lacks() -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=6", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", PUT_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_on_cpu_devices(PUT_SCRIPT, 6)
     assert out["shrink_values"] == [True, True, 7]
     assert out["shrink_reused"] is True, "a surviving slice's shards were copied instead of kept"
     assert out["grow_values"] == [True, True]
