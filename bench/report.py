@@ -230,7 +230,7 @@ def _recovery_ratio_target(
 
 WHY_NOT_MET = {
     "maxtext": "[maxtext.md](maxtext.md#the-run-at-3d67d6a-checkpoint-period-1000)",
-    "example": "[recovery.md](recovery.md#the-run-at-3d67d6a-kill-5-runs-a-row)",
+    "example": "[recovery.md](recovery.md#the-run-at-31f37e6-kill-5-runs-a-row)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
