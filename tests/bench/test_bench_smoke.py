@@ -159,16 +159,21 @@ def test_flush_smoke(tmp_path: Path) -> None:
         "raw",
         "orbax_zstd",
         "orbax_uncompressed",
+        "orbax_fast",
         "device_to_host",
         "raw_single",
         "raw_threads",
+        "raw_pieces",
     }
+    writers = ("raw_single", "raw_threads", "raw_pieces")
     for r in rows:
-        assert r["runs"] == 3 and r["includes_device_to_host"] is (r["method"] not in ("raw_single", "raw_threads")), r
+        assert r["runs"] == 3 and r["includes_device_to_host"] is (r["method"] not in writers), r
         assert is_number(r["seconds_median"]) and r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
-    # Interleaved: the three methods alternate within each run.
-    order = [s["method"] for s in d["samples"] if s["method"] in ("raw", "orbax_zstd", "orbax_uncompressed")]
-    assert order[:3] != order[3:6], order
+    # Interleaved: the four methods alternate within each run.
+    order = [
+        s["method"] for s in d["samples"] if s["method"] in ("raw", "orbax_zstd", "orbax_uncompressed", "orbax_fast")
+    ]
+    assert order[:4] != order[4:8], order
     # The raw writer's parts are timed in every run, the copy apart from the writes.
     assert sum(s["method"] == "device_to_host" for s in d["samples"]) == 3
     sb = next(r for r in d["results"] if r["method"] == "step_boundary_idle")

@@ -239,3 +239,43 @@ def test_an_uncompressed_flush_commits_and_restores_the_same_values(tmp_path: Pa
     # Uncompressed: the array data on disk is at least as large as the arrays.
     on_disk = sum(f.stat().st_size for f in (tmp_path / "nc" / "3").rglob("*") if f.is_file())
     assert on_disk >= tree["w"].nbytes + tree["b"].nbytes
+
+
+def data_files(root: Path) -> list[Path]:
+    """OCDBT's data files under ``root`` (TensorStore names them ``d/<hex>``)."""
+    return [p for p in root.rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def test_a_fast_flush_commits_in_small_data_files_and_restores_equal(tmp_path: Path) -> None:
+    from trainer_hooks.orbax_flush import fast_flush_args, fast_flush_manager_options, uncompressed_item_handlers
+
+    opts = fast_flush_manager_options(enable_async_checkpointing=True, max_to_keep=1)
+    assert opts.enable_background_delete and opts.max_to_keep == 1
+    tree = {f"layer_{i}": np.random.default_rng(i).random(64 * 1024, dtype=np.float32) for i in range(4)}  # 1 MiB
+    sizes = {}
+    for name, size in (("big", 2**31), ("small", 64 * 1024)):
+        d = tmp_path / name
+        m = ocp.CheckpointManager(d, options=opts, item_handlers=uncompressed_item_handlers("state"))
+        try:
+
+            def make_args(step: int, down: frozenset[int], size: int = size) -> tuple[Any, int]:
+                return ocp.args.Composite(state=fast_flush_args(tree, data_file_bytes=size)), tree_nbytes(tree)
+
+            fl = OrbaxFlusher(m, make_args)
+            assert fl(3, frozenset()) == FlushResult(3, tree_nbytes(tree))
+            assert fl(4, frozenset()) == FlushResult(4, tree_nbytes(tree))
+        finally:
+            m.wait_until_finished()
+            m.close()
+        fresh = ocp.CheckpointManager(d, item_handlers=uncompressed_item_handlers("state"))
+        try:
+            assert fresh.all_steps() == [4]  # max_to_keep=1: step 3 went, on the background thread
+            out = fresh.restore(4, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))["state"]
+            assert set(out) == set(tree) and all(np.array_equal(out[k], tree[k]) for k in tree)
+        finally:
+            fresh.close()
+        sizes[name] = len(data_files(d / "4"))
+    # The file size asked for reached TensorStore: 1 MiB in 64 KiB files is many files, in 2 GiB ones a few.
+    assert sizes["small"] >= 8 > sizes["big"], sizes
+    with pytest.raises(ValueError, match="-1"):
+        fast_flush_args(tree, data_file_bytes=-1)
