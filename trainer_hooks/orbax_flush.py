@@ -65,19 +65,22 @@ def uncompressed_item_handlers(*names: str) -> dict[str, Any]:
 
 
 FAST_FLUSH_DATA_FILE_BYTES = 32 * 2**20
-"""The OCDBT data file size a fast flush asks for (``ocdbt_target_data_file_size``; Orbax's default, like
-MaxText's ``checkpoint_storage_target_data_file_size_bytes``, is 2 GiB). TensorStore writes each data file
-as one stream (https://google.github.io/tensorstore/kvstore/ocdbt/index.html, ``target_data_file_size``), so
-with 2 GiB files a host's shards go to disk through a file or two; 32 MiB files are written side by side.
-The cost is file count: a host writing 3.3 GB (a 70B model's fp32 weights and Adam moments over 256 hosts)
-makes about 100 files a flush instead of 2. ``python -m bench flush`` measures it (``orbax_fast``)."""
+"""The OCDBT data file size a fast flush asks for (``ocdbt_target_data_file_size``; Orbax 0.12.8's default is
+2 GiB on a local file system and 400 MiB on GCS, MaxText's ``checkpoint_storage_target_data_file_size_bytes``
+2 GiB; https://google.github.io/tensorstore/kvstore/ocdbt/index.html, ``target_data_file_size``). With 2 GiB
+files a host's shards go to disk in a file or two, with 32 MiB files in many, written side by side: on
+this project's 2-core VM, uncompressed Orbax went from 0.38-0.40 of the fastest raw write + fsync to
+0.88-1.07 with this and :func:`fast_flush_manager_options` (``python -m bench flush`` at 8091664, its
+``orbax_fast``; docs/benchmarks.md). The cost is file count: a host writing 3.3 GB (a 70B model's fp32
+weights and Adam moments over 256 hosts) makes about 100 files a flush instead of 2."""
 
 
 def fast_flush_manager_options(**options: Any) -> Any:
     """``ocp.CheckpointManagerOptions`` for a manager whose flushes must be fast: ``options`` as given, plus
-    ``enable_background_delete=True``, so that dropping a step past ``max_to_keep`` (Orbax deletes it
-    inside the save's finalisation otherwise, before ``wait_until_finished`` returns) happens on a thread
-    of its own and never delays the step being committed."""
+    ``enable_background_delete=True``, so that dropping a step past ``max_to_keep`` happens on a thread
+    of its own. Otherwise Orbax 0.12.8 deletes it inside the save's finalisation, after the new step is
+    finalised but before ``wait_until_finished`` returns (``CheckpointManager._finalize``), and a flush
+    waits for it; ``close()`` waits for the background deletions."""
     import orbax.checkpoint as ocp
 
     return ocp.CheckpointManagerOptions(**{"enable_background_delete": True, **options})
