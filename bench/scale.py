@@ -398,6 +398,58 @@ class Collapsed(RuntimeError):
     """The coordinator lost registered workers to heartbeat timeouts before the job could start."""
 
 
+STALL_LOOKBACK_SECONDS = 5.0
+"""How far back a generator's stall counts as the cause of a timeout just seen: the lost host was silent
+for the heartbeat timeout (1.2 s), and a generator writes its progress line a second after it."""
+LOST_BY_TIMEOUT = re.compile(r"host (\d+)\.(\d+) lost \(heartbeat_timeout\)")
+
+
+def generator_lags(genlog: Path, since: float = 0.0) -> dict[int, float]:
+    """Each load generator's worst event-loop lag (s) in the progress lines it wrote to the run's
+    generators.log at ``since`` (epoch seconds) or later, by its first host's index (bench.scale_loadgen
+    ``_progress``: each line's ``lag_max`` is the worst since its previous line)."""
+    lags: dict[int, float] = {}
+    try:
+        text = genlog.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return lags
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "first" in rec and "lag_max" in rec and float(rec.get("t", 0.0)) >= since:
+            first, lag = int(rec["first"]), float(rec["lag_max"])
+            lags[first] = max(lags.get(first, 0.0), lag)
+    return lags
+
+
+def collapse_cause(chunk: str, gens: list[Generator], genlog: Path, hosts_per_slice: int, timeout: float) -> str:
+    """Why registered workers timed out, where the run's own records can tell: when the first host lost
+    belongs to a load generator whose event loop had stalled past the heartbeat timeout in the last
+    :data:`STALL_LOOKBACK_SECONDS`, the silence was
+    that stand-in's (its registration replies sat unread, so its hosts started heartbeating late), which
+    a host with a CPU of its own does not show. Else the coordinator is named with the generators."""
+    m = LOST_BY_TIMEOUT.search(chunk)
+    lags = generator_lags(genlog, since=time.time() - STALL_LOOKBACK_SECONDS)
+    if m is not None:
+        index = int(m.group(1)) * hosts_per_slice + int(m.group(2))
+        g = next((g for g in gens if g.first <= index < g.first + g.count), None)
+        lag = lags.get(g.first, 0.0) if g is not None else 0.0
+        if g is not None and lag >= timeout:
+            return (
+                f"the first host lost ({m.group(1)}.{m.group(2)}) was load generator {g.first}..'s, whose event "
+                f"loop had stalled {lag:.2f} s (past the {timeout:g} s heartbeat timeout) while it registered "
+                "its hosts: a stand-in's stall, not the coordinator's"
+            )
+    worst = max(lags.values(), default=0.0)
+    return "the coordinator (and the load generators on the same 2 cores) could not keep up" + (
+        f" (the generators' worst event-loop lag: {worst:.2f} s)" if lags else ""
+    )
+
+
 def wait_registered(
     gens: list[Generator],
     log_path: Path,
@@ -406,6 +458,9 @@ def wait_registered(
     cpu0: float,
     out: dict[str, Any],
     timeout: float = 420.0,
+    genlog: Path | None = None,
+    hosts_per_slice: int = HOSTS_PER_SLICE,
+    heartbeat_timeout: float = 1.2,
 ) -> list[dict[str, Any]]:
     """Each generator's "registered" answer; stops early when the coordinator starts timing workers out."""
     regs: dict[int, dict[str, Any]] = {}
@@ -433,11 +488,14 @@ def wait_registered(
                 # uses it (tests/deploy/measured.py) although the run's other figures are invalid.
                 "coordinator_rss_mib": rnd(sampler.rss() / 2**20, 1),
             }
+            cause = collapse_cause(
+                chunk, gens, genlog or log_path.with_name("generators.log"), hosts_per_slice, heartbeat_timeout
+            )
+            out["collapse"]["cause"] = cause
             raise Collapsed(
                 f"registered workers started timing out {out['collapse']['after_s']} s into "
                 f"registration, with {joined} of {sum(g.count for g in gens)} registered and "
-                f"{out['collapse']['coordinator_cpu_s']} s of coordinator CPU used: the coordinator (and the load "
-                "generators on the same 2 cores) could not keep up"
+                f"{out['collapse']['coordinator_cpu_s']} s of coordinator CPU used: {cause}"
             )
         if time.monotonic() > deadline:
             raise TimeoutError(f"registration not done after {timeout:g} s ({joined} registered)")
@@ -684,7 +742,17 @@ def run_size(
             gens.append(
                 Generator(addr, first, min(per, n - first), genlog, other_cpus, datagrams, registration_rate, conc)
             )
-        regs = wait_registered(gens, wd / "coordinator.log", sampler, t0, cpu0, out)
+        regs = wait_registered(
+            gens,
+            wd / "coordinator.log",
+            sampler,
+            t0,
+            cpu0,
+            out,
+            genlog=wd / "generators.log",
+            hosts_per_slice=hosts,
+            heartbeat_timeout=hbt,
+        )
         t_reg = max(r["t1"] for r in regs)
         out["registration_s"] = rnd(t_reg - t0, 2)
         out["registration_failed"] = sum(r["failed"] for r in regs)

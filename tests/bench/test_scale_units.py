@@ -109,3 +109,37 @@ def test_a_hold_by_health_report_must_reach_the_reporter_too() -> None:
     assert scale.validate(100, [every], 1, 0, held_connected=True) == []
     assert "not 100" in " ".join(scale.validate(100, [cycle()], 1, 0, held_connected=True))
     assert "not 99" in " ".join(scale.validate(100, [every], 1, 0))
+
+
+def test_a_collapse_names_the_stalled_generator_whose_host_went_first(tmp_path: Path) -> None:
+    import json
+    import time
+    from types import SimpleNamespace
+
+    gens: Any = [SimpleNamespace(first=i * 2500, count=2500) for i in range(4)]
+    now = time.time()
+
+    def progress(first: int, lag: float, age: float) -> str:
+        return json.dumps({"t": now - age, "first": first, "cpu": 1.0, "lag_max": lag})
+
+    genlog = tmp_path / "generators.log"
+    lines = [
+        progress(0, 0.05, 2.0),
+        progress(5000, 1.55, 1.0),
+        progress(2500, 0.9, 1.5),
+        "not json",
+        progress(0, 3.0, 60),
+    ]
+    genlog.write_text("\n".join(lines) + "\n")
+    lost = '{"message": "host 69.71 lost (heartbeat_timeout); active slice(s) [69] down", "trigger": "WorkerLost"}'
+    # Host 69.71 is index 6971: generator 5000.., stalled 1.55 s a second ago.
+    cause = scale.collapse_cause(lost, gens, genlog, 100, 1.2)
+    assert "load generator 5000.." in cause and "1.55 s" in cause and "69.71" in cause, cause
+    # A host of a generator that kept up (0..: its 3.0 s stall is a minute old): the coordinator is named.
+    cause = scale.collapse_cause(lost.replace("69.71", "17.99"), gens, genlog, 100, 1.2)
+    assert "the coordinator" in cause and "1.55 s" in cause and "17.99" not in cause, cause
+    # Below the heartbeat timeout a stall explains nothing.
+    cause = scale.collapse_cause(lost.replace("69.71", "25.1"), gens, genlog, 100, 1.2)
+    assert "the coordinator" in cause, cause
+    # No generators' log: the coordinator, and no lag claimed.
+    assert scale.collapse_cause(lost, gens, tmp_path / "missing.log", 100, 1.2).endswith("could not keep up")
