@@ -85,6 +85,10 @@ COMMANDS_PER_WAKE = 64
 """Command datagrams read per wake-up of the loop (see LoadGen._read_commands)."""
 LAG_PROBE = 0.05
 """How often (s) a generator checks that its event loop keeps time (LoadGen._watch_lag)."""
+STALL_REPORT_SECONDS = 0.8
+"""A loop silent this long gets its main thread's stack, state and kernel wait channel written to the log
+once (LoadGen._stall_watchdog): two 10,000-worker restart runs lost hosts to a generator whose loop
+stopped 1.55 and 1.75 s with almost no CPU used, and nothing said where it waited."""
 LAG_OK = 0.1
 """How late (s) a generator's timer may fire while its stand-in hosts still start registrations."""
 LAG_CALM = 0.5
@@ -360,6 +364,8 @@ class LoadGen:
         """Set while this process's event loop runs its work within :data:`LAG_OK` (see :meth:`_watch_lag`)."""
         self.caught_up.set()
         self.lag_max = 0.0
+        self.loop_beat = time.monotonic()
+        """When this process's event loop last ran its lag probe (see :meth:`_stall_watchdog`)."""
 
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
         """Send ``w``'s heartbeat datagrams every ``interval`` from now on: the process's clock
@@ -473,6 +479,7 @@ class LoadGen:
             t = loop.time()
             await asyncio.sleep(LAG_PROBE)
             now = loop.time()
+            self.loop_beat = time.monotonic()
             lag = now - t - LAG_PROBE
             self.lag_max = max(self.lag_max, lag)
             if lag > LAG_OK:
@@ -484,6 +491,40 @@ class LoadGen:
                 calm_since = now if calm_since is None else calm_since
                 if now - calm_since >= LAG_CALM:
                     self.caught_up.set()
+
+    def _stall_watchdog(self, main_id: int, main_tid: int) -> None:
+        """A thread: when the loop has not run its lag probe for :data:`STALL_REPORT_SECONDS`, writes once per
+        stall where the main thread is (its Python stack, and from /proc its state and kernel wait channel:
+        waiting in a system call or for the CPU) and the process's CPU seconds, as a JSON line."""
+        import traceback
+
+        reported = 0.0
+        while True:
+            time.sleep(0.1)
+            beat = self.loop_beat
+            silent = time.monotonic() - beat
+            if silent < STALL_REPORT_SECONDS or beat == reported:
+                continue
+            reported = beat
+            frame = sys._current_frames().get(main_id)
+            proc = {}
+            for name in ("wchan", "stat"):
+                try:
+                    with open(f"/proc/self/task/{main_tid}/{name}") as f:
+                        proc[name] = f.read().strip()
+                except OSError as e:
+                    proc[name] = f"unreadable: {e}"
+            line = {
+                "t": round(time.time(), 3),
+                "first": self.workers[0].index,
+                "stalled_s": round(silent, 3),
+                "cpu": round(time.process_time(), 2),
+                "main_thread_wchan": proc["wchan"],
+                # /proc/PID/task/TID/stat, field 3: R running or runnable, S sleeping (a wait), D disk wait.
+                "main_thread_state": proc["stat"].rsplit(")", 1)[-1].split()[0] if ")" in proc["stat"] else "?",
+                "stack": traceback.format_stack(frame)[-6:] if frame is not None else [],
+            }
+            print(json.dumps(line), file=sys.stderr, flush=True)
 
     async def _progress(self) -> None:
         """One line a second on stderr (the run's generators.log) while anything happens: what the
@@ -505,6 +546,9 @@ class LoadGen:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._stdin_thread, args=(loop,), daemon=True).start()
+        threading.Thread(
+            target=self._stall_watchdog, args=(threading.get_ident(), threading.get_native_id()), daemon=True
+        ).start()
         progress = asyncio.create_task(self._progress())
         # Not caught up until its timers have kept time for LAG_CALM: at 25,000 workers, ten generators
         # starting together on one core let 918 hosts register before any had measured its lag, and
