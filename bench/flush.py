@@ -31,7 +31,9 @@ each timed on its own:
   :func:`trainer_hooks.orbax_flush.fast_flush_manager_options` (the step past
   ``max_to_keep`` deleted on a thread of its own, not inside the save's
   finalisation) and :func:`trainer_hooks.orbax_flush.fast_flush_args` (32 MiB
-  OCDBT data files instead of Orbax's 2 GiB).
+  OCDBT data files instead of Orbax's 2 GiB). That deletion is waited for,
+  untimed, after the flush (:func:`settle`), so it never runs inside another
+  method's timing.
 
 Runs are interleaved: run r times the raw writer and each Orbax flush
 back to back, in an order rotated by r, so drift and cache effects hit every
@@ -216,12 +218,29 @@ def ratio_fields(prefix: str, ratios: list[float]) -> dict[str, Any]:
     return {f"{prefix}_{k}": rnd(sp[k], 3) if sp[k] is not None else None for k in ("median", "min", "max")}
 
 
+SETTLE_TIMEOUT = 120.0
+"""Longest wait (s) for a flush's background deletion of the step before it (see :func:`settle`)."""
+
+
+def settle(ckdir: Path, step: int, timeout: float = SETTLE_TIMEOUT) -> None:
+    """Wait, untimed, until ``ckdir`` holds no step but ``step``: ``orbax_fast`` deletes the step before on
+    Orbax's deleter thread, and that deletion must not run inside the next method's timing (a real flush
+    overlaps it with the resumed training instead). The other methods delete inside the flush."""
+    deadline = time.monotonic() + timeout
+    while any(p.name != str(step) for p in ckdir.iterdir() if p.is_dir()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{ckdir}: older steps still there {timeout:g} s after step {step} was flushed")
+        time.sleep(0.01)
+
+
 def one_flush(method: str, state: dict[str, Any], root: Path, step: int, managers: dict[str, Any]) -> float:
-    """Seconds for one Orbax flush of ``state`` (on device), device-to-host copy included."""
+    """Seconds for one Orbax flush of ``state`` (on device), device-to-host copy included; then, untimed,
+    the wait for its background deletion (:func:`settle`)."""
     flusher = managers[method]
     t0 = time.perf_counter()
     res = flusher(step, frozenset())
     dt = time.perf_counter() - t0
+    settle(Path(flusher.manager.directory), step)
     assert res.committed_step == step, res
     return dt
 

@@ -93,3 +93,18 @@ def test_the_verdict_reads_the_median_and_needs_it_inside_the_band() -> None:
     assert verdict(0.95) == "met"  # whatever the spread: the median pair decides
     assert verdict(0.69) == "not met"
     assert verdict(1.3) == "not met"  # faster than "raw": the raw writer was not a fair one
+
+
+def test_settle_waits_for_the_background_deletion_of_the_step_before(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    (tmp_path / "7").mkdir()
+    (tmp_path / "6").mkdir()
+    threading.Timer(0.2, (tmp_path / "6").rmdir).start()  # Orbax's deleter thread, a little later
+    t0 = time.monotonic()
+    flush.settle(tmp_path, 7)
+    assert time.monotonic() - t0 >= 0.15 and not (tmp_path / "6").exists()
+    (tmp_path / "5").mkdir()  # never deleted: the wait ends, naming the directory
+    with pytest.raises(TimeoutError, match="older steps still there"):
+        flush.settle(tmp_path, 7, timeout=0.1)
