@@ -69,8 +69,8 @@ FAST_FLUSH_DATA_FILE_BYTES = 32 * 2**20
 2 GiB on a local file system and 400 MiB on GCS, MaxText's ``checkpoint_storage_target_data_file_size_bytes``
 2 GiB; https://google.github.io/tensorstore/kvstore/ocdbt/index.html, ``target_data_file_size``). With 2 GiB
 files a host's shards go to disk in a file or two, with 32 MiB files in many, written side by side: on
-this project's 2-core VM, uncompressed Orbax went from 0.38-0.40 of the fastest raw write + fsync to
-0.88-1.07 with this and :func:`fast_flush_manager_options` (``python -m bench flush`` at 8091664, its
+this project's 2-core VM, uncompressed Orbax went from 0.47-0.50 of the fastest raw write + fsync to
+0.86-1.01 with this and :func:`fast_flush_manager_options` (``python -m bench flush`` at 9f786e7, its
 ``orbax_fast``; docs/benchmarks.md). The cost is file count: a host writing 3.3 GB (a 70B model's fp32
 weights and Adam moments over 256 hosts) makes about 100 files a flush instead of 2."""
 
