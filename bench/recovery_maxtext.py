@@ -455,6 +455,14 @@ def mesh_slices(events: Sequence[dict[str, Any]], fault_t: float | None) -> tupl
     return (before[-1] if before else None), (after[0] if after else None)
 
 
+def rotated(items: list[str], by: int) -> list[str]:
+    """``items`` rotated left by ``by`` (modulo their number): round ``by``'s order of the strategies."""
+    if not items:
+        return []
+    k = by % len(items)
+    return items[k:] + items[:k]
+
+
 def step_overhead_fraction(steady_s: float | None, plain_s: float | None) -> float | None:
     """A strategy's steady step time over plain MaxText's, minus 1 (None without both)."""
     if not steady_s or not plain_s:
@@ -903,7 +911,8 @@ def run(
     min_slices: int = -1,
     local_checkpoint_period: int | None = None,
 ) -> dict[str, Any]:
-    """Every (fault, period, delay) case under every strategy, ``runs`` times, interleaved by round.
+    """Every (fault, period, delay) case under every strategy, ``runs`` times, interleaved by round (in an order
+    rotated each round).
 
     Returns the rows, each run's figures and the fault-free runs.
     """
@@ -962,9 +971,14 @@ def run(
             no_start[period] = f"not run: pre-training failed: {type(e).__name__}: {e}"
             log(f"recovery maxtext: {no_start[period]}")
     for rep in range(runs):
+        # Each round runs the strategies in an order rotated by the round. With one order, plain MaxText
+        # (full_restart) always ran first, and its steady step read 11-20% slower than the rewind's and
+        # the sidecar's at 3d67d6a (8.9% than the rewind's at df2b13d), which no strategy can be: whatever
+        # the position costs (not established), it now falls on every strategy in turn.
+        order = rotated(ours, rep)
         for period in [p for p in periods if p in starts]:
             job = jobs[period]
-            for s in ours if rep < n_refs else []:
+            for s in order if rep < n_refs else []:
                 n = job.steps_for(None, s) - job.start_label
                 tag = f"mx-ref-{s}-p{period}-r{rep}"
                 r = journal.get(tag)
@@ -982,7 +996,7 @@ def run(
                 continue
             job = jobs[period]
             at = fault_index(job, seed, rep, runs)
-            for s in ours:
+            for s in order:
                 what = f"{s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}"
                 tag = f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}"
                 r = journal.get(tag)
@@ -1038,6 +1052,7 @@ def run(
             "tail_steps": Job(model, 1, min_slices=min_slices).tail("sidecar"),
             "tail_steps_full_restart": TAIL_STEPS,
             "fault_phases": "stratified: round k of n draws from the k-th n-th of the period",
+            "order": "the strategies' order rotated by one each round (fault-free and faulted runs alike)",
             "snapshot_every": "the hook's default (auto)",
             "devices": DEVICES,
             "lost_slice": LOST_SLICE,

@@ -633,3 +633,15 @@ def test_the_journal_reuses_only_runs_of_the_same_clean_commit_and_arguments(
     assert dirty.done == {} and dirty.path is None  # a dirty tree neither reads nor writes one
     dirty.add("x", {"a": 1})
     assert '"x"' not in path.read_text()
+
+
+def test_every_strategy_runs_in_every_position_across_the_rounds() -> None:
+    from bench.recovery_maxtext import STRATEGIES, rotated
+
+    ours = list(STRATEGIES)
+    orders = [rotated(ours, r) for r in range(5)]
+    assert orders[0] == ours and orders[4] == ours and orders[1][0] == ours[1]
+    for pos in range(len(ours)):
+        assert {o[pos] for o in orders[:4]} == set(ours)  # four rounds: each strategy once in each place
+    assert all(sorted(o) == sorted(ours) for o in orders)
+    assert rotated([], 3) == []
