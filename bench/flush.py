@@ -87,6 +87,14 @@ def _write_file(path: Path, arr: Any) -> None:
         os.close(fd)
 
 
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 PIECE_BYTES = 32 * MiB
 PIECE_THREADS = 16
 
@@ -105,11 +113,7 @@ def raw_write_pieces(
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for f in [pool.submit(_write_file, path, part) for path, part in jobs]:
             f.result()
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    _fsync_dir(directory)
     return time.perf_counter() - t0
 
 
@@ -125,11 +129,7 @@ def raw_write(state: dict[str, Any], directory: Path, threads: int = 1) -> float
         with ThreadPoolExecutor(max_workers=threads) as pool:
             for f in [pool.submit(_write_file, directory / f"{k}.bin", arr) for k, arr in state.items()]:
                 f.result()
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    _fsync_dir(directory)
     return time.perf_counter() - t0
 
 
