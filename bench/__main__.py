@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import envelope, git_state, log, machine, trainer_of
+from bench.common import envelope, git_state, log, machine, portable_argv, trainer_of
 
 NAMES = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
 ALL_ORDER = ("footprint", "flush", "detection", "recovery", "goodput", "scale")
@@ -319,7 +319,9 @@ def wrap(
 ) -> dict[str, Any]:
     """A benchmark's dict in the common shape: provenance first, its config and rows, the rest as extras."""
     extra = {k: v for k, v in r.items() if k not in ("name", "config", "results", "git_sha", "dirty", "machine")}
-    out = envelope(name, {"argv": argv, **(r.get("config") or {})}, list(r.get("results") or []), **extra)
+    out = envelope(
+        name, {"argv": portable_argv(argv), **(r.get("config") or {})}, list(r.get("results") or []), **extra
+    )
     out.update(git)  # HEAD when the run started, not when it ended
     out["machine"] = host  # as it was when the run started (its load average then)
     mod = sys.modules.get(f"bench.{name}")

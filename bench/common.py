@@ -434,3 +434,25 @@ def step_times_drifted(rows: list[dict[str, Any]]) -> str | None:
         f"steady step times drifted: {named} against plain MaxText, which does no more work than any strategy; the "
         f"run's step times cannot resolve the {STEP_OVERHEAD_RESOLUTION:.0%} overheads compared"
     )
+
+
+def portable_path(value: str) -> str:
+    """``value`` as a published result records it: an absolute path inside the repository relative to its
+    root, any other absolute path as its last component under ``<outside>/`` (a scratch directory of the
+    machine that ran it, which means nothing elsewhere); anything else unchanged."""
+    if not value.startswith("/"):
+        return value
+    p = Path(value)
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return f"<outside>/{p.name}"
+
+
+def portable_argv(argv: list[str]) -> list[str]:
+    """``argv`` with every absolute path (also in ``--flag=/path``) made :func:`portable_path`."""
+    out = []
+    for a in argv:
+        flag, eq, val = a.partition("=")
+        out.append(f"{flag}={portable_path(val)}" if eq and flag.startswith("-") else portable_path(a))
+    return out

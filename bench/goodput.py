@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, own_rate_invalid, rnd, step_times_drifted
+from bench.common import log, own_rate_invalid, portable_path, rnd, step_times_drifted
 
 NAME = "goodput"
 FAULTS = ("kill", "hang", "notice")
@@ -283,7 +283,7 @@ def run(
         "config": {
             **asdict(sched),
             "formula": "(1 - faults x mean fault cost / run seconds) x ideal step seconds / strategy step seconds",
-            "inputs_from": recovery_source,
+            "inputs_from": portable_path(recovery_source) if recovery_source else recovery_source,
             "inputs_git_sha": recovery_result.get("git_sha"),
             "recovery_config": {
                 k: rcfg.get(k)

@@ -114,7 +114,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import consecutive_steps, cost_fields, fault_cost, git_state, log, median, read_jsonl, rnd, spread
+from bench.common import (
+    consecutive_steps,
+    cost_fields,
+    fault_cost,
+    git_state,
+    log,
+    median,
+    portable_path,
+    read_jsonl,
+    rnd,
+    spread,
+)
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
 FAULTS = ("kill",)
@@ -1117,7 +1128,7 @@ class Journal:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "path": str(self.path) if self.path else None,
+            "path": portable_path(str(self.path)) if self.path else None,
             "runs_from_earlier_sittings": self.reused,
             "earliest_earlier_run_finished_at": self.first_started,
         }

@@ -909,3 +909,15 @@ def test_maxtext_rows_say_how_many_runs_came_from_earlier_sittings() -> None:
     rec["config"]["trainers"] = ["example", "maxtext"]
     page = render(data)
     assert "12 of these runs were made by earlier sittings" in page and "2026-12-03 09:00 UTC" in page
+
+
+def test_published_paths_name_no_directory_of_the_machine_that_ran() -> None:
+    from bench.common import ROOT, portable_argv, portable_path
+
+    assert portable_path(str(ROOT / "docs" / "benchmarks.json")) == "docs/benchmarks.json"
+    assert portable_path("/work/p10000-work/recovery/maxtext/runs.jsonl") == "<outside>/runs.jsonl"
+    assert portable_path("relative/x.json") == "relative/x.json"
+    argv = ["recovery", "--workdir", "/scratch/run-1", f"--json={ROOT}/out.json", "--repeats", "5"]
+    assert portable_argv(argv) == ["recovery", "--workdir", "<outside>/run-1", "--json=out.json", "--repeats", "5"]
+    doc = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
+    assert not re.search(r'"/(work|tmp|home|root)/', json.dumps(doc)), "a machine path in docs/benchmarks.json"
