@@ -150,10 +150,23 @@ def test_steps_are_reported_again_once_the_interval_has_passed() -> None:
 def test_the_report_interval_comes_from_the_environment_and_a_bad_one_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainer_hooks.session import ENV_REPORT_INTERVAL, REPORT_INTERVAL, report_interval_from_env
+    from trainer_hooks.session import (
+        ENV_REPORT_INTERVAL,
+        REPORT_INTERVAL,
+        SINGLE_REPORT_INTERVAL,
+        report_interval_from_env,
+    )
 
     monkeypatch.delenv(ENV_REPORT_INTERVAL, raising=False)
-    assert report_interval_from_env() == REPORT_INTERVAL
+    # One process: its holds name no step, so reports are sparse; several: the hold's margin counts from them.
+    assert report_interval_from_env() == SINGLE_REPORT_INTERVAL > REPORT_INTERVAL
+    assert report_interval_from_env(2) == REPORT_INTERVAL
+    for count, expected in ((1, SINGLE_REPORT_INTERVAL), (4, REPORT_INTERVAL)):
+        s = ElasticSession.connect("127.0.0.1:9", process_count=count, abort_grace_seconds=None)
+        try:
+            assert s.report_interval == expected, count
+        finally:
+            s.close()
     monkeypatch.setenv(ENV_REPORT_INTERVAL, "0.2")
     assert report_interval_from_env() == 0.2
     for bad in ("-1", "soon", "nan"):

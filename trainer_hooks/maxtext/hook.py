@@ -317,7 +317,7 @@ class MaxTextHook:
             started, saved, counted = self._slot
             iv = self.interval
             if iv.baseline and self._own_steps:
-                iv.fixed = self._own_seconds / self._own_steps / iv.baseline  # snapshots get the rest of 2%
+                iv.fixed = self._own_seconds / self._own_steps / iv.baseline  # snapshots get the rest of the budget
             self._interval_changed(self.interval.slot(entered - started, saved=saved, counted=counted), "measured")
         self._slot = None
         try:

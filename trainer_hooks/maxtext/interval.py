@@ -1,4 +1,4 @@
-"""How often to snapshot: by measurement, so that snapshots cost at most ``BUDGET`` of the step time,
+"""How often to snapshot: by measurement, so that snapshots cost at most :data:`BUDGET` of the step time,
 less what the hook itself costs at every step boundary (:attr:`SnapshotInterval.fixed`).
 
 A snapshot's cost is not the time ``Snapshotter.save`` takes to return: the
@@ -39,8 +39,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-BUDGET = 0.02
-"""Steady step overhead that ``auto`` keeps snapshots within."""
+TARGET = 0.02
+"""The steady step overhead a user accepts for being protected (issue 23): the sidecar's whole cost."""
+BUDGET = 0.015
+"""Steady step overhead that ``auto`` keeps the hook and its snapshots within: :data:`TARGET` less a quarter
+for what the windows cannot see, being in the baseline as well (the sidecar daemon's CPU and the link's thread
+on a shared host: at 2% the recovery benchmark read 3.24% at dde1ef2, the hook's own figure about 2%)."""
 WARMUP_SLOTS = 3
 BASELINE_SLOTS = 8
 ROUND_WINDOWS = 3
