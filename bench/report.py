@@ -229,7 +229,7 @@ def _recovery_ratio_target(
 
 
 WHY_NOT_MET = {
-    "maxtext": "[maxtext.md](maxtext.md#the-run-at-3d67d6a-checkpoint-period-1000)",
+    "maxtext": "[maxtext.md](maxtext.md#the-run-at-e9612bb-checkpoint-period-1000-sparser-step-reports-a-15-budget)",
     "example": "[recovery.md](recovery.md#the-run-at-31f37e6-kill-5-runs-a-row)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""

@@ -559,7 +559,10 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
         x["ratio"] = 0.94
     (short,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
     assert short.verdict == "not met"
-    assert "why not met: [maxtext.md](maxtext.md#the-run-at-3d67d6a-checkpoint-period-1000)" in short.basis
+    assert (
+        "why not met: [maxtext.md](maxtext.md#the-run-at-e9612bb-checkpoint-period-1000-sparser-step-reports-a-15-budget)"
+        in short.basis
+    )
     # A run of the example trainer again replaces only its own rows.
     merge(store, [example])
     assert len(sections(json.loads(store.read_text()))["recovery"]["results"]) == 3
