@@ -935,3 +935,30 @@ def test_maxtexts_own_scale_up_keeps_the_boundarys_state_as_a_snapshot_not_a_che
     assert made[0].saves == [3] and job.manager.labels == [], "a snapshot of step 3, no checkpoint written"
     (restart,) = hook_lines(capsys.readouterr().err, "restart")
     assert restart["kept"] == "snapshot of step 3"
+
+
+def test_a_grow_the_sidecar_decides_keeps_the_boundary_as_a_snapshot_and_a_shrink_still_flushes(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import jax
+    from pathwaysutils.elastic import manager
+
+    job, made = snapshot_job(monkeypatch, every=100)
+    job.run(0, 3)
+    job.link.inbox.extend([hold(2), resume(2, 0)])
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        job.step(3)
+    assert job.manager.labels == [2], "a shrink flushes: a replica of the state may be unreadable"
+    job.run(3, 5)
+    saves_before = list(made[-1].saves)
+    job.link.inbox.extend([hold(3), resume(3, 0, 1)])
+    with pytest.raises(manager.ScaleUpSignalError):
+        job.step(5)
+    assert made[-1].saves == [*saves_before, 5], "the grow's boundary is kept as a snapshot of step 5"
+    assert job.manager.labels == [2], "no checkpoint written for the grow"
+    shrink, grow = hook_lines(capsys.readouterr().err, "restart")
+    assert shrink["committed_step"] == 3 and "kept" not in shrink
+    assert grow["kept"] == "snapshot of step 5" and "committed_step" not in grow
+    job.step(5)  # the next attempt, on both slices
+    r = job.link.last("resumed")
+    assert (r.step, list(r.active_slices)) == (5, [0, 1])

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.model import TrainerResumed, TrainerSliceError, TrainerStepped, WorkerJoined
+from agent.core.model import OperatorCommand, TrainerResumed, TrainerSliceError, TrainerStepped, WorkerJoined
 from simjob.maxtext import grain_data
 from simjob.maxtext.cpu_elastic import ENV, ENV_CONTROL, ENV_EVENTS, ENV_FAIL_AT, ENV_SLICES
 from simjob.maxtext.job import MULTI_SLICE_DEVICES, MULTI_SLICE_MESH, MULTI_SLICES
@@ -32,6 +32,7 @@ from tests.maxtext.harness import (
     START_TIMEOUT,
     MaxTextRun,
     Sidecar,
+    checkpoint_labels,
     maxtext_args,
     require_maxtext_venv,
 )
@@ -255,4 +256,88 @@ def test_a_second_loss_during_a_snapshot_still_restores_from_a_snapshot_on_fewer
     print(
         f"\ntwo losses (seed {seed}): slice 3 in step {first}, slice 2 at the snapshot before step {second}; "
         f"meshes {meshes}; restored from snapshots {[r['step'] for r in snap]}; {len(rows)} records in order"
+    )
+
+
+def test_a_grow_onto_the_replacement_loads_the_boundary_from_a_snapshot_not_a_checkpoint(
+    tmp_path: Path, grain_file: Path
+) -> None:
+    """4 slices, ``elastic_min_slice_count=1``: slice 3 dies during step F, the job goes on on MaxText's
+    3-slice mesh; its replacement comes and the sidecar grows the job back. The grow's boundary (step G)
+    is kept as a snapshot on the three slices' replicas, not written to a checkpoint, and the next
+    attempt loads it onto the 4-slice mesh with the data position: no step lost at the grow, no record
+    skipped or read twice across the three meshes."""
+    require_maxtext_venv()
+    seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
+    fail_at = random.Random(seed).randint(3, 7)
+    control = tmp_path / "control"
+    control.mkdir()
+    events = tmp_path / "events.jsonl"
+    sc = Sidecar(num_slices=MULTI_SLICES)
+    run = None
+    try:
+        join_all(sc)
+        args = maxtext_args(
+            tmp_path, "grow", 100_000, *elastic_flags(1), jax_cache=tmp_path / "jax-cache", data=grain_file
+        )
+        env = {
+            ENV: "1",
+            ENV_SLICES: str(MULTI_SLICES),
+            ENV_SNAPSHOT_EVERY: "1",
+            ENV_EVENTS: str(events),
+            ENV_FAIL_AT: f"{fail_at}:3",
+            ENV_CONTROL: str(control),
+        }
+        run = MaxTextRun(
+            "grow", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES
+        )
+        survivors = frozenset({0, 1, 2})
+        sc.wait_for(
+            lambda: sc.applied(TrainerResumed, 0.0, lambda e: e.active == survivors),
+            "the resume on the 3 survivors",
+            run,
+            timeout=RUN_TIMEOUT,
+        )
+        (control / "reconnect").touch()  # the replacement slice
+        t_back = time.monotonic()
+        sc.request(WorkerJoined(3, 0, "inc-2", node="node-3"))
+        grown = sc.wait_for(
+            lambda: sc.applied(TrainerResumed, t_back, lambda e: e.active == frozenset(range(MULTI_SLICES))),
+            "the resume on every slice",
+            run,
+            timeout=RUN_TIMEOUT,
+        )[-1].event
+        sc.wait_for(lambda: sc.state.trainer.last_step > grown.step + 2, "steps after the grow", run)
+        sc.request(OperatorCommand("abort", "end of test", restart=True))
+        assert run.wait(RUN_TIMEOUT) == 42, run.tail()
+    finally:
+        if run is not None:
+            run.kill()
+        sc.stop()
+
+    grows = [
+        f
+        for _, f in run.hook_lines("restart")
+        if f["why"].endswith(f"-> [0, 1, 2, 3] at step {grown.step} (generation {grown.generation})")
+    ]
+    assert len(grows) == 1, run.hook_lines("restart")
+    assert grows[0]["kept"] == f"snapshot of step {grown.step}", grows[0]
+    assert grown.step - 1 not in checkpoint_labels(tmp_path, "grow"), "the grow wrote a checkpoint"
+    assert grown.restored_from == "snapshot", grown
+    loaded = restores(run)[-1]
+    assert (loaded["source"], int(loaded["step"]), loaded.get("data")) == ("snapshot", grown.step, "restored"), loaded
+    evs = run.events(events)
+    meshes = [e["slices"] for e in evs if e["kind"] == "mesh"]
+    assert meshes[0] == 4 and 3 in meshes and meshes[-1] == 4, meshes
+    got_steps = kept_steps(evs)
+    last = max(got_steps)
+    assert sorted(got_steps) == list(range(1, last + 1)), sorted(got_steps)
+    rows = consumed_rows(got_steps)
+    file_rows = grain_data.rows(grain_file)
+    assert len(rows) <= len(file_rows), f"{len(rows)} records read: the file wrapped, the check below cannot hold"
+    assert rows == file_rows[: len(rows)], "records skipped or read twice"
+    assert {int(e["devices"]) for e in got_steps.values()} == {8, 6}
+    print(
+        f"\ngrow (seed {seed}): slice 3 lost in step {fail_at}; grown back at step {grown.step} from a snapshot; "
+        f"meshes {meshes}; {len(rows)} records in order over {last} steps"
     )

@@ -29,12 +29,14 @@ completed steps is saved as ``s - 1`` and reported as committed step ``s``.
 
 What MaxText cannot do in-process is move its mesh onto other slices, nor
 trust a state that a failed step consumed. After a resume on a changed slice
-set, or after a slice-loss error, the hook flushes and then
+set, or after a slice-loss error, the hook keeps the state (a grow under
+``elastic_retry``: a snapshot of the boundary where the layout allows; else a
+flush) and then
 
 * with ``elastic_enabled``: raises what pathwaysutils' ``elastic_retry``
   understands (``ScaleUpSignalError`` to grow, a ``DATA_LOSS``
   ``JaxRuntimeError`` to shrink, the slice-loss error itself after one), so
-  the next attempt starts at once and restores the flushed step, or after a
+  the next attempt starts at once and restores the kept step, or after a
   slice loss (whose state the step consumed) the newest snapshot, from the
   surviving replicas;
 * without: exits 42, which xpk restarts, and the restart restores it.
@@ -623,7 +625,7 @@ class MaxTextHook:
         t0 = time.monotonic()
         why = f"slices {list(self.slices)} -> {list(new)} at step {step} (generation {d.generation})"
         grow = set(new) > set(self.slices)
-        self._restart(d, step, t0, why, self._scale_up_error(why) if grow else self._slice_down_error(why))
+        self._restart(d, step, t0, why, self._scale_up_error(why) if grow else self._slice_down_error(why), grow)
 
     def _slice_error(self, step: int, err: BaseException) -> NoReturn:
         """A step failed with lost hardware: tell the sidecar which slices, wait for its word, restart."""
@@ -666,17 +668,31 @@ class MaxTextHook:
         self._rebuilding = (d, t0, "")
         self._release_attempt()
 
-    def _restart(self, d: Directive, step: int, since: float, why: str, err: BaseException) -> NoReturn:
-        """Flush, then hand over to elastic_retry (raise ``err``, as decided) or exit 42."""
+    def _restart(
+        self, d: Directive, step: int, since: float, why: str, err: BaseException, grow: bool = False
+    ) -> NoReturn:
+        """Keep the state after ``step`` steps, then hand over to elastic_retry (raise ``err``, as decided)
+        or exit 42.
+
+        A grow under elastic_retry keeps it as a snapshot where the layout allows
+        (:meth:`_keep_for_restart`, as for MaxText's own scale-up signal): every slice of the running
+        mesh is alive, so every replica is readable, and the next attempt loads the state onto the
+        grown mesh from the hosts' memory instead of writing a checkpoint to storage and reading it
+        back (on a real model, the checkpoint's round trip through storage is the longer one). Anything
+        else flushes: after a slice loss or a shrink a replica may be unreadable (the flush says what
+        it could not save), and exit 42 ends the process, its snapshots with it."""
         assert self.session is not None
-        committed = self.session.flush(step)
+        if self.seam is not None and grow:
+            kept: dict[str, object] = {"kept": self._keep_for_restart(step)}
+        else:
+            kept = {"committed_step": self.session.flush(step)}
         if self.seam is not None:
             self.seam.allow(d.active_slices)
             self._rebuilding = (d, since, "")
-            say("restart", {"how": "elastic_retry", "why": why, "committed_step": committed})
+            say("restart", {"how": "elastic_retry", "why": why, **kept})
             self._release_attempt()
             raise self.seam.decided(err)
-        say("restart", {"how": f"exit {EXIT_RESTART}", "why": why, "committed_step": committed})
+        say("restart", {"how": f"exit {EXIT_RESTART}", "why": why, **kept})
         self.session.close()
         raise SystemExit(EXIT_RESTART)
 
