@@ -97,6 +97,29 @@ def join_all(sc: Sidecar) -> None:
         sc.submit(WorkerJoined(s, 0, "inc-1", node=f"node-{s}"))
 
 
+def start_snapshot_run(
+    tmp_path: Path, sc: Sidecar, name: str, steps: int, min_slices: int, fail_at: str, grain_file: Path
+) -> MaxTextRun:
+    """A 4-slice elastic MaxText job under ``sc`` on the grain data, a snapshot every step, the faults
+    ``fail_at`` (``ENV_FAIL_AT``); its events go to ``tmp_path/events.jsonl``, its control directory
+    (a ``reconnect`` file there brings a lost slice back) is ``tmp_path/control``."""
+    control = tmp_path / "control"
+    control.mkdir()
+    join_all(sc)
+    args = maxtext_args(
+        tmp_path, name, steps, *elastic_flags(min_slices), jax_cache=tmp_path / "jax-cache", data=grain_file
+    )
+    env = {
+        ENV: "1",
+        ENV_SLICES: str(MULTI_SLICES),
+        ENV_SNAPSHOT_EVERY: "1",
+        ENV_EVENTS: str(tmp_path / "events.jsonl"),
+        ENV_FAIL_AT: fail_at,
+        ENV_CONTROL: str(control),
+    }
+    return MaxTextRun(name, args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES)
+
+
 @pytest.mark.parametrize("model", ["tiny", pytest.param("larger", marks=pytest.mark.slow)])
 def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_an_uninterrupted_run(
     tmp_path: Path, grain_file: Path, model: str
@@ -208,27 +231,11 @@ def test_a_second_loss_during_a_snapshot_still_restores_from_a_snapshot_on_fewer
     first = random.Random(seed).randint(3, 5)
     second = first + 3
     steps = second + 4
-    control = tmp_path / "control"
-    control.mkdir()
     events = tmp_path / "events.jsonl"
     sc = Sidecar(num_slices=MULTI_SLICES)
     run = None
     try:
-        join_all(sc)
-        args = maxtext_args(
-            tmp_path, "twice", steps, *elastic_flags(2), jax_cache=tmp_path / "jax-cache", data=grain_file
-        )
-        env = {
-            ENV: "1",
-            ENV_SLICES: str(MULTI_SLICES),
-            ENV_SNAPSHOT_EVERY: "1",
-            ENV_EVENTS: str(events),
-            ENV_FAIL_AT: f"{first}:3,{second}:2:snapshot",
-            ENV_CONTROL: str(control),
-        }
-        run = MaxTextRun(
-            "twice", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES
-        )
+        run = start_snapshot_run(tmp_path, sc, "twice", steps, 2, f"{first}:3,{second}:2:snapshot", grain_file)
         assert run.wait(2 * RUN_TIMEOUT) == 0, run.tail()
     finally:
         if run is not None:
@@ -270,27 +277,11 @@ def test_a_grow_onto_the_replacement_loads_the_boundary_from_a_snapshot_not_a_ch
     require_maxtext_venv()
     seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
     fail_at = random.Random(seed).randint(3, 7)
-    control = tmp_path / "control"
-    control.mkdir()
     events = tmp_path / "events.jsonl"
     sc = Sidecar(num_slices=MULTI_SLICES)
     run = None
     try:
-        join_all(sc)
-        args = maxtext_args(
-            tmp_path, "grow", 100_000, *elastic_flags(1), jax_cache=tmp_path / "jax-cache", data=grain_file
-        )
-        env = {
-            ENV: "1",
-            ENV_SLICES: str(MULTI_SLICES),
-            ENV_SNAPSHOT_EVERY: "1",
-            ENV_EVENTS: str(events),
-            ENV_FAIL_AT: f"{fail_at}:3",
-            ENV_CONTROL: str(control),
-        }
-        run = MaxTextRun(
-            "grow", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES
-        )
+        run = start_snapshot_run(tmp_path, sc, "grow", 100_000, 1, f"{fail_at}:3", grain_file)
         survivors = frozenset({0, 1, 2})
         sc.wait_for(
             lambda: sc.applied(TrainerResumed, 0.0, lambda e: e.active == survivors),
@@ -298,7 +289,7 @@ def test_a_grow_onto_the_replacement_loads_the_boundary_from_a_snapshot_not_a_ch
             run,
             timeout=RUN_TIMEOUT,
         )
-        (control / "reconnect").touch()  # the replacement slice
+        (tmp_path / "control" / "reconnect").touch()  # the replacement slice
         t_back = time.monotonic()
         sc.request(WorkerJoined(3, 0, "inc-2", node="node-3"))
         grown = sc.wait_for(
