@@ -153,7 +153,7 @@ local fault cost (:func:`analyse`): enough for the steps right after a restore (
 re-trace or refill caches) to be in it, few enough that the window stays short."""
 SETTLE_STEPS = 100
 """Steps past the warm-up before a run's steady step time is measured (:func:`steady_before_fault`): the first
-steps after a start fill caches, and the hook's ``auto`` measures its interval from every step up."""
+steps after a start fill caches, and the hook's ``auto`` measures its interval (a probe round every 9 steps)."""
 MIN_STEADY_STEPS = 50
 """Fewest steps a run's steady step time before its fault is measured over."""
 MIN_STEADY_RUNS = 3

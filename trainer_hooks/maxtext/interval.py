@@ -25,7 +25,16 @@ Per train attempt (a new mesh): ``WARMUP_SLOTS`` slots are skipped
 baseline (their median), then snapshots run at the current interval and every
 ``ROUND_WINDOWS`` windows the interval is corrected: up by the measured
 factor (at most ``MAX_GROWTH`` times) when the round's median window is over
-budget, down by at most half when two rounds in a row are well under it. The
+budget, down by at most half when two rounds in a row are well under it.
+
+The first interval is a probe, ``PROBE_EVERY`` steps: its windows are long
+enough to hold a snapshot's whole copy and a baseline of their own, so the
+first round measures what one snapshot costs in seconds, and the interval
+goes straight to what that cost asks for (at most ``PROBE_MAX_GROWTH`` times
+the probe). Started from one step and grown at most ``MAX_GROWTH`` times a
+round, a snapshot costing 2.6 steps (the tiny MaxText model here: about 64 ms
+against a 25 ms step) took about 300 steps, at several times the budget, to
+reach its interval; from the probe it takes one round. The
 baseline is measured again before every round once the interval is
 ``FRESH_BASELINE_FROM`` steps or more (a round then lasts long enough for the
 step time to drift), else every ``REBASELINE_WINDOWS`` windows.
@@ -54,6 +63,11 @@ COPY_SLOTS = 4
 (the save call and the steps its copy runs beside) against the median of the rest."""
 MAX_GROWTH = 4
 """The interval grows at most this many times per round (a noisy round must not jump it far)."""
+PROBE_EVERY = 2 * COPY_SLOTS + 1
+"""The first interval of ``auto``: the shortest window that carries its own baseline (see :data:`COPY_SLOTS`)."""
+PROBE_MAX_GROWTH = 64
+"""The probe round's correction is bounded by this factor instead of :data:`MAX_GROWTH`: its windows measure
+the whole copy, not the part of it that fits in a short window, and their median leaves out a burst."""
 FRESH_BASELINE_FROM = 8
 """From this interval on, every round is preceded by a fresh baseline (its cost, ``BASELINE_SLOTS``
 steps without a snapshot, is then small beside the round's ``ROUND_WINDOWS`` x interval steps)."""
@@ -87,10 +101,12 @@ class SnapshotInterval:
     _in_window: bool = False
     _announced: bool = False
     _low_rounds: int = 0
+    _probed: bool = False
+    """Whether the probe round (the first, at :data:`PROBE_EVERY`) has decided the interval."""
 
     def __post_init__(self) -> None:
         self.auto = self.every < 0
-        self.current = 1 if self.auto else self.every
+        self.current = PROBE_EVERY if self.auto else self.every
 
     @property
     def snapshot_budget(self) -> float:
@@ -187,8 +203,10 @@ class SnapshotInterval:
         budget = self.snapshot_budget
         wanted = max(1, math.ceil(self.current * fraction / budget))
         low = fraction < budget / 2
+        growth = MAX_GROWTH if self._probed else PROBE_MAX_GROWTH
+        self._probed = True
         if fraction > budget:
-            self.current = min(MAX_EVERY, max(self.current + 1, min(wanted, MAX_GROWTH * self.current)))
+            self.current = min(MAX_EVERY, max(self.current + 1, min(wanted, growth * self.current)))
         elif low and self._low_rounds >= 1:  # twice in a row well under budget: snapshot more often
             self.current = max(wanted, self.current // 2, 1)
         self._low_rounds = self._low_rounds + 1 if low and self.current == before else 0
