@@ -924,3 +924,15 @@ def test_published_paths_name_no_directory_of_the_machine_that_ran() -> None:
     assert portable_argv(argv) == ["recovery", "--workdir", "<outside>/run-1", "--json=out.json", "--repeats", "5"]
     doc = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
     assert not re.search(r'"/(work|tmp|home|root)/', json.dumps(doc)), "a machine path in docs/benchmarks.json"
+
+
+def test_every_why_not_met_link_names_a_heading_of_its_page() -> None:
+    # GitHub's anchors: a heading lowercased, punctuation other than '-' dropped, spaces as '-'.
+    from bench.report import WHY_NOT_MET
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for trainer, link in WHY_NOT_MET.items():
+        page, anchor = re.fullmatch(r"\[[^\]]+\]\(([^#)]+)#([^)]+)\)", link).groups()  # type: ignore[union-attr]
+        headings = [line.lstrip("#").strip() for line in (docs / page).read_text().splitlines() if line.startswith("#")]
+        slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+        assert anchor in slugs, (trainer, anchor)
