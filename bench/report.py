@@ -229,7 +229,7 @@ def _recovery_ratio_target(
 
 
 WHY_NOT_MET = {
-    "maxtext": "[maxtext.md](maxtext.md#the-run-at-195a574-checkpoint-period-1000-a-grow-kept-in-memory)",
+    "maxtext": "[maxtext.md](maxtext.md#the-runs-at-c13e8e2-checkpoint-periods-1000-and-10000-a-faster-machine)",
     "example": "[recovery.md](recovery.md#the-run-at-31f37e6-kill-5-runs-a-row)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
