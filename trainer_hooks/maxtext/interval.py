@@ -101,8 +101,6 @@ class SnapshotInterval:
     _in_window: bool = False
     _announced: bool = False
     _low_rounds: int = 0
-    _probed: bool = False
-    """Whether the probe round (the first, at :data:`PROBE_EVERY`) has decided the interval."""
 
     def __post_init__(self) -> None:
         self.auto = self.every < 0
@@ -198,13 +196,13 @@ class SnapshotInterval:
         # straddling its end) does not decide the interval.
         fraction = max(0.0, statistics.median(o / b if b > 0 else 0.0 for o, b in self._round))
         self._round.clear()
+        # The first round to close is the probe's (no fraction measured before it).
+        growth = PROBE_MAX_GROWTH if self.last_fraction is None else MAX_GROWTH
         self.last_fraction = fraction
         before = self.current
         budget = self.snapshot_budget
         wanted = max(1, math.ceil(self.current * fraction / budget))
         low = fraction < budget / 2
-        growth = MAX_GROWTH if self._probed else PROBE_MAX_GROWTH
-        self._probed = True
         if fraction > budget:
             self.current = min(MAX_EVERY, max(self.current + 1, min(wanted, growth * self.current)))
         elif low and self._low_rounds >= 1:  # twice in a row well under budget: snapshot more often
