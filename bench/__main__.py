@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import envelope, git_state, log, machine, portable_argv, trainer_of
+from trainer_hooks.maxtext.snapshot import snapshot_every_arg
 
 NAMES = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
 ALL_ORDER = ("footprint", "flush", "detection", "recovery", "goodput", "scale")
@@ -128,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-donate", action="store_true", help="do not donate the state into the step")
     g.add_argument(
         "--snapshot-every",
-        type=int,
+        type=snapshot_every_arg,
         default=None,
-        metavar="STEPS",
-        help="the sidecar's example trainer: steps between in-memory snapshots (default 1: before every step)",
+        metavar="STEPS|auto",
+        help="the sidecar's example trainer: steps between in-memory snapshots, or 'auto' (the default, the "
+        "MaxText hook's: an interval measured to cost at most 1.5%% of the step, none once it reaches the "
+        "checkpoint period); 1: before every step",
     )
     g.add_argument(
         "--local-checkpoint-period",

@@ -16,7 +16,11 @@ in every one; only what happens on a fault differs):
 * ``memory_snapshot`` (:mod:`simjob.strategies.memory_snapshot`): the same
   rewind, to an in-memory copy of the state taken before every step.
 * ``sidecar``: the real ``python -m agent demo`` (coordinator, worker
-  sidecars, trainer hooks).
+  sidecars, trainer hooks); the trainer's in-memory snapshots at
+  ``snapshot_every`` (default ``auto``, the MaxText hook's: an interval
+  measured to cost at most 1.5% of the step, and none when that interval
+  reaches the checkpoint period, where the periodic checkpoints bound a
+  crash's loss as tightly; ``1``: a copy of the state before every step).
 
 Faults (one per run, on slice 1, at a seeded random phase of the checkpoint
 period): ``kill`` (SIGKILL of the host), ``hang`` (SIGSTOP), ``notice`` (a
@@ -52,7 +56,7 @@ A run that ends before the strategy is back on every slice is a failed run
 
 ``--trainer maxtext`` runs the real MaxText (0.2.5, on the CPU) instead:
 ``full_restart``, ``checkpoint_rewind`` (MaxText's own elastic mode) and
-``sidecar`` (the hook with an in-memory snapshot every step) on one job, with
+``sidecar`` (the hook with its in-memory snapshots at its ``auto`` interval) on one job, with
 a slice lost inside a step by pathwaysutils' own fault injection; its rows
 also give the snapshot's cost per step. What it runs and how it measures:
 :mod:`bench.recovery_maxtext`. ``--quick`` there: 3 runs per row, the kill
@@ -78,6 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PY, ROOT, env, fault_cost, fresh_memory_seconds, log, median, read_jsonl, rnd
+from trainer_hooks.maxtext.snapshot import AUTO
 
 NAME = "recovery"
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "memory_snapshot", "sidecar")
@@ -130,9 +135,12 @@ class Config:
     """Train state across all slices' replicas; None: the example model alone (about 135 KB a replica).
     The bulk is the trainer's ``--ballast-mib`` per replica: optimizer-like state rewritten every step."""
     donate: bool = True
-    snapshot_every: int = 1
-    """The sidecar's example trainer: steps between in-memory snapshots (its ``--snapshot-every``; 1: before
-    every step, at most the step in flight lost; N: less steady cost, up to N - 1 more steps lost)."""
+    snapshot_every: int = AUTO
+    """The sidecar's example trainer: steps between in-memory snapshots (its ``--snapshot-every``): ``AUTO``
+    (-1, the MaxText hook's default, as the MaxText rows) measures the interval that keeps the snapshots
+    within 1.5% of the step and takes none when that reaches the checkpoint period
+    (:mod:`trainer_hooks.maxtext.interval`); 1: before every step, at most the step in flight lost, at the
+    cost of a copy of the state every step; N: up to N - 1 more steps lost."""
     local_checkpoint_period: int | None = None
     """``local_checkpoint_rewind``'s checkpoint every N steps; None: each trainer's own default (the example
     trainer's :data:`EXAMPLE_LOCAL_CHECKPOINT_PERIOD`, MaxText's :data:`bench.recovery_maxtext.LOCAL_CHECKPOINT_PERIOD`)."""
@@ -219,8 +227,8 @@ class Config:
             raise ValueError(f"sweep {c.sweep!r}: expected 'grid' or 'cross'")
         if not 0 <= c.fault_free_runs <= c.runs:
             raise ValueError(f"fault_free_runs {c.fault_free_runs}: expected 0 (every round) to runs ({c.runs})")
-        if c.snapshot_every < 0:
-            raise ValueError(f"snapshot_every {c.snapshot_every}: expected steps >= 0 (0: no snapshots)")
+        if c.snapshot_every < AUTO:
+            raise ValueError(f"snapshot_every {c.snapshot_every}: expected steps >= 0 (0: no snapshots) or -1 (auto)")
         if c.runs < (3 if c.quick else 5):
             log(f"recovery: {c.runs} runs per row is below the {3 if c.quick else 5} the method asks for")
         return c
@@ -276,7 +284,8 @@ def _strategy_args(cfg: Config, strategy: str, period: int) -> list[str]:
     if cfg.donate:
         args.append("--trainer-arg=--donate")
     if strategy == "sidecar" and cfg.snapshot_every != 1:
-        args.append(f"--trainer-arg=--snapshot-every={cfg.snapshot_every}")
+        every = "auto" if cfg.snapshot_every == AUTO else str(cfg.snapshot_every)
+        args.append(f"--trainer-arg=--snapshot-every={every}")
     mib = cfg.ballast_mib()
     if mib is not None:
         args.append(f"--trainer-arg=--ballast-mib={mib}")
@@ -495,7 +504,11 @@ def _row(cfg: Config, trainer: str, strategy: str, fault: str, period: int, dela
         "checkpoint_period": period,
         "state_bytes": cfg.state_bytes(),
         "donate": cfg.donate,
-        **({"snapshot_every": cfg.snapshot_every} if strategy == "sidecar" else {}),
+        **(
+            {"snapshot_every": "auto" if cfg.snapshot_every == AUTO else cfg.snapshot_every}
+            if strategy == "sidecar"
+            else {}
+        ),
     }
 
 

@@ -26,7 +26,8 @@ from typing import Any
 from simjob.commits import PeriodicCommits
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.host_copy import live_shards, put_shards
-from trainer_hooks.maxtext.snapshot import Snapshot
+from trainer_hooks.maxtext.interval import SnapshotInterval
+from trainer_hooks.maxtext.snapshot import Snapshot, snapshot_every_arg
 from trainer_hooks.maxtext.snapshot import take as take_snapshot
 from trainer_hooks.orbax_flush import OrbaxFlusher
 
@@ -85,13 +86,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--snapshot-every",
-        type=int,
+        type=snapshot_every_arg,
         default=1,
-        metavar="STEPS",
+        metavar="STEPS|auto",
         help="with --donate and a sidecar: copy the state to host memory, one copy per slice, before every "
-        "STEPS-th step (trainer_hooks.maxtext.snapshot, as the MaxText hook does), so a failed step resumes "
-        "from the surviving slices' copies instead of the last checkpoint; 0: no snapshots (default 1: at most "
-        "the step in flight is lost)",
+        "STEPS-th step, so a failed step resumes from the surviving slices' copies (the newest one newer than "
+        "the last committed checkpoint) instead of the last checkpoint; 0: no snapshots; 'auto': the MaxText "
+        "hook's default, an interval measured to keep the snapshots within 1.5%% of the step time, none at all "
+        "when that interval reaches --checkpoint-period (trainer_hooks.maxtext.interval). Default 1 (at most "
+        "the step in flight is lost): the demo's state is small, so a copy every step costs microseconds",
     )
     ap.add_argument("--events", type=Path, default=None)
     ap.add_argument(
@@ -167,6 +170,11 @@ class Trainer:
         so growing back onto a mesh seen before (the 4-slice one of the start) costs no recompile."""
         self._spare_snapshot: Snapshot | None = None
         """A snapshot no longer valid (dropped at a rebuild) whose host buffers the next one writes over."""
+        self.interval = SnapshotInterval(ns.snapshot_every, ceiling=ns.checkpoint_period)
+        """When to snapshot: every ``--snapshot-every`` steps, or by measurement (``auto``)."""
+        self._slot: tuple[float, bool, bool] | None = None
+        """The step slot in progress (auto): when it started (before any snapshot), whether a snapshot was
+        taken at its start, and whether it counts (not when a checkpoint was started in it)."""
         self.session = self._connect() if connect else None
         # Periodic saves count as committed steps (admin status, the state file) once Orbax committed them.
         self.commits = PeriodicCommits(self.manager, self.session, events)
@@ -319,16 +327,21 @@ class Trainer:
         except LookupError:
             return None
 
-    def _snapshot(self, step: int) -> None:
-        """Before a step that donates the state: a host copy of it per slice, unless one of ``step`` exists.
+    def _snapshot(self, step: int) -> bool:
+        """Before a step that donates the state: a host copy of it per slice when one is due, unless one of
+        ``step`` exists. Returns whether one was taken.
 
         On TPU each host would keep its own shards (pinned host memory); a lost slice's copies are
         never read (:meth:`Snapshot.assemble` excludes them).
         """
-        if not (self.ns.donate and self.ns.snapshot_every > 0 and self.session is not None):
-            return
-        if step % self.ns.snapshot_every or (self.host_snapshot is not None and self.host_snapshot.step == step):
-            return
+        if not (self.ns.donate and self.ns.snapshot_every != 0 and self.session is not None):
+            return False
+        if self.interval.auto:
+            due = self.interval.due(step)
+        else:
+            due = step % self.ns.snapshot_every == 0
+        if not due or (self.host_snapshot is not None and self.host_snapshot.step == step):
+            return False
         reuse, self.host_snapshot = self.host_snapshot or self._spare_snapshot, None  # its buffers are written over
         self._spare_snapshot = None
         try:
@@ -344,7 +357,7 @@ class Trainer:
                 raise
             # A slice was lost while its shards were being copied: no snapshot of this step, so if
             # the step consumes the state and fails, the job resumes from its last checkpoint.
-            return
+            return False
         self.host_snapshot = snap
         self._snap_seconds.append(snap.seconds)
         if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
@@ -354,6 +367,28 @@ class Trainer:
                 {"step": step, "count": len(xs), "median_seconds": xs[len(xs) // 2], "bytes": snap.nbytes},
             )
             self._snap_seconds = []
+        return True
+
+    def _slot_ended(self, now: float) -> None:
+        """Feed ``auto`` the slot that ends at ``now`` (the next boundary); log a changed interval."""
+        if self._slot is None:
+            return
+        started, saved, counted = self._slot
+        self._slot = None
+        every = self.interval.slot(now - started, saved=saved, counted=counted)
+        if every is not None:
+            iv = self.interval
+            self.events(
+                "snapshot_every",
+                {
+                    "every": every,
+                    "off": iv.off,
+                    "overhead_fraction": iv.last_fraction,
+                    "step_seconds_baseline": iv.baseline,
+                    "budget": iv.snapshot_budget,
+                    "ceiling": iv.ceiling,
+                },
+            )
 
     def _from_snapshot(self, exclude: frozenset[int], step: int) -> Any | None:
         """The snapshot of ``step`` assembled from slices not in ``exclude`` (None if there is none or a shard is lost)."""
@@ -428,7 +463,15 @@ class Trainer:
             if self.host_snapshot is not None and self.host_snapshot.step == step:
                 # Donated into the step that failed: the snapshot taken before that step stands in.
                 sources.append(self.host_snapshot)
+        # A snapshot from before ``step`` (auto, or an interval above 1): the ladder's next rung.
+        older = self.host_snapshot if d.source == "memory" else None
+        if older is not None and older.step >= step:
+            older = None
+        if older is not None and not exclude:
+            exclude = d.down_slices | self.runtime.lost_slices() | self._seen_lost
         self._seen_lost = frozenset()
+        self._slot = None
+        self.interval.new_attempt()
         # No longer a snapshot (its lost slices' copies must not outlive this rebuild: the next boundary
         # takes one), but its buffers are kept for that one to write over instead of allocating afresh.
         # Only the surviving slices' buffers get reused (``take`` skips lost slices); a replacement
@@ -439,10 +482,18 @@ class Trainer:
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
         state = next((x for x in (self._place(src, exclude) for src in sources) if x is not None), None)
+        if state is None:
+            self.manager.wait_until_finished()
+        if state is None and older is not None and older.step >= (self.manager.latest_step() or 0):
+            # The restore ladder, as the MaxText hook's: the newest snapshot when it is at least as new as the
+            # newest committed checkpoint (never an older step than that); its batches come again from its
+            # step, so the data consumed is an uninterrupted run's.
+            state = self._place(older, exclude)
+            if state is not None:
+                step = older.step
         if state is not None:
             self.state, restored_from = state, "memory"
         else:
-            self.manager.wait_until_finished()
             self.state, step, restored_from = self._restore(self.mesh)
         self.active = d.active_slices
         dt = time.monotonic() - t0
@@ -474,7 +525,9 @@ class Trainer:
                 continue
             self._seen_lost |= self.runtime.apply(self.sim, self.slice_devices)
             ts = time.monotonic()
-            self._snapshot(step)
+            self._slot_ended(tb)
+            saved = self._snapshot(step)
+            self._slot = (ts, saved, True)
             t0 = time.monotonic()
             x, y = self._batch(step, len(self.active))
             try:
@@ -520,6 +573,7 @@ class Trainer:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
                     self.events("checkpoint_started", {"step": step})
                     self.commits.started(step)
+                    self._slot = (self._slot[0], self._slot[1], False) if self._slot else None
         self.manager.wait_until_finished()
         self.manager.reload()
         if step not in self.manager.all_steps():

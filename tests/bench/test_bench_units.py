@@ -351,11 +351,15 @@ def test_the_sidecars_snapshot_cadence_reaches_its_trainer_only() -> None:
     cfg = recovery.Config.make(quick=True, snapshot_every=8)
     assert "--trainer-arg=--snapshot-every=8" in recovery._strategy_args(cfg, "sidecar", 20)
     assert not any("snapshot-every" in a for a in recovery._strategy_args(cfg, "memory_snapshot", 20))
+    # The default is the MaxText hook's: auto (an interval by measurement, none at the checkpoint period).
     default = recovery.Config.make(quick=True)
-    assert not any("snapshot-every" in a for a in recovery._strategy_args(default, "sidecar", 20))
+    assert "--trainer-arg=--snapshot-every=auto" in recovery._strategy_args(default, "sidecar", 20)
+    assert recovery._row(default, "example", "sidecar", "kill", 20, 1.0)["snapshot_every"] == "auto"
+    every_step = recovery.Config.make(quick=True, snapshot_every=1)
+    assert not any("snapshot-every" in a for a in recovery._strategy_args(every_step, "sidecar", 20))
     assert recovery._row(cfg, "example", "sidecar", "kill", 20, 1.0)["snapshot_every"] == 8
-    with pytest.raises(ValueError, match="snapshot_every -1"):
-        recovery.Config.make(quick=True, snapshot_every=-1)
+    with pytest.raises(ValueError, match="snapshot_every -2"):
+        recovery.Config.make(quick=True, snapshot_every=-2)
 
 
 def test_state_cost_measures_a_full_job_and_refuses_sizes_it_cannot_fill(capsys: pytest.CaptureFixture[str]) -> None:

@@ -176,6 +176,35 @@ def test_announced_disruption_is_drained_before_the_host_dies(tmp_path: Path, ki
     assert lost and not any(a["type"] == "HoldTrainer" for a in lost[0]["actions"]), "the death itself needed no hold"
 
 
+def test_a_donated_state_resumes_from_an_older_snapshot_newer_than_the_last_checkpoint(tmp_path: Path) -> None:
+    """With a snapshot every 8 steps the failed step's own state has none: the restore ladder takes the
+    newest snapshot (at least as new as the newest committed checkpoint, none yet at step 30 with a
+    period of 50) instead of starting over, and computes only the steps since it again.
+
+    A hung host fails the step in flight (its slice takes no part in the collective), so the state
+    donated into it is gone (a kill is often held at a step boundary first, with the state intact)."""
+    rc, s, out = run_demo(
+        tmp_path,
+        "--steps",
+        "80",
+        "--min-slices",
+        "2",
+        "--fault",
+        "hang:2.0@30",
+        "--trainer-arg=--donate",
+        "--trainer-arg=--snapshot-every=8",
+    )
+    assert rc == 0, out
+    f = only_fault(s)
+    assert f["restored_from"] == "memory", f
+    assert f["lost_steps"] is not None and 0 < f["lost_steps"] <= 8, f
+    events = [json.loads(x) for x in (tmp_path / "job" / "trainer-events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "step_failed" for e in events), "the hang must fail a step"
+    resumed = [e for e in events if e["kind"] == "resumed" and e["restored_from"] == "memory"]
+    assert resumed and resumed[0]["from_step"] % 8 == 0 and resumed[0]["from_step"] >= 24, resumed
+    assert s["final_step"] == 80
+
+
 @pytest.mark.parametrize("fault", ["kill:1.0@30", "hang:2.0@30"])
 def test_donated_state_loses_at_most_the_step_in_flight(tmp_path: Path, fault: str) -> None:
     """With --donate (as MaxText) the failed step consumed the state: the per-slice snapshot taken before it stands in.

@@ -137,3 +137,41 @@ def test_the_hooks_own_cost_leaves_the_snapshots_the_rest_of_the_budget() -> Non
     _, overhead = simulate(shared, 3000, 1.0, cost)
     assert shared.current >= 2 and overhead <= 0.5 * BUDGET + 1e-9
     assert SnapshotInterval(-1, fixed=0.5).snapshot_budget == BUDGET / 4  # never nothing left
+
+
+def test_a_snapshot_that_costs_nothing_goes_to_every_step_after_the_probe() -> None:
+    # A small state (the demo's): a copy costs a thousandth of its step, so the probe round's
+    # measurement allows a snapshot every step at once, not after halving every other round.
+    iv = SnapshotInterval(-1)
+    probed = 3 + 8 + 3 * PROBE_EVERY + 2
+    simulate(iv, probed, 0.05, [0.00005])
+    assert iv.current == 1, iv.current
+
+
+def test_snapshots_stop_when_the_interval_they_need_reaches_the_checkpoint_period() -> None:
+    # The example trainer's benchmark state: 1 GiB copied in 0.165 s against a 56 ms step asks for
+    # about 200 steps; with a checkpoint every 50, a snapshot would cost the budget for nothing.
+    iv = SnapshotInterval(-1, ceiling=50)
+    saves, _ = simulate(iv, 600, 0.0564, [0.165])
+    assert iv.off and iv.current == 0 and not iv.due(iv.ceiling), iv.current
+    assert len(saves) == 3, "the probe round's three snapshots, then none"
+    iv.new_attempt()  # a new mesh: still off (the cost per step does not shrink with fewer slices)
+    more, _ = simulate(iv, 600, 0.05, [0.165])
+    assert more == [] and iv.current == 0
+    # Without a checkpoint period, or with one the interval stays below, snapshots go on.
+    for ceiling in (0, 1000):
+        kept = SnapshotInterval(-1, ceiling=ceiling)
+        saves, overhead = simulate(kept, 3000, 0.0564, [0.165])
+        assert not kept.off and kept.current < 1000 and len(saves) > 3 and overhead <= BUDGET + 1e-9
+
+
+def test_a_skipped_save_that_doubles_the_interval_to_the_checkpoint_period_stops_snapshots() -> None:
+    iv = SnapshotInterval(-1, ceiling=2 * PROBE_EVERY)
+    simulate(iv, 12, 1.0, [0.0])  # warm-up and baseline done
+    assert iv.skipped() == 0 and iv.off and not iv.due(100)
+
+
+def test_a_fixed_interval_ignores_the_checkpoint_period() -> None:
+    iv = SnapshotInterval(1, ceiling=5)
+    saves, _ = simulate(iv, 20, 1.0, [10.0])
+    assert saves == list(range(1, 20)) and not iv.off

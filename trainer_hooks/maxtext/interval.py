@@ -39,6 +39,18 @@ baseline is measured again before every round once the interval is
 ``FRESH_BASELINE_FROM`` steps or more (a round then lasts long enough for the
 step time to drift), else every ``REBASELINE_WINDOWS`` windows.
 
+The probe's correction goes either way: a snapshot that costs next to nothing
+(a small state) goes straight to the interval its cost allows, down to every
+step, instead of halving every other round.
+
+With periodic checkpoints every ``ceiling`` steps, a snapshot only helps when
+it is newer than the newest checkpoint. When the interval a round asks for
+reaches the ceiling, snapshots stop (:attr:`SnapshotInterval.off`): they would
+cost the whole budget for a crash loss the checkpoints already bound as tightly
+(a 1 GiB state copied in 0.17 s against a 56 ms step asks for about 200 steps,
+with a checkpoint every 50). They stay off for the process's later attempts;
+a restore then comes from the newest committed checkpoint.
+
 Pure: no clock, no JAX; the hook feeds it the slot times.
 """
 
@@ -80,9 +92,14 @@ class SnapshotInterval:
 
     every: int
     budget: float = BUDGET
+    ceiling: int = 0
+    """Steps between periodic checkpoints (0: none): ``auto`` stops snapshotting when the interval it needs
+    reaches it (see the module's docstring)."""
     auto: bool = field(init=False)
     current: int = field(init=False)
-    """The interval in force (auto: the one being measured)."""
+    """The interval in force (auto: the one being measured; 0 once :attr:`off`)."""
+    off: bool = False
+    """Auto found that snapshots would need an interval of at least :attr:`ceiling`: none are taken."""
     baseline: float | None = None
     """Median slot seconds without snapshots, this attempt."""
     last_fraction: float | None = None
@@ -118,7 +135,7 @@ class SnapshotInterval:
         """Whether to snapshot at the boundary before step index ``step``."""
         if not self.auto:
             return self.every > 0 and step > 0 and step % self.every == 0
-        if self._phase != "measure":
+        if self.off or self._phase != "measure":
             return False
         return self._since_save + 1 >= self.current
 
@@ -135,7 +152,7 @@ class SnapshotInterval:
     def slot(self, seconds: float, *, saved: bool, counted: bool = True) -> int | None:
         """The slot that just ended: ``saved`` if a save was handed over at its start. Returns the new
         interval when this slot completed a round that changed it (auto only), else None."""
-        if not self.auto:
+        if not self.auto or self.off:
             return None
         if saved:
             self._window = [seconds] if counted else []
@@ -166,9 +183,11 @@ class SnapshotInterval:
     def skipped(self) -> int | None:
         """A due save was skipped because the previous one was still copying: the copy takes longer
         than the interval, so the interval doubles (auto only). Returns the new interval, or None."""
-        if not self.auto or self._phase != "measure":
+        if not self.auto or self.off or self._phase != "measure":
             return None
         self.current = min(MAX_EVERY, self.current * 2)
+        if self._reached_ceiling():
+            return 0
         self._round.clear()
         self._in_window, self._window = False, []
         return self.current
@@ -197,7 +216,8 @@ class SnapshotInterval:
         fraction = max(0.0, statistics.median(o / b if b > 0 else 0.0 for o, b in self._round))
         self._round.clear()
         # The first round to close is the probe's (no fraction measured before it).
-        growth = PROBE_MAX_GROWTH if self.last_fraction is None else MAX_GROWTH
+        probe = self.last_fraction is None
+        growth = PROBE_MAX_GROWTH if probe else MAX_GROWTH
         self.last_fraction = fraction
         before = self.current
         budget = self.snapshot_budget
@@ -205,6 +225,10 @@ class SnapshotInterval:
         low = fraction < budget / 2
         if fraction > budget:
             self.current = min(MAX_EVERY, max(self.current + 1, min(wanted, growth * self.current)))
+            if self._reached_ceiling():
+                return 0
+        elif low and probe:  # nearly free: straight to what the cost allows
+            self.current = wanted
         elif low and self._low_rounds >= 1:  # twice in a row well under budget: snapshot more often
             self.current = max(wanted, self.current // 2, 1)
         self._low_rounds = self._low_rounds + 1 if low and self.current == before else 0
@@ -217,3 +241,12 @@ class SnapshotInterval:
             self._announced = True
             return self.current
         return None
+
+    def _reached_ceiling(self) -> bool:
+        """Whether the interval now reaches the checkpoint period: if so snapshots stop (see :attr:`off`)."""
+        if self.ceiling <= 0 or self.current < self.ceiling:
+            return False
+        self.off, self.current, self._announced = True, 0, True
+        self._round.clear()
+        self._in_window, self._window = False, []
+        return True

@@ -32,6 +32,7 @@ snapshot is configured.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -55,20 +56,32 @@ DATA_NONE = ""
 """The data field of a snapshot whose iterator has no position to keep (synthetic data)."""
 
 
-def snapshot_every_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """``ELASTIC_SIDECAR_SNAPSHOT_EVERY``: steps, or ``AUTO`` (unset or ``auto``); a bad value is a clear error."""
-    raw = (environ if environ is not None else os.environ).get(ENV_SNAPSHOT_EVERY, "").strip()
-    if not raw or raw.lower() == "auto":
+def parse_snapshot_every(raw: str, name: str = ENV_SNAPSHOT_EVERY) -> int:
+    """Steps between snapshots from text: a whole number >= 0 (0: none), or ``auto`` (:data:`AUTO`); a bad
+    value is a :class:`ValueError` that names ``name`` and the value."""
+    if raw.strip().lower() == "auto":
         return AUTO
     try:
         every = int(raw)
     except ValueError:
         every = -1
     if every < 0:
-        raise ValueError(
-            f"{ENV_SNAPSHOT_EVERY}={raw!r}: expected a whole number of steps >= 0 (0: no snapshots) or 'auto'"
-        )
+        raise ValueError(f"{name}={raw!r}: expected a whole number of steps >= 0 (0: no snapshots) or 'auto'")
     return every
+
+
+def snapshot_every_arg(raw: str) -> int:
+    """``--snapshot-every`` for argparse (the example trainer's, the benchmark's): as :func:`parse_snapshot_every`."""
+    try:
+        return parse_snapshot_every(raw, "--snapshot-every")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def snapshot_every_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``ELASTIC_SIDECAR_SNAPSHOT_EVERY``: steps, or ``AUTO`` (unset or ``auto``); a bad value is a clear error."""
+    raw = (environ if environ is not None else os.environ).get(ENV_SNAPSHOT_EVERY, "").strip()
+    return parse_snapshot_every(raw) if raw else AUTO
 
 
 # ---------------------------------------------------------------------------
