@@ -6,8 +6,10 @@ For each trainer and recovery strategy, over a run of ``run_hours`` of wall time
     goodput = (1 - faults x mean fault cost / run seconds) x ideal step seconds / strategy's step seconds
 
 * the strategy's step seconds: its fault-free runs' median seconds per full-capacity step (its steady
-  cost of being protected: snapshots, frequent local checkpoints, the hooks' checks, included); on
-  MaxText the row's steady step time, read before each run's fault (:mod:`bench.recovery_maxtext`);
+  cost of being protected: snapshots, frequent local checkpoints, the hooks' checks, included), from
+  :data:`bench.recovery.SETTLE_STEPS` past the warm-up (what a process pays once at its start, a run of
+  hours pays once; rows recorded before that measure give the whole run's); on MaxText the row's steady
+  step time, read before each run's fault (:mod:`bench.recovery_maxtext`);
 * ideal step seconds: the fastest strategy's, on the same trainer (work is worth what the least
   protected configuration pays for it);
 * fault cost: per fault kind, the median over runs of the wall seconds a fault cost the strategy

@@ -3,6 +3,7 @@ against the fault-free rate, ratios, scale validity, and the combined JSON's pro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,29 @@ def test_work_and_time_counts_each_steps_last_execution_by_its_slices() -> None:
     work, secs = recovery.work_and_time(ev, 4)
     assert work == 2 + 5 * 0.5  # steps 4, 5 at full capacity, 6..10 at half
     assert secs == 25.0 - 3.0
+
+
+def test_a_fault_free_runs_steady_rate_counts_from_past_its_start(tmp_path: Path) -> None:
+    # A process that pays 2 s once early on (the sidecar's probe snapshots), then 0.05 s a step.
+    ev = steps(recovery.WARMUP_STEP + 20, 0.05, [0, 1, 2, 3])
+    ev[-1]["t"] += 2.0
+    t = ev[-1]["t"]
+    ev += [
+        {"kind": "step", "step": len(ev) + 1 + i, "t": t + (i + 1) * 0.05, "slices": [0, 1, 2, 3]}
+        for i in range(recovery.SETTLE_STEPS + 100)
+    ]
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "trainer-events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    (job / "harness-events.jsonl").write_text("")
+    m = recovery.analyse(job, {}, 4, faulted=False)
+    assert m["steady_seconds_per_step"] == 0.05, m
+    assert m["seconds"] / m["work_steps"] > 0.06, "the whole run's rate keeps the one-off cost"
+    cfg = recovery.Config.make(quick=True, strategies=["sidecar"], faults=["kill"])
+    ref = run("sidecar", None, 10.0, 100.0, steady_seconds_per_step=0.05)
+    (row,) = recovery.summarise(cfg, [run("sidecar", "kill", 12.0, 100.0)], {("sidecar", 20): [ref]})
+    assert row["steady_step_seconds_median"] == 0.05 and "fault-free" in row["steady_step_source"]
+    assert row["fault_free_seconds_per_step"] == 0.1
 
 
 def run(strategy: str, fault: str | None, secs: float, work: float, **kw: Any) -> dict[str, Any]:
