@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import envelope, git_state, log, machine, portable_argv, trainer_of
+from bench.recovery import SETTLE_STEPS
 from trainer_hooks.maxtext.snapshot import snapshot_every_arg
 
 NAMES = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
@@ -124,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--fault-free-runs", type=int, default=None, help="rounds that run fault-free references (default: all)"
+    )
+    g.add_argument(
+        "--fault-free-steps",
+        type=int,
+        default=None,
+        help="example trainer: steps of each fault-free reference run (default: three checkpoint periods, at "
+        f"least 100, plus the {SETTLE_STEPS} before its steady rate counts)",
     )
     g.add_argument("--state-mib", type=int, default=None, help="train state across all slices (>= 1024 documented)")
     g.add_argument("--no-donate", action="store_true", help="do not donate the state into the step")
@@ -267,6 +275,7 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             sweep_strategies=ns.sweep_strategies,
             sweep=ns.sweep,
             fault_free_runs=ns.fault_free_runs,
+            fault_free_steps=ns.fault_free_steps,
             runs=ns.repeats,
             seed=ns.seed,
             state_mib=ns.state_mib,

@@ -378,6 +378,16 @@ class Trainer:
             self._snap_seconds = []
         return not priming
 
+    def _drop_snapshots(self, committed: int) -> None:
+        """Auto turned snapshots off: once a committed checkpoint is at least as new as the last snapshot,
+        nothing restores from it (the ladder never takes an older step than the newest committed), so its
+        host buffers (a copy of the state per slice) are freed rather than held for the process's life."""
+        if self.host_snapshot is not None and self.host_snapshot.step > committed:
+            return
+        if self.host_snapshot is not None or self._spare_snapshot is not None:
+            self.host_snapshot = self._spare_snapshot = None
+            self.events("snapshot_buffers_freed", {"committed_step": committed})
+
     def _slot_ended(self, now: float) -> None:
         """Feed ``auto`` the slot that ends at ``now`` (the next boundary); log a changed interval."""
         if self._slot is None:
@@ -567,7 +577,9 @@ class Trainer:
             step += 1
             dt = time.monotonic() - t0
             self.session.report_step(step, dt)
-            self.commits.poll()
+            committed = self.commits.poll()
+            if committed is not None and self.interval.off:
+                self._drop_snapshots(committed)
             self.events(
                 "step",
                 {
