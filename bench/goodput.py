@@ -25,7 +25,10 @@ Each trainer's rows at its realistic replacement delay are combined per checkpoi
 there (MaxText's are published at 1,000 and 10,000 steps): a period's strategies are compared with
 each other only. An example-trainer row invalid only against the fault-free runs' rate (a cost below
 zero there: that rate's noise between runs) counts where every run has a cost against its own
-pre-fault rate, none below zero, the basis used above; its reason is kept in the row's basis. A period
+pre-fault rate, none below zero, the basis used above; its reason is kept in the row's basis. The other
+way round, a row valid against the fault-free runs' rate whose own-rate cost is below zero in a run (a
+pre-fault window holding a cost the process pays once at its start) is weighed at the fault-free runs'
+rate, and the row's basis says why. A period
 whose MaxText rows' steady step times drifted (a strategy measured faster than plain MaxText by more than
 the 2% being resolved, :func:`bench.common.step_times_drifted`) gets no goodput: its ideal step would be
 the drift's.
@@ -183,6 +186,8 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
                     costs[r["fault"]], basis[r["fault"]], runs[r["fault"]] = c, b, int(r["runs"])
                     if r.get("reference_note"):
                         basis[r["fault"]] += f" (against the fault-free runs' rate: {r['reference_note']})"
+                    if r.get("own_rate_note"):
+                        basis[r["fault"]] += f" (not the own pre-fault rate: {r['own_rate_note']})"
             weights = {f: sched.fault_mix[f] for f in costs if sched.fault_mix[f] > 0}
             row: dict[str, Any] = {
                 "trainer": trainer,
@@ -236,7 +241,10 @@ def realistic_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     An example-trainer row marked invalid for its cost against the fault-free runs' rate (that rate's
     noise between runs) is kept when every run has a cost against its own pre-fault rate, none below
     zero (:func:`bench.common.own_rate_invalid`): that is the basis :func:`fault_cost_of` uses. Its
-    reason moves to ``reference_note``."""
+    reason moves to ``reference_note``. The other way round, an example-trainer row whose own-rate cost
+    is below zero in a run (a pre-fault window too short to stand for the run: one that holds a cost the
+    process pays once at its start, such as the sidecar's ``auto`` probe) but valid against the fault-free
+    runs' rate is weighed at that rate; why moves to ``own_rate_note``."""
     cfg = rec.get("config") or {}
     out = []
     for r in rec.get("results") or []:
@@ -245,6 +253,13 @@ def realistic_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         if r.get("invalid_reason") and not own_rate_invalid(rec, r):
             r = {k: v for k, v in r.items() if k != "invalid_reason"} | {"reference_note": r["invalid_reason"]}
+        elif (
+            not r.get("invalid_reason")
+            and r.get("fault_cost_own_rate_seconds_median") is not None
+            and r.get("fault_cost_method") != "local"
+            and (why := own_rate_invalid(rec, r))
+        ):
+            r = {k: v for k, v in r.items() if k != "fault_cost_own_rate_seconds_median"} | {"own_rate_note": why}
         out.append(r)
     return out
 

@@ -185,6 +185,25 @@ def test_a_row_invalid_only_against_the_reference_rate_counts_on_its_own_rate() 
         assert goodput.compute([still], goodput.Schedule(fault_mix={"kill": 1}))[0] == []
 
 
+def test_a_row_valid_against_the_reference_rate_with_an_own_rate_cost_below_zero_counts_at_the_reference() -> None:
+    # The sidecar at f7ec1cc: its pre-fault windows held auto's probe, one run's own-rate cost read -0.41 s.
+    row = rec("sidecar", "kill", 5.28, 0.1, own=1.63, fault_cost_own_rate_runs=5)
+    key = ("trainer", "strategy", "fault", "checkpoint_period", "replacement_delay")
+    runs = [{**{k: row[k] for k in key}, "fault_cost_own_rate_s": c} for c in (6.21, 1.63, -0.41, 5.52, 0.51)]
+    result = {"config": {"realistic_checkpoint_period": 50, "realistic_delay": 10.0}, "results": [row], "runs": runs}
+    (kept,) = goodput.realistic_rows(result)
+    assert "fault_cost_own_rate_seconds_median" not in kept and "below zero" in kept["own_rate_note"]
+    (out,), _ = goodput.compute([kept], goodput.Schedule(fault_mix={"kill": 1}))
+    assert out["mean_fault_cost_seconds"] == 5.28
+    assert (
+        "fault-free runs' rate" in out["fault_cost_basis"]["kill"] and "below zero" in out["fault_cost_basis"]["kill"]
+    )
+    # Every own-rate cost at or above zero: the own rate stands.
+    fine = [{**r, "fault_cost_own_rate_s": abs(r["fault_cost_own_rate_s"])} for r in runs]
+    (own,) = goodput.realistic_rows({**result, "runs": fine})
+    assert own["fault_cost_own_rate_seconds_median"] == 1.63 and "own_rate_note" not in own
+
+
 def test_the_page_leads_with_goodput_from_data_only(tmp_path: Any) -> None:
     import copy
 
