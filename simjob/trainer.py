@@ -528,8 +528,8 @@ class Trainer:
                 "slices": list(d.active_slices),
                 "restored_from": restored_from,
                 "rebuild_seconds": dt,
-                # Of which waiting for a periodic save in flight before reading the checkpoints (none
-                # when the state came from memory).
+                # Of which waiting for a periodic save in flight, to know the newest committed step
+                # (none when the live state or the failed step's own snapshot stood in).
                 "checkpoint_wait_seconds": round(waited, 4),
                 "reason": d.reason,
             },
