@@ -743,6 +743,18 @@ def test_a_snapshot_holds_the_step_boundarys_state_and_data_position_and_is_neve
     assert snap.saves == [1, 2, 3] and job.hook.snapshots.skipped == 1 and job.ran[-1] == 4
 
 
+@pytest.mark.parametrize(("enabled", "period", "ceiling"), [(True, 7, 7), (False, 7, 0), (True, 0, 0)])
+def test_auto_takes_maxtexts_checkpoint_period_as_the_interval_it_stops_at(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, enabled: bool, period: int, ceiling: int
+) -> None:
+    job, _ = snapshot_job(monkeypatch, every=-1)
+    job.config.enable_checkpointing = enabled  # type: ignore[attr-defined]
+    job.config.checkpoint_period = period  # type: ignore[attr-defined]
+    job.config.save_checkpoint_on_start = False  # type: ignore[attr-defined]
+    job.run(0, 2)
+    assert job.hook.interval.auto and job.hook.interval.ceiling == ceiling
+
+
 def test_a_failed_snapshot_never_turns_snapshots_off(
     fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -375,6 +375,11 @@ class MaxTextHook:
         """The first boundary of a train attempt: where this mesh keeps its replicas, and measure anew."""
         self._attempt_start = step
         self.interval.new_attempt()
+        # MaxText's periodic checkpoints bound a crash's loss too: auto stops snapshotting when the interval
+        # it needs reaches their period (trainer_hooks.maxtext.interval).
+        c = self._config
+        period = int(getattr(c, "checkpoint_period", 0) or 0)
+        self.interval.ceiling = period if getattr(c, "enable_checkpointing", False) and period > 0 else 0
         layout = self._snapshot_layout(jax_device_state)
         self.snapshots.configure(layout)
         state = jax_device_state.get("state")
