@@ -172,8 +172,6 @@ class Trainer:
         """A snapshot no longer valid (dropped at a rebuild) whose host buffers the next one writes over."""
         self.interval = SnapshotInterval(ns.snapshot_every, ceiling=ns.checkpoint_period)
         """When to snapshot: every ``--snapshot-every`` steps, or by measurement (``auto``)."""
-        self._primed = False
-        """Auto: whether the first copy (which allocates the snapshot buffers) was taken."""
         self._slot: tuple[float, bool, bool] | None = None
         """The step slot in progress (auto): when it started (before any snapshot), whether a snapshot was
         taken at its start, and whether it counts (not when a checkpoint was started in it)."""
@@ -340,12 +338,11 @@ class Trainer:
             return False
         priming = False
         if self.interval.auto:
-            # The process's first boundary (its warm-up step): one copy, so that the snapshot buffers
-            # are allocated before anything is measured (a copy into fresh host memory costs several
+            # While the process holds no snapshot buffers (its first boundary, the warm-up step): one copy,
+            # so that the buffers are allocated before anything is measured (a copy into fresh memory costs several
             # times one into pages in use: 2.2 s against 0.05 s a GiB here), as a trainer reserves its
             # snapshot memory at start. Not one of auto's measured saves.
-            priming = not self._primed and not self.interval.off
-            self._primed = True
+            priming = self.host_snapshot is None and self._spare_snapshot is None and not self.interval.off
             due = priming or self.interval.due(step)
         else:
             due = step % self.ns.snapshot_every == 0
@@ -473,10 +470,11 @@ class Trainer:
         sources: list[Any] = []
         """What the new mesh's state may be built from, in order: the live state's shards, the snapshot's copies."""
         exclude: frozenset[int] = frozenset()
-        if d.source == "memory" and self.state is not None:
+        if d.source == "memory":
             # A slice lost since this mesh was built holds no replica, even if its
             # replacement is already up again.
             exclude = d.down_slices | self.runtime.lost_slices() | self._seen_lost
+        if d.source == "memory" and self.state is not None:
             if not any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(self.state)):
                 sources.append(live_shards(self.state, self._slice_of, exclude))
             if self.host_snapshot is not None and self.host_snapshot.step == step:
@@ -486,8 +484,6 @@ class Trainer:
         older = self.host_snapshot if d.source == "memory" else None
         if older is not None and older.step >= step:
             older = None
-        if older is not None and not exclude:
-            exclude = d.down_slices | self.runtime.lost_slices() | self._seen_lost
         self._seen_lost = frozenset()
         self._slot = None
         self.interval.new_attempt()
@@ -600,7 +596,8 @@ class Trainer:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
                     self.events("checkpoint_started", {"step": step})
                     self.commits.started(step)
-                    self._slot = (self._slot[0], self._slot[1], False) if self._slot else None
+                    if self._slot is not None:  # a slot with a checkpoint's copy is not counted
+                        self._slot = (*self._slot[:2], False)
         self.manager.wait_until_finished()
         self.manager.reload()
         if step not in self.manager.all_steps():

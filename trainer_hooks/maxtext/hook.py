@@ -377,9 +377,7 @@ class MaxTextHook:
         self.interval.new_attempt()
         # MaxText's periodic checkpoints bound a crash's loss too: auto stops snapshotting when the interval
         # it needs reaches their period (trainer_hooks.maxtext.interval).
-        c = self._config
-        period = int(getattr(c, "checkpoint_period", 0) or 0)
-        self.interval.ceiling = period if getattr(c, "enable_checkpointing", False) and period > 0 else 0
+        self.interval.ceiling = self._checkpoint_period()
         layout = self._snapshot_layout(jax_device_state)
         self.snapshots.configure(layout)
         state = jax_device_state.get("state")
@@ -792,13 +790,18 @@ class MaxTextHook:
 
     # -- MaxText's own periodic checkpoints ----------------------------------------------
 
-    def _on_save_schedule(self, step: int) -> bool:
-        """Whether MaxText's ``maybe_save_checkpoint`` starts a periodic save after step index ``step``."""
+    def _checkpoint_period(self) -> int:
+        """MaxText's ``checkpoint_period`` when it saves periodically (``enable_checkpointing``), else 0."""
         c = self._config
         period = int(getattr(c, "checkpoint_period", 0) or 0)
-        if not getattr(c, "enable_checkpointing", False) or period <= 0 or step % period:
+        return period if getattr(c, "enable_checkpointing", False) and period > 0 else 0
+
+    def _on_save_schedule(self, step: int) -> bool:
+        """Whether MaxText's ``maybe_save_checkpoint`` starts a periodic save after step index ``step``."""
+        period = self._checkpoint_period()
+        if not period or step % period:
             return False
-        return step > 0 or bool(getattr(c, "save_checkpoint_on_start", False))
+        return step > 0 or bool(getattr(self._config, "save_checkpoint_on_start", False))
 
     def _periodic_commit(self, step: int) -> None:
         """Report MaxText's own periodic checkpoint once it commits (a FlushedAck, no flush of ours).

@@ -186,11 +186,9 @@ class SnapshotInterval:
         if not self.auto or self.off or self._phase != "measure":
             return None
         self.current = min(MAX_EVERY, self.current * 2)
-        if self._reached_ceiling():
-            return 0
         self._round.clear()
         self._in_window, self._window = False, []
-        return self.current
+        return 0 if self._reached_ceiling() else self.current
 
     # -- measuring -------------------------------------------------------------------
 
@@ -247,6 +245,4 @@ class SnapshotInterval:
         if self.ceiling <= 0 or self.current < self.ceiling:
             return False
         self.off, self.current, self._announced = True, 0, True
-        self._round.clear()
-        self._in_window, self._window = False, []
         return True
