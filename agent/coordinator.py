@@ -67,6 +67,7 @@ import collections
 import fcntl
 import itertools
 import os
+import resource
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -78,7 +79,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent import constants as C
-from agent import fencing, statefile
+from agent import fdlimit, fencing, statefile
 from agent import log as logmod
 from agent.auth import BearerAuthInterceptor, BearerToken
 from agent.config import CoordinatorConfig, is_loopback
@@ -858,6 +859,7 @@ class Coordinator:
 
     async def start(self) -> None:
         self.exit_code = asyncio.get_running_loop().create_future()
+        self._open_files()
         await self._acquire_lock()
         self._load_state()
         if self.cfg.state_file is not None:
@@ -920,6 +922,24 @@ class Coordinator:
             admin=None if self.admin is None else self.admin.address,
             http=None if self.http is None else self.http.address,
         )
+
+    def _open_files(self) -> None:
+        """One descriptor a worker's connection: raise the soft limit to the hard one (``agent.fdlimit``)."""
+        p = self.cfg.policy
+        hosts = p.num_slices * p.hosts_per_slice
+        got = fdlimit.raise_open_files(hosts, p.trainer_processes)
+        self.metrics.open_files_limit.set(-1 if got.soft == resource.RLIM_INFINITY else got.soft)
+        if got.soft != got.before:
+            log.info("open-file limit raised", before=got.before, limit=got.soft, hard=got.hard, need=got.need)
+        if not got.enough:
+            log.error(
+                "open-file limit too low for the job's hosts: the workers past it cannot connect",
+                hosts=hosts,
+                need=got.need,
+                limit=got.soft,
+                hard=got.hard,
+                fix="raise the container's RLIMIT_NOFILE hard limit (e.g. the container runtime's LimitNOFILE)",
+            )
 
     def _grpc_server(
         self,

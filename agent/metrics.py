@@ -162,6 +162,11 @@ class Metrics(ServerMetrics):
         self.pubsub_streaming = Gauge(
             f"{PREFIX}_pubsub_streaming", "1 while the Pub/Sub intake's stream is open", registry=r
         )
+        self.open_files_limit = Gauge(
+            f"{PREFIX}_open_files_limit",
+            "The process's open-file limit (RLIMIT_NOFILE soft, raised to the hard limit at start): one a worker",
+            registry=r,
+        )
         self.state_durable = Gauge(
             f"{PREFIX}_state_durable", "1 while every decision is on disk before its actions run", registry=r
         )

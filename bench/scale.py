@@ -1102,6 +1102,26 @@ def size_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def too_few_open_files(n: int) -> str | None:
+    """Why this machine cannot run ``n`` workers against one coordinator (None when it can): the coordinator
+    holds a socket per worker (``agent.fdlimit``), and no process here may open that many files."""
+    from agent import fdlimit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = fdlimit.need(n)
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        return None
+    try:  # a privileged process (CAP_SYS_RESOURCE) may raise its hard limit; the children inherit it
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), need))
+        return None
+    except (ValueError, OSError):
+        pass
+    return (
+        f"the coordinator needs {need:,} open files for {n:,} workers (one socket each, agent/fdlimit.py); the "
+        f"hard RLIMIT_NOFILE here is {hard:,}, and raising a hard limit needs a privilege this process lacks"
+    )
+
+
 def rmem_max() -> int | None:
     """The machine's ``net.core.rmem_max``: the most receive buffer the coordinator's heartbeat socket gets."""
     try:
@@ -1145,6 +1165,23 @@ def run(
     rows = []
     for scenario in scenarios:
         for n in sizes:
+            short = too_few_open_files(n)
+            if short:
+                log(f"scale {n} ({scenario}): NOT RUN: {short}")
+                rows.append(
+                    {
+                        "workers": n,
+                        "scenario": scenario,
+                        "heartbeat_interval": hb,
+                        "heartbeat_timeout": hbt,
+                        "heartbeats": heartbeats,
+                        "status": "not_run",
+                        "runs": 0,
+                        "valid": False,
+                        "invalid_reason": short,
+                    }
+                )
+                continue
             mine = []
             for i in range(runs):
                 log(f"scale {n} ({scenario}): run {i + 1}/{runs}")

@@ -143,3 +143,50 @@ def test_a_collapse_names_the_stalled_generator_whose_host_went_first(tmp_path: 
     assert "the coordinator" in cause, cause
     # No generators' log: the coordinator, and no lag claimed.
     assert scale.collapse_cause(lost, gens, tmp_path / "missing.log", 100, 1.2).endswith("could not keep up")
+
+
+def test_a_size_past_the_open_file_limit_is_a_not_run_row_that_names_the_limit(monkeypatch: Any) -> None:
+    import resource
+
+    from agent import fdlimit
+
+    def refuse(*_: Any) -> None:
+        raise ValueError("not allowed to raise maximum limit")
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (20000, 20000))
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    assert scale.too_few_open_files(10000) is None
+    why = scale.too_few_open_files(25000)
+    assert why is not None and f"{fdlimit.need(25000):,}" in why and "20,000" in why
+    ran: list[int] = []
+    monkeypatch.setattr(scale, "run_size", lambda n, *a, **k: ran.append(n) or {})
+    out = scale.run(sizes=[25000], runs=1)
+    assert ran == []
+    (row,) = out["results"]
+    assert (row["workers"], row["runs"], row["status"], row["valid"]) == (25000, 0, "not_run", False)
+    assert row["invalid_reason"] == why
+    # A privileged process raises its hard limit instead, and runs the size.
+    monkeypatch.setattr(resource, "setrlimit", lambda *_: None)
+    assert scale.too_few_open_files(25000) is None
+
+
+def test_a_size_not_run_is_not_measured_and_does_not_stand_in_for_the_smaller_one() -> None:
+    data = fixture()
+    sc = data["benchmarks"]["scale"]
+    before = next(v for v in targets(sections(copy.deepcopy(data))) if v.target == "coordinator CPU")
+    for scenario in ("hold_cycles", "coordinator_restart"):
+        sc["results"].append(
+            {
+                "workers": 25000,
+                "scenario": scenario,
+                "status": "not_run",
+                "runs": 0,
+                "valid": False,
+                "invalid_reason": "the coordinator needs 25,257 open files",
+            }
+        )
+    got = {v.target: v for v in targets(sections(data))}
+    assert got["coordinator CPU at 25,000"].verdict == "not measured"
+    assert "25,257 open files" in got["coordinator CPU at 25,000"].basis
+    assert got["coordinator restart at 25000 workers"].verdict == "not measured"
+    assert got["coordinator CPU"] == before  # still judged on the size that ran
