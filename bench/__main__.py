@@ -558,7 +558,9 @@ def keep_other_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     rows = [{**r, "run": r.get("run") or old_run} for r in kept]
     rows += [{**r, "run": new_run} for r in new.get("results") or []]
     rows.sort(key=lambda r: (order.get(_scale_key(r)[1], 9), _scale_key(r)[0]))
-    return {**new, "results": rows}
+    # The kept rows' runs in detail too (the page reads e.g. the load generators' CPUs from them).
+    sizes = [x for x in old.get("sizes") or [] if _scale_key(x) not in ran] + list(new.get("sizes") or [])
+    return {**new, "results": rows, "sizes": sizes}
 
 
 def merge(

@@ -877,6 +877,10 @@ def test_a_scale_run_of_one_scenario_keeps_the_other_rows_each_with_its_commit(t
         {"net_core_rmem_max": 33554432},
         [_scale_row(10000, "hold_cycles"), _scale_row(10000, "coordinator_restart", hosts_lost=32148, valid=False)],
     )
+    first["sizes"] = [
+        {"workers": 10000, "scenario": "hold_cycles", "run": 0, "load_cpus": [1]},
+        {"workers": 10000, "scenario": "coordinator_restart", "run": 0, "hosts_lost": 32148},
+    ]
     later = {
         **section("scale", {"net_core_rmem_max": 33554432}, [_scale_row(10000, "coordinator_restart")]),
         "git_sha": "feedbeef",
@@ -891,6 +895,8 @@ def test_a_scale_run_of_one_scenario_keeps_the_other_rows_each_with_its_commit(t
         ("coordinator_restart", "feedbeef"),
     ]
     assert rows[1]["hosts_lost"] == 0
+    # The kept row's runs in detail stay; the replaced row's go.
+    assert sections(data)["scale"]["sizes"] == [first["sizes"][0]]
     assert set(combine(list(sections(data).values()))["git_shas"]) == {SHA, "feedbeef"}
     page = render(data)
     assert "Rows from separate runs" in page and f"`{SHA}`" in page and "`feedbeef`" in page
