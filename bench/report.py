@@ -763,16 +763,17 @@ def header(s: dict[str, Any]) -> list[str]:
         first = "Rows from separate runs, each row with its run's commit (`commit` column):"
         lines = [first, ""]
         for run in row_runs:
+            rm = run.get("machine")
+            where = (
+                f"{fmt(rm.get('cores'))} cores ({fmt(rm.get('cores_usable'))} usable), {fmt(rm.get('memory_gib'))} "
+                f"GiB, {rm.get('cpu_model') or '–'}, Python {rm.get('python') or '–'}"
+                if rm
+                else "machine not recorded"
+            )
             lines.append(
-                f"- {commit_line(run)}; net.core.rmem_max {fmt(run.get('net_core_rmem_max'))}: "
+                f"- {commit_line(run)}; {where}; net.core.rmem_max {fmt(run.get('net_core_rmem_max'))}: "
                 + (f"`python -m bench {' '.join(run['argv'])}`" if run.get("argv") is not None else "command unknown")
             )
-        m = s.get("machine", {})
-        lines += [
-            "",
-            f"Machine (newest run): {fmt(m.get('cores'))} cores ({fmt(m.get('cores_usable'))} usable), "
-            f"{fmt(m.get('memory_gib'))} GiB, {m.get('cpu_model') or '–'}; Python {m.get('python') or '–'}.",
-        ]
         if s.get("method"):
             lines += ["", "<details><summary>Method (the benchmark's description when it ran)</summary>", ""]
             lines += [s["method"].strip(), "", "</details>"]

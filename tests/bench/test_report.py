@@ -895,11 +895,14 @@ def test_a_scale_run_of_one_scenario_keeps_the_other_rows_each_with_its_commit(t
         ("coordinator_restart", "feedbeef"),
     ]
     assert rows[1]["hosts_lost"] == 0
+    # Each row's run names its machine (rows of separate runs may come from different VMs).
+    assert [r["run"]["machine"]["cpu_model"] for r in rows] == ["Test CPU", "Test CPU"]
     # The kept row's runs in detail stay; the replaced row's go.
     assert sections(data)["scale"]["sizes"] == [first["sizes"][0]]
     assert set(combine(list(sections(data).values()))["git_shas"]) == {SHA, "feedbeef"}
     page = render(data)
     assert "Rows from separate runs" in page and f"`{SHA}`" in page and "`feedbeef`" in page
+    assert page.count("GiB, Test CPU, Python 3.12.1; net.core.rmem_max") == 2
     # Without the flag, or from a dirty run, the new run is the section.
     plain = merge(tmp_path / "c.json", [first]) and merge(tmp_path / "c.json", [later])
     assert [r["scenario"] for r in sections(plain)["scale"]["results"]] == ["coordinator_restart"]
