@@ -462,7 +462,9 @@ class Trainer:
         """Rebuild the mesh over ``d.active_slices``; returns the step to continue from."""
         t0 = time.monotonic()
         # Pathways only hands out devices whose workers are up.
-        if not self.runtime.wait_available(d.active_slices, timeout=10.0):
+        available = self.runtime.wait_available(d.active_slices, timeout=10.0)
+        t_avail = time.monotonic()
+        if not available:
             self.runtime.apply(self.sim, self.slice_devices)
             missing = sorted(set(d.active_slices) - self.runtime.available_slices())
             err = self.jax.errors.JaxRuntimeError(f"DATA_LOSS: slices {missing} have no Pathways worker")
@@ -493,9 +495,14 @@ class Trainer:
         # slice's copies are allocated afresh, as a replacement host's memory would be.
         if self.host_snapshot is not None:
             self._spare_snapshot, self.host_snapshot = self.host_snapshot, None
+        if self.interval.off:
+            # ``auto`` took no more snapshots in this process: nothing will write into these buffers.
+            self._spare_snapshot = None
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
+        t_mesh = time.monotonic()
         self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
+        t_place = time.monotonic()
         state = next((x for x in (self._place(src, exclude) for src in sources) if x is not None), None)
         waited = 0.0
         if state is None:
@@ -509,9 +516,11 @@ class Trainer:
             state = self._place(older, exclude)
             if state is not None:
                 step = older.step
+        t_restore = time.monotonic()
         if state is not None:
             self.state, restored_from = state, "memory"
         else:
+            self.state = None  # the old mesh's state, replaced by the checkpoint: not held while that is read
             self.state, step, restored_from = self._restore(self.mesh)
         self.active = d.active_slices
         dt = time.monotonic() - t0
@@ -527,6 +536,16 @@ class Trainer:
                 # Of which waiting for a periodic save in flight, to know the newest committed step
                 # (none when the live state or the failed step's own snapshot stood in).
                 "checkpoint_wait_seconds": round(waited, 4),
+                # Host memory this process still holds for snapshots (none once ``auto`` took no more).
+                "snapshot_buffers_bytes": sum(x.nbytes for x in (self.host_snapshot, self._spare_snapshot) if x),
+                # Where the rest went: Pathways' devices up, the mesh and its step (compiled on a mesh's
+                # first use), placing the state from memory (and the wait above), the checkpoint restore.
+                "phase_seconds": {
+                    "devices": round(t_avail - t0, 4),
+                    "mesh": round(t_place - t_mesh, 4),
+                    "place": round(t_restore - t_place, 4),
+                    "restore": round(time.monotonic() - t_restore, 4),
+                },
                 "reason": d.reason,
             },
         )
@@ -564,6 +583,7 @@ class Trainer:
                 # Their replicas are gone even if a replacement is up by the time the hold ends.
                 self._seen_lost |= frozenset(lost)
                 self.events("step_failed", {"step": step + 1, "slices": lost, "error": str(e)[:200]})
+                new_state = loss = None  # the failed step's outputs: garbage, not to be held through the rebuild
                 step = self._apply(self.session.slice_error(step, e, lost), step)
                 continue
             self.state = new_state

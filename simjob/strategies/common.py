@@ -57,10 +57,13 @@ class PlainTrainer(sim_trainer.Trainer):
 
         t0 = time.monotonic()
         self.manager.wait_until_finished()
+        waited = time.monotonic() - t0
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         self.mesh = Mesh(self.np.array([self.slice_devices[s] for s in slices]), ("replica", "model"))
         self.step_fn, self.batch_sh = self._build_step_fn(self.mesh)
+        t_restore = time.monotonic()
+        self.state = None  # the old mesh's state, replaced by the checkpoint: not held while that is read
         self.state, step, restored_from = self._restore(self.mesh)
         self.active = tuple(slices)
         dt = time.monotonic() - t0
@@ -72,6 +75,8 @@ class PlainTrainer(sim_trainer.Trainer):
                 "slices": list(slices),
                 "restored_from": restored_from,
                 "rebuild_seconds": dt,
+                "checkpoint_wait_seconds": round(waited, 4),
+                "phase_seconds": {"restore": round(time.monotonic() - t_restore, 4)},
                 "reason": reason,
             },
         )
