@@ -230,7 +230,7 @@ def _recovery_ratio_target(
 
 WHY_NOT_MET = {
     "maxtext": "[maxtext.md](maxtext.md#the-runs-at-c13e8e2-checkpoint-periods-1000-and-10000-a-faster-machine)",
-    "example": "[recovery.md](recovery.md#the-run-at-f7ec1cc-kill-5-runs-a-row-auto-snapshots)",
+    "example": "[recovery.md](recovery.md#the-run-at-73ccc74-kill-5-runs-a-row-rebuilds-that-hold-no-dead-memory)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
