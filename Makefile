@@ -81,7 +81,7 @@ RECOVERY_ROUNDS ?= 5
 RECOVERY_ARGS := --trainer example --state-mib 1024 --faults kill,hang,notice --sweep-faults kill --sweep cross \
 	--sweep-strategies full_restart,checkpoint_rewind,sidecar \
 	--checkpoint-periods 20,50 --realistic-checkpoint-period 50 --delays 2,10 --realistic-delay 10 \
-	--repeats $(RECOVERY_ROUNDS) --fault-free-runs 3
+	--repeats $(RECOVERY_ROUNDS) --fault-free-runs 5 --fault-free-steps 400
 
 bench-recovery: setup
 	$(BENCH) recovery --require-clean $(RECOVERY_ARGS) --merge-into $(BENCH_OUT) $(ARGS)
