@@ -793,6 +793,50 @@ def test_maxtexts_period_cost_is_tabled_and_judged_per_period() -> None:
     assert "no valid local_checkpoint_rewind row" in v.basis and "checkpoint_rewind -19.70%" in v.basis, v
 
 
+def test_a_baseline_invalid_by_its_fault_costs_sign_is_bounded_by_its_step_overhead() -> None:
+    """A row invalid only because a run's local fault cost fell below zero cannot be the lowest period cost
+    when its steady overhead over the period alone is above the sidecar's: the verdict is judged."""
+    data = fixture()
+    rows = data["benchmarks"]["recovery"]["results"]
+    rows[:] = [r for r in rows if r["trainer"] != "maxtext"]
+
+    def mx(strategy: str, period_cost: float, overhead: float, steady: float, **kw: Any) -> dict[str, Any]:
+        return rec_row(
+            "maxtext",
+            strategy,
+            5.5,
+            checkpoint_period=10000,
+            period_cost_seconds_median=period_cost,
+            step_overhead_fraction_median=overhead,
+            fault_cost_if_shrunk_steps_took_full_time_seconds_median=4.25,
+            steady_step_seconds_median=steady,
+            plain_step_seconds_median=0.015,
+            **kw,
+        )
+
+    below = "local fault cost below zero in 1 of 5 runs (lowest -0.25 s): the run's own step time ..."
+    rows += [
+        mx("full_restart", 84.5, 0.0, 0.015),
+        mx("checkpoint_rewind", 86.75, 0.021, 0.01532),
+        mx("local_checkpoint_rewind", 108.5, 0.66, 0.0249, invalid_reason=below, fault_cost_seconds_min=-0.25),
+        mx("sidecar", 12.25, 0.0293, 0.01544),
+    ]
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
+    # (0.0249 - 0.015) * 10000 - 0.25 = 98.75 s, above the sidecar's 12.25 s.
+    assert v.verdict == "not met" and "local_checkpoint_rewind >= 98.75 s" in v.measured, v
+    assert "step overhead 2.93% (checkpoint_rewind, no more work a step than plain MaxText, reads 2.10%)" in v.basis
+    rows[-1]["step_overhead_fraction_median"] = 0.015
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
+    assert v.verdict == "met" and "rewind / sidecar 7.08x" in v.basis, v
+    # A bound at or below the sidecar's period cost settles nothing; nor does a row invalid for another reason.
+    rows[-2]["steady_step_seconds_median"] = 0.0161
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
+    assert v.verdict == "not measured" and "no valid local_checkpoint_rewind row" in v.basis, v
+    rows[-2].update(steady_step_seconds_median=0.0249, invalid_reason="2 of 5 runs failed")
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
+    assert v.verdict == "not measured" and "no valid local_checkpoint_rewind row" in v.basis, v
+
+
 def test_a_maxtext_run_of_one_period_can_keep_the_other_periods_rows_with_their_own_commit(tmp_path: Path) -> None:
     """MaxText's period 10,000 takes hours on its own: --keep-other-periods publishes it beside period 1,000."""
     from bench.__main__ import merge
