@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import gc
 import itertools
 import os
 import resource
@@ -281,6 +282,8 @@ class Coordinator:
         """Heartbeat datagrams the kernel dropped, as last seen (DatagramReceiver.dropped)."""
         self._drops_logged_at = -1e9
         self.stalls: list[float] = []
+        self.gc_clock = GcClock()
+        """How long Python's garbage collector held the process (a stall's warning says how much was it)."""
         self._decided_at = time.monotonic()
         """When the decision loop last finished a batch (monotonic)."""
         self.decisions_wedged = False
@@ -790,6 +793,8 @@ class Coordinator:
         log.warning(
             "event loop was blocked; liveness deadlines restart from now and nobody is judged lost for it",
             stall_seconds=round(lag, 3),
+            # Of which Python's garbage collector (full collections grow with the objects live: the workers).
+            gc_seconds=round(self.gc_clock.seconds_since(time.monotonic() - lag), 3),
         )
 
     async def probe_host(self, key: tuple[int, int], conn: _Conn, peer: str) -> tuple[bool, str]:
@@ -860,6 +865,7 @@ class Coordinator:
     async def start(self) -> None:
         self.exit_code = asyncio.get_running_loop().create_future()
         self._open_files()
+        self.gc_clock.install()
         await self._acquire_lock()
         self._load_state()
         if self.cfg.state_file is not None:
@@ -1095,6 +1101,7 @@ class Coordinator:
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False
+        self.gc_clock.uninstall()
         # Decide nothing more: what happens from here on is our own teardown
         # (streams we close, pods the JobSet deletes), not news about the job.
         for t in self._tasks:
@@ -1147,6 +1154,35 @@ class Coordinator:
         log.info("coordinator stopping", exit_code=code, phase=str(self.state.phase))
         await self.stop()
         return code
+
+
+class GcClock:
+    """Python's garbage collections (``gc.callbacks``): when each ended and how long it held the process."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self.recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=256)
+        """(monotonic end, seconds, generation) of the newest collections."""
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if phase == "start":
+            self._started = now
+        elif self._started is not None:
+            self.recent.append((now, now - self._started, int(info.get("generation", -1))))
+            self._started = None
+
+    def install(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def uninstall(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+    def seconds_since(self, since: float) -> float:
+        """Seconds of collections that ended after ``since`` (monotonic)."""
+        return sum(d for end, d, _ in self.recent if end >= since)
 
 
 def _set_result(fut: asyncio.Future[int], value: int) -> None:

@@ -341,8 +341,12 @@ def _scale_target(
     rows = [r for r in hold_cycle_rows(sc) if r.get("workers", 0) >= at]
     if at > 10000:
         rows = [r for r in rows if r.get("workers") == at]
-    else:  # the largest size that ran, not one this machine could not run
-        rows = [r for r in rows if r.get("runs") != 0] or rows
+    else:  # the size itself when it ran, else the largest size that ran (not one this machine could not run)
+        rows = (
+            [r for r in rows if r.get("workers") == at and r.get("runs") != 0]
+            or [r for r in rows if r.get("runs") != 0]
+            or rows
+        )
     if not rows:
         sizes = ", ".join(fmt(r.get("workers")) for r in sc.get("results", [])) or "none"
         return Verdict(name, goal, "–", "not measured", f"no run at {at:,} workers (sizes run: {sizes})")

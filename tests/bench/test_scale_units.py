@@ -190,3 +190,7 @@ def test_a_size_not_run_is_not_measured_and_does_not_stand_in_for_the_smaller_on
     assert "25,257 open files" in got["coordinator CPU at 25,000"].basis
     assert got["coordinator restart at 25000 workers"].verdict == "not measured"
     assert got["coordinator CPU"] == before  # still judged on the size that ran
+    # A larger size that ran but was invalid (drops) does not stand in for 10,000 either.
+    sc["results"].append({"workers": 19000, "scenario": "hold_cycles", "runs": 3, "valid": False,
+                          "coordinator_cores": 0.23, "invalid_reason": "run 1: the kernel dropped 6964 datagrams"})  # fmt: skip
+    assert {v.target: v for v in targets(sections(data))}["coordinator CPU"] == before
