@@ -110,7 +110,7 @@ bench-recovery-maxtext: setup setup-maxtext
 # 10,000 and 25,000 workers (a 100,000-chip job's hosts) at the shipped heartbeats (0.25 s / 1.2 s),
 # registration unpaced, 3 hold cycles a run, 3 runs a size; then the coordinator SIGKILLed and
 # restarted under that load, 3 runs a size. Give the machine the coordinator nodes' receive-buffer cap
-# first (deploy/gke/node-system-config.yaml): sudo sysctl -w net.core.rmem_max=33554432; the result records it.
+# first (deploy/gke/node-system-config.yaml): sudo sysctl -w net.core.rmem_max=67108864; the result records it.
 bench-scale: setup
 	$(BENCH) scale --require-clean --sizes 10000,25000 --scenarios hold_cycles,coordinator_restart \
 		--repeats 3 --merge-into $(BENCH_OUT) $(ARGS)

@@ -1181,8 +1181,8 @@ class GcClock:
             gc.callbacks.remove(self)
 
     def seconds_since(self, since: float) -> float:
-        """Seconds of collections that ended after ``since`` (monotonic)."""
-        return sum(d for end, d, _ in self.recent if end >= since)
+        """Seconds of collection after ``since`` (monotonic): each collection's part after it."""
+        return sum(min(d, end - since) for end, d, _ in self.recent if end > since)
 
 
 def _set_result(fut: asyncio.Future[int], value: int) -> None:
