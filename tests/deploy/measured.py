@@ -85,7 +85,10 @@ def coordinator_rss(path: Path = BENCHMARKS_JSON, workers: int = CAPACITY_WORKER
     pts = _points(list(scale.get("results", [])))
     sha = scale.get("git_sha")
     points = tuple(sorted((n, r) for n, r, _ in pts))
-    full = [(r, v) for n, r, v in pts if n >= workers]
+    # The size itself where it was run (a larger size's RSS is not this one's), else the smallest larger one.
+    at = [(r, v) for n, r, v in pts if n == workers]
+    larger = sorted((n, r, v) for n, r, v in pts if n > workers)
+    full = at or [(r, v) for n, r, v in larger if n == larger[0][0]]
     if full:
         rss, valid = max(full)
         return MeasuredRss(workers, rss, valid, sha, points)
