@@ -561,9 +561,6 @@ def keep_other_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     old_run, new_run = scale_run(old), scale_run(new)
     order = {name: i for i, name in enumerate(("hold_cycles", "health_reports", "coordinator_restart"))}
     rows = [{**r, "run": r.get("run") or old_run} for r in kept]
-    for r in rows:  # a row of the old section's own run, kept from before runs named their machine
-        if "machine" not in r["run"] and r["run"].get("git_sha") == old.get("git_sha"):
-            r["run"] = {**r["run"], "machine": old_run["machine"]}
     rows += [{**r, "run": new_run} for r in new.get("results") or []]
     rows.sort(key=lambda r: (order.get(_scale_key(r)[1], 9), _scale_key(r)[0]))
     # The kept rows' runs in detail too (the page reads e.g. the load generators' CPUs from them).

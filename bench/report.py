@@ -620,7 +620,7 @@ def _period_cost_targets(rec: dict[str, Any] | None) -> list[Verdict]:
             floor = _period_cost_floor(next((r for r in at if r.get("strategy") == strategy), None))
             if floor is not None and floor > float(side["period_cost_seconds_median"]):
                 missing.remove(strategy)  # cannot be the lowest, whatever its fault cost
-                shown += f", {strategy} >= {fmt(floor)} s (its row invalid by its fault cost; bound: {floor_note()})"
+                shown += f", {strategy} >= {fmt(floor)} s (its row invalid by its fault cost; bound: {FLOOR_NOTE})"
         shown += f"; sidecar step overhead {fmt(overhead)} (n={fmt(runs)})"
         why = unjudged(rec, runs)
         drift = step_times_drifted(list(costs.values()))
@@ -657,8 +657,7 @@ def _period_cost_targets(rec: dict[str, Any] | None) -> list[Verdict]:
     return out
 
 
-def floor_note() -> str:
-    return "its steady overhead over the period plus its lowest run's fault cost"
+FLOOR_NOTE = "its steady overhead over the period plus its lowest run's fault cost"
 
 
 def _period_cost_floor(row: dict[str, Any] | None) -> float | None:

@@ -122,6 +122,7 @@ from bench.common import (
     log,
     median,
     percentile,
+    raise_nofile,
     rnd,
     stop_process,
     wait_until,
@@ -179,14 +180,6 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
             os.sched_setaffinity(pid, cpus)
         except OSError as e:
             log(f"scale: could not pin {pid} to {sorted(cpus)}: {e}")
-
-
-def _raise_nofile_for_children() -> int:
-    """Children inherit the soft limit: raise it here (no preexec_fn: forking a threaded process is unsafe)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 class LogTail:
@@ -689,7 +682,7 @@ def run_size(
     hosts = HOSTS_PER_SLICE if n >= HOSTS_PER_SLICE else n
     logf = open(wd / "coordinator.log", "wb")  # noqa: SIM115
     genlog = open(wd / "generators.log", "wb")  # noqa: SIM115
-    _raise_nofile_for_children()
+    raise_nofile()  # children inherit the soft limit (no preexec_fn: forking a threaded process is unsafe)
     prof = ["-m", "cProfile", "-o", str(wd / "coordinator.prof")] if profile else []
     trainer_addr = f"127.0.0.1:{free_port()}"
     cmd = [PY, *prof, "-m", "agent", "coordinator", "--job", JOB, "--listen", addr, "--trainer-listen", trainer_addr]
