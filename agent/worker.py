@@ -169,7 +169,8 @@ class Worker:
         async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.PEER_KEEPALIVE_OPTIONS)) as ch:
             token = self.cfg.peer_token
             call = peer_pb2_grpc.PeerStub(ch).Join(metadata=token.metadata() if token is not None else None)
-            await call.write(
+            await _write_or_raise_status(
+                call,
                 peer_pb2.WorkerMessage(
                     register=peer_pb2.Register(
                         identity=self._identity(),
@@ -182,7 +183,7 @@ class Worker:
                         health_address=self.cfg.health_target or "",
                         health_check=self.cfg.health_check if self.cfg.health_target else "",
                     )
-                )
+                ),
             )
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
@@ -442,6 +443,22 @@ class Worker:
                 task.cancel()
         log.info("worker stopping")
         return C.EXIT_OK
+
+
+async def _write_or_raise_status(call: Any, message: peer_pb2.WorkerMessage) -> None:
+    """``call.write``, but a call the coordinator already ended raises that call's status.
+
+    grpc.aio raises ``asyncio.InvalidStateError("RPC already finished.")`` for a write on a
+    call that has ended (grpc/aio/_call.py ``_write``), whatever ended it. A coordinator that
+    refuses the registration (a wrong peer token: UNAUTHENTICATED from the interceptor) can end
+    the call before the Register is written; read as a lost link, that refusal would be retried
+    instead of reported. ``read()`` on an ended call raises its status when it is not OK.
+    """
+    try:
+        await call.write(message)
+    except asyncio.InvalidStateError:
+        await call.read()  # raises grpc.aio.AioRpcError with the coordinator's status when not OK
+        raise
 
 
 async def serve(cfg: WorkerConfig) -> int:
