@@ -127,6 +127,7 @@ from bench.common import (
     stop_process,
     wait_until,
 )
+from bench.scale_loadgen import SHORT_SESSION_SECONDS
 
 NAME = "scale"
 JOB = "bench-scale"
@@ -594,6 +595,88 @@ def _worker_lost_since(log_path: Path, pos: int = 0) -> int:
     return n
 
 
+HOST_RECORD = re.compile(r"^host (\d+)\.(\d+) ")
+
+
+def lost_host_timelines(coord_log: Path, genlog: Path, hosts_per_slice: int) -> list[dict[str, Any]]:
+    """For each host the coordinator judged lost to a heartbeat timeout soon after it registered, what
+    each side saw (all epoch seconds on this one machine's clock, as offsets from the coordinator's
+    record of the registration): when the stand-in read its reply, when it started its heartbeats (the
+    datagram clock, and the stream's copies until the coordinator confirmed a datagram), and when the
+    coordinator judged it lost. A reply read late is a delay before the worker could heartbeat (the
+    coordinator's send or the stand-in's read); heartbeats sent well before the judgement that did not
+    count are the coordinator's. Read from bench.scale_loadgen's ``short_session`` lines; only losses
+    within SHORT_SESSION_SECONDS of the registration (the stand-in prints no timeline for later ones)."""
+    joined: dict[tuple[int, int], float] = {}
+    lost: list[tuple[tuple[int, int], float, float]] = []
+    try:
+        coord_lines = coord_log.read_text(encoding="utf-8", errors="replace").splitlines()
+        gen_lines = genlog.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in coord_lines:
+        if '"WorkerJoined"' not in line and '"WorkerLost"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+            m = HOST_RECORD.match(rec["message"])
+            t = iso_to_epoch(rec["time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if m is None:
+            continue
+        key = (int(m.group(1)), int(m.group(2)))
+        if rec.get("trigger") == "WorkerJoined":
+            joined[key] = t
+        elif "lost (heartbeat_timeout)" in rec["message"] and t - joined.get(key, -1e18) <= SHORT_SESSION_SECONDS:
+            lost.append((key, joined[key], t))
+    sessions: dict[int, list[dict[str, Any]]] = {}
+    for line in gen_lines:
+        if '"short_session"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+            sessions.setdefault(int(rec["short_session"]), []).append(rec)
+        except (ValueError, KeyError, TypeError):
+            continue
+    out = []
+    for key, t_reg, t_lost in lost:
+        row: dict[str, Any] = {"host": f"{key[0]}.{key[1]}", "lost_s": rnd(t_lost - t_reg, 3)}
+        # The stand-in's session that the coordinator ended: the one whose reply came nearest its record.
+        cands = [r for r in sessions.get(key[0] * hosts_per_slice + key[1], []) if "reply" in r]
+        if cands:
+            s = min(cands, key=lambda r: abs(float(r["reply"]) - t_reg))
+            beats = [float(t) for t in s.get("stream_heartbeats", [])]
+            row["reply_s"] = rnd(float(s["reply"]) - t_reg, 3)
+            if "datagrams_from" in s:
+                row["datagrams_from_s"] = rnd(float(s["datagrams_from"]) - t_reg, 3)
+            row["stream_heartbeats_s"] = [rnd(t - t_reg, 3) for t in beats]
+            if "confirmed" in s:
+                row["datagrams_confirmed_s"] = rnd(float(s["confirmed"]) - t_reg, 3)
+        out.append(row)
+    return out
+
+
+def describe_timelines(timelines: list[dict[str, Any]]) -> str:
+    """The first timelines in a sentence each, for a run's invalid reason."""
+    parts = []
+    for t in timelines[:4]:
+        if "reply_s" not in t:
+            parts.append(f"host {t['host']} lost {t['lost_s']:g} s after it registered (no stand-in timeline)")
+            continue
+        sent = [x for x in [t.get("datagrams_from_s"), *t["stream_heartbeats_s"]] if x is not None]
+        first = min(sent) if sent else None
+        parts.append(
+            f"host {t['host']}: reply read {t['reply_s']:+g} s from the coordinator's record of it, first "
+            f"heartbeat sent at {first if first is None else f'{first:+g}'} s, judged lost at +{t['lost_s']:g} s "
+            f"({len(t['stream_heartbeats_s'])} stream heartbeats sent"
+            + (", datagrams confirmed" if "datagrams_confirmed_s" in t else ", no datagram confirmed")
+            + ")"
+        )
+    more = f"; {len(timelines) - 4} more in lost_host_timelines" if len(timelines) > 4 else ""
+    return "; ".join(parts) + more
+
+
 def validate_restart(out: dict[str, Any]) -> list[str]:
     """Why a coordinator_restart run cannot stand (empty when it can).
 
@@ -605,7 +688,10 @@ def validate_restart(out: dict[str, Any]) -> list[str]:
     if out.get("all_back_seconds") is None:
         why.append("not every worker was back after the restart")
     if out.get("hosts_lost"):
-        why.append(f"{out['hosts_lost']} hosts were lost across the restart")
+        why.append(
+            f"{out['hosts_lost']} hosts were lost across the restart"
+            + (f" ({describe_timelines(out['lost_host_timelines'])})" if out.get("lost_host_timelines") else "")
+        )
     return why
 
 
@@ -987,6 +1073,10 @@ def restart_coordinator(
     last = t_kill + (out["all_back_seconds"] if out["all_back_seconds"] is not None else time.time() - t_kill)
     time.sleep(max(0.0, max(last, t_kill + out.get("restart_to_serving_seconds", 0.0)) + grace + 2.0 - time.time()))
     out["hosts_lost"] = _worker_lost_since(wd / "coordinator-restarted.log")
+    if out["hosts_lost"]:
+        out["lost_host_timelines"] = lost_host_timelines(
+            wd / "coordinator-restarted.log", wd / "generators.log", min(n, HOSTS_PER_SLICE)
+        )
     return new, out
 
 

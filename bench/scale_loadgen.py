@@ -96,6 +96,10 @@ LAG_CALM = 0.5
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
+SHORT_SESSION_SECONDS = 10.0
+"""A session the coordinator ends this soon after its reply prints its timeline (FakeWorker._short_session)."""
+
+
 def channel_options(keepalive_ms: int | None) -> list[tuple[str, int]]:
     """The worker's channel options; ``keepalive_ms`` overrides its keepalive interval (what-if runs)."""
     if not keepalive_ms:
@@ -128,6 +132,10 @@ class FakeWorker:
         self.generation_seen = 0
         self.sessions = 0
         """Registrations so far (more than one: it re-registered after its stream broke)."""
+        self.timeline: dict[str, Any] = {}
+        """The current session's times (epoch s): started, reply, datagrams_from, stream_heartbeats,
+        confirmed. Printed when the coordinator ends a session soon after its reply (see :meth:`_session`),
+        to tell a reply that came late from heartbeats that went unheard."""
 
     def start(self) -> None:
         self.registered.clear()
@@ -149,12 +157,16 @@ class FakeWorker:
                     delay = 0.05
                 except grpc.aio.AioRpcError as e:
                     tally[f"session_failed:{e.code().name}"] += 1
+                    self._short_session(f"failed:{e.code().name}")
                 except Exception as e:  # noqa: BLE001
                     # Whatever ends a session, the host tries again, as agent.worker does (a heartbeat
                     # written on a stream the coordinator just ended raises asyncio.InvalidStateError).
                     # Uncaught, it ended this task silently: three hosts of one 10,000-worker restart
                     # run never re-registered and held the job on 99 slices.
                     tally[f"session_failed:{type(e).__name__}"] += 1
+                    # E.g. its first stream heartbeat, written after a reply that came so late that the
+                    # coordinator had already ended the stream.
+                    self._short_session(f"failed:{type(e).__name__}")
             else:
                 tally["gate_closed"] += 1
             first = False
@@ -180,6 +192,7 @@ class FakeWorker:
             # process caught up, queue for this semaphore, and would otherwise all start behind it.
             await g.caught_up.wait()
             g.tally["session_started"] += 1
+            self.timeline = {"started": time.time(), "stream_heartbeats": []}
             self.channel = grpc.aio.insecure_channel(g.coordinator, options=g.options)
             try:
                 call = peer_pb2_grpc.PeerStub(self.channel).Join()
@@ -195,6 +208,7 @@ class FakeWorker:
                 )
                 await call.write(peer_pb2.WorkerMessage(register=register))
                 first = await call.read()
+                self.timeline["reply"] = time.time()
                 if first is grpc.aio.EOF or not first.HasField("registered"):
                     raise ConnectionError("no Registered")
                 if first.registered.epoch < self.epoch_seen:
@@ -226,6 +240,7 @@ class FakeWorker:
                 # From here on the process's one datagram clock sends this worker's heartbeats:
                 # the same bytes every time, as agent.sources.heartbeat_datagrams.DatagramSender sends.
                 g.heartbeat_by_datagram(self, port, heartbeat_datagram(token, self.slice, self.host), interval)
+                self.timeline["datagrams_from"] = time.time()
             await asyncio.sleep(random.uniform(0, interval))
             seq = 0
             while not reader.done() and not (use_datagrams and self.datagrams_confirmed):
@@ -233,6 +248,8 @@ class FakeWorker:
                 await call.write(
                     peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
                 )
+                if seq <= 8:
+                    self.timeline["stream_heartbeats"].append(time.time())
                 await asyncio.sleep(interval)
             await asyncio.wait({reader})
             if not reader.cancelled():
@@ -242,6 +259,7 @@ class FakeWorker:
                 e = reader.exception()
                 why = "EOF" if e is None else e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
                 g.tally[f"stream_ended:{why}"] += 1
+                self._short_session(why)
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
@@ -259,9 +277,25 @@ class FakeWorker:
                 return
             if msg.HasField("datagrams_received"):
                 self.datagrams_confirmed = True
+                self.timeline.setdefault("confirmed", time.time())
                 continue
             if msg.HasField("command"):
                 self.command(msg.command, "stream")
+
+    def _short_session(self, why: str) -> None:
+        """A session the coordinator ended within SHORT_SESSION_SECONDS of its reply: its timeline on stderr
+        (the run's generators.log), so that a host judged lost soon after it registered shows whether its
+        reply came late or its heartbeats went out on time (bench.scale reads it back: lost_host_timelines)."""
+        ended = time.time()
+        reply = self.timeline.get("reply")
+        timeline, self.timeline = self.timeline, {}  # printed at most once
+        if reply is None or ended - reply > SHORT_SESSION_SECONDS:
+            return
+        line = {"t": round(ended, 3), "first": self.gen.workers[0].index, "short_session": self.index}
+        line |= {"slice": self.slice, "host": self.host, "why": why, "ended": round(ended, 4)}
+        line |= {k: round(v, 4) for k, v in timeline.items() if isinstance(v, float)}
+        line["stream_heartbeats"] = [round(t, 4) for t in timeline.get("stream_heartbeats", [])]
+        print(json.dumps(line), file=sys.stderr, flush=True)
 
     def command(self, cmd: peer_pb2.PeerCommand, via: str, arrived: float | None = None) -> None:
         """A PeerCommand's arrival (the stream's copy or the datagram's); ``counts`` holds first copies only.

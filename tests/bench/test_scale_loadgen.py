@@ -189,3 +189,50 @@ async def test_a_session_that_fails_in_any_way_is_followed_by_a_retry(monkeypatc
     finally:
         await w.disconnect()
         await server.stop(None)
+
+
+class EndingPeer(SlowPeer):
+    """Answers the Register, reads the stream's heartbeats for ``keep`` seconds, then ends the stream (a
+    coordinator that judged the host lost)."""
+
+    def __init__(self, keep: float) -> None:
+        super().__init__()
+        self.keep = keep
+
+    async def Join(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        first = await context.read()
+        assert first.HasField("register")
+        await context.write(
+            peer_pb2.CoordinatorMessage(registered=peer_pb2.Registered(heartbeat_interval_seconds=0.1, epoch=1))
+        )
+        await asyncio.sleep(self.keep)
+
+
+@pytest.mark.parametrize("keep", [0.5, 11.0])
+async def test_a_session_the_coordinator_ends_soon_after_its_reply_prints_its_timeline(
+    keep: float, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scale_loadgen, "SHORT_SESSION_SECONDS", 10.0 if keep < 1 else 0.3)
+    server, port = await serve(EndingPeer(min(keep, 0.5)))
+    gen = loadgen(port, 1, 1)
+    w = gen.workers[0]
+    try:
+        t0 = time.time()
+        w.start()
+        await wait_for(lambda: gen.tally.get("stream_ended:EOF", 0) >= 1)
+        lines = [json.loads(ln) for ln in capsys.readouterr().err.splitlines() if ln.startswith("{")]
+        short = [ln for ln in lines if "short_session" in ln]
+        if keep > 1:  # ended after SHORT_SESSION_SECONDS: nothing printed
+            assert short == []
+            return
+        assert len(short) == 1, lines
+        s = short[0]
+        assert s["short_session"] == 0 and s["why"] == "EOF" and (s["slice"], s["host"]) == (0, 0)
+        assert t0 <= s["started"] <= s["reply"] <= s["ended"], s
+        # Heartbeats went out on the stream (no datagram port) every 0.1 s until the stream ended.
+        assert 2 <= len(s["stream_heartbeats"]) <= 8, s
+        assert all(s["reply"] <= t <= s["ended"] for t in s["stream_heartbeats"]), s
+        assert "datagrams_from" not in s and "confirmed" not in s
+    finally:
+        await w.disconnect()
+        await server.stop(None)

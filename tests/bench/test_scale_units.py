@@ -194,3 +194,46 @@ def test_a_size_not_run_is_not_measured_and_does_not_stand_in_for_the_smaller_on
     sc["results"].append({"workers": 19000, "scenario": "hold_cycles", "runs": 3, "valid": False,
                           "coordinator_cores": 0.23, "invalid_reason": "run 1: the kernel dropped 6964 datagrams"})  # fmt: skip
     assert {v.target: v for v in targets(sections(data))}["coordinator CPU"] == before
+
+
+def test_a_host_lost_soon_after_it_registered_gets_both_sides_timelines(tmp_path: Path) -> None:
+    import json
+
+    def coord(t: str, message: str, trigger: str) -> str:
+        return json.dumps({"message": message, "time": f"2026-12-06T05:48:{t}Z", "trigger": trigger})
+
+    lines = [
+        coord("10.000000", "host 69.78 (loadgen-6978) re-registered; waiting for 5 host(s) to rejoin", "WorkerJoined"),
+        coord("10.100000", "host 69.80 (loadgen-6980) re-registered; waiting for 4 host(s) to rejoin", "WorkerJoined"),
+        coord("11.260000", "host 69.78 lost (heartbeat_timeout); waiting for 4 host(s) to rejoin", "WorkerLost"),
+        # Lost long after its registration: a later silence, not the registration's (no timeline).
+        coord("40.000000", "host 69.80 lost (heartbeat_timeout); active slice(s) [69] down", "WorkerLost"),
+        # Its return: a later registration must not be read as the one that was lost.
+        coord("30.000000", "host 69.78 (loadgen-6978) came back after it was declared lost", "WorkerJoined"),
+    ]
+    (tmp_path / "c.log").write_text("\n".join(lines) + "\n")
+    t_reg = scale.iso_to_epoch("2026-12-06T05:48:10.000000Z")
+    session = {"short_session": 6978, "reply": t_reg + 0.02, "datagrams_from": t_reg + 0.03}
+    session |= {"stream_heartbeats": [t_reg + 0.2, t_reg + 0.45, t_reg + 0.7], "ended": t_reg + 1.3}
+    other = session | {"reply": t_reg + 25.0}  # an older or later session of the same host
+    (tmp_path / "g.log").write_text(json.dumps(other) + "\nnot json\n" + json.dumps(session) + "\n")
+    got = scale.lost_host_timelines(tmp_path / "c.log", tmp_path / "g.log", 100)
+    assert got == [
+        {
+            "host": "69.78",
+            "lost_s": 1.26,
+            "reply_s": 0.02,
+            "datagrams_from_s": 0.03,
+            "stream_heartbeats_s": [0.2, 0.45, 0.7],
+        }
+    ]
+    text = scale.describe_timelines(got)
+    assert "host 69.78: reply read +0.02 s" in text and "first heartbeat sent at +0.03 s" in text, text
+    assert "judged lost at +1.26 s (3 stream heartbeats sent, no datagram confirmed)" in text, text
+    # Without the stand-in's lines the loss is still named.
+    (tmp_path / "g.log").write_text("")
+    got = scale.lost_host_timelines(tmp_path / "c.log", tmp_path / "g.log", 100)
+    assert scale.describe_timelines(got) == "host 69.78 lost 1.26 s after it registered (no stand-in timeline)"
+    assert scale.validate_restart({"all_back_seconds": 20.0, "hosts_lost": 1, "lost_host_timelines": got}) == [
+        "1 hosts were lost across the restart (host 69.78 lost 1.26 s after it registered (no stand-in timeline))"
+    ]
