@@ -200,6 +200,16 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
     )
     _add(
         p,
+        "--first-heartbeat-timeout",
+        default=None,
+        type=positive_float,
+        help="a worker that has just registered may stay silent this long after the coordinator wrote its "
+        "registration reply before it is lost; from its first message on, --heartbeat-timeout applies "
+        f"(default {C.FIRST_HEARTBEAT_TIMEOUT_FACTOR:g} x --heartbeat-timeout: a reply can take over a second "
+        "to reach a worker while thousands re-register after a coordinator restart)",
+    )
+    _add(
+        p,
         "--heartbeat-datagrams",
         default="on" if C.HEARTBEAT_DATAGRAMS else "off",
         type=on_off,
@@ -459,6 +469,9 @@ class CoordinatorConfig:
     """The trainer link; the command line defaults to 127.0.0.1:29313, a config built in code to a free port."""
     heartbeat_datagrams: bool = C.HEARTBEAT_DATAGRAMS
     """Offer workers UDP heartbeats on the --listen port (agent.sources.heartbeat_datagrams)."""
+    first_heartbeat_timeout: float | None = None
+    """How long a just-registered worker may stay silent after its reply (None: FIRST_HEARTBEAT_TIMEOUT_FACTOR
+    heartbeat timeouts); see :attr:`first_heartbeat_seconds`."""
     trainer_token: BearerToken | None = None
     state_dir: Path | None = None
     journal_max_bytes: int = 16 * 1024 * 1024
@@ -476,6 +489,13 @@ class CoordinatorConfig:
     peer_token: BearerToken | None = None
     tls_cert: bytes | None = field(default=None, repr=False)
     tls_key: bytes | None = field(default=None, repr=False)
+
+    @property
+    def first_heartbeat_seconds(self) -> float:
+        """How long a just-registered worker may stay silent after its registration reply was written."""
+        if self.first_heartbeat_timeout is not None:
+            return max(self.first_heartbeat_timeout, self.heartbeat_timeout)
+        return C.FIRST_HEARTBEAT_TIMEOUT_FACTOR * self.heartbeat_timeout
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
@@ -500,6 +520,12 @@ class CoordinatorConfig:
         hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
         if hbt <= hb:
             raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
+        first_hbt = getattr(ns, "first_heartbeat_timeout", None)
+        if first_hbt is not None and float(first_hbt) < hbt:
+            raise ConfigError(
+                f"--first-heartbeat-timeout ({float(first_hbt):g}) must not be shorter than --heartbeat-timeout "
+                f"({hbt:g})"
+            )
         admin_listen = getattr(ns, "admin_listen", None)
         admin_token = _token(ns, "admin_token_file")
         if admin_listen is not None and admin_token is None and not is_loopback(admin_listen):
@@ -529,6 +555,7 @@ class CoordinatorConfig:
             policy=policy,
             heartbeat_interval=hb,
             heartbeat_timeout=hbt,
+            first_heartbeat_timeout=None if first_hbt is None else float(first_hbt),
             heartbeat_datagrams=bool(getattr(ns, "heartbeat_datagrams", True)),
             state_file=state_file,
             journal=journal,

@@ -159,7 +159,13 @@ class _Conn:
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     last_seen: float = field(default_factory=time.monotonic)
-    """When the peer last sent a message (tells a hung peer from a killed one)."""
+    """When the peer last sent a message (tells a hung peer from a killed one). Until a just-registered
+    worker's first message it lies ahead of its registration reply (its longer first timeout, see Join)."""
+    replied_at: float = 0.0
+    """When its registration reply was written (monotonic)."""
+    credited: float = -1.0
+    """The ``last_seen`` its registration was credited with: while ``last_seen`` still equals it, nothing
+    has been heard since the reply (a message sets ``last_seen`` to the time it was read)."""
     cause: str = ""
     """Why the coordinator ended the stream ("heartbeat_timeout", "replaced", "fenced")."""
     incarnation: str = ""
@@ -1284,7 +1290,11 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         )
         # The worker can send nothing more before it reads this reply: its silence counts from here, not
         # from its Register (a reply that waited behind a fan-out on this loop is not the worker's delay).
-        conn.last_seen = time.monotonic()
+        # Nor from the write alone: the reply may take a while to reach it (C.FIRST_HEARTBEAT_TIMEOUT_FACTOR),
+        # so the registration is credited with the longer first timeout; its first message (a heartbeat
+        # on the stream or by datagram) sets last_seen to that moment, and the usual timeout applies.
+        conn.replied_at = time.monotonic()
+        conn.last_seen = conn.credited = conn.replied_at + (cfg.first_heartbeat_seconds - cfg.heartbeat_timeout)
         cause = "stream_closed"
         reader = asyncio.create_task(self._read(context, ident, conn))
         writer = asyncio.create_task(self._write(context, conn))
@@ -1331,7 +1341,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             self.c.submit(away)
             await self.c.watch_away(key, conn, peer)
         else:
-            silent = time.monotonic() - conn.last_seen
+            silent = time.monotonic() - (conn.replied_at if conn.last_seen == conn.credited else conn.last_seen)
             if detail:
                 log.warning("host check failed", slice=ident.slice, host=ident.host, cause=cause, detail=detail)
             lost = WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent, conn.registration)

@@ -300,3 +300,18 @@ def test_health_target_none_and_node_pool_source(monkeypatch: pytest.MonkeyPatch
     assert cfg.node_pool_source == "kubernetes" and cfg.kubernetes_api == "https://10.0.0.1:443"
     with pytest.raises(ConfigError, match="--kubernetes-api must be an http"):
         WorkerConfig.from_args(parse("worker", "--slice=0", "--kubernetes-api=10.0.0.1"))
+
+
+def test_the_first_heartbeat_timeout_defaults_to_three_heartbeat_timeouts_and_cannot_undercut_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    default = CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).first_heartbeat_seconds
+    assert default == pytest.approx(3.6)
+    cfg = CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2", "--heartbeat-timeout", "2"))
+    assert cfg.first_heartbeat_seconds == 6.0
+    cfg = CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2", "--first-heartbeat-timeout", "5"))
+    assert cfg.first_heartbeat_seconds == 5.0
+    with pytest.raises(ConfigError, match=r"--first-heartbeat-timeout \(0.5\) must not be shorter than"):
+        CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2", "--first-heartbeat-timeout", "0.5"))
+    monkeypatch.setenv("ES_FIRST_HEARTBEAT_TIMEOUT", "4.5")
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).first_heartbeat_seconds == 4.5

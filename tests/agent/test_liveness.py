@@ -305,6 +305,10 @@ async def test_sigstop_is_noticed_as_heartbeat_timeout(coordinator: Observed, pr
     ps = [procs.worker(obs.coord.port, s) for s in range(2)]
     await wait_registered(obs, {(0, 0), (1, 0)}, ps)
     inc = obs.coord.state.hosts[(0, 0)].incarnation
+    # A running host: heard from since its registration (before that, the longer first timeout applies;
+    # see test_a_just_registered_worker_gets_the_first_heartbeat_timeout_then_the_usual_one).
+    conn = obs.coord.workers[(0, 0)]
+    await obs.wait_for(lambda: conn.last_seen != conn.credited, 5.0, "a heartbeat after the registration", ps)
 
     t0 = time.monotonic()
     ps[0].send_signal(signal.SIGSTOP)
@@ -700,3 +704,54 @@ async def test_worker_commands_go_by_datagram_too_and_are_acted_on_once(coordina
     await asyncio.sleep(0.5)
     got = commands_logged(ps[0])
     assert got == [("hold", gen, "datagram"), ("resume", gen, "stream")], got
+
+
+# ---------------------------------------------------------------------------
+# a just-registered worker's first heartbeat (C.FIRST_HEARTBEAT_TIMEOUT_FACTOR)
+# ---------------------------------------------------------------------------
+
+
+async def _register_raw(port: int, slice_: int) -> tuple[Any, Any]:
+    """A Join stream with a Register and nothing after it: a worker whose reply has not reached it yet."""
+    import grpc
+
+    from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
+
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    call = peer_pb2_grpc.PeerStub(ch).Join()
+    ident = peer_pb2.HostIdentity(slice=slice_, host=0, incarnation=f"raw-{slice_}", node=f"node-{slice_}")
+    await call.write(peer_pb2.WorkerMessage(register=peer_pb2.Register(identity=ident, job=JOB, local_healthy=True)))
+    first = await call.read()
+    assert first.HasField("registered"), first
+    return ch, call
+
+
+async def test_a_just_registered_worker_gets_the_first_heartbeat_timeout_then_the_usual_one(
+    coordinator: Observed,
+) -> None:
+    from protos.elastic_sidecar.v1 import peer_pb2
+
+    obs = coordinator
+    first_timeout = obs.coord.cfg.first_heartbeat_seconds
+    assert first_timeout == C.FIRST_HEARTBEAT_TIMEOUT_FACTOR * HEARTBEAT_TIMEOUT
+    # Slice 0 never speaks after its registration; slice 1 heartbeats once on its stream, then falls silent.
+    t0 = time.monotonic()
+    ch0, _ = await _register_raw(obs.coord.port, 0)
+    ch1, call1 = await _register_raw(obs.coord.port, 1)
+    try:
+        await asyncio.sleep(0.1)
+        await call1.write(peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=1, local_healthy=True)))
+        t_beat = time.monotonic()
+        await obs.wait_for(lambda: len(obs.events(WorkerLost)) >= 2, first_timeout + 5.0, "both silent workers lost")
+        by_slice = {a.event.slice: a for a in obs.events(WorkerLost)}
+        assert {s: a.event.cause for s, a in by_slice.items()} == {0: "heartbeat_timeout", 1: "heartbeat_timeout"}
+        # The heartbeat ended slice 1's first grace: it is lost on the usual timeout after it.
+        assert HEARTBEAT_TIMEOUT <= by_slice[1].at - t_beat < first_timeout - 0.5, by_slice[1].at - t_beat
+        # Slice 0 was not lost on the usual timeout but on the first one.
+        assert by_slice[0].at - t0 >= first_timeout - 0.05, by_slice[0].at - t0
+        # Each loss says how long the host had been silent: slice 0 since its reply, slice 1 since its heartbeat.
+        assert by_slice[0].event.silent_seconds >= first_timeout - 0.05, by_slice[0].event
+        assert HEARTBEAT_TIMEOUT <= by_slice[1].event.silent_seconds < first_timeout - 0.5, by_slice[1].event
+    finally:
+        await ch0.close()
+        await ch1.close()
