@@ -52,16 +52,16 @@ sends the command on the worker's stream as well."""
 # --- liveness defaults -------------------------------------------------------
 HEARTBEAT_INTERVAL_SECONDS = 0.25
 HEARTBEAT_TIMEOUT_SECONDS = 1.2
+"""A worker silent for this long is lost (a hung host: SIGSTOP)."""
 FIRST_HEARTBEAT_TIMEOUT_FACTOR = 3.0
 """A worker that has just registered may stay silent this many heartbeat timeouts after its
 registration reply was written (``--first-heartbeat-timeout``, default 3 x 1.2 s), then the usual
 timeout applies from its first message. It cannot heartbeat before it has read the reply, and the
 coordinator cannot see when that was: in a storm of re-registrations after a coordinator restart
-(19,000 workers, bench/scale.py) replies reached workers up to 1.35 s after the coordinator wrote
+(19,000 workers, bench/scale.py) replies reached workers 1.25 s and more after the coordinator wrote
 them, and those healthy hosts were judged lost. Kubernetes' node controller keeps the same
 distinction (``--node-startup-grace-period`` beside ``--node-monitor-grace-period``,
 kubernetes.io/docs/reference/command-line-tools-reference/kube-controller-manager/)."""
-"""A worker silent for this long is lost (a hung host: SIGSTOP)."""
 HEARTBEAT_DATAGRAMS = True
 """The coordinator offers UDP heartbeats (--heartbeat-datagrams; agent/sources/heartbeat_datagrams.py)."""
 KEEPALIVE_TIME_MS = 500

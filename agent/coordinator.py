@@ -49,7 +49,9 @@ Trust under its own failures (docs/reliability.md):
   for the first's lock (``flock``).
 * **liveness**: a worker is late by the time since its last message was read,
   counted from the end of any event-loop stall (a stalled loop is measured
-  and logged, and never by itself declares anyone lost). When a worker's stream
+  and logged, and never by itself declares anyone lost); a worker not yet heard
+  from since its registration reply gets ``--first-heartbeat-timeout`` instead
+  of ``--heartbeat-timeout`` (it cannot speak before the reply reaches it). When a worker's stream
   closes, the coordinator checks that host's Pathways worker itself before it
   declares the host lost: a sidecar that restarts on a healthy host, or a
   stream blip, is neither a loss nor a repair.
