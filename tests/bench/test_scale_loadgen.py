@@ -208,12 +208,12 @@ class EndingPeer(SlowPeer):
         await asyncio.sleep(self.keep)
 
 
-@pytest.mark.parametrize("keep", [0.5, 11.0])
+@pytest.mark.parametrize("keep", [1.0, 11.0])
 async def test_a_session_the_coordinator_ends_soon_after_its_reply_prints_its_timeline(
     keep: float, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scale_loadgen, "SHORT_SESSION_SECONDS", 10.0 if keep < 1 else 0.3)
-    server, port = await serve(EndingPeer(min(keep, 0.5)))
+    monkeypatch.setattr(scale_loadgen, "SHORT_SESSION_SECONDS", 10.0 if keep <= 1 else 0.3)
+    server, port = await serve(EndingPeer(min(keep, 1.0)))
     gen = loadgen(port, 1, 1)
     w = gen.workers[0]
     try:
@@ -229,8 +229,9 @@ async def test_a_session_the_coordinator_ends_soon_after_its_reply_prints_its_ti
         s = short[0]
         assert s["short_session"] == 0 and s["why"] == "EOF" and (s["slice"], s["host"]) == (0, 0)
         assert t0 <= s["started"] <= s["reply"] <= s["ended"], s
-        # Heartbeats went out on the stream (no datagram port) every 0.1 s until the stream ended.
-        assert 2 <= len(s["stream_heartbeats"]) <= 8, s
+        # Heartbeats went out on the stream (no datagram port) every 0.1 s until the stream ended (the
+        # timeline keeps the first 8).
+        assert 1 <= len(s["stream_heartbeats"]) <= 8, s
         assert all(s["reply"] <= t <= s["ended"] for t in s["stream_heartbeats"]), s
         assert "datagrams_from" not in s and "confirmed" not in s
     finally:
