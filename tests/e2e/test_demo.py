@@ -18,6 +18,11 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+def trainer_events(tmp_path: Path) -> list[dict[str, Any]]:
+    """The events the demo's trainer wrote (one JSON object a line), in order."""
+    return [json.loads(x) for x in (tmp_path / "job" / "trainer-events.jsonl").read_text().splitlines()]
+
+
 def run_demo(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[int, dict[str, Any], str]:
     summary = tmp_path / "summary.json"
     cmd = [
@@ -198,7 +203,7 @@ def test_a_donated_state_resumes_from_an_older_snapshot_newer_than_the_last_chec
     f = only_fault(s)
     assert f["restored_from"] == "memory", f
     assert f["lost_steps"] is not None and 0 < f["lost_steps"] <= 8, f
-    events = [json.loads(x) for x in (tmp_path / "job" / "trainer-events.jsonl").read_text().splitlines()]
+    events = trainer_events(tmp_path)
     assert any(e["kind"] == "step_failed" for e in events), "the hang must fail a step"
     resumed = [e for e in events if e["kind"] == "resumed" and e["restored_from"] == "memory"]
     assert resumed and resumed[0]["from_step"] % 8 == 0 and resumed[0]["from_step"] >= 24, resumed
@@ -222,7 +227,7 @@ def test_auto_stops_snapshots_that_would_need_the_checkpoint_period_and_frees_th
     )
     assert rc == 0, out
     assert s["final_step"] == 120
-    events = [json.loads(x) for x in (tmp_path / "job" / "trainer-events.jsonl").read_text().splitlines()]
+    events = trainer_events(tmp_path)
     chosen = [e for e in events if e["kind"] == "snapshot_every"]
     assert chosen and chosen[-1]["every"] == 0 and chosen[-1]["off"] and chosen[-1]["ceiling"] == 20, chosen
     off_at = chosen[-1]["t"]
@@ -258,7 +263,7 @@ def test_a_rebuild_after_auto_stopped_snapshots_keeps_no_snapshot_buffers(tmp_pa
     )
     assert rc == 0, out
     assert s["final_step"] == 70
-    events = [json.loads(x) for x in (tmp_path / "job" / "trainer-events.jsonl").read_text().splitlines()]
+    events = trainer_events(tmp_path)
     off = [e for e in events if e["kind"] == "snapshot_every" and e["off"]]
     failed = [e for e in events if e["kind"] == "step_failed"]
     assert off and failed and off[0]["t"] < failed[0]["t"], "auto was off before the slice was lost"
