@@ -1261,7 +1261,6 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         )
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
-        self.c.metrics.workers.set(len(self.c.workers))
         if old is not None:
             old.cause = "replaced"
             old.closed.set()
@@ -1277,42 +1276,46 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 registration=conn.registration,
             )
         )
-        await context.write(
-            peer_pb2.CoordinatorMessage(
-                registered=peer_pb2.Registered(
-                    generation=self.c.state.generation,
-                    heartbeat_interval_seconds=cfg.heartbeat_interval,
-                    epoch=self.c.epoch,
-                    heartbeat_datagram_port=self.c.datagram_port,
-                    heartbeat_datagram_token=conn.token,
-                    epoch_coordinator=self.c.coordinator_id,
-                    epoch_proof=self.c.epoch_proof,
+        cause = "stream_closed"
+        peer = context.peer()
+        tasks: tuple[asyncio.Task[Any], ...] = ()
+        try:
+            # The reply is written inside the try: a worker gone while it is written (this handler is then
+            # cancelled at the write) ended its stream like any other, and is not left registered unwatched.
+            await context.write(
+                peer_pb2.CoordinatorMessage(
+                    registered=peer_pb2.Registered(
+                        generation=self.c.state.generation,
+                        heartbeat_interval_seconds=cfg.heartbeat_interval,
+                        epoch=self.c.epoch,
+                        heartbeat_datagram_port=self.c.datagram_port,
+                        heartbeat_datagram_token=conn.token,
+                        epoch_coordinator=self.c.coordinator_id,
+                        epoch_proof=self.c.epoch_proof,
+                    )
                 )
             )
-        )
-        # The worker can send nothing more before it reads this reply: its silence counts from here, not
-        # from its Register (a reply that waited behind a fan-out on this loop is not the worker's delay).
-        # Nor from the write alone: the reply may take a while to reach it (C.FIRST_HEARTBEAT_TIMEOUT_FACTOR),
-        # so the registration is credited with the longer first timeout; its first message (a heartbeat
-        # on the stream or by datagram) sets last_seen to that moment, and the usual timeout applies.
-        conn.replied_at = time.monotonic()
-        conn.last_seen = conn.credited = conn.replied_at + (cfg.first_heartbeat_seconds - cfg.heartbeat_timeout)
-        cause = "stream_closed"
-        reader = asyncio.create_task(self._read(context, ident, conn))
-        writer = asyncio.create_task(self._write(context, conn))
-        closer = asyncio.create_task(conn.closed.wait())
-        peer = context.peer()
-        try:
-            done, _ = await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
+            # The worker can send nothing more before it reads this reply: its silence counts from here, not
+            # from its Register (a reply that waited behind a fan-out on this loop is not the worker's delay).
+            # Nor from the write alone: the reply may take a while to reach it (C.FIRST_HEARTBEAT_TIMEOUT_FACTOR),
+            # so the registration is credited with the longer first timeout; its first message (a heartbeat
+            # on the stream or by datagram) sets last_seen to that moment, and the usual timeout applies.
+            conn.replied_at = time.monotonic()
+            conn.last_seen = conn.credited = conn.replied_at + (cfg.first_heartbeat_seconds - cfg.heartbeat_timeout)
+            reader = asyncio.create_task(self._read(context, ident, conn))
+            writer = asyncio.create_task(self._write(context, conn))
+            closer = asyncio.create_task(conn.closed.wait())
+            tasks = (reader, writer, closer)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if conn.cause:
                 cause = conn.cause
             elif reader in done and not reader.cancelled() and reader.exception() is None:
                 cause = reader.result()
         finally:
             # This handler is cancelled when the peer dies: what follows runs on its own.
-            reader.cancel()
-            writer.cancel()
-            closer.cancel()
+            cause = conn.cause or cause
+            for task in tasks:
+                task.cancel()
             self.c.datagrams.forget(conn)
             if self.c.workers.get(key) is conn:
                 del self.c.workers[key]
