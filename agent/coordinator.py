@@ -115,6 +115,7 @@ from agent.core.model import (
     WorkerJoined,
     WorkerLost,
 )
+from agent.gc_freeze import GcFreezer
 from agent.metrics import Metrics
 from agent.servers import listen
 from agent.sources.health import probe_once
@@ -291,6 +292,7 @@ class Coordinator:
         self._drops_logged_at = -1e9
         self.stalls: list[float] = []
         self.gc_clock = GcClock()
+        self.gc_freezer = GcFreezer(enabled=cfg.gc_freeze)
         """How long Python's garbage collector held the process (a stall's warning says how much was it)."""
         self._decided_at = time.monotonic()
         """When the decision loop last finished a batch (monotonic)."""
@@ -1056,6 +1058,8 @@ class Coordinator:
             now = time.monotonic()
             self._note_datagram_drops(now)
             self.check_liveness(now)
+            if self.gc_freezer.tick(len(self.workers)):
+                self.metrics.gc_frozen_objects.set(gc.get_freeze_count())
             self._check_decisions(now)
             self.submit(Tick())
 
@@ -1261,6 +1265,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         )
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
+        self.c.gc_freezer.registered()
         if old is not None:
             old.cause = "replaced"
             old.closed.set()
@@ -1319,6 +1324,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             self.c.datagrams.forget(conn)
             if self.c.workers.get(key) is conn:
                 del self.c.workers[key]
+            self.c.gc_freezer.ended()
             self.c.metrics.workers.set(len(self.c.workers))
             if cause not in ("replaced", "fenced"):
                 asyncio.get_running_loop().create_task(self._ended(ident, conn, cause, peer))

@@ -167,6 +167,11 @@ class Metrics(ServerMetrics):
             "The process's open-file limit (RLIMIT_NOFILE soft, raised to the hard limit at start): one a worker",
             registry=r,
         )
+        self.gc_frozen_objects = Gauge(
+            f"{PREFIX}_gc_frozen_objects",
+            "Objects the coordinator froze out of Python's garbage collections (gc.freeze, --gc-freeze)",
+            registry=r,
+        )
         self.state_durable = Gauge(
             f"{PREFIX}_state_durable", "1 while every decision is on disk before its actions run", registry=r
         )

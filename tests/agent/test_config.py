@@ -83,6 +83,7 @@ def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: 
             ["coordinator", "--num-slices", "2", "--heartbeat-datagrams", "yes"],
             ["--heartbeat-datagrams", "'yes'", "on or off"],
         ),
+        (["coordinator", "--num-slices", "2", "--gc-freeze", "maybe"], ["--gc-freeze", "'maybe'", "on or off"]),
         ([], ["coordinator,worker,admin,inject,demo"]),
     ],
     ids=[
@@ -95,6 +96,7 @@ def test_bad_coordinator_values_exit_2_naming_the_value(args: list[str], words: 
         "slice-missing",
         "coordinator-no-port",
         "datagrams-yes",
+        "gc-freeze-maybe",
         "no-role",
     ],
 )
@@ -199,6 +201,14 @@ def test_heartbeat_datagrams_default_on_and_off_by_flag_or_env(monkeypatch: pyte
     assert CoordinatorConfig.from_args(off).heartbeat_datagrams is False
     monkeypatch.setenv("ES_HEARTBEAT_DATAGRAMS", "off")
     assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).heartbeat_datagrams is False
+
+
+def test_gc_freeze_default_on_and_off_by_flag_or_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).gc_freeze is True
+    off = parse("coordinator", "--num-slices", "2", "--gc-freeze", "off")
+    assert CoordinatorConfig.from_args(off).gc_freeze is False
+    monkeypatch.setenv("ES_GC_FREEZE", "off")
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).gc_freeze is False
 
 
 def test_bad_env_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
