@@ -225,7 +225,8 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         help="on (default): every 256 registrations, the coordinator freezes Python's garbage collector's "
         "objects (gc.freeze) so that its registered workers are not walked by every full collection (at "
         "10,000 workers a dozen of them, up to 0.6 s each, while all register after a restart); once a "
-        "quarter of the frozen workers have left, it unfreezes, collects once and freezes again. off: the "
+        "quarter of the frozen workers have left and streams stopped ending for 5 s, it unfreezes, collects once "
+        "and freezes again. off: the "
         "collector as Python has it",
     )
     _add(

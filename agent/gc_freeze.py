@@ -22,15 +22,19 @@ What it costs. Reference counting still frees a frozen object that is no longer 
 leaves gives its memory back as before. Only garbage *in a reference cycle* is left to the
 collector, and it skips frozen objects: a departed worker's cycles stay in memory until unfrozen.
 So once the streams that ended since the last full collection reach a quarter of the workers
-frozen (the interpreter's own quarter), everything is unfrozen, collected once, and frozen again.
-In the runs above the coordinator's whole frozen heap held 128 unreachable objects when unfrozen
-at its stop (33 without freezing). ``--gc-freeze off`` leaves the collector as Python has it.
+frozen (the interpreter's own quarter), everything is unfrozen, collected once, and frozen again;
+that collection walks every object (about a second at 19,000 workers), so it waits until no stream
+has started or ended for :data:`QUIET_SECONDS` (many streams ending at once is an incident, whose
+hold should not wait behind a collection), or until as many streams have ended as were frozen. In
+the runs above the coordinator's whole frozen heap held 128 unreachable objects when unfrozen at
+its stop (33 without freezing). ``--gc-freeze off`` leaves the collector as Python has it.
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent import log as logmod
@@ -42,6 +46,10 @@ FREEZE_EVERY_REGISTRATIONS = 256
 freeze walk some 25,000 objects (milliseconds), and a storm of 25,000 workers freezes about 100 times."""
 
 
+QUIET_SECONDS = 5.0
+"""How long no stream may have started or ended before the collection of departed workers' cycles runs."""
+
+
 class GcFreezer:
     """Decides, on each tick, whether to freeze the collector's objects or to collect them all once.
 
@@ -50,13 +58,23 @@ class GcFreezer:
     """
 
     def __init__(
-        self, *, enabled: bool = True, every: int = FREEZE_EVERY_REGISTRATIONS, gc_module: Any = gc
+        self,
+        *,
+        enabled: bool = True,
+        every: int = FREEZE_EVERY_REGISTRATIONS,
+        quiet: float = QUIET_SECONDS,
+        gc_module: Any = gc,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if every < 1:
             raise ValueError(f"every={every}: registrations between freezes must be at least 1")
         self.enabled = enabled
         self.every = every
+        self.quiet = quiet
         self._gc = gc_module
+        self._clock = clock
+        self._changed_at = clock()
+        """When a stream last started or ended."""
         self._registered = 0
         """Registrations since the last freeze."""
         self._ended = 0
@@ -70,15 +88,18 @@ class GcFreezer:
 
     def registered(self) -> None:
         self._registered += 1
+        self._changed_at = self._clock()
 
     def ended(self) -> None:
         self._ended += 1
+        self._changed_at = self._clock()
 
     def tick(self, workers: int) -> str | None:
         """Freeze, collect all, or nothing ("freeze", "collect" or None)."""
         if not self.enabled:
             return None
-        if self._frozen_workers and 4 * self._ended >= self._frozen_workers:
+        quiet = self._clock() - self._changed_at >= self.quiet or self._ended >= self._frozen_workers
+        if self._frozen_workers and 4 * self._ended >= self._frozen_workers and quiet:
             # A quarter of the frozen workers have left: their cyclic garbage can only be found unfrozen.
             started = time.monotonic()
             self._gc.unfreeze()

@@ -34,6 +34,14 @@ class Recorder:
         self.calls.append("unfreeze")
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_registrations_are_frozen_every_so_many_after_a_young_collection() -> None:
     rec = Recorder()
     f = GcFreezer(every=4, gc_module=rec)
@@ -46,26 +54,45 @@ def test_registrations_are_frozen_every_so_many_after_a_young_collection() -> No
     assert f.tick(4) is None and f.freezes == 1
 
 
-def test_a_quarter_of_the_frozen_workers_gone_unfreezes_collects_all_and_freezes_again() -> None:
-    rec = Recorder()
-    f = GcFreezer(every=4, gc_module=rec)
+def test_a_quarter_of_the_frozen_workers_gone_and_quiet_unfreezes_collects_all_and_freezes_again() -> None:
+    rec, clock = Recorder(), Clock()
+    f = GcFreezer(every=4, quiet=5.0, gc_module=rec, clock=clock)
     for _ in range(100):
         f.registered()
     assert f.tick(100) == "freeze"
     rec.calls.clear()
     for _ in range(24):
         f.ended()
-    assert f.tick(76) is None and rec.calls == []
+    clock.now += 60
+    assert f.tick(76) is None and rec.calls == []  # quiet, but not a quarter
     f.ended()
+    clock.now += 4.9
+    assert f.tick(75) is None and rec.calls == []  # a quarter, but a stream ended 4.9 s ago
+    clock.now += 0.1
     assert f.tick(75) == "collect"
     assert rec.calls == ["unfreeze", "collect(2)", "freeze"]
     rec.calls.clear()
     # The count starts again from the 75 frozen now.
     for _ in range(18):
         f.ended()
+    clock.now += 5
     assert f.tick(57) is None
     f.ended()
+    clock.now += 5
     assert f.tick(56) == "collect"
+
+
+def test_streams_that_never_stop_ending_are_collected_after_as_many_as_were_frozen() -> None:
+    rec, clock = Recorder(), Clock()
+    f = GcFreezer(every=8, quiet=5.0, gc_module=rec, clock=clock)
+    for _ in range(8):
+        f.registered()
+    assert f.tick(8) == "freeze"
+    for i in range(8):  # a stream ends every second, and another starts: never quiet
+        clock.now += 1
+        f.ended()
+        f.registered()
+        assert f.tick(8) == ("collect" if i == 7 else None)
 
 
 def test_nothing_is_collected_for_ends_before_anything_was_frozen() -> None:
@@ -106,7 +133,7 @@ def unfrozen_after() -> Iterator[None]:
 
 
 def test_with_the_real_collector_frozen_cycles_wait_for_the_quarter(unfrozen_after: None) -> None:
-    f = GcFreezer(every=1)
+    f = GcFreezer(every=1, quiet=0.0)
     kept = Cycle()
     ref = weakref.ref(kept)
     f.registered()
@@ -125,7 +152,7 @@ async def test_the_coordinator_counts_real_registrations_and_ends() -> None:
     coord = in_memory_coordinator("gc-freeze", 16)
     assert coord.gc_freezer.enabled  # --gc-freeze defaults to on
     rec = Recorder()
-    coord.gc_freezer = GcFreezer(every=8, gc_module=rec)
+    coord.gc_freezer = GcFreezer(every=8, quiet=0.5, gc_module=rec)
     await coord.start()
     calls: list[Any] = []
     try:
