@@ -8,7 +8,7 @@ stays (its ``Join`` stream's tasks, futures and contexts, and grpc.aio's call ob
 registration storm, every worker at once after a coordinator restart, grows that generation a
 quarter at a time and pays a dozen full collections of an ever larger heap, each holding the event
 loop. Measured with ``python -m bench scale --scenarios coordinator_restart`` at 10,000 workers
-(two runs, commit 0b1aa38 plus a counter): 11 full collections, 3.1 s together, the longest 0.6 s;
+(two diagnostic runs on a dirty tree, commit 0b1aa38 plus a counter): 11 full collections, 3.1 s together, the longest 0.6 s;
 they grow with the workers (about a second each at 19,000).
 
 What. Every :data:`FREEZE_EVERY_REGISTRATIONS` registrations (checked on the coordinator's tick),
