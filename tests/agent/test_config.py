@@ -195,20 +195,17 @@ def test_flag_wins_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.policy.num_slices == 5
 
 
-def test_heartbeat_datagrams_default_on_and_off_by_flag_or_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).heartbeat_datagrams is True
-    off = parse("coordinator", "--num-slices", "2", "--heartbeat-datagrams", "off")
-    assert CoordinatorConfig.from_args(off).heartbeat_datagrams is False
-    monkeypatch.setenv("ES_HEARTBEAT_DATAGRAMS", "off")
-    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).heartbeat_datagrams is False
-
-
-def test_gc_freeze_default_on_and_off_by_flag_or_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).gc_freeze is True
-    off = parse("coordinator", "--num-slices", "2", "--gc-freeze", "off")
-    assert CoordinatorConfig.from_args(off).gc_freeze is False
-    monkeypatch.setenv("ES_GC_FREEZE", "off")
-    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).gc_freeze is False
+@pytest.mark.parametrize(
+    ("flag", "attr"), [("--heartbeat-datagrams", "heartbeat_datagrams"), ("--gc-freeze", "gc_freeze")]
+)
+def test_coordinator_switches_default_on_and_go_off_by_flag_or_env(
+    monkeypatch: pytest.MonkeyPatch, flag: str, attr: str
+) -> None:
+    assert getattr(CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")), attr) is True
+    off = parse("coordinator", "--num-slices", "2", flag, "off")
+    assert getattr(CoordinatorConfig.from_args(off), attr) is False
+    monkeypatch.setenv("ES_" + flag.lstrip("-").replace("-", "_").upper(), "off")
+    assert getattr(CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")), attr) is False
 
 
 def test_bad_env_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
