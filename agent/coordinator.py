@@ -292,8 +292,9 @@ class Coordinator:
         self._drops_logged_at = -1e9
         self.stalls: list[float] = []
         self.gc_clock = GcClock()
-        self.gc_freezer = GcFreezer(enabled=cfg.gc_freeze)
         """How long Python's garbage collector held the process (a stall's warning says how much was it)."""
+        self.gc_freezer = GcFreezer(enabled=cfg.gc_freeze)
+        """Keeps registered workers' objects out of full collections (--gc-freeze)."""
         self._decided_at = time.monotonic()
         """When the decision loop last finished a batch (monotonic)."""
         self.decisions_wedged = False
