@@ -84,9 +84,6 @@ class GcFreezer:
         self._frozen_workers = 0
         """Workers registered at the last freeze."""
         self.freezes = 0
-        self.full_collections = 0
-        self.seconds = 0.0
-        """Time spent in this class's own collections and freezes."""
 
     def registered(self) -> None:
         self._registered += 1
@@ -100,16 +97,15 @@ class GcFreezer:
         """Freeze, collect all, or nothing ("freeze", "collect" or None)."""
         if not self.enabled:
             return None
-        quiet = self._clock() - self._changed_at >= self.quiet or self._ended >= self._frozen_workers
-        if self._frozen_workers and 4 * self._ended >= self._frozen_workers and quiet:
-            # A quarter of the frozen workers have left: their cyclic garbage can only be found unfrozen.
+        quarter_gone = self._frozen_workers and 4 * self._ended >= self._frozen_workers
+        settled = self._clock() - self._changed_at >= self.quiet or self._ended >= self._frozen_workers
+        if quarter_gone and settled:
+            # Their cyclic garbage can only be found unfrozen (GcClock times this collection like any other).
             started = time.monotonic()
             self._gc.unfreeze()
             found = self._gc.collect()
             self._gc.freeze()
             took = time.monotonic() - started
-            self.seconds += took
-            self.full_collections += 1
             log.info(
                 "workers left since the collector's objects were frozen: unfrozen, collected and frozen again",
                 ended=self._ended,
@@ -121,10 +117,8 @@ class GcFreezer:
             self._frozen_workers = workers
             return "collect"
         if self._registered >= self.every:
-            started = time.monotonic()
             self._gc.collect(1)  # the young generations: cycles the recent registrations left behind
             self._gc.freeze()
-            self.seconds += time.monotonic() - started
             self.freezes += 1
             self._registered = 0
             self._frozen_workers = workers
