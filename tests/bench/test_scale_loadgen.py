@@ -228,7 +228,8 @@ async def test_a_session_the_coordinator_ends_soon_after_its_reply_prints_its_ti
         assert len(short) == 1, lines
         s = short[0]
         assert s["short_session"] == 0 and s["why"] == "EOF" and (s["slice"], s["host"]) == (0, 0)
-        assert t0 <= s["started"] <= s["reply"] <= s["ended"], s
+        # The timeline is printed rounded to 0.1 ms: a start within 50 us of t0 may print below it.
+        assert t0 - 1e-4 <= s["started"] <= s["reply"] <= s["ended"], s
         # Heartbeats went out on the stream (no datagram port) every 0.1 s until the stream ended (the
         # timeline keeps the first 8).
         assert 1 <= len(s["stream_heartbeats"]) <= 8, s
