@@ -48,6 +48,16 @@ def _words(v: str) -> list[str]:
     return [x.strip() for x in v.split(",") if x.strip()]
 
 
+def _positive_int(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: expected a whole number of 1 or more")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -180,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="registrations each load generator starts per second at most (default 0: unpaced)",
     )
     g.add_argument("--rejoin-grace", type=float, default=None, help="the coordinator's --rejoin-grace (default 10)")
+    g.add_argument(
+        "--streams-per-connection",
+        type=_positive_int,
+        default=1,
+        help="stand-in hosts whose streams share one TCP connection to the coordinator (default 1: one each, as "
+        "real hosts). For a machine whose open-file limit cannot hold a socket a host: the rows say so "
+        "(bench/scale_loadgen.py shared_channel_options says what is and is not the same)",
+    )
     g = ap.add_argument_group("goodput (also takes the recovery options: the runs that measure its inputs)")
     g.add_argument("--run-hours", type=float, default=24.0, help="the stated run's length in hours (default 24)")
     g.add_argument(
@@ -312,6 +330,7 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             scenarios=ns.scenarios,
             registration_rate=ns.registration_rate,
             rejoin_grace=ns.rejoin_grace,
+            streams_per_connection=ns.streams_per_connection,
         )
     if name == "flush":
         from bench import flush

@@ -264,6 +264,30 @@ def transport(r: dict[str, Any]) -> str:
     return str(r.get("heartbeats") or "stream")
 
 
+def sharing(r: dict[str, Any]) -> str:
+    """`` (N streams a connection)`` for a scale row whose stand-in hosts shared TCP connections, else ''."""
+    k = r.get("streams_per_connection") or 1
+    return f" ({fmt(k)} streams a connection)" if k > 1 else ""
+
+
+def sharing_note(rows: list[dict[str, Any]]) -> list[str]:
+    """What rows marked by :func:`sharing` did not reproduce, when any are shown."""
+    shared = [r for r in rows if (r.get("streams_per_connection") or 1) > 1]
+    if not shared:
+        return []
+    files = sorted({fmt(r["coordinator_open_files"]) for r in shared if r.get("coordinator_open_files")})
+    return [
+        "",
+        'Rows marked "streams a connection": this machine\'s open-file limit cannot hold a socket a host at the '
+        "coordinator, so that many stand-in hosts' Join streams shared one TCP connection (HTTP/2 streams of one "
+        "connection; bench/scale_loadgen.py shared_channel_options). Each host still registered, heartbeated by "
+        "its own datagrams and was held and resumed on its own stream; the connections pinged as often in all as "
+        "one a host would. Not reproduced: a socket a host in the coordinator's process (open files at the "
+        f"coordinator: {', '.join(files) or '–'}), and the TCP and HTTP/2 framing of writes to hosts that share "
+        "a connection (a fan-out's writes to them may share a system call).",
+    ]
+
+
 def topology_line(sc: dict[str, Any] | None) -> str | None:
     """What the scale rows measured: the flat topology, or something else the rows name."""
     tops = sorted({str(r.get("topology")) for r in (sc or {}).get("results", []) if r.get("topology")})
@@ -354,7 +378,8 @@ def _scale_target(
     if r.get("runs") == 0:
         return Verdict(name, goal, "–", "not measured", f"{fmt(r['workers'])} workers: {status(r)}")
     basis = (
-        f"{fmt(r['workers'])} workers, heartbeat {fmt(r.get('heartbeat_interval'))} s, {fmt(r.get('cycles'))} cycles"
+        f"{fmt(r['workers'])} workers{sharing(r)}, heartbeat {fmt(r.get('heartbeat_interval'))} s, "
+        f"{fmt(r.get('cycles'))} cycles"
     )
     if r.get("topology"):
         basis += f", topology {r['topology']}"
@@ -537,7 +562,9 @@ def _restart_targets(sc: dict[str, Any] | None) -> list[Verdict]:
         elif why:
             out.append(Verdict(name, goal, shown, "not measured", why))
         else:
-            out.append(Verdict(name, goal, shown, "met", "SIGKILL under load, restarted on the same ports"))
+            out.append(
+                Verdict(name, goal, shown, "met", f"SIGKILL under load, restarted on the same ports{sharing(r)}")
+            )
     return out
 
 
@@ -1198,7 +1225,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
 def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
     rows = [
         [
-            fmt(r["workers"]),
+            fmt(r["workers"]) + sharing(r),
             f"{fmt(r.get('heartbeat_interval'))} / {fmt(r.get('heartbeat_timeout'))}",
             transport(r),
             spread_text(r.get("coordinator_cores"), r.get("coordinator_cores_min"), r.get("coordinator_cores_max"))
@@ -1266,7 +1293,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             ],
             [
                 [
-                    fmt(r["workers"]),
+                    fmt(r["workers"]) + sharing(r),
                     fmt(r.get("hosts_lost")),
                     fmt(r.get("all_back_seconds")),
                     fmt(r.get("restart_to_serving_seconds")),
@@ -1280,7 +1307,7 @@ def sec_scale(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 for r in restarts
             ],
         )
-    return out + plot_line(plots, "scale")
+    return out + sharing_note(s.get("results", [])) + plot_line(plots, "scale")
 
 
 def sec_goodput(s: dict[str, Any], plots: dict[str, str]) -> list[str]:

@@ -230,6 +230,7 @@ class Generator:
         datagrams: bool = True,
         rate: float = REGISTRATION_RATE,
         concurrency: int = 100,
+        streams_per_connection: int = 1,
     ) -> None:
         self.first = first
         self.count = count
@@ -253,6 +254,8 @@ class Generator:
                 "--concurrency",
                 str(concurrency),
                 *([] if datagrams else ["--no-datagrams"]),
+                "--streams-per-connection",
+                str(streams_per_connection),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -753,6 +756,7 @@ def run_size(
     scenario: str = "hold_cycles",
     registration_rate: float = REGISTRATION_RATE,
     rejoin_grace: float = REJOIN_GRACE,
+    streams_per_connection: int = 1,
 ) -> dict[str, Any]:
     import psutil
 
@@ -799,6 +803,7 @@ def run_size(
         "heartbeat_interval": hb,
         "heartbeat_timeout": hbt,
         "heartbeats": heartbeats,
+        "streams_per_connection": streams_per_connection,
         "pinned": coord_cpus is not None,
         "coordinator_cpus": sorted(coord_cpus) if coord_cpus else None,
         "load_cpus": sorted(other_cpus) if other_cpus else None,
@@ -819,7 +824,17 @@ def run_size(
         for g in range(ng):
             first = g * per
             gens.append(
-                Generator(addr, first, min(per, n - first), genlog, other_cpus, datagrams, registration_rate, conc)
+                Generator(
+                    addr,
+                    first,
+                    min(per, n - first),
+                    genlog,
+                    other_cpus,
+                    datagrams,
+                    registration_rate,
+                    conc,
+                    streams_per_connection,
+                )
             )
         regs = wait_registered(
             gens,
@@ -1102,6 +1117,8 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         },
         "topology": TOPOLOGY,
         "heartbeats": r.get("heartbeats", "stream"),
+        "streams_per_connection": r.get("streams_per_connection", 1),
+        "coordinator_open_files": r.get("open_fds"),
         "datagram_workers": r.get("datagram_workers"),
         "udp_receive_buffer_drops": r.get("udp_receive_buffer_drops"),
         "heartbeat_interval": r.get("heartbeat_interval"),
@@ -1185,13 +1202,15 @@ def size_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def too_few_open_files(n: int) -> str | None:
+def too_few_open_files(n: int, streams_per_connection: int = 1) -> str | None:
     """Why this machine cannot run ``n`` workers against one coordinator (None when it can): the coordinator
-    holds a socket per worker (``agent.fdlimit``), and no process here may open that many files."""
+    holds a socket per worker connection (``agent.fdlimit``), and no process here may open that many files.
+    With ``streams_per_connection`` above 1 the workers share connections (``bench.scale_loadgen``)."""
     from agent import fdlimit
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = fdlimit.need(n)
+    connections = math.ceil(n / streams_per_connection)
+    need = fdlimit.need(connections)
     if hard == resource.RLIM_INFINITY or hard >= need:
         return None
     try:  # a privileged process (CAP_SYS_RESOURCE) may raise its hard limit; the children inherit it
@@ -1200,8 +1219,10 @@ def too_few_open_files(n: int) -> str | None:
     except (ValueError, OSError):
         pass
     return (
-        f"the coordinator needs {need:,} open files for {n:,} workers (one socket each, agent/fdlimit.py); the "
-        f"hard RLIMIT_NOFILE here is {hard:,}, and raising a hard limit needs a privilege this process lacks"
+        f"the coordinator needs {need:,} open files for {n:,} workers ("
+        + ("one socket each" if connections == n else f"{connections:,} shared connections")
+        + f", agent/fdlimit.py); the hard RLIMIT_NOFILE here is {hard:,}, and raising a hard limit needs a "
+        "privilege this process lacks (--streams-per-connection lets stand-in hosts share connections)"
     )
 
 
@@ -1226,6 +1247,7 @@ def run(
     scenarios: list[str] | None = None,
     registration_rate: float | None = None,
     rejoin_grace: float | None = None,
+    streams_per_connection: int = 1,
 ) -> dict[str, Any]:
     from agent import constants as C
     from agent.sources import heartbeat_datagrams
@@ -1248,7 +1270,7 @@ def run(
     rows = []
     for scenario in scenarios:
         for n in sizes:
-            short = too_few_open_files(n)
+            short = too_few_open_files(n, streams_per_connection)
             if short:
                 log(f"scale {n} ({scenario}): NOT RUN: {short}")
                 rows.append(
@@ -1258,6 +1280,7 @@ def run(
                         "heartbeat_interval": hb,
                         "heartbeat_timeout": hbt,
                         "heartbeats": heartbeats,
+                        "streams_per_connection": streams_per_connection,
                         "status": "not_run",
                         "runs": 0,
                         "valid": False,
@@ -1269,7 +1292,20 @@ def run(
             for i in range(runs):
                 log(f"scale {n} ({scenario}): run {i + 1}/{runs}")
                 try:
-                    r = run_size(n, root, quick, cycles, hb, hbt, profile, heartbeats, scenario, rate, grace)
+                    r = run_size(
+                        n,
+                        root,
+                        quick,
+                        cycles,
+                        hb,
+                        hbt,
+                        profile,
+                        heartbeats,
+                        scenario,
+                        rate,
+                        grace,
+                        streams_per_connection,
+                    )
                 except Exception as e:  # noqa: BLE001 - report the failure as a result
                     log(f"scale {n}: FAILED: {e}")
                     r = {
@@ -1303,6 +1339,7 @@ def run(
             "heartbeat_interval": hb,
             "heartbeat_timeout": hbt,
             "heartbeats": heartbeats,
+            "streams_per_connection": streams_per_connection,
             "net_core_rmem_max": rmem_max(),
             "coordinator_recv_buffer_asked": heartbeat_datagrams.RECV_BUFFER_BYTES,
             "shipped_heartbeats": "datagram" if C.HEARTBEAT_DATAGRAMS else "stream",

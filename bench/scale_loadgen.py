@@ -107,6 +107,35 @@ def channel_options(keepalive_ms: int | None) -> list[tuple[str, int]]:
     return [(k, keepalive_ms if k == "grpc.keepalive_time_ms" else v) for k, v in CHANNEL_OPTIONS]
 
 
+CONNECTION_ARG = "es.loadgen.connection"
+"""A channel argument of the load generator's own: channels that carry the same value (and the same
+other arguments) share one connection (see :func:`shared_channel_options`)."""
+
+
+def shared_channel_options(index: int, streams_per_connection: int, keepalive_ms: int | None) -> list[tuple[str, int]]:
+    """Channel options that put host ``index``'s stream on one TCP connection with the streams of the
+    ``streams_per_connection - 1`` hosts beside it, for a machine whose open-file limit cannot hold a
+    socket for each host at the coordinator (``bench.scale.too_few_open_files``).
+
+    gRPC core keeps its subchannels (one connection each) in a process-wide pool keyed by the target
+    and the channel arguments, so channels created with equal arguments use one connection and their
+    calls are HTTP/2 streams on it (gRPC's "Subchannel pool" in doc/core/grpc-client-lb-policies, the
+    default global pool; ``grpc.use_local_subchannel_pool`` gives each channel its own). Each group
+    names itself in :data:`CONNECTION_ARG`.
+
+    Each host still keeps its own Join stream, registration, heartbeat datagrams and state at the
+    coordinator; what a group shares is the socket, the TCP and HTTP/2 framing of its writes, and the
+    connection's keepalive pings. So the coordinator receives as many pings as from one connection a
+    host, each connection pings ``streams_per_connection`` times as often as a worker does. The
+    coordinator's own pings (``PEER_SERVER_KEEPALIVE_TIME_MS``, one per connection every 30 s) are
+    not made up for."""
+    if streams_per_connection <= 1:
+        return channel_options(keepalive_ms)
+    every = (keepalive_ms or C.PEER_KEEPALIVE_TIME_MS) // streams_per_connection
+    opts = [(k, v) for k, v in channel_options(every) if k != "grpc.use_local_subchannel_pool"]
+    return [*opts, (CONNECTION_ARG, index // streams_per_connection)]
+
+
 def emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -193,7 +222,7 @@ class FakeWorker:
             await g.caught_up.wait()
             g.tally["session_started"] += 1
             self.timeline = {"started": time.time(), "stream_heartbeats": []}
-            self.channel = grpc.aio.insecure_channel(g.coordinator, options=g.options)
+            self.channel = grpc.aio.insecure_channel(g.coordinator, options=g.options_for(self.index))
             try:
                 call = peer_pb2_grpc.PeerStub(self.channel).Join()
                 ident = peer_pb2.HostIdentity(
@@ -378,7 +407,8 @@ class LoadGen:
         self.hosts_per_slice = ns.hosts_per_slice
         self.concurrency = ns.concurrency
         self.rate = ns.rate
-        self.options = channel_options(ns.keepalive_ms)
+        self.keepalive_ms = ns.keepalive_ms
+        self.streams_per_connection = ns.streams_per_connection
         self.datagrams = not ns.no_datagrams
         self.datagram_host = target_host(ns.coordinator)
         self.sock: socket.socket | None = None
@@ -400,6 +430,10 @@ class LoadGen:
         self.lag_max = 0.0
         self.loop_beat = time.monotonic()
         """When this process's event loop last ran its lag probe (see :meth:`_stall_watchdog`)."""
+
+    def options_for(self, index: int) -> list[tuple[str, int]]:
+        """Host ``index``'s channel options: a connection of its own, or one shared with its group."""
+        return shared_channel_options(index, self.streams_per_connection, self.keepalive_ms)
 
     def heartbeat_by_datagram(self, w: FakeWorker, port: int, data: bytes, interval: float) -> None:
         """Send ``w``'s heartbeat datagrams every ``interval`` from now on: the process's clock
@@ -669,7 +703,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-datagrams", action="store_true", help="heartbeat on the streams even when datagrams are offered"
     )
+    ap.add_argument(
+        "--streams-per-connection",
+        type=int,
+        default=1,
+        help="hosts whose streams share one TCP connection (default 1: a connection each, as real hosts); "
+        "see shared_channel_options",
+    )
     ns = ap.parse_args(argv)
+    if ns.streams_per_connection < 1:
+        ap.error(f"--streams-per-connection {ns.streams_per_connection}: expected 1 or more")
     raise_nofile()
     asyncio.run(LoadGen(ns).run())
     return 0

@@ -23,11 +23,14 @@ class SlowPeer(peer_pb2_grpc.PeerServicer):
         self.waiting = 0
         self.most_waiting = 0
         self.joins = 0
+        self.peers: set[str] = set()
+        """The client addresses (one a TCP connection) the Joins came from."""
 
     async def Join(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         async for msg in request_iterator:
             if msg.HasField("register"):
                 self.joins += 1
+                self.peers.add(context.peer())
                 self.waiting += 1
                 self.most_waiting = max(self.most_waiting, self.waiting)
                 await asyncio.sleep(0.05)
@@ -55,7 +58,7 @@ async def serve_on(peer: SlowPeer, port: int) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
-def loadgen(port: int, count: int, concurrency: int) -> scale_loadgen.LoadGen:
+def loadgen(port: int, count: int, concurrency: int, streams_per_connection: int = 1) -> scale_loadgen.LoadGen:
     ns = argparse.Namespace(
         coordinator=f"127.0.0.1:{port}",
         job="bench-scale",
@@ -66,6 +69,7 @@ def loadgen(port: int, count: int, concurrency: int) -> scale_loadgen.LoadGen:
         rate=0.0,
         keepalive_ms=None,
         no_datagrams=True,
+        streams_per_connection=streams_per_connection,
     )
     return scale_loadgen.LoadGen(ns)
 
@@ -102,6 +106,39 @@ async def test_reregistrations_after_a_restart_are_capped_like_the_first(concurr
         for w in gen.workers:
             await w.disconnect()
         await server.stop(None)
+
+
+@pytest.mark.parametrize(("share", "connections"), [(1, 12), (4, 3), (5, 3)])
+async def test_hosts_share_connections_only_when_asked(share: int, connections: int) -> None:
+    """With --streams-per-connection N each N neighbouring hosts' Join streams come over one TCP
+    connection, before and after a coordinator restart; with 1 (the default) each host has its own."""
+    peer = SlowPeer()
+    server, port = await serve(peer)
+    gen = loadgen(port, 12, 12, share)
+    try:
+        for w in gen.workers:
+            w.start()
+        await wait_for(lambda: all(w.connected for w in gen.workers))
+        assert peer.joins == 12 and len(peer.peers) == connections, peer.peers
+        await server.stop(None)
+        await wait_for(lambda: not any(w.connected for w in gen.workers))
+        peer2 = SlowPeer()
+        server, _ = await serve_on(peer2, port)
+        await wait_for(lambda: all(w.connected for w in gen.workers))
+        assert peer2.joins == 12 and len(peer2.peers) == connections, peer2.peers
+    finally:
+        for w in gen.workers:
+            await w.disconnect()
+        await server.stop(None)
+
+
+def test_shared_connections_ping_as_often_as_a_connection_a_host() -> None:
+    one = dict(scale_loadgen.shared_channel_options(7, 1, None))
+    assert one["grpc.use_local_subchannel_pool"] == 1 and scale_loadgen.CONNECTION_ARG not in one
+    four = dict(scale_loadgen.shared_channel_options(7, 4, None))
+    assert "grpc.use_local_subchannel_pool" not in four
+    assert four[scale_loadgen.CONNECTION_ARG] == 1  # hosts 4-7 share the second connection
+    assert four["grpc.keepalive_time_ms"] * 4 == one["grpc.keepalive_time_ms"]
 
 
 async def test_progress_lines_say_what_the_hosts_did(capsys: pytest.CaptureFixture[str]) -> None:

@@ -158,6 +158,11 @@ def test_a_size_past_the_open_file_limit_is_a_not_run_row_that_names_the_limit(m
     assert scale.too_few_open_files(10000) is None
     why = scale.too_few_open_files(25000)
     assert why is not None and f"{fdlimit.need(25000):,}" in why and "20,000" in why
+    # Hosts that share connections need a socket a connection: 12,500 at two streams a connection.
+    assert scale.too_few_open_files(25000, 2) is None
+    assert scale.too_few_open_files(40000, 2) is not None and "20,000 shared connections" in str(
+        scale.too_few_open_files(40000, 2)
+    )
     ran: list[int] = []
     monkeypatch.setattr(scale, "run_size", lambda n, *a, **k: ran.append(n) or {})
     out = scale.run(sizes=[25000], runs=1)
@@ -194,6 +199,26 @@ def test_a_size_not_run_is_not_measured_and_does_not_stand_in_for_the_smaller_on
     sc["results"].append({"workers": 19000, "scenario": "hold_cycles", "runs": 3, "valid": False,
                           "coordinator_cores": 0.23, "invalid_reason": "run 1: the kernel dropped 6964 datagrams"})  # fmt: skip
     assert {v.target: v for v in targets(sections(data))}["coordinator CPU"] == before
+
+
+def test_rows_whose_hosts_shared_connections_say_so_wherever_they_are_shown() -> None:
+    from bench.report import sec_scale
+
+    data = fixture()
+    sc = data["benchmarks"]["scale"]
+    for r in sc["results"]:
+        r.pop("streams_per_connection", None)
+    plain = sec_scale(copy.deepcopy(sc), {})
+    assert not any("streams a connection" in line for line in plain)
+    row = max(
+        (r for r in sc["results"] if r.get("scenario", "hold_cycles") == "hold_cycles"), key=lambda r: r["workers"]
+    )
+    row |= {"streams_per_connection": 2, "coordinator_open_files": 5262}
+    text = "\n".join(sec_scale(sc, {}))
+    assert f"| {row['workers']} (2 streams a connection) |" in text
+    assert "open files at the coordinator: 5262)" in text
+    got = {v.target: v for v in targets(sections(data))}
+    assert "(2 streams a connection)" in got["coordinator CPU"].basis
 
 
 def test_a_host_lost_soon_after_it_registered_gets_both_sides_timelines(tmp_path: Path) -> None:
