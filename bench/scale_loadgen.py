@@ -117,11 +117,13 @@ def shared_channel_options(index: int, streams_per_connection: int, keepalive_ms
     ``streams_per_connection - 1`` hosts beside it, for a machine whose open-file limit cannot hold a
     socket for each host at the coordinator (``bench.scale.too_few_open_files``).
 
-    gRPC core keeps its subchannels (one connection each) in a process-wide pool keyed by the target
-    and the channel arguments, so channels created with equal arguments use one connection and their
-    calls are HTTP/2 streams on it (gRPC's "Subchannel pool" in doc/core/grpc-client-lb-policies, the
-    default global pool; ``grpc.use_local_subchannel_pool`` gives each channel its own). Each group
-    names itself in :data:`CONNECTION_ARG`.
+    gRPC core keeps its subchannels (one connection each) in a process-wide pool unless a channel sets
+    ``grpc.use_local_subchannel_pool`` (gRPC's include/grpc/impl/channel_arg_names.h: "the channel uses
+    a local subchannel pool within the channel. Otherwise, uses the global subchannel pool"; the pool's
+    key is the address and the channel arguments, src/core/client_channel/subchannel_pool_interface.h),
+    so channels created with equal arguments share one connection and their calls are HTTP/2 streams on
+    it (tests/bench/test_scale_loadgen.py counts the connections). Each group names itself in
+    :data:`CONNECTION_ARG`.
 
     Each host still keeps its own Join stream, registration, heartbeat datagrams and state at the
     coordinator; what a group shares is the socket, the TCP and HTTP/2 framing of its writes, and the
