@@ -1313,12 +1313,11 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             closer = asyncio.create_task(conn.closed.wait())
             tasks = (reader, writer, closer)
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if conn.cause:
-                cause = conn.cause
-            elif reader in done and not reader.cancelled() and reader.exception() is None:
+            if reader in done and not reader.cancelled() and reader.exception() is None:
                 cause = reader.result()
         finally:
-            # This handler is cancelled when the peer dies: what follows runs on its own.
+            # This handler is cancelled when the peer dies: what follows runs on its own. A cause the
+            # coordinator set (replaced, fenced, ...) outranks what the stream's reader saw.
             cause = conn.cause or cause
             for task in tasks:
                 task.cancel()
