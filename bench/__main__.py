@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import envelope, git_state, log, machine, portable_argv, trainer_of
+from bench.common import envelope, git_state, label_maxtext_model, log, machine, portable_argv, trainer_of
 from bench.recovery import SETTLE_STEPS
 from trainer_hooks.maxtext.snapshot import snapshot_every_arg
 
@@ -104,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(see bench/recovery_maxtext.py)",
     )
     g.add_argument(
-        "--maxtext-model", choices=["tiny", "larger"], default=None, help="MaxText model size (default tiny)"
+        "--maxtext-model",
+        choices=["tiny", "larger"],
+        default=None,
+        help="MaxText model size (default tiny); another size's rows are the trainer maxtext-<size>, kept and "
+        "judged beside the tiny model's when merged",
     )
     g.add_argument(
         "--maxtext-min-slices",
@@ -598,6 +602,9 @@ def merge(
             old = {}
     sections = {k: v for k, v in old.items() if isinstance(v, dict) and v.get("schema") == 2}
     for s in new:
+        if s["name"] == "recovery":
+            # Runs written before MaxText's rows were labelled by model size (bench.common.maxtext_label).
+            s = label_maxtext_model(s)
         if s["name"] == "recovery" and "recovery" in sections:
             s = merge_recovery(sections["recovery"], s, keep_periods=keep_periods)
         if s["name"] == "scale" and "scale" in sections and keep_rows:

@@ -343,6 +343,36 @@ def trainer_of(record: dict[str, Any]) -> str:
     return "maxtext" if str(record.get("tag", "")).startswith("mx-") else "example"
 
 
+def maxtext_label(model: str | None) -> str:
+    """The recovery rows' trainer for a MaxText model size: ``maxtext`` for the tiny model (as every row
+    was before other sizes were published), ``maxtext-<model>`` for any other, so that one size's rows
+    neither replace another's in docs/benchmarks.json nor mix with them in a verdict."""
+    return "maxtext" if model in (None, "", "tiny") else f"maxtext-{model}"
+
+
+def is_maxtext(trainer: Any) -> bool:
+    """Whether a recovery trainer (or a ``by_trainer`` key such as ``maxtext (period 10000)``) is MaxText's,
+    of any model size."""
+    t = str(trainer or "").split(" (period ")[0]
+    return t == "maxtext" or t.startswith("maxtext-")
+
+
+def label_maxtext_model(result: dict[str, Any]) -> dict[str, Any]:
+    """A recovery result with its MaxText records (rows, ratios, runs, fault-free runs, ``config.trainers``)
+    under :func:`maxtext_label` of the model it ran. The tiny model's, a result already labelled and a merged
+    section (``config.by_trainer``: its trainers are labelled already) come back unchanged."""
+    cfg = result.get("config") or {}
+    label = maxtext_label(cfg.get("maxtext_model") or (cfg.get("maxtext") or {}).get("model"))
+    if label == "maxtext" or "by_trainer" in cfg or "maxtext" not in (cfg.get("trainers") or []):
+        return result
+    out = dict(result)
+    for key in ("results", "ratios", "runs", "fault_free_runs"):
+        if key in result:
+            out[key] = [{**r, "trainer": label} if trainer_of(r) == "maxtext" else r for r in result[key] or []]
+    out["config"] = {**cfg, "trainers": [label if t == "maxtext" else t for t in cfg["trainers"]]}
+    return out
+
+
 def fault_cost(
     runs: Sequence[dict[str, Any]], refs: Sequence[dict[str, Any]]
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], float | None]:

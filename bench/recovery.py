@@ -81,7 +81,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PY, ROOT, env, fault_cost, fresh_memory_seconds, log, median, read_jsonl, rnd
+from bench.common import (
+    PY,
+    ROOT,
+    env,
+    fault_cost,
+    fresh_memory_seconds,
+    label_maxtext_model,
+    log,
+    median,
+    read_jsonl,
+    rnd,
+)
 from trainer_hooks.maxtext.snapshot import AUTO
 
 NAME = "recovery"
@@ -692,7 +703,7 @@ def run(
     }
     if not keep and not workdir:
         shutil.rmtree(root, ignore_errors=True)
-    return result
+    return label_maxtext_model(result)
 
 
 def _notice_kill_runs(

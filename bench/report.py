@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import STEP_OVERHEAD_RESOLUTION, own_rate_invalid, step_times_drifted, trainer_of
+from bench.common import (
+    STEP_OVERHEAD_RESOLUTION,
+    is_maxtext,
+    own_rate_invalid,
+    step_times_drifted,
+    trainer_of,
+)
 
 ORDER = ("goodput", "recovery", "step_overhead", "detection", "scale", "flush", "footprint")
 
@@ -137,6 +143,13 @@ def _own_rate_ratio(base: dict[str, Any], side: dict[str, Any]) -> float | None:
     return round(float(b) / float(s), 2)
 
 
+def maxtext_name(trainer: str) -> str:
+    """A MaxText trainer label as the verdicts name it: ``MaxText`` for the tiny model, ``MaxText (larger
+    model)`` for ``maxtext-larger`` (bench.common.maxtext_label)."""
+    size = trainer.split("-", 1)[1] if trainer.startswith("maxtext-") else None
+    return "MaxText" + (f" ({size} model)" if size else "")
+
+
 def _recovery_ratio_target(
     rec: dict[str, Any] | None, baseline: str, factor: float, trainer: str, goal_name: str
 ) -> list[Verdict]:
@@ -224,6 +237,8 @@ def _recovery_ratio_target(
         ok = ratio["ratio"] >= factor
         if not ok and trainer in WHY_NOT_MET:
             basis += f"; why not met: {WHY_NOT_MET[trainer]}"
+        elif not ok and is_maxtext(trainer):
+            basis += f"; why not met: {WHY_NOT_MET['maxtext']}"
         out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "met" if ok else "not met", basis))
     return out
 
@@ -627,13 +642,16 @@ def _period_cost_targets(rec: dict[str, Any] | None) -> list[Verdict]:
         f"sidecar's period cost the lowest and <= 1/{PERIOD_COST_FACTOR} of checkpoint_rewind's; its step "
         f"overhead <= {STEP_OVERHEAD_BUDGET:.0%}"
     )
-    rows = [r for r in (rec or {}).get("results", []) if r.get("trainer") == "maxtext" and r.get("fault") == "kill"]
+    rows = [r for r in (rec or {}).get("results", []) if is_maxtext(r.get("trainer")) and r.get("fault") == "kill"]
     if rec is None or not any(r.get("period_cost_seconds_median") is not None for r in rows):
         return [Verdict("period cost, MaxText", goal, "–", "not measured", "no MaxText rows with a period cost")]
     out = []
-    for period in sorted({r["checkpoint_period"] for r in rows}):
-        at = [r for r in rows if r["checkpoint_period"] == period]
-        name = f"period cost, MaxText, period {fmt(period)}"
+    # Each model size apart (bench.common.maxtext_label), the tiny model's first.
+    for trainer, period in sorted(
+        {(r["trainer"], r["checkpoint_period"]) for r in rows}, key=lambda k: (k[0] != "maxtext", k)
+    ):
+        at = [r for r in rows if r["trainer"] == trainer and r["checkpoint_period"] == period]
+        name = f"period cost, {maxtext_name(trainer)}, period {fmt(period)}"
         costs = {r["strategy"]: r for r in at if r.get("period_cost_seconds_median") is not None and is_valid(r)}
         side, rewind = costs.get("sidecar"), costs.get("checkpoint_rewind")
         shown = ", ".join(f"{k} {fmt(v['period_cost_seconds_median'])} s" for k, v in sorted(costs.items()))
@@ -761,8 +779,11 @@ def _in_process_overhead(so: dict[str, Any], side: dict[str, Any]) -> list[Verdi
 def targets(secs: dict[str, dict[str, Any]]) -> list[Verdict]:
     rec = secs.get("recovery")
     out = _goodput_targets(secs["goodput"]) if "goodput" in secs else []
-    out += _recovery_ratio_target(rec, "checkpoint_rewind", 3, "maxtext", "sidecar vs checkpoint rewind, MaxText")
-    out += _recovery_ratio_target(rec, "full_restart", 10, "maxtext", "sidecar vs full restart, MaxText")
+    sizes = sorted({r["trainer"] for r in (rec or {}).get("results", []) if is_maxtext(r.get("trainer"))} - {"maxtext"})
+    for mx in ["maxtext", *sizes]:
+        name = maxtext_name(mx)
+        out += _recovery_ratio_target(rec, "checkpoint_rewind", 3, mx, f"sidecar vs checkpoint rewind, {name}")
+        out += _recovery_ratio_target(rec, "full_restart", 10, mx, f"sidecar vs full restart, {name}")
     out += _period_cost_targets(rec)
     out += _step_overhead_target(secs.get("step_overhead"))
     if rec is not None and any(r.get("trainer") == "example" for r in rec.get("results", [])):
@@ -926,7 +947,7 @@ def maxtext_steps(s: dict[str, Any], mx: dict[str, Any]) -> str:
     # The steps the fault-free runs completed, where recorded: until a later fix the config's figure
     # left out the longer tail of runs that continue on the survivor.
     ran = sorted(
-        {r["last_step"] for r in s.get("fault_free_runs", []) if trainer_of(r) == "maxtext" and r.get("last_step")}
+        {r["last_step"] for r in s.get("fault_free_runs", []) if is_maxtext(trainer_of(r)) and r.get("last_step")}
     )
     if ran:
         return f"steps per run {', '.join(fmt(x) for x in ran)} (as the fault-free runs completed)"
@@ -961,7 +982,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 if c.get("argv") is not None:
                     out += ["", "```sh", "python -m bench " + " ".join(c["argv"]), "```"]
                 out.append("")
-        if trainer != "maxtext" and "example" in (c.get("trainers") or ["example"]):
+        if not is_maxtext(trainer) and "example" in (c.get("trainers") or ["example"]):
             out.append(
                 f"Example trainer state: {fmt(c.get('state_bytes'))} bytes across {fmt(c.get('slices'))} slices, "
                 f"donated: {fmt(c.get('donate'))}."
@@ -973,7 +994,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     + " (the trainers' allocations pay this; see the method)."
                 )
         mx = c.get("maxtext")
-        if mx and (trainer is None or trainer.split(" (period ")[0] == "maxtext"):
+        if mx and (trainer is None or is_maxtext(trainer)):
             out.append(
                 f"MaxText: model {fmt(mx.get('model'))} ({fmt(mx.get('slices'))} CPU slices; parameters and state "
                 f"bytes per row below), {maxtext_steps(s, mx)}, the sidecar's snapshot interval "

@@ -734,6 +734,73 @@ def test_local_fault_costs_are_tabled_beside_the_whole_run_measure_and_named_in_
     assert all(v in line for v in ("| 237 | 36 | 613 | 2 |", "44.5")), line
 
 
+def test_a_larger_maxtext_models_rows_sit_beside_the_tiny_models_and_are_judged_apart(tmp_path: Path) -> None:
+    """A MaxText run of the larger model (rows written as ``maxtext``, the model in its config) merges beside
+    the tiny model's rows at the same period instead of replacing them; each size gets its own verdicts; a
+    later tiny run replaces only the tiny rows."""
+    from bench.__main__ import merge
+    from bench.common import label_maxtext_model
+
+    def mx_run(model: str, side: float, rewind: float) -> dict[str, Any]:
+        cfg = {"realistic_checkpoint_period": 1000, "realistic_delay": 10.0, "seed": 0, "runs": 5}
+        cfg |= {"trainers": ["maxtext"], "maxtext_model": model, "maxtext": {"model": model, "slices": 4}}
+        rows = [
+            rec_row(
+                "maxtext",
+                s,
+                c,
+                checkpoint_period=1000,
+                replacement_delay=10.0,
+                model=model,
+                period_cost_seconds_median=c,
+                step_overhead_fraction_median=0.0,
+                fault_cost_if_shrunk_steps_took_full_time_seconds_median=c,
+            )
+            for s, c in [("sidecar", side), ("checkpoint_rewind", rewind), ("full_restart", rewind + 10)]
+        ]
+        rows.append({**rows[1], "strategy": "local_checkpoint_rewind", "period_cost_seconds_median": rewind + 5})
+        ratios = [
+            {
+                "trainer": "maxtext",
+                "fault": "kill",
+                "checkpoint_period": 1000,
+                "replacement_delay": 10.0,
+                "baseline": base,
+                "baseline_fault_cost_seconds_median": cost,
+                "sidecar_fault_cost_seconds_median": side,
+                "ratio": round(cost / side, 2),
+            }
+            for base, cost in [("checkpoint_rewind", rewind), ("full_restart", rewind + 10)]
+        ]
+        runs = [{"trainer": "maxtext", "strategy": "sidecar", "checkpoint_period": 1000, "lost_steps": 3}]
+        return section("recovery", cfg, rows, ratios=ratios, runs=runs, fault_free_runs=[])
+
+    tiny, larger = mx_run("tiny", 7.25, 14.5), mx_run("larger", 9.5, 38.0)
+    assert label_maxtext_model(tiny) is tiny  # the tiny model keeps the label every earlier row has
+    labelled = label_maxtext_model(larger)
+    assert labelled["config"]["trainers"] == ["maxtext-larger"]
+    assert {r["trainer"] for k in ("results", "ratios", "runs") for r in labelled[k]} == {"maxtext-larger"}
+    assert label_maxtext_model(labelled) == labelled
+    store = tmp_path / "b.json"
+    merge(store, [tiny])
+    data = merge(store, [larger])
+    rec = sections(data)["recovery"]
+    assert sorted({r["trainer"] for r in rec["results"]}) == ["maxtext", "maxtext-larger"]
+    assert sorted(rec["config"]["by_trainer"]) == ["maxtext", "maxtext-larger"]
+    vs = {v.target: v for v in targets(sections(data))}
+    tiny_v, larger_v = vs["period cost, MaxText, period 1000"], vs["period cost, MaxText (larger model), period 1000"]
+    assert tiny_v.verdict == "not met" and "rewind / sidecar 2.00x" in tiny_v.basis, tiny_v
+    assert larger_v.verdict == "met" and "rewind / sidecar 4.00x" in larger_v.basis, larger_v
+    assert vs["sidecar vs checkpoint rewind, MaxText (larger model) (kill)"].verdict == "met"
+    assert vs["sidecar vs checkpoint rewind, MaxText (kill)"].verdict == "not met"
+    assert "**Trainer maxtext-larger**" in render(data) and "MaxText: model larger" in render(data)
+    # A new tiny run replaces the tiny rows and keeps the larger model's.
+    data = merge(store, [mx_run("tiny", 4.5, 14.5)])
+    vs = {v.target: v for v in targets(sections(data))}
+    assert "rewind / sidecar 3.22x" in vs["period cost, MaxText, period 1000"].basis
+    assert "rewind / sidecar 4.00x" in vs["period cost, MaxText (larger model), period 1000"].basis
+
+
 def test_maxtexts_period_cost_is_tabled_and_judged_per_period() -> None:
     data = fixture()
     rows = data["benchmarks"]["recovery"]["results"]
