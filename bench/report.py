@@ -1182,10 +1182,11 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
             "",
         ]
         out += table(
-            ["strategy", "period", "delay s", "fault in step", "phase", "lost steps", "rewinds", "fault cost s"]
-            + ["window s", "window work steps"],
+            ["trainer", "strategy", "period", "delay s", "fault in step", "phase", "lost steps", "rewinds"]
+            + ["fault cost s", "window s", "window work steps"],
             [
                 [
+                    trainer_of(r),
                     r.get("strategy"),
                     fmt(r["checkpoint_period"]),
                     fmt(r.get("replacement_delay")),
@@ -1197,7 +1198,7 @@ def sec_recovery(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                     fmt(r.get("local_window_s")),
                     fmt(r.get("local_window_work_steps")),
                 ]
-                for r in sorted(each, key=lambda r: (str(r.get("strategy")), r.get("fault_step") or 0))
+                for r in sorted(each, key=lambda r: (trainer_of(r), str(r.get("strategy")), r.get("fault_step") or 0))
             ],
         )
     shrunk = [r for r in s.get("results", []) if r.get("shrunk_steps_median") is not None]

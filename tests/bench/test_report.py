@@ -727,11 +727,13 @@ def test_local_fault_costs_are_tabled_beside_the_whole_run_measure_and_named_in_
         del r["fault_cost_method"]
     assert "Local fault cost" not in render(data)
     # Each run's own figures, by the fault's phase in the checkpoint period.
-    run = {"strategy": "checkpoint_rewind", "checkpoint_period": 100, "replacement_delay": 30.0, "rewinds": 2}
+    run = {"trainer": "maxtext", "strategy": "checkpoint_rewind", "checkpoint_period": 100, "replacement_delay": 30.0}
+    run |= {"rewinds": 2}
     run |= {"fault_step": 237, "lost_steps": 613, "local_fault_cost_s": 41.25, "local_window_s": 44.5}
     data["benchmarks"]["recovery"]["runs"] = [run, {**run, "local_fault_cost_s": None}]
     (line,) = [x for x in render(data).splitlines() if "41.25" in x]
     assert all(v in line for v in ("| 237 | 36 | 613 | 2 |", "44.5")), line
+    assert line.startswith("| maxtext | checkpoint_rewind | 100 |"), line  # each model size's runs apart
 
 
 def test_a_larger_maxtext_models_rows_sit_beside_the_tiny_models_and_are_judged_apart(tmp_path: Path) -> None:
