@@ -244,7 +244,7 @@ def _recovery_ratio_target(
 
 
 WHY_NOT_MET = {
-    "maxtext": "[maxtext.md](maxtext.md#the-runs-at-c13e8e2-checkpoint-periods-1000-and-10000-a-faster-machine)",
+    "maxtext": "[maxtext.md](maxtext.md#the-runs-at-6143005-checkpoint-periods-1000-and-10000-again-published)",
     "example": "[recovery.md](recovery.md#the-run-at-73ccc74-kill-5-runs-a-row-rebuilds-that-hold-no-dead-memory)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""

@@ -560,7 +560,7 @@ def test_separate_recovery_runs_of_one_commit_merge_by_trainer(tmp_path: Path) -
     (short,) = [t for t in targets(sections(data)) if t.target.startswith("sidecar vs checkpoint rewind, MaxText")]
     assert short.verdict == "not met"
     assert (
-        "why not met: [maxtext.md](maxtext.md#the-runs-at-c13e8e2-checkpoint-periods-1000-and-10000-a-faster-machine)"
+        "why not met: [maxtext.md](maxtext.md#the-runs-at-6143005-checkpoint-periods-1000-and-10000-again-published)"
         in short.basis
     )
     # A run of the example trainer again replaces only its own rows.
