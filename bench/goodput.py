@@ -30,8 +30,9 @@ way round, a row valid against the fault-free runs' rate whose own-rate cost is 
 pre-fault window holding a cost the process pays once at its start) is weighed at the fault-free runs'
 rate, and the row's basis says why. A period
 whose MaxText rows' steady step times drifted (a strategy measured faster than plain MaxText by more than
-the 2% being resolved, :func:`bench.common.step_times_drifted`) gets no goodput: its ideal step would be
-the drift's.
+the 2% being resolved, or MaxText's rewind, which does plain MaxText's work a step, off it by more than that
+either way: :func:`bench.common.step_times_drifted`) gets no goodput: its ideal step, or the overheads it
+weighs, would be the drift's.
 
 Every input is measured by :mod:`bench.recovery` in the same invocation, or read from a recovery
 result (``--recovery-json``) whose path and commit the config records (``inputs_from``,

@@ -114,6 +114,38 @@ def test_a_period_whose_step_times_drifted_below_plain_maxtext_gets_no_goodput()
     assert {p["checkpoint_period"] for p in proj} == {10000}
 
 
+def test_maxtexts_rewind_reading_slower_than_plain_maxtext_by_more_than_2_percent_is_drift() -> None:
+    """MaxText's rewind does plain MaxText's work a step (its elastic mode reads which slices are up), so a
+    reading more than 2% above plain's is the machine's drift too; other strategies may really be slower."""
+
+    def mx(strategy: str, overhead: float, trainer: str = "maxtext") -> dict[str, Any]:
+        return rec(
+            strategy,
+            "kill",
+            5.0,
+            0.03,
+            trainer=trainer,
+            checkpoint_period=1000,
+            fault_cost_method="local",
+            steady_step_seconds_median=0.03 * (1 + overhead),
+            step_overhead_fraction_median=overhead,
+        )
+
+    rows = [mx("full_restart", 0.0), mx("checkpoint_rewind", 0.0475), mx("sidecar", 0.0532)]
+    out, _ = goodput.compute(rows, goodput.Schedule(fault_mix={"kill": 1}))
+    for r in out:
+        assert r["goodput"] is None and "checkpoint_rewind +4.75% against plain MaxText, though" in r["invalid_reason"]
+        assert "sidecar" not in r["invalid_reason"]  # a strategy that adds work may be that much slower
+    # Within the resolution, or another strategy that slow: ranked.
+    for slow in ([mx("checkpoint_rewind", 0.019), mx("sidecar", 0.0532)], [mx("local_checkpoint_rewind", 0.5)]):
+        out, _ = goodput.compute([mx("full_restart", 0.0), *slow], goodput.Schedule(fault_mix={"kill": 1}))
+        assert all(r["goodput"] is not None for r in out), out
+    # The example trainer's rewind is its own code: the rule is MaxText's.
+    rows = [mx("full_restart", 0.0, "example"), mx("checkpoint_rewind", 0.0475, "example")]
+    out, _ = goodput.compute(rows, goodput.Schedule(fault_mix={"kill": 1}))
+    assert all(r["goodput"] is not None for r in out), out
+
+
 def test_a_mix_is_weighted_and_unmeasured_kinds_are_named() -> None:
     rows = [rec("sidecar", "kill", 4.0, 0.1), rec("sidecar", "hang", None, 0.1)]
     sched = goodput.Schedule(fault_interval_minutes=1, fault_mix={"kill": 3, "hang": 1, "notice": 1})

@@ -886,14 +886,20 @@ def test_a_baseline_invalid_by_its_fault_costs_sign_is_bounded_by_its_step_overh
     below = "local fault cost below zero in 1 of 5 runs (lowest -0.25 s): the run's own step time ..."
     rows += [
         mx("full_restart", 84.5, 0.0, 0.015),
-        mx("checkpoint_rewind", 86.75, 0.021, 0.01532),
+        mx("checkpoint_rewind", 86.75, 0.019, 0.01529),
         mx("local_checkpoint_rewind", 108.5, 0.66, 0.0249, invalid_reason=below, fault_cost_seconds_min=-0.25),
         mx("sidecar", 12.25, 0.0293, 0.01544),
     ]
     v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
     # (0.0249 - 0.015) * 10000 - 0.25 = 98.75 s, above the sidecar's 12.25 s.
     assert v.verdict == "not met" and "local_checkpoint_rewind >= 98.75 s" in v.measured, v
-    assert "step overhead 2.93% (checkpoint_rewind, no more work a step than plain MaxText, reads 2.10%)" in v.basis
+    assert "step overhead 2.93% (checkpoint_rewind, no more work a step than plain MaxText, reads 1.90%)" in v.basis
+    # MaxText's rewind reading more than 2% slower than plain MaxText, whose work a step it does: the step times
+    # drifted, and the sidecar's 2.93% is not judged either (at c13e8e2 it was, at the rewind's +2.11%).
+    rows[-3]["step_overhead_fraction_median"] = 0.021
+    v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
+    assert v.verdict == "not measured" and "checkpoint_rewind +2.10% against plain MaxText, though" in v.basis, v
+    rows[-3]["step_overhead_fraction_median"] = 0.019
     rows[-1]["step_overhead_fraction_median"] = 0.015
     v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
     assert v.verdict == "met" and "rewind / sidecar 7.08x" in v.basis, v
