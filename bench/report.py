@@ -245,7 +245,7 @@ def _recovery_ratio_target(
 
 WHY_NOT_MET = {
     "maxtext": "[maxtext.md](maxtext.md#the-runs-at-6143005-checkpoint-periods-1000-and-10000-again-published)",
-    "example": "[recovery.md](recovery.md#the-run-at-73ccc74-kill-5-runs-a-row-rebuilds-that-hold-no-dead-memory)",
+    "example": "[recovery.md](recovery.md#the-run-at-a09f273-kill-5-runs-a-row-the-same-command)",
 }
 """Where a trainer's recovery ratio that falls short is explained (the analysis, with its figures' runs)."""
 
