@@ -350,6 +350,13 @@ def maxtext_label(model: str | None) -> str:
     return "maxtext" if model in (None, "", "tiny") else f"maxtext-{model}"
 
 
+def maxtext_name(trainer: str) -> str:
+    """A :func:`maxtext_label` as the verdicts name it: ``MaxText`` for the tiny model, ``MaxText (larger
+    model)`` for ``maxtext-larger``."""
+    size = trainer.split("-", 1)[1] if trainer.startswith("maxtext-") else None
+    return "MaxText" + (f" ({size} model)" if size else "")
+
+
 def is_maxtext(trainer: Any) -> bool:
     """Whether a recovery trainer (or a ``by_trainer`` key such as ``maxtext (period 10000)``) is MaxText's,
     of any model size."""

@@ -26,6 +26,7 @@ from typing import Any
 from bench.common import (
     STEP_OVERHEAD_RESOLUTION,
     is_maxtext,
+    maxtext_name,
     own_rate_invalid,
     step_times_drifted,
     trainer_of,
@@ -143,13 +144,6 @@ def _own_rate_ratio(base: dict[str, Any], side: dict[str, Any]) -> float | None:
     return round(float(b) / float(s), 2)
 
 
-def maxtext_name(trainer: str) -> str:
-    """A MaxText trainer label as the verdicts name it: ``MaxText`` for the tiny model, ``MaxText (larger
-    model)`` for ``maxtext-larger`` (bench.common.maxtext_label)."""
-    size = trainer.split("-", 1)[1] if trainer.startswith("maxtext-") else None
-    return "MaxText" + (f" ({size} model)" if size else "")
-
-
 def _recovery_ratio_target(
     rec: dict[str, Any] | None, baseline: str, factor: float, trainer: str, goal_name: str
 ) -> list[Verdict]:
@@ -235,10 +229,9 @@ def _recovery_ratio_target(
             out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "not measured", f"{basis}: {why}"))
             continue
         ok = ratio["ratio"] >= factor
-        if not ok and trainer in WHY_NOT_MET:
-            basis += f"; why not met: {WHY_NOT_MET[trainer]}"
-        elif not ok and is_maxtext(trainer):
-            basis += f"; why not met: {WHY_NOT_MET['maxtext']}"
+        why_not = WHY_NOT_MET.get("maxtext" if is_maxtext(trainer) else trainer)  # every MaxText size: one page
+        if not ok and why_not:
+            basis += f"; why not met: {why_not}"
         out.append(Verdict(name, goal, f"{fmt(ratio['ratio'])}x ({costs})", "met" if ok else "not met", basis))
     return out
 
