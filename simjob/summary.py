@@ -24,7 +24,8 @@ and ``failure_recoveries``:
 the recoveries counted against ``elastic_max_retries`` (``retries_used`` of the
 coordinator's final state file, else of its last ``/status``), with
 ``failure_recoveries_journal``, the failure holds its journal records
-("recovery N of M"), as a cross-check across coordinator restarts.
+("recovery N of M"; one per operation, see :func:`failure_recoveries`), as a
+cross-check across coordinator restarts.
 """
 
 from __future__ import annotations
@@ -70,8 +71,20 @@ _RECOVERY = re.compile(r"\(recovery (\d+) of (\d+)\)")
 def failure_recoveries(
     journal: list[dict[str, Any]], state_path: Path | None, status: dict[str, Any] | None
 ) -> tuple[int | None, str | None, int]:
-    """Recoveries spent: (value, where it was read, failure holds in the journal)."""
-    in_journal = sum(1 for j in journal if _RECOVERY.search(str(j.get("reason", ""))))
+    """Recoveries spent: (value, where it was read, failure holds in the journal).
+
+    The journal records a decision before its state is durable (agent/coordinator.py: decide,
+    journal, write the state file, then act). A coordinator killed between its journal line and
+    its state write never carried that hold out, and its successor decides the same hold again,
+    under the same operation (``recovery-<generation>``): one recovery, two lines. So holds are
+    counted by operation; a line without one counts alone.
+    """
+    ops = {
+        str(j.get("operation") or f"line {i}")
+        for i, j in enumerate(journal)
+        if _RECOVERY.search(str(j.get("reason", "")))
+    }
+    in_journal = len(ops)
     if state_path is not None and state_path.exists():
         try:
             return int(json.loads(state_path.read_text())["retries_used"]), "state file", in_journal

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simjob.summary import FaultRecord, summarize
+from simjob.summary import FaultRecord, failure_recoveries, summarize
 
 
 def _write(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -40,3 +40,23 @@ def test_a_fault_absorbed_without_a_hold_does_not_borrow_the_next_faults_hold(tm
     assert restart["detection_seconds"] is None and restart["hold_seconds"] is None
     assert restart["slices_after"] is None
     assert kill["detection_seconds"] == 0.1 and kill["hold_seconds"] == 0.1 and kill["lost_steps"] == 0
+
+
+def test_a_hold_decided_again_after_the_coordinator_died_before_its_state_write_counts_once() -> None:
+    # As in a CI run of the fault matrix: the coordinator journalled hold 2 and was SIGKILLed
+    # while writing its state file; its successor, back at generation 1, decided hold 2 again.
+    # A second failure later is a second recovery.
+    journal = [
+        {"reason": "host 1.0 lost; hold generation 2 with flush (recovery 1 of 10)", "operation": "recovery-2"},
+        {"reason": "trainer attached (generation 1, step 6); waiting for 4 host(s) to rejoin"},
+        {
+            "reason": "host 1.0 replaced live incarnation; hold generation 2 with flush (recovery 1 of 10)",
+            "operation": "recovery-2",
+        },
+        {"reason": "trainer held at step 7", "operation": "recovery-2"},
+        {"reason": "host 2.0 lost; hold generation 3 (recovery 2 of 10)", "operation": "recovery-3"},
+    ]
+    assert failure_recoveries(journal, None, {"retries_used": 2}) == (2, "status", 2)
+    # Lines without an operation (older journals) count one each.
+    bare = [{"reason": r["reason"]} for r in journal]
+    assert failure_recoveries(bare, None, None) == (None, None, 3)
