@@ -226,6 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="fault-free MaxText steps per run (default 2000; each run is about 2 minutes on 2 cores)",
     )
+    g.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run plain MaxText and one other variant (--variants, default sidecar) side by side, each pinned to "
+        "one CPU, then with the CPUs swapped; the overhead is the geometric mean of the two same-time ratios",
+    )
+    g.add_argument(
+        "--variants",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=None,
+        help="the variants to run, plain among them: plain,elastic,sidecar (default all; plain,sidecar "
+        "with --concurrent)",
+    )
     g = ap.add_argument_group("flush")
     g.add_argument("--sizes-mib", type=_ints, default=None, help="state sizes in MiB, e.g. 256,1024")
     return ap
@@ -311,8 +324,15 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
     if name == "step_overhead":
         from bench import step_overhead
 
+        variants = ns.variants or (["plain", "sidecar"] if ns.concurrent else list(step_overhead.VARIANTS))
         return step_overhead.run(
-            quick=ns.quick, rounds=ns.repeats, steps=ns.steps, workdir=wd, model=ns.maxtext_model or "tiny"
+            quick=ns.quick,
+            rounds=ns.repeats,
+            steps=ns.steps,
+            workdir=wd,
+            model=ns.maxtext_model or "tiny",
+            variants=variants,
+            concurrent=ns.concurrent,
         )
     if name == "detection":
         from bench import detection

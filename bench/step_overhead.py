@@ -37,13 +37,25 @@ figures from its ``finished`` line: the snapshot overhead its ``auto``
 interval measured (windows with a snapshot against those without, in the same
 process) and its own seconds per step at ordinary step boundaries, as a
 fraction of the plain step.
+
+``--concurrent`` (plain and one other variant, ``--variants``) runs the pair at
+the same time instead, each MaxText process pinned to one of two CPUs, and
+then again with the CPUs swapped; a round's overhead is the geometric mean of
+the two same-time ratios (:func:`swapped_pair`). Why: on this VM the speed
+of a fixed workload drifts from one minute to the next, and runs minutes
+apart inherit that drift whole; two runs side by side share the minutes, and
+swapping the CPUs cancels one CPU being slower than the other (in diagnostic
+runs, not published, one CPU was). A step on one CPU is not a step on two:
+the figure is the overhead at that width.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +95,31 @@ def run_figures(window: dict[str, Any], cpus: int) -> dict[str, Any]:
         "cpu_step_s": window["cpu_s"] / n,
         "steal_fraction": window["steal_s"] / (window["wall_s"] * cpus) if window["wall_s"] > 0 else None,
     }
+
+
+def swapped_pair(halves: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's figures in a ``--concurrent`` round: its two runs, one on each CPU (the other variant
+    on the other CPU at the same time), as one run. Times are their geometric mean, so that the ratio of
+    two variants' figures is the geometric mean of the two same-time ratios, in which a CPU that runs
+    slower by a factor k enters once on each side and cancels. Steal is the larger; a failed half fails it."""
+    failed = [h["error"] for h in halves if h.get("error")]
+    if failed:
+        return {"error": "; ".join(failed)}
+
+    def geo(key: str) -> float:
+        return math.exp(statistics.fmean(math.log(float(h[key])) for h in halves))
+
+    out: dict[str, Any] = {
+        "steady_steps": min(int(h["steady_steps"]) for h in halves),
+        "wall_step_s": geo("wall_step_s"),
+        "cpu_step_s": geo("cpu_step_s"),
+        "steal_fraction": max(float(h.get("steal_fraction") or 0.0) for h in halves),
+        "tags": [h.get("tag") for h in halves],
+    }
+    snaps = [h["snapshot"] for h in halves if h.get("snapshot")]
+    if snaps:
+        out["snapshot"] = snaps[0]
+    return out
 
 
 def summarise(rounds: Sequence[dict[str, dict[str, Any]]], variants: Sequence[str]) -> list[dict[str, Any]]:
@@ -153,6 +190,7 @@ def run(
     workdir: Path | None = None,
     model: str = "tiny",
     variants: Sequence[str] = tuple(VARIANTS),
+    concurrent: bool = False,
 ) -> dict[str, Any]:
     import os
 
@@ -179,39 +217,66 @@ def run(
             "results": [{"trainer": "maxtext", "variant": v, "invalid_reason": why} for v in variants],
         }
     cpus = os.cpu_count() or 1
+    cores: list[int] = []
+    if concurrent:
+        cores = sorted(os.sched_getaffinity(0))[:2]
+        if len(variants) != 2:
+            raise ValueError(f"variants {list(variants)}: --concurrent pairs plain with exactly one other variant")
+        if len(cores) < 2:
+            raise ValueError(f"--concurrent needs 2 CPUs to pin the pair to; this process may use {cores}")
+        config |= {"concurrent": True, "cores": cores}
     job = rm.Job(model, CHECKPOINT_PERIOD, min_slices=1, fault_free_steps=steps)
     with tempfile.TemporaryDirectory(prefix="bench-step-overhead-") as tmp:
         root = workdir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         cache = root / "jax-cache"
         cache.mkdir(exist_ok=True)
-        done: list[dict[str, dict[str, Any]]] = []
-        for i in range(rounds):
-            order = list(variants[i % len(variants) :]) + list(variants[: i % len(variants)])
-            got: dict[str, dict[str, Any]] = {}
-            for v in order:
-                tag = f"so-{v}-r{i}"
-                log(f"step_overhead: round {i + 1}/{rounds}: {v} ({steps} steps)")
-                out = rm.guarded(job, VARIANTS[v], root, tag, fault_step=None, delay=0.0, cache=cache)
-                window = steady_window(read_jsonl(root / tag / "events.jsonl"), from_step=from_step)
-                fig: dict[str, Any] = {"tag": tag, "round": i}
-                if out.get("error"):
-                    fig["error"] = str(out["error"])
-                elif window is None:
-                    fig["error"] = f"{tag}: fewer than {MIN_STEPS} steady steps with cpu and steal recorded"
-                else:
-                    fig |= run_figures(window, cpus)
-                if out.get("snapshot"):
-                    fig["snapshot"] = out["snapshot"]
-                got[v] = fig
-                log(
-                    f"step_overhead: {tag}: "
-                    + (
-                        fig.get("error")
-                        or f"{fig['wall_step_s'] * 1e3:.2f} ms wall, {fig['cpu_step_s'] * 1e3:.2f} "
-                        f"ms CPU a step, steal {fig['steal_fraction']:.3f}"
-                    )
+
+        def measure(v: str, tag: str, i: int, core: int | None = None) -> dict[str, Any]:
+            if core is not None:
+                # This thread's mask; the MaxText process, and the sidecar's coordinator thread, inherit it.
+                os.sched_setaffinity(0, {core})
+            log(
+                f"step_overhead: round {i + 1}/{rounds}: {v} ({steps} steps)"
+                + ("" if core is None else f", CPU {core}")
+            )
+            out = rm.guarded(job, VARIANTS[v], root, tag, fault_step=None, delay=0.0, cache=cache)
+            window = steady_window(read_jsonl(root / tag / "events.jsonl"), from_step=from_step)
+            fig: dict[str, Any] = {"tag": tag, "round": i} | ({} if core is None else {"cpu": core})
+            if out.get("error"):
+                fig["error"] = str(out["error"])
+            elif window is None:
+                fig["error"] = f"{tag}: fewer than {MIN_STEPS} steady steps with cpu and steal recorded"
+            else:
+                fig |= run_figures(window, cpus)
+            if out.get("snapshot"):
+                fig["snapshot"] = out["snapshot"]
+            log(
+                f"step_overhead: {tag}: "
+                + (
+                    fig.get("error")
+                    or f"{fig['wall_step_s'] * 1e3:.2f} ms wall, {fig['cpu_step_s'] * 1e3:.2f} "
+                    f"ms CPU a step, steal {fig['steal_fraction']:.3f}"
                 )
-            done.append(got)
-    runs = [{"variant": v, **fig} for r in done for v, fig in r.items()]
+            )
+            return fig
+
+        done: list[dict[str, dict[str, Any]]] = []
+        each: list[dict[str, Any]] = []
+        for i in range(rounds):
+            if not concurrent:
+                order = list(variants[i % len(variants) :]) + list(variants[: i % len(variants)])
+                got = {v: measure(v, f"so-{v}-r{i}", i) for v in order}
+                each += [{"variant": v, **f} for v, f in got.items()]
+                done.append(got)
+                continue
+            halves: list[dict[str, dict[str, Any]]] = []
+            for swap in (0, 1):
+                on = {variants[0]: cores[swap], variants[1]: cores[1 - swap]}
+                with ThreadPoolExecutor(max_workers=2) as pool:
+                    futs = {v: pool.submit(measure, v, f"so-{v}-r{i}-c{on[v]}", i, on[v]) for v in variants}
+                    halves.append({v: f.result() for v, f in futs.items()})
+            each += [{"variant": v, **f} for h in halves for v, f in h.items()]
+            done.append({v: swapped_pair([h[v] for h in halves]) | {"round": i} for v in variants})
+    runs = each if concurrent else [{"variant": v, **fig} for r in done for v, fig in r.items()]
     return {"config": config | {"cpus": cpus}, "results": summarise(done, list(variants)), "runs": runs}

@@ -150,3 +150,35 @@ def test_the_in_process_overhead_adds_the_snapshots_and_the_hooks_own_time() -> 
     paired, in_process = (v for v in targets(sections(s)) if v.target.startswith("step overhead, MaxText"))
     assert paired.verdict == "not measured" and "fewer than the 5" in paired.basis
     assert in_process.target.endswith("(in process)") and in_process.verdict == "met"
+
+
+def test_a_concurrent_round_cancels_a_slower_cpu() -> None:
+    # CPU 0 runs everything 10% slower; the sidecar costs 2% more than plain. Half 1: plain on CPU 0,
+    # the sidecar on CPU 1; half 2 swapped. Either half alone reads the CPUs' difference, the pair does not.
+    slow, over = 1.10, 1.02
+    plain = so.swapped_pair(
+        [fig(0.040 * slow, 0.040 * slow, steady_steps=300, tag="p0"), fig(0.040, 0.040, steady_steps=310, tag="p1")]
+    )
+    side = so.swapped_pair(
+        [
+            fig(0.040 * over, 0.040 * over, steady_steps=305, tag="s1"),
+            fig(0.040 * over * slow, 0.040 * over * slow, 0.01, steady_steps=300, tag="s0"),
+        ]
+    )
+    assert side["steady_steps"] == 300 and side["steal_fraction"] == 0.01 and side["tags"] == ["s1", "s0"]
+    _, row = so.summarise([{"plain": plain, "sidecar": side}], ["plain", "sidecar"])
+    assert row["overhead_fraction_median"] == pytest.approx(0.02, abs=1e-4)
+    # Either half read alone would be off by the CPUs' difference.
+    assert 0.040 * over / (0.040 * slow) - 1 == pytest.approx(-0.0727, abs=1e-3)
+
+
+def test_a_concurrent_round_with_a_failed_half_is_a_failed_run() -> None:
+    got = so.swapped_pair([fig(0.04, 0.04, steady_steps=300), {"error": "so-sidecar-r0-c1: exited with 1"}])
+    assert got == {"error": "so-sidecar-r0-c1: exited with 1"}
+    _, row = so.summarise([{"plain": fig(0.04, 0.04), "sidecar": got}], ["plain", "sidecar"])
+    assert row["failures"] == ["so-sidecar-r0-c1: exited with 1"] and "invalid_reason" in row
+
+
+def test_concurrent_needs_a_pair() -> None:
+    with pytest.raises(ValueError, match="exactly one other variant"):
+        so.run(steps=1000, rounds=1, concurrent=True)
