@@ -1524,12 +1524,22 @@ def sec_step_overhead(s: dict[str, Any], plots: dict[str, str]) -> list[str]:
                 status(r),
             ]
         )
-    out = [
-        f"{fmt(cfg.get('rounds'))} rounds of {fmt(cfg.get('steps'))} fault-free steps per variant, back to back in "
-        f"a rotating order; overheads are paired with the same round's plain run and leave out rounds in which a "
-        f"run saw more than {fmt(cfg.get('steal_limit'))} of the CPUs' time as steal (see the method).",
-        "",
-    ]
+    if cfg.get("concurrent"):
+        cores = ", ".join(str(c) for c in cfg.get("cores") or [])
+        how = (
+            f"{fmt(cfg.get('rounds'))} rounds of {fmt(cfg.get('steps'))} fault-free steps; in each round plain MaxText "
+            f"and the other variant ran side by side, each pinned to one CPU ({cores}), then again with the CPUs "
+            f"swapped, so a variant's figures in a round are the geometric mean of its two runs (`--concurrent`) "
+            f"and a step is a step on one CPU; overheads leave out rounds in which a run saw more than "
+            f"{fmt(cfg.get('steal_limit'))} of the CPUs' time as steal (see the method)."
+        )
+    else:
+        how = (
+            f"{fmt(cfg.get('rounds'))} rounds of {fmt(cfg.get('steps'))} fault-free steps per variant, back to back "
+            f"in a rotating order; overheads are paired with the same round's plain run and leave out rounds in "
+            f"which a run saw more than {fmt(cfg.get('steal_limit'))} of the CPUs' time as steal (see the method)."
+        )
+    out = [how, ""]
     out += table(
         [
             "variant",

@@ -182,3 +182,11 @@ def test_a_concurrent_round_with_a_failed_half_is_a_failed_run() -> None:
 def test_concurrent_needs_a_pair() -> None:
     with pytest.raises(ValueError, match="exactly one other variant"):
         so.run(steps=1000, rounds=1, concurrent=True)
+
+
+def test_the_page_says_how_a_concurrent_run_was_paired() -> None:
+    s = section([0.01] * 5)
+    assert "back to back" in render(s) and "side by side" not in render(s)
+    s["config"] |= {"concurrent": True, "cores": [0, 1]}
+    page = render(s)
+    assert "side by side, each pinned to one CPU (0, 1)" in page and "back to back" not in page
