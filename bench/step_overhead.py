@@ -41,12 +41,12 @@ fraction of the plain step.
 ``--concurrent`` (plain and one other variant, ``--variants``) runs the pair at
 the same time instead, each MaxText process pinned to one of two CPUs, and
 then again with the CPUs swapped; a round's overhead is the geometric mean of
-the two same-time ratios (:func:`swapped_pair`). Why: on this VM the speed
-of a fixed workload drifts from one minute to the next, and runs minutes
-apart inherit that drift whole; two runs side by side share the minutes, and
-swapping the CPUs cancels one CPU being slower than the other (in diagnostic
-runs, not published, one CPU was). A step on one CPU is not a step on two:
-the figure is the overhead at that width.
+the two same-time ratios (:func:`swapped_pair`). The idea: runs minutes apart
+inherit the machine's drift between those minutes, two runs side by side
+share it, and swapping the CPUs cancels one CPU being slower than the other.
+On this VM it did not resolve 2% either (docs/maxtext.md, the run at
+fdd34ef): each CPU's speed drifts on its own. A step on one CPU is not a step
+on two: the figure is the overhead at that width.
 """
 
 from __future__ import annotations
@@ -278,5 +278,4 @@ def run(
                     halves.append({v: f.result() for v, f in futs.items()})
             each += [{"variant": v, **f} for h in halves for v, f in h.items()]
             done.append({v: swapped_pair([h[v] for h in halves]) | {"round": i} for v in variants})
-    runs = each if concurrent else [{"variant": v, **fig} for r in done for v, fig in r.items()]
-    return {"config": config | {"cpus": cpus}, "results": summarise(done, list(variants)), "runs": runs}
+    return {"config": config | {"cpus": cpus}, "results": summarise(done, list(variants)), "runs": each}
