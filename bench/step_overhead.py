@@ -51,7 +51,6 @@ on two: the figure is the overhead at that width.
 
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -107,7 +106,7 @@ def swapped_pair(halves: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"error": "; ".join(failed)}
 
     def geo(key: str) -> float:
-        return math.exp(statistics.fmean(math.log(float(h[key])) for h in halves))
+        return statistics.geometric_mean(float(h[key]) for h in halves)
 
     out: dict[str, Any] = {
         "steady_steps": min(int(h["steady_steps"]) for h in halves),
@@ -204,6 +203,8 @@ def run(
     bad = [v for v in variants if v not in VARIANTS]
     if bad or "plain" not in variants:
         raise ValueError(f"variants {list(variants)}: expected plain and some of {list(VARIANTS)}")
+    if concurrent and len(variants) != 2:
+        raise ValueError(f"variants {list(variants)}: --concurrent pairs plain with exactly one other variant")
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: expected a whole number >= 1")
     from_step = rm.WARMUP_STEP + rm.SETTLE_STEPS
@@ -220,8 +221,6 @@ def run(
     cores: list[int] = []
     if concurrent:
         cores = sorted(os.sched_getaffinity(0))[:2]
-        if len(variants) != 2:
-            raise ValueError(f"variants {list(variants)}: --concurrent pairs plain with exactly one other variant")
         if len(cores) < 2:
             raise ValueError(f"--concurrent needs 2 CPUs to pin the pair to; this process may use {cores}")
         config |= {"concurrent": True, "cores": cores}
