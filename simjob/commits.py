@@ -3,13 +3,22 @@
 ``CheckpointManager.save`` returns once the write has started; Orbax writes the step under a
 temporary name and renames it when the background write is done (orbax.checkpoint
 ``CheckpointManager``: async saves, ``is_saving_in_progress()``, ``wait_until_finished()``). A
-step counts as committed only once no save is in progress and the step is among the steps read
-back from the directory, as the MaxText hook reports its periodic saves (``session.committed``).
+step counts as committed only once it is among the finalized steps read back from the directory
+(``orbax.checkpoint.path.step.checkpoint_steps`` lists only those), as the MaxText hook reports its
+periodic saves (``session.committed``).
+
+A save can take longer than a checkpoint period (a slow disk, a busy host): then a save is in
+progress at every step, and waiting for a moment with none would report nothing until training
+ends. So the directory is also read while one is in progress (at most every ``POLL_SECONDS``), and
+whenever the next save has started: Orbax's ``save`` first waits for the previous save to finish.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+POLL_SECONDS = 0.5
 
 
 class PeriodicCommits:
@@ -18,23 +27,45 @@ class PeriodicCommits:
         self.session = session
         self.events = events
         self.pending: list[int] = []
+        self._unreturned: int | None = None
+        self._newest = -1  # the newest step reported
+        self._read_at = float("-inf")
 
     def started(self, step: int) -> None:
-        """A periodic save of ``step`` was started."""
-        self.pending.append(step)
+        """A periodic save of ``step`` was started (``save`` returned, so the saves before it have finished)."""
+        if self.pending:
+            self._collect(self._finalized())
+        if step > self._newest and step not in self.pending:  # a final save of a step already started is one save
+            self.pending.append(step)
 
     def poll(self) -> int | None:
-        """Report the newest started save that Orbax has committed since; returns it (None: none yet)."""
-        if not self.pending or self.manager.is_saving_in_progress():
-            return None
-        on_disk = set(self.manager.all_steps(read=True))
+        """The newest started save found committed since the last poll, reported to the sidecar (None: none)."""
+        if self.pending:
+            if not self.manager.is_saving_in_progress():
+                self._collect(set(self.manager.all_steps(read=True)))
+                self.pending = []  # none in progress: a step still missing failed and never commits
+            elif time.monotonic() - self._read_at >= POLL_SECONDS:
+                self._collect(self._finalized())
+        step, self._unreturned = self._unreturned, None
+        return step
+
+    def _finalized(self) -> set[int]:
+        """The finalized steps in the manager's directory, read without touching the manager's own list
+        (``all_steps(read=True)`` would replace it, dropping the save in progress)."""
+        from orbax.checkpoint import path as ocp_path
+
+        self._read_at = time.monotonic()
+        return set(ocp_path.step.checkpoint_steps(self.manager.directory))
+
+    def _collect(self, on_disk: set[int]) -> None:
         done = [s for s in self.pending if s in on_disk]
-        self.pending = []
         if not done:
-            return None
+            return
         step = max(done)
+        self.pending = [s for s in self.pending if s > step]
+        self._newest = step
         if self.session is not None:
             self.session.committed(step)
         if self.events is not None:
             self.events("checkpoint_committed", {"step": step})
-        return step
+        self._unreturned = step
