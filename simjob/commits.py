@@ -3,14 +3,15 @@
 ``CheckpointManager.save`` returns once the write has started; Orbax writes the step under a
 temporary name and renames it when the background write is done (orbax.checkpoint
 ``CheckpointManager``: async saves, ``is_saving_in_progress()``, ``wait_until_finished()``). A
-step counts as committed only once it is among the finalized steps read back from the directory
-(``orbax.checkpoint.path.step.checkpoint_steps`` lists only those), as the MaxText hook reports its
-periodic saves (``session.committed``).
+step counts as committed only once Orbax's own test finds its directory finalized
+(``orbax.checkpoint.path.step.is_checkpoint_finalized``; the managers here use Orbax's standard step
+names), as the MaxText hook reports its periodic saves (``session.committed``).
 
 A save can take longer than a checkpoint period (a slow disk, a busy host): then a save is in
 progress at every step, and waiting for a moment with none would report nothing until training
-ends. So the directory is also read while one is in progress (at most every ``POLL_SECONDS``), and
-whenever the next save has started: Orbax's ``save`` first waits for the previous save to finish.
+ends. So the pending steps' directories are also checked while one is in progress (at most every
+``POLL_SECONDS``, the MaxText hook's period; a check costs about 1 ms a step here), and whenever the
+next save has started: Orbax's ``save`` first waits for the previous save to finish.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-POLL_SECONDS = 0.5
+POLL_SECONDS = 1.0
 
 
 class PeriodicCommits:
@@ -50,12 +51,18 @@ class PeriodicCommits:
         return step
 
     def _finalized(self) -> set[int]:
-        """The finalized steps in the manager's directory, read without touching the manager's own list
-        (``all_steps(read=True)`` would replace it, dropping the save in progress)."""
+        """The pending steps whose directories Orbax has finalized, checked without touching the manager's
+        own list (``all_steps(read=True)`` would replace it, dropping the save in progress)."""
         from orbax.checkpoint import path as ocp_path
 
         self._read_at = time.monotonic()
-        return set(ocp_path.step.checkpoint_steps(self.manager.directory))
+        fmt = ocp_path.step.standard_name_format()
+        done: set[int] = set()
+        for step in self.pending:
+            p = ocp_path.step.build_step_path(self.manager.directory, fmt, step)
+            if p.exists() and ocp_path.step.is_checkpoint_finalized(p):
+                done.add(step)
+        return done
 
     def _collect(self, on_disk: set[int]) -> None:
         done = [s for s in self.pending if s in on_disk]

@@ -48,7 +48,7 @@ def test_a_save_in_progress_does_not_hide_the_finished_one_before_it(tmp_path: P
         assert commits.poll() == 10
         assert commits.poll() is None, "each commit is returned once"
         assert 20 in manager.all_steps(), "the manager still tracks the save in progress"
-        assert 20 not in ocp.path.step.checkpoint_steps(tmp_path / "ck")
+        assert 20 not in ocp.path.step.checkpoint_steps(tmp_path / "ck"), "not finalized yet"
     finally:
         gate.set()
     manager.wait_until_finished()
