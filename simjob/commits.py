@@ -10,8 +10,10 @@ names), as the MaxText hook reports its periodic saves (``session.committed``).
 A save can take longer than a checkpoint period (a slow disk, a busy host): then a save is in
 progress at every step, and waiting for a moment with none would report nothing until training
 ends. So the pending steps' directories are also checked while one is in progress (at most every
-``POLL_SECONDS``, the MaxText hook's period; a check costs about 1 ms a step here), and whenever the
-next save has started: Orbax's ``save`` first waits for the previous save to finish.
+``POLL_SECONDS``, the MaxText hook's period; about 1 ms for each pending step here), whenever the
+next save has started (Orbax's ``save`` first waits for the previous save to finish), and once no
+save is in progress. The manager's own step list is never reloaded for this: ``all_steps(read=True)``
+would replace it, dropping a save in progress.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class PeriodicCommits:
         """The newest started save found committed since the last poll, reported to the sidecar (None: none)."""
         if self.pending:
             if not self.manager.is_saving_in_progress():
-                self._collect(set(self.manager.all_steps(read=True)))
+                self._collect(self._finalized())
                 self.pending = []  # none in progress: a step still missing failed and never commits
             elif time.monotonic() - self._read_at >= POLL_SECONDS:
                 self._collect(self._finalized())
@@ -51,8 +53,7 @@ class PeriodicCommits:
         return step
 
     def _finalized(self) -> set[int]:
-        """The pending steps whose directories Orbax has finalized, checked without touching the manager's
-        own list (``all_steps(read=True)`` would replace it, dropping the save in progress)."""
+        """The pending steps whose directories Orbax has finalized."""
         from orbax.checkpoint import path as ocp_path
 
         self._read_at = time.monotonic()
