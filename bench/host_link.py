@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _say(msg: str) -> None:
+    print(f"[host_link {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def _kinds(v: str) -> list[str]:
     kinds = [k.strip() for k in v.split(",") if k.strip()]
     bad = [k for k in kinds if k not in STEP_KINDS]
@@ -205,9 +209,11 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     kinds = _kinds(ns.step_kinds)
+    _say(f"backend {jax.default_backend()}, {len(jax.local_devices())} devices; making {ns.state_gib} GiB of state")
     state = make_state(ns.state_gib, ns.leaves)
     state_bytes = sum(v.nbytes for v in state.values())
     copier = Copier(ns.via, state)
+    _say(f"state ready ({state_bytes} bytes); copying it to pinned_host via {ns.via}")
 
     copies: list[float] = []
     for r in range(ns.runs + 1):  # the first copy allocates the pinned buffers: kept apart
@@ -215,11 +221,13 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
         copier.issue(state, r)
         copier.wait()
         copies.append(time.perf_counter() - t0)
+        _say(f"copy {r}: {copies[-1]:.4f} s")
     first_copy, copies = copies[0], copies[1:]
     copy_s = statistics.median(copies)
 
     rows = []
     for kind in kinds:
+        _say(f"{kind} step: sizing it")
         step, x, info = make_step(kind, ns.step_seconds)
         alone = []
         for _ in range(5):
@@ -235,6 +243,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
             for with_copy in order:
                 t[with_copy] = timed_window(step, x, window, copier if with_copy else None, state, 1000 + r)
             pairs.append({"without_s": round(t[False], 5), "with_s": round(t[True], 5), "copy_first": order[0]})
+            _say(f"{kind} pair {r}: {window} steps {t[False]:.4f} s alone, {t[True]:.4f} s beside a copy")
         slow = [p["with_s"] - p["without_s"] for p in pairs]
         c = statistics.median(slow)
         rows.append(
