@@ -16,7 +16,9 @@ JAX backend it runs on (a TPU where one is present, else the CPU):
 * ``slowdown``: the seconds one copy adds to the steps it runs beside. Each run times a window of
   ``window_steps`` steps twice, back to back in an order that alternates between runs: once
   alone, once with a copy issued just before the first step (the window is sized to outlast
-  the copy, and its end also waits for the copy). The difference is ``c`` in docs/maxtext.md,
+  the copy, and its end also waits for the copy). The copy before it is freed after the window,
+  untimed (``free_previous_seconds`` gives what that took): the Snapshotter frees it on its own
+  thread. The difference is ``c`` in docs/maxtext.md,
   the slowdown one snapshot costs; ``c`` over one step's seconds is what the hook's ``auto``
   interval weighs.
 
@@ -103,6 +105,7 @@ class Copier:
         self.via = via
         self.held: Any = None
         self.pending: Any = None
+        self.retired: Any = None
         self.snapshotter: Any = None
         self.targets = {k: v.sharding.with_memory_kind("pinned_host") for k, v in state.items()}
         if via == "snapshotter":
@@ -118,11 +121,18 @@ class Copier:
             self.pending = {k: self._jax.device_put(v, self.targets[k]) for k, v in state.items()}
 
     def wait(self) -> None:
+        """Until the copy is in pinned_host memory. The previous copy is retired, not yet freed."""
         if self.snapshotter is not None:
             self.snapshotter.join()
             return
         self._jax.block_until_ready(self.pending)
-        self.held, self.pending = self.pending, None
+        self.retired, self.held, self.pending = self.held, self.pending, None
+
+    def release(self) -> None:
+        """Free the retired copy. Timed apart: the Snapshotter frees it on its own thread (where freeing
+        pinned memory overlaps the steps), and freeing 1 GiB on the caller's thread took about 0.5 s on
+        the TPU machine this ran on, which would read as the copy's cost."""
+        self.retired = None
 
 
 def make_state(gib: float, leaves: int) -> dict[str, Any]:
@@ -216,12 +226,16 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
     _say(f"state ready ({state_bytes} bytes); copying it to pinned_host via {ns.via}")
 
     copies: list[float] = []
+    releases: list[float] = []
     for r in range(ns.runs + 1):  # the first copy allocates the pinned buffers: kept apart
         t0 = time.perf_counter()
         copier.issue(state, r)
         copier.wait()
         copies.append(time.perf_counter() - t0)
-        _say(f"copy {r}: {copies[-1]:.4f} s")
+        t0 = time.perf_counter()
+        copier.release()
+        releases.append(time.perf_counter() - t0)
+        _say(f"copy {r}: {copies[-1]:.4f} s, then {releases[-1]:.4f} s to free the one before")
     first_copy, copies = copies[0], copies[1:]
     copy_s = statistics.median(copies)
 
@@ -242,6 +256,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
             t = {}
             for with_copy in order:
                 t[with_copy] = timed_window(step, x, window, copier if with_copy else None, state, 1000 + r)
+                copier.release()
             pairs.append({"without_s": round(t[False], 5), "with_s": round(t[True], 5), "copy_first": order[0]})
             _say(f"{kind} pair {r}: {window} steps {t[False]:.4f} s alone, {t[True]:.4f} s beside a copy")
         slow = [p["with_s"] - p["without_s"] for p in pairs]
@@ -292,6 +307,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
             "gb_per_s_median": round(state_bytes / copy_s / 1e9, 3),
             "runs": len(copies),
             "seconds": [round(s, 5) for s in copies],
+            "free_previous_seconds": [round(s, 5) for s in releases[1:]],
         },
         "results": rows,
     }
