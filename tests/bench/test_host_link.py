@@ -15,7 +15,9 @@ from bench import host_link
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_copy_lands_in_pinned_host_memory_with_the_same_values_and_the_previous_one_is_held() -> None:
+def test_a_copy_lands_in_pinned_host_memory_with_the_same_values_and_the_previous_one_is_held_then_freed_apart() -> (
+    None
+):
     import jax
     import numpy as np
 
@@ -32,6 +34,9 @@ def test_a_copy_lands_in_pinned_host_memory_with_the_same_values_and_the_previou
     assert copier.held is first  # held until the next copy completes, as the Snapshotter holds its newest
     copier.wait()
     assert copier.held is not first and copier.pending is None
+    assert copier.retired is first  # freed only when asked, outside the timed window
+    copier.release()
+    assert copier.retired is None
 
 
 def test_a_run_gives_each_step_kind_its_pairs_and_the_medians_read_from_them(tmp_path: Path) -> None:
