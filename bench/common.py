@@ -429,6 +429,45 @@ def own_rate_costs(rec: dict[str, Any], row: dict[str, Any]) -> list[float]:
     ]
 
 
+def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -> str | None:
+    """Why the row's fault costs on one basis cannot be judged (None when they can): a run's cost below its stall.
+
+    From the fault until the trainer completes a step above the last one it had completed (the run's
+    ``recovery_s``) it keeps no work but the steps it computes again, which only stand in for the
+    executions the fault wasted, and the one new step that ends it. So a fault costs at least
+    ``recovery_s`` less one step, at any rate. A cost below that says the rate it was taken against
+    (the run's own pre-fault rate with ``own_rate``, else the fault-free runs') is not the rate the run
+    went on at: the machine's drift between runs, or a pre-fault window that holds a cost paid once at
+    the start. Seen at cedddd8: the sidecar's own-rate costs of 0.5-1.5 s in runs that stalled 3.6-4.0 s.
+    MaxText's rows (a local cost, bench/recovery_maxtext.py) are not judged here."""
+    if row.get("fault_cost_method") == "local":
+        return None
+    key = ("strategy", "fault", "checkpoint_period", "replacement_delay")
+    field = "fault_cost_own_rate_s" if own_rate else "fault_cost_s"
+    runs = [
+        r
+        for r in rec.get("runs") or []
+        if trainer_of(r) == row.get("trainer") and all(r.get(k) == row.get(k) for k in key) and not r.get("error")
+    ]
+    below = []
+    for r in runs:
+        step = r.get("pre_fault_seconds_per_step") if own_rate else row.get("fault_free_seconds_per_step")
+        if r.get(field) is None or r.get("recovery_s") is None or step is None:
+            continue
+        floor = float(r["recovery_s"]) - float(step)
+        if float(r[field]) < floor:
+            below.append((float(r[field]), floor))
+    if not below:
+        return None
+    cost, floor = min(below, key=lambda x: x[0] - x[1])
+    basis = "its own pre-fault rate" if own_rate else "the fault-free runs' rate"
+    return (
+        f"{row.get('strategy')}: cost against {basis} below the run's own stall in {len(below)} of {len(runs)} "
+        f"runs (worst {round(cost, 3)} s against {round(floor, 3)} s, the fault to its first new step less one "
+        "step): that rate is not the one the run went on at"
+    )
+
+
 def own_rate_invalid(rec: dict[str, Any], row: dict[str, Any]) -> str | None:
     """Why the row's own-rate cost cannot be judged (None when it can): every run has one, none below zero.
 
@@ -444,7 +483,7 @@ def own_rate_invalid(rec: dict[str, Any], row: dict[str, Any]) -> str | None:
         return f"{row.get('strategy')}: own-rate cost in {len(own)} of {row.get('runs')} runs"
     if any(c < 0 for c in own):
         return f"{row.get('strategy')}: own-rate cost below zero (lowest {round(min(own), 3)} s)"
-    return None
+    return cost_below_stall(rec, row, own_rate=True)
 
 
 STEP_OVERHEAD_RESOLUTION = 0.02

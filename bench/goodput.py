@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, own_rate_invalid, portable_path, rnd, step_times_drifted
+from bench.common import cost_below_stall, log, own_rate_invalid, portable_path, rnd, step_times_drifted
 
 NAME = "goodput"
 FAULTS = ("kill", "hang", "notice")
@@ -206,10 +206,19 @@ def compute(recovery_rows: list[dict[str, Any]], sched: Schedule) -> tuple[list[
                 "steady_seconds_per_step": rnd(steady.get(strategy), 5),
                 "ideal_seconds_per_step": rnd(ideal, 5),
             }
-            if strategy not in steady or not weights or drift:
+            bad = [
+                r["basis_invalid"]
+                for r in mine
+                if r["strategy"] == strategy and r["fault"] in weights and r.get("basis_invalid")
+            ]
+            if strategy not in steady or not weights or drift or bad:
                 row["goodput"] = None
                 row["invalid_reason"] = drift or (
-                    "no fault-free rate" if strategy not in steady else "no fault kind of the mix was measured"
+                    "no fault-free rate"
+                    if strategy not in steady
+                    else "no fault kind of the mix was measured"
+                    if not weights
+                    else "; ".join(bad)
                 )
                 rows.append(row)
                 continue
@@ -245,7 +254,9 @@ def realistic_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     reason moves to ``reference_note``. The other way round, an example-trainer row whose own-rate cost
     is below zero in a run (a pre-fault window too short to stand for the run: one that holds a cost the
     process pays once at its start, such as the sidecar's ``auto`` probe) but valid against the fault-free
-    runs' rate is weighed at that rate; why moves to ``own_rate_note``."""
+    runs' rate is weighed at that rate; why moves to ``own_rate_note``. A row weighed at the fault-free
+    runs' rate whose cost there is below a run's own stall (:func:`bench.common.cost_below_stall`) gets
+    ``basis_invalid``, and its strategy no goodput: neither rate is the one its runs went on at."""
     cfg = rec.get("config") or {}
     out = []
     for r in rec.get("results") or []:
@@ -261,6 +272,12 @@ def realistic_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
             and (why := own_rate_invalid(rec, r))
         ):
             r = {k: v for k, v in r.items() if k != "fault_cost_own_rate_seconds_median"} | {"own_rate_note": why}
+        if (
+            not r.get("invalid_reason")
+            and r.get("fault_cost_own_rate_seconds_median") is None
+            and (why := cost_below_stall(rec, r, own_rate=False))
+        ):
+            r = r | {"basis_invalid": why}  # weighed at the fault-free runs' rate, which that run did not go on at
         out.append(r)
     return out
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.common import (
     STEP_OVERHEAD_RESOLUTION,
+    cost_below_stall,
     is_maxtext,
     maxtext_name,
     own_rate_invalid,
@@ -179,8 +180,16 @@ def _recovery_ratio_target(
             and not any(own_rate_invalid(rec, r) for r in (side, base))
             and not any(r.get("status") == "not_run" for r in (side, base))
         )
-        if side is None or base is None or (not own_basis and (not is_valid(side) or not is_valid(base))):
-            why = "; ".join(status(r) for r in (side, base) if r is not None and not is_valid(r)) or "rows missing"
+        below = (
+            []
+            if own_basis or side is None or base is None
+            else [w for r in (side, base) if (w := cost_below_stall(rec, r, own_rate=False))]
+        )
+        if side is None or base is None or (not own_basis and (not is_valid(side) or not is_valid(base) or below)):
+            why = (
+                "; ".join([status(r) for r in (side, base) if r is not None and not is_valid(r)] + below)
+                or "rows missing"
+            )
             if side is not None and base is not None and _own_rate_ratio(base, side) is not None:
                 why += "; " + "; ".join(filter(None, (own_rate_invalid(rec, r) for r in (side, base))))
             out.append(Verdict(name, goal, "–", "not measured", f"{basis}: {why}"))

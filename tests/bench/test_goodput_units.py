@@ -276,3 +276,70 @@ def test_goodput_reads_a_recovery_result_or_the_recovery_section_of_a_combined_f
         recovery_of({"benchmarks": {"flush": {"name": "flush"}}})
     with pytest.raises(ValueError, match="not a recovery result: name 'flush'"):
         recovery_of({"name": "flush", "results": []})
+
+
+def test_a_cost_below_the_runs_own_stall_is_no_basis_for_the_verdicts_or_goodput() -> None:
+    # The sidecar at cedddd8 (kill, period 50, delay 10 s): each run's stall (fault to its first new step)
+    # and its cost against its own pre-fault rate and against the fault-free runs' rate.
+    from bench.common import cost_below_stall, own_rate_invalid
+    from bench.report import sections, targets
+    from tests.bench.test_report import fixture
+
+    stall = (4.731, 3.650, 3.938, 3.577, 3.987)
+    own = (5.839, 0.829, 0.999, 1.480, 0.511)
+    ref = (3.227, 4.914, 4.323, 3.753, 5.943)
+    row = rec("sidecar", "kill", 4.323, 0.087, own=0.999, fault_cost_own_rate_runs=5)
+    key = ("trainer", "strategy", "fault", "checkpoint_period", "replacement_delay")
+    runs = [
+        {
+            **{k: row[k] for k in key},
+            "recovery_s": s,
+            "pre_fault_seconds_per_step": 0.1,
+            "fault_cost_own_rate_s": o,
+            "fault_cost_s": f,
+        }
+        for s, o, f in zip(stall, own, ref, strict=True)
+    ]
+    result = {"config": {"realistic_checkpoint_period": 50, "realistic_delay": 10.0}, "results": [row], "runs": runs}
+    why = own_rate_invalid(result, row)
+    assert why is not None and "own pre-fault rate below the run's own stall in 4 of 5 runs" in why
+    assert "worst 0.511 s against 3.887 s" in why
+    ref_why = cost_below_stall(result, row, own_rate=False)
+    assert ref_why is not None and "fault-free runs' rate below the run's own stall in 1 of 5 runs" in ref_why
+    (kept,) = goodput.realistic_rows(result)
+    assert kept["basis_invalid"] == ref_why
+    (out,), _ = goodput.compute([kept], goodput.Schedule(fault_mix={"kill": 1}))
+    assert out["goodput"] is None and out["invalid_reason"] == ref_why
+    # Every cost at or above its stall less a step: both bases stand, and the own rate is used.
+    fine = [{**r, "fault_cost_own_rate_s": r["recovery_s"], "fault_cost_s": r["recovery_s"] - 0.08} for r in runs]
+    assert own_rate_invalid({**result, "runs": fine}, row) is None
+    assert cost_below_stall({**result, "runs": fine}, row, own_rate=False) is None
+    (ok,) = goodput.realistic_rows({**result, "runs": fine})
+    assert "basis_invalid" not in ok and ok["fault_cost_own_rate_seconds_median"] == 0.999
+    # MaxText's local costs are not judged this way.
+    assert cost_below_stall(result, {**row, "fault_cost_method": "local"}, own_rate=True) is None
+
+    # The page: the example trainer's ratio verdicts are not measured on either basis.
+    data = fixture()
+    rows = {r["strategy"]: r for r in data["benchmarks"]["recovery"]["results"] if r["trainer"] == "example"}
+    sidecar = rows["sidecar"]
+    sidecar.update(
+        fault_cost_own_rate_seconds_median=0.999,
+        fault_cost_own_rate_runs=sidecar["runs"],
+        fault_free_seconds_per_step=0.1,
+    )
+    data["benchmarks"]["recovery"]["runs"] = [
+        {
+            "trainer": "example",
+            "strategy": "sidecar",
+            **{k: sidecar[k] for k in ("fault", "checkpoint_period", "replacement_delay")},
+            "recovery_s": stall[i % 5],
+            "pre_fault_seconds_per_step": 0.1,
+            "fault_cost_own_rate_s": own[i % 5],
+            "fault_cost_s": 0.0,
+        }
+        for i in range(sidecar["runs"])
+    ]
+    vs = {v.target: v for v in targets(sections(data))}
+    rewind = vs["sidecar vs checkpoint rewind, example trainer (kill)"]
+    assert rewind.verdict == "not measured" and "below the run's own stall" in rewind.basis
