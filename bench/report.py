@@ -614,7 +614,15 @@ def _goodput_targets(gp: dict[str, Any] | None) -> list[Verdict]:
         shown = ", ".join(f"{r['strategy']} {fmt(r['goodput'])}" for r in mine) + f", n={fmt(runs)}"
         why = unjudged(gp, runs)
         if side is None or why:
-            out.append(Verdict(name, goal, shown, "not measured", why or "no sidecar row"))
+            side_why = next(
+                (
+                    r["invalid_reason"]
+                    for r in every
+                    if _goodput_group(r) == group and r["strategy"] == "sidecar" and r.get("invalid_reason")
+                ),
+                None,
+            )
+            out.append(Verdict(name, goal, shown, "not measured", why or side_why or "no sidecar row"))
             continue
         best = mine[0]
         ok = side["goodput"] >= best["goodput"]

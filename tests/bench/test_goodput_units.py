@@ -310,6 +310,11 @@ def test_a_cost_below_the_runs_own_stall_is_no_basis_for_the_verdicts_or_goodput
     assert kept["basis_invalid"] == ref_why
     (out,), _ = goodput.compute([kept], goodput.Schedule(fault_mix={"kill": 1}))
     assert out["goodput"] is None and out["invalid_reason"] == ref_why
+    from bench.report import _goodput_targets
+
+    other = {**out, "strategy": "checkpoint_rewind", "goodput": 0.97, "invalid_reason": None}
+    (verdict,) = _goodput_targets({"results": [out, other], "runs": 5})
+    assert verdict.verdict == "not measured" and verdict.basis == ref_why
     # Every cost at or above its stall less a step: both bases stand, and the own rate is used.
     fine = [{**r, "fault_cost_own_rate_s": r["recovery_s"], "fault_cost_s": r["recovery_s"] - 0.08} for r in runs]
     assert own_rate_invalid({**result, "runs": fine}, row) is None
