@@ -429,13 +429,20 @@ def own_rate_costs(rec: dict[str, Any], row: dict[str, Any]) -> list[float]:
     ]
 
 
+STALL_RATE_SLACK = 0.1
+"""How much faster than the rate a cost is taken against the steps computed again after a fault may run
+(:func:`cost_below_stall`): about the spread of the fault-free runs' rates between runs."""
+
+
 def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -> str | None:
     """Why the row's fault costs on one basis cannot be judged (None when they can): a run's cost below its stall.
 
     From the fault until the trainer completes a step above the last one it had completed (the run's
     ``recovery_s``) it keeps no work but the steps it computes again, which only stand in for the
     executions the fault wasted, and the one new step that ends it. So a fault costs at least
-    ``recovery_s`` less one step, at any rate. A cost below that says the rate it was taken against
+    ``recovery_s`` less one step, at any rate, give or take how much faster the steps computed again
+    ran than the rate: allowed for as :data:`STALL_RATE_SLACK` of their time (the fault-free runs'
+    rates spread 9-11% at cedddd8). A cost below that says the rate it was taken against
     (the run's own pre-fault rate with ``own_rate``, else the fault-free runs') is not the rate the run
     went on at: the machine's drift between runs, or a pre-fault window that holds a cost paid once at
     the start. Seen at cedddd8: the sidecar's own-rate costs of 0.5-1.5 s in runs that stalled 3.6-4.0 s.
@@ -454,7 +461,8 @@ def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -
         step = r.get("pre_fault_seconds_per_step") if own_rate else row.get("fault_free_seconds_per_step")
         if r.get(field) is None or r.get("recovery_s") is None or step is None:
             continue
-        floor = float(r["recovery_s"]) - float(step)
+        again = float(r.get("lost_steps") or 0) * float(step)
+        floor = float(r["recovery_s"]) - float(step) - STALL_RATE_SLACK * again
         if float(r[field]) < floor:
             below.append((float(r[field]), floor))
     if not below:
@@ -464,7 +472,7 @@ def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -
     return (
         f"{row.get('strategy')}: cost against {basis} below the run's own stall in {len(below)} of {len(runs)} "
         f"runs (worst {round(cost, 3)} s against {round(floor, 3)} s, the fault to its first new step less one "
-        "step): that rate is not the one the run went on at"
+        "step and the slack for steps computed again): that rate is not the one the run went on at"
     )
 
 

@@ -321,6 +321,11 @@ def test_a_cost_below_the_runs_own_stall_is_no_basis_for_the_verdicts_or_goodput
     assert cost_below_stall({**result, "runs": fine}, row, own_rate=False) is None
     (ok,) = goodput.realistic_rows({**result, "runs": fine})
     assert "basis_invalid" not in ok and ok["fault_cost_own_rate_seconds_median"] == 0.999
+    # Steps computed again may run up to STALL_RATE_SLACK faster than the rate: 10 of them at 0.1 s, 0.1 s.
+    redo = [{**r, "lost_steps": 10, "fault_cost_own_rate_s": r["recovery_s"] - 0.15} for r in runs]
+    assert own_rate_invalid({**result, "runs": redo}, row) is None
+    redo = [{**r, "fault_cost_own_rate_s": r["recovery_s"] - 0.25} for r in redo]
+    assert "in 5 of 5 runs" in (own_rate_invalid({**result, "runs": redo}, row) or "")
     # MaxText's local costs are not judged this way.
     assert cost_below_stall(result, {**row, "fault_cost_method": "local"}, own_rate=True) is None
 
