@@ -417,16 +417,19 @@ def fault_cost(
     return fields, ok, good_refs, rate
 
 
-def own_rate_costs(rec: dict[str, Any], row: dict[str, Any]) -> list[float]:
-    """The row's runs' fault costs against each run's own pre-fault rate (``fault_cost_own_rate_s``)."""
+def row_runs(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The faulted runs of a recovery result behind one of its rows (same trainer, strategy, fault, period, delay)."""
     key = ("strategy", "fault", "checkpoint_period", "replacement_delay")
     return [
-        float(r["fault_cost_own_rate_s"])
+        r
         for r in rec.get("runs") or []
-        if trainer_of(r) == row.get("trainer")
-        and all(r.get(k) == row.get(k) for k in key)
-        and r.get("fault_cost_own_rate_s") is not None
+        if trainer_of(r) == row.get("trainer") and all(r.get(k) == row.get(k) for k in key)
     ]
+
+
+def own_rate_costs(rec: dict[str, Any], row: dict[str, Any]) -> list[float]:
+    """The row's runs' fault costs against each run's own pre-fault rate (``fault_cost_own_rate_s``)."""
+    return [float(r["fault_cost_own_rate_s"]) for r in row_runs(rec, row) if r.get("fault_cost_own_rate_s") is not None]
 
 
 STALL_RATE_SLACK = 0.1
@@ -449,13 +452,8 @@ def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -
     MaxText's rows (a local cost, bench/recovery_maxtext.py) are not judged here."""
     if row.get("fault_cost_method") == "local":
         return None
-    key = ("strategy", "fault", "checkpoint_period", "replacement_delay")
     field = "fault_cost_own_rate_s" if own_rate else "fault_cost_s"
-    runs = [
-        r
-        for r in rec.get("runs") or []
-        if trainer_of(r) == row.get("trainer") and all(r.get(k) == row.get(k) for k in key) and not r.get("error")
-    ]
+    runs = [r for r in row_runs(rec, row) if not r.get("error")]
     below = []
     for r in runs:
         step = r.get("pre_fault_seconds_per_step") if own_rate else row.get("fault_free_seconds_per_step")

@@ -102,7 +102,6 @@ class Copier:
     def __init__(self, via: str, state: dict[str, Any]):
         import jax
 
-        self.via = via
         self.held: Any = None
         self.pending: Any = None
         self.retired: Any = None
@@ -168,26 +167,22 @@ def make_step(kind: str, target_s: float) -> tuple[Any, Any, dict[str, Any]]:
         x = jax.random.normal(jax.random.key(100), (n, n), dtype) / n**0.5
         w = jax.random.normal(jax.random.key(101), (n, n), dtype) / n**0.5
 
-        def body(reps: int) -> Any:
-            @jax.jit
-            def f(a: Any) -> Any:
-                return jax.lax.fori_loop(0, reps, lambda _, y: jnp.tanh(y @ w), a)
+        def update(y: Any) -> Any:
+            return jnp.tanh(y @ w)
 
-            return f
-
-        info = {"n": n, "dtype": str(jnp.dtype(dtype))}
+        info: dict[str, Any] = {"n": n, "dtype": str(jnp.dtype(dtype))}
     else:
         n = (1 << 28) if on_tpu else (1 << 24)  # float32 elements: 1 GiB on a TPU, 64 MiB on a CPU
         x = jnp.ones((n,), jnp.float32)
 
-        def body(reps: int) -> Any:
-            @jax.jit
-            def f(a: Any) -> Any:
-                return jax.lax.fori_loop(0, reps, lambda _, y: y * 0.999 + 0.001, a)
-
-            return f
+        def update(y: Any) -> Any:
+            return y * 0.999 + 0.001
 
         info = {"elements": n, "dtype": "float32"}
+
+    def body(reps: int) -> Any:
+        return jax.jit(lambda a: jax.lax.fori_loop(0, reps, lambda _, y: update(y), a))
+
     one = body(1)
     jax.block_until_ready(one(x))
     t0 = time.perf_counter()
