@@ -31,8 +31,9 @@ With ``--via snapshotter`` the copy is Orbax's ``Snapshotter.save`` itself (its 
 its thread), waited for with its ``join``; it needs orbax-checkpoint and pathwaysutils. The
 default, ``device_put``, is the same call the Snapshotter makes, and needs only JAX.
 
-Imports only the standard library, NumPy and JAX (and Orbax with ``--via snapshotter``), so it
-runs on a machine where the project is not installed.
+Imports only the standard library, NumPy, JAX and :mod:`bench.common` (standard library only at
+import; and Orbax with ``--via snapshotter``), so it runs on a machine where the project is not
+installed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.common import log
 
 STEP_KINDS = ("matmul", "memory")
 
@@ -82,10 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--git-sha", default=None, help="the commit the run's files are (when .git is not there)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     return ap
-
-
-def _say(msg: str) -> None:
-    print(f"[host_link {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _kinds(v: str) -> list[str]:
@@ -214,11 +213,11 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
     import jax
 
     kinds = _kinds(ns.step_kinds)
-    _say(f"backend {jax.default_backend()}, {len(jax.local_devices())} devices; making {ns.state_gib} GiB of state")
+    log(f"backend {jax.default_backend()}, {len(jax.local_devices())} devices; making {ns.state_gib} GiB of state")
     state = make_state(ns.state_gib, ns.leaves)
     state_bytes = sum(v.nbytes for v in state.values())
     copier = Copier(ns.via, state)
-    _say(f"state ready ({state_bytes} bytes); copying it to pinned_host via {ns.via}")
+    log(f"state ready ({state_bytes} bytes); copying it to pinned_host via {ns.via}")
 
     copies: list[float] = []
     releases: list[float] = []
@@ -230,13 +229,13 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         copier.release()
         releases.append(time.perf_counter() - t0)
-        _say(f"copy {r}: {copies[-1]:.4f} s, then {releases[-1]:.4f} s to free the one before")
+        log(f"copy {r}: {copies[-1]:.4f} s, then {releases[-1]:.4f} s to free the one before")
     first_copy, copies = copies[0], copies[1:]
     copy_s = statistics.median(copies)
 
     rows = []
     for kind in kinds:
-        _say(f"{kind} step: sizing it")
+        log(f"{kind} step: sizing it")
         step, x, info = make_step(kind, ns.step_seconds)
         alone = []
         for _ in range(5):
@@ -253,7 +252,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
                 t[with_copy] = timed_window(step, x, window, copier if with_copy else None, state, 1000 + r)
                 copier.release()
             pairs.append({"without_s": round(t[False], 5), "with_s": round(t[True], 5), "copy_first": order[0]})
-            _say(f"{kind} pair {r}: {window} steps {t[False]:.4f} s alone, {t[True]:.4f} s beside a copy")
+            log(f"{kind} pair {r}: {window} steps {t[False]:.4f} s alone, {t[True]:.4f} s beside a copy")
         slow = [p["with_s"] - p["without_s"] for p in pairs]
         c = statistics.median(slow)
         rows.append(
