@@ -109,12 +109,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
+    trainer: Trainer | None = None
     try:
-        return Trainer(ns, events).run()
+        trainer = Trainer(ns, events)
+        return trainer.run()
     except AbortTraining as e:
         events("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})
         print(f"trainer: {e}", file=sys.stderr)
         return e.exit_code
+    finally:
+        if trainer is not None:
+            trainer.close()
 
 
 class Trainer:
@@ -189,6 +194,15 @@ class Trainer:
             on_event=self.events,
             elastic_timeout_seconds=ns.elastic_timeout_seconds,
         )
+
+    def close(self) -> None:
+        """Stops this process's threads before it exits: the loss simulator, the stand-in runtime's
+        watchers and channels, and Orbax's manager (which waits for a save in progress to commit)."""
+        if self.sim is not None:
+            self.sim.stop()
+            self.sim = None
+        self.runtime.stop()
+        self.manager.close()
 
     # -- model -----------------------------------------------------------------
 

@@ -49,15 +49,35 @@ class PathwaysRuntime:
         self._lock = threading.Condition()
         self._applied: set[int] = set()  # slices marked lost in the simulator
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watches: dict[tuple[int, int], grpc.Future] = {}
+        """Each watcher's stream in progress, cancelled by :meth:`stop`."""
 
     def start(self) -> PathwaysRuntime:
         for s, hosts in self._targets.items():
             for h, target in enumerate(hosts):
-                threading.Thread(target=self._watch, args=(s, h, target), daemon=True, name=f"pw-{s}.{h}").start()
+                t = threading.Thread(target=self._watch, args=(s, h, target), daemon=True, name=f"pw-{s}.{h}")
+                t.start()
+                self._threads.append(t)
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ends the watchers and closes every channel before the process exits.
+
+        A thread still inside a gRPC stream while the interpreter finalizes can crash the process
+        (SIGSEGV after the last step, seen once in CI), so the streams are cancelled and their threads
+        joined here rather than left to die with the process."""
         self._stop.set()
+        with self._lock:
+            watches = list(self._watches.values())
+        for call in watches:
+            call.cancel()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
 
     def _set(self, key: tuple[int, int], up: bool) -> None:
         with self._lock:
@@ -70,13 +90,22 @@ class PathwaysRuntime:
         while not self._stop.is_set():
             try:
                 with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as ch:
-                    for resp in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
-                        delay = 0.05
-                        self._set((s, h), resp.status == health_pb2.HealthCheckResponse.SERVING)
+                    call = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""))
+                    with self._lock:
+                        self._watches[(s, h)] = call
+                    if self._stop.is_set():  # stop() ran before this stream was registered
+                        call.cancel()
+                    try:
+                        for resp in call:
+                            delay = 0.05
+                            self._set((s, h), resp.status == health_pb2.HealthCheckResponse.SERVING)
+                    finally:
+                        with self._lock:
+                            self._watches.pop((s, h), None)
             except grpc.RpcError:
                 pass
             self._set((s, h), False)
-            time.sleep(delay)
+            self._stop.wait(delay)
             delay = min(delay * 2, 0.5)
 
     def collective(self, slices: Sequence[int]) -> None:

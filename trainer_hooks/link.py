@@ -147,14 +147,25 @@ class SidecarLink:
                 self._arrived.wait(wait)
             return self.inbox.popleft()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 3.0) -> None:
         """Stop for good: half-close the stream (what is queued still leaves), or give up
-        waiting for a sidecar that is not there, so the link never attaches later."""
+        waiting for a sidecar that is not there, so the link never attaches later.
+
+        Waits up to ``timeout`` for the link's thread to end and close its channel (cancelling the
+        stream if the sidecar has not ended it by then): a thread left inside gRPC while the
+        interpreter exits can crash the process (grpc/grpc#18456: channels must be closed)."""
         self._closed.set()
         self._q.put(_CLOSE)
         call = self._call
         if call is not None and not self.connected.is_set():
             call.cancel()
+        if not self._thread.is_alive() or self._thread is threading.current_thread():
+            return
+        self._thread.join(max(0.0, timeout - 1.0))
+        call = self._call
+        if self._thread.is_alive() and call is not None:
+            call.cancel()
+        self._thread.join(1.0)
 
     def flush_outbox(self, timeout: float = 2.0, *, wait_for_link: bool = False) -> None:
         """Best effort: let queued reports leave before the process exits.

@@ -111,49 +111,52 @@ def trainer_main(argv: list[str]) -> int:
     events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
     events("start", {"slices": ns.slices, "steps": ns.steps, "pid": os.getpid()})
     t = SnapshotTrainer(ns, events) if own.snapshot_every_step else PlainTrainer(ns, events)
-    events("jax_ready", {"devices": len(t.jax.devices())})
-    attempt = {"n": 0}
+    try:
+        events("jax_ready", {"devices": len(t.jax.devices())})
+        attempt = {"n": 0}
 
-    with standin_slice_health(t.runtime):
-        mgr = CpuSliceManager(t.slice_devices)
+        with standin_slice_health(t.runtime):
+            mgr = CpuSliceManager(t.slice_devices)
 
-        def on_elastic_event() -> None:
-            events("elastic_event", {"attempt": attempt["n"]})
-            # A fresh simulator before the manager probes the slices again: the
-            # simulator keys its bookkeeping by id() of arrays, and a reused id
-            # would make a healthy slice's probe look lost (the demo trainer
-            # does the same for every new mesh).
-            t._new_simulator()
-            t.runtime.apply(t.sim, t.slice_devices)
+            def on_elastic_event() -> None:
+                events("elastic_event", {"attempt": attempt["n"]})
+                # A fresh simulator before the manager probes the slices again: the
+                # simulator keys its bookkeeping by id() of arrays, and a reused id
+                # would make a healthy slice's probe look lost (the demo trainer
+                # does the same for every new mesh).
+                t._new_simulator()
+                t.runtime.apply(t.sim, t.slice_devices)
 
-        def boundary(step: int) -> None:
-            if isinstance(t, SnapshotTrainer):
-                t.snapshot(step)
-            # MaxText's maybe_elastic_scale_up: grow at a step boundary by re-running the function.
-            if mgr.available_inactive_slices:
-                events("scale_up_signal", {"step": step, "slices": sorted(mgr.available_inactive_slices)})
-                raise pw_manager.ScaleUpSignalError(f"slices {sorted(mgr.available_inactive_slices)} available")
+            def boundary(step: int) -> None:
+                if isinstance(t, SnapshotTrainer):
+                    t.snapshot(step)
+                # MaxText's maybe_elastic_scale_up: grow at a step boundary by re-running the function.
+                if mgr.available_inactive_slices:
+                    events("scale_up_signal", {"step": step, "slices": sorted(mgr.available_inactive_slices)})
+                    raise pw_manager.ScaleUpSignalError(f"slices {sorted(mgr.available_inactive_slices)} available")
 
-        @mgr.elastic_retry(
-            minimum_slice_count=None if own.min_slices == -1 else own.min_slices,
-            poll_interval=own.poll_interval,
-            timeout=own.timeout,
-            on_elastic_event_callback=on_elastic_event,
-            retry_policy=pw_manager.ElasticRetryLimit(own.max_retries),
-        )
-        def train() -> int:
-            attempt["n"] += 1
-            slices = sorted(mgr.active_slice_indices)
-            step = t.build(slices, attempt["n"], f"elastic_retry attempt {attempt['n']}: last committed checkpoint")
-            return t.train(step, boundary)
+            @mgr.elastic_retry(
+                minimum_slice_count=None if own.min_slices == -1 else own.min_slices,
+                poll_interval=own.poll_interval,
+                timeout=own.timeout,
+                on_elastic_event_callback=on_elastic_event,
+                retry_policy=pw_manager.ElasticRetryLimit(own.max_retries),
+            )
+            def train() -> int:
+                attempt["n"] += 1
+                slices = sorted(mgr.active_slice_indices)
+                step = t.build(slices, attempt["n"], f"elastic_retry attempt {attempt['n']}: last committed checkpoint")
+                return t.train(step, boundary)
 
-        try:
-            step = train()
-        except (pw_manager.ElasticRuntimeError, TimeoutError) as e:
-            events("abort", {"reason": f"{type(e).__name__}: {e}"[:200]})
-            return 42
-    t.finish(step)
-    return 0
+            try:
+                step = train()
+            except (pw_manager.ElasticRuntimeError, TimeoutError) as e:
+                events("abort", {"reason": f"{type(e).__name__}: {e}"[:200]})
+                return 42
+        t.finish(step)
+        return 0
+    finally:
+        t.close()
 
 
 def rewind_main(argv: list[str] | None, prog: str, description: str | None, strategy: CheckpointRewind) -> int:

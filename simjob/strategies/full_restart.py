@@ -75,22 +75,25 @@ def trainer_main(argv: list[str]) -> int:
     events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
     events("start", {"slices": ns.slices, "steps": ns.steps, "pid": os.getpid()})
     t = PlainTrainer(ns, events)
-    events("jax_ready", {"devices": len(t.jax.devices())})
-    all_slices = list(range(ns.slices))
-    if not t.runtime.wait_available(all_slices, timeout=120.0):
-        events("abort", {"reason": "slices not available"})
-        return EXIT_CRASHED
-    step = t.build(all_slices, 0, "full restart: fresh process, last committed periodic checkpoint")
     try:
-        step = t.train(step)
-    except t.jax.errors.JaxRuntimeError as e:
-        if not is_slice_down(e):
-            raise
-        # A trainer without elasticity dies on a slice-down error; JobSet restarts everything.
-        events("abort", {"reason": str(e)[:200]})
-        return EXIT_CRASHED
-    t.finish(step)
-    return 0
+        events("jax_ready", {"devices": len(t.jax.devices())})
+        all_slices = list(range(ns.slices))
+        if not t.runtime.wait_available(all_slices, timeout=120.0):
+            events("abort", {"reason": "slices not available"})
+            return EXIT_CRASHED
+        step = t.build(all_slices, 0, "full restart: fresh process, last committed periodic checkpoint")
+        try:
+            step = t.train(step)
+        except t.jax.errors.JaxRuntimeError as e:
+            if not is_slice_down(e):
+                raise
+            # A trainer without elasticity dies on a slice-down error; JobSet restarts everything.
+            events("abort", {"reason": str(e)[:200]})
+            return EXIT_CRASHED
+        t.finish(step)
+        return 0
+    finally:
+        t.close()
 
 
 def main(argv: list[str] | None = None) -> int:
