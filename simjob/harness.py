@@ -67,6 +67,14 @@ _Tail = JsonTail
 """The old name, which :mod:`simjob.strategies.common` imports."""
 
 
+def signal_name(signum: int) -> str:
+    """``SIGSEGV`` for 11; the number itself for one this platform does not name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 @dataclass
 class Host:
     slice: int
@@ -132,7 +140,8 @@ class Job:
         self.state_path = self.state_dir / "state.json"
         self.journal_path = self.state_dir / "journal.jsonl"
         self._files: list[IO[bytes]] = []
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # PYTHONFAULTHANDLER: a child killed by a fatal signal (SIGSEGV) writes every thread's stack to its log.
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         self.emulator: Any = None
         self.topic = ""
         self.subscription = ""
@@ -561,7 +570,10 @@ class Demo:
         t = self.job.trainer
         if t is None or t.returncode in (None, 0):
             return None
-        why = last_error(self.job.logs / "trainer.log") if t.returncode not in BENIGN_EXITS else None
+        log = self.job.logs / "trainer.log"
+        why = last_error(log) if t.returncode not in BENIGN_EXITS else None
+        if t.returncode < 0:  # killed by a signal: its log holds every thread's stack (PYTHONFAULTHANDLER)
+            return f"the trainer was killed by {signal_name(-t.returncode)} (exit {t.returncode}; its log: {log})"
         return f"the trainer exited with code {t.returncode}" + (f": {why}" if why else "")
 
     def make_job(self, ns: argparse.Namespace, workdir: Path) -> Job:

@@ -131,6 +131,7 @@ def trainer_env(ns: argparse.Namespace) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
         **cpu_device_env(ns.slices * ns.devices_per_slice),
     }
 
@@ -155,7 +156,8 @@ class StandinJob:
         self.trainer: subprocess.Popen[bytes] | None = None
         self.trainer_starts = 0
         self._files: list[IO[bytes]] = []
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # PYTHONFAULTHANDLER: a child killed by a fatal signal (SIGSEGV) writes every thread's stack to its log.
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         self.harness_events = sim_trainer.EventLog(workdir / "harness-events.jsonl")
 
     def _log(self, name: str) -> IO[bytes]:

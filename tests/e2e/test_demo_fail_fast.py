@@ -156,7 +156,20 @@ def test_a_stop_signal_while_training_stops_every_process(
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate(timeout=30)
+            left: list[bytes] = []
+            for pid in children:  # in process groups of their own: not reached by the group's SIGKILL
+                try:
+                    if _alive(pid):
+                        left.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+                        os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            pytest.fail(f"the demo had not exited 60 s after {signal.Signals(sig).name}; still alive: {left}\n{out}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -212,3 +225,24 @@ def test_default_faults_fit_a_short_or_small_run() -> None:
         resolve_faults(_ns("--steps", "100", "--fault", "kill:1.0@500"), DEFAULT_FAULTS, FAULT_KINDS, notes.append)
     with pytest.raises(SetupError, match="conflicts"):
         resolve_faults(_ns("--no-faults", "--fault", "kill:1.0@5"), DEFAULT_FAULTS, FAULT_KINDS, notes.append)
+
+
+def test_a_trainer_killed_by_a_signal_is_named_with_its_log_and_its_threads_stacks(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from simjob.harness import Demo, Job
+
+    job = Job(_ns(), tmp_path / "job")
+    job.logs.mkdir(parents=True, exist_ok=True)
+    log = job.logs / "trainer.log"
+    with log.open("wb") as out:  # a child as the demo starts it: its environment, its log
+        job.trainer = subprocess.Popen(
+            [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=job.env,
+        )
+    assert job.trainer.wait(30) == -signal.SIGSEGV
+    why = Demo.trainer_failure(SimpleNamespace(job=job))  # type: ignore[arg-type]
+    assert why == f"the trainer was killed by SIGSEGV (exit -11; its log: {log})"
+    assert "Fatal Python error: Segmentation fault" in log.read_text()
