@@ -307,8 +307,13 @@ async def test_sigstop_is_noticed_as_heartbeat_timeout(coordinator: Observed, pr
     inc = obs.coord.state.hosts[(0, 0)].incarnation
     # A running host: heard from since its registration (before that, the longer first timeout applies;
     # see test_a_just_registered_worker_gets_the_first_heartbeat_timeout_then_the_usual_one).
+    # The reply written first (``replied_at`` set; before it, ``last_seen`` and ``credited`` differ by
+    # their defaults alone, and a reply written after the stop would give the first timeout: 3.7 s seen
+    # under load), then a message read after it.
     conn = obs.coord.workers[(0, 0)]
-    await obs.wait_for(lambda: conn.last_seen != conn.credited, 5.0, "a heartbeat after the registration", ps)
+    await obs.wait_for(
+        lambda: conn.replied_at > 0 and conn.last_seen != conn.credited, 5.0, "a heartbeat after the reply", ps
+    )
 
     t0 = time.monotonic()
     ps[0].send_signal(signal.SIGSTOP)
