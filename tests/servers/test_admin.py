@@ -23,7 +23,7 @@ from agent.config import WorkerConfig
 from agent.core.model import Phase, WorkerLost
 from agent.servers.admin import READ_ONLY
 from agent.worker import Worker
-from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc
+from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc, peer_pb2_grpc
 from tests.servers.conftest import JOB, Job, start_job, wait_for, write_token
 
 
