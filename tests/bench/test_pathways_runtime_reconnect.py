@@ -59,3 +59,22 @@ def test_a_returning_worker_is_seen_and_joins_the_collective_promptly() -> None:
     finally:
         runtime.stop()
         server.stop(0)
+
+
+def test_stop_ends_every_watcher_and_closes_the_channels() -> None:
+    """Nothing of the runtime is left inside gRPC when the trainer exits (a thread in a stream while the
+    interpreter finalizes can crash the process: grpc/grpc#18456), and stop() does not wait them out."""
+    port = free_port()
+    server = _serve(port)
+    runtime = PathwaysRuntime({s: [f"127.0.0.1:{port}"] for s in range(3)}, collective_timeout=2.0).start()
+    try:
+        assert runtime.wait_available([0, 1, 2], timeout=10.0)
+        runtime.collective([0, 1, 2])  # a cached channel per target
+        t0 = time.monotonic()
+        runtime.stop()
+        took = time.monotonic() - t0
+        assert not [t.name for t in runtime._threads if t.is_alive()]  # noqa: SLF001
+        assert not runtime._channels and not runtime._watches  # noqa: SLF001
+        assert took < 1.0, took  # the streams were cancelled (about 2 ms), not waited out (3.3 s without it)
+    finally:
+        server.stop(0)

@@ -33,6 +33,8 @@ class _Stream:
     def __init__(self, metadata: dict[str, str]) -> None:
         self.metadata = metadata
         self.outbox: queue.SimpleQueue[trainer_pb2.SidecarCommand] = queue.SimpleQueue()
+        self.half_closed = threading.Event()
+        """The trainer ended its side (``SidecarLink.close``): the sidecar ends the stream, as the coordinator does."""
 
 
 class FakeSidecar(trainer_pb2_grpc.TrainerLinkServicer):
@@ -119,6 +121,7 @@ class FakeSidecar(trainer_pb2_grpc.TrainerLinkServicer):
                     with self._cond:
                         self.received.append(m)
                         self._cond.notify_all()
+                stream.half_closed.set()
             except grpc.RpcError:
                 pass
 
@@ -126,7 +129,7 @@ class FakeSidecar(trainer_pb2_grpc.TrainerLinkServicer):
         with self._cond:
             self._stream = stream
             self._cond.notify_all()
-        while context.is_active():
+        while context.is_active() and not stream.half_closed.is_set():
             try:
                 yield stream.outbox.get(timeout=0.05)
             except queue.Empty:

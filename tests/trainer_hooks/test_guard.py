@@ -677,3 +677,18 @@ def test_finished_reaches_a_sidecar_that_is_restarting_when_training_ends(flushe
             back.stop()
     finally:
         session.close()
+
+
+def test_close_ends_the_link_and_its_thread_before_returning(flusher: Flusher) -> None:
+    """What was queued still leaves, the sidecar ends the stream on the trainer's half-close, and no thread
+    of the link is left inside gRPC when the process goes on to exit (grpc/grpc#18456)."""
+    with FakeSidecar() as sidecar:
+        session, _ = connect(sidecar.address, flusher)
+        started(sidecar, session, steps=2)
+        session.report_step(3, 0.001)
+        t0 = time.monotonic()
+        session.close()
+        took = time.monotonic() - t0
+        assert not session._link._thread.is_alive()  # noqa: SLF001
+        assert [m.step for m in sidecar.of("step")][-1] == 3
+        assert took < 2.0, took  # ended by the sidecar, not cancelled after the wait

@@ -176,7 +176,7 @@ async def test_every_process_holds_at_the_same_step_across_100_holds_under_rando
                 link._arrived.notify_all()
         for p in procs:
             p.join(5)
-            p.session.close()
+            await asyncio.to_thread(p.session.close)  # off the loop: the coordinator on it ends the stream
         await coord.stop(grace=0.1)
 
 

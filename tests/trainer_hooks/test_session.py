@@ -285,7 +285,7 @@ async def running(min_slices: int = -1, max_retries: int = 10, steps: int = 5) -
         yield rig
     finally:
         _unblock(session)
-        session.close()
+        await asyncio.to_thread(session.close)  # off the loop: the coordinator on it ends the stream
         await coord.stop(grace=0.1)
 
 
@@ -319,7 +319,7 @@ async def test_a_trainer_given_another_port_of_the_sidecar_says_which_address_to
             with pytest.raises(SidecarAddressError) as ei:
                 await asyncio.wait_for(asyncio.to_thread(session.start, -1), 15)
         finally:
-            session.close()
+            await asyncio.to_thread(session.close)
         waited = time.monotonic() - t0
     finally:
         await coord.stop(grace=0.1)
@@ -510,5 +510,5 @@ async def test_the_coordinator_takes_the_token_from_the_token_file_and_refuses_a
     finally:
         for s in sessions:
             _unblock(s)
-            s.close()
+            await asyncio.to_thread(s.close)
         await coord.stop(grace=0.1)
