@@ -65,8 +65,9 @@ class PathwaysRuntime:
         """Ends the watchers and closes every channel before the process exits.
 
         A thread still inside a gRPC stream while the interpreter finalizes can crash the process
-        (SIGSEGV after the last step, seen once in CI), so the streams are cancelled and their threads
-        joined here rather than left to die with the process."""
+        (grpc/grpc#18456: channels must be closed; a trainer's SIGSEGV after its last step, seen once
+        in CI, is the suspected case), so the streams are cancelled and their threads joined here
+        rather than left to die with the process."""
         self._stop.set()
         with self._lock:
             watches = list(self._watches.values())
