@@ -140,6 +140,12 @@ def check_port_free(flag: str, addr: str | None) -> None:
             ) from None
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process the demo or a benchmark strategy starts: unbuffered output, and
+    PYTHONFAULTHANDLER, so that one killed by a fatal signal (SIGSEGV) leaves every thread's stack in its log."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **extra}
+
+
 # -- signals -----------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ from simjob.demo_common import (
     JsonTail,
     LiveReport,
     SetupError,
+    child_env,
     drive,
     finish_line,
     fit,
@@ -140,8 +141,7 @@ class Job:
         self.state_path = self.state_dir / "state.json"
         self.journal_path = self.state_dir / "journal.jsonl"
         self._files: list[IO[bytes]] = []
-        # PYTHONFAULTHANDLER: a child killed by a fatal signal (SIGSEGV) writes every thread's stack to its log.
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        self.env = child_env()
         self.emulator: Any = None
         self.topic = ""
         self.subscription = ""

@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from simjob import trainer as sim_trainer
 from simjob.cpu_devices import cpu_device_env
+from simjob.demo_common import child_env
 from simjob.harness import _Tail, free_port
 from simjob.options import DEFAULT_FAULTS, FaultSpec, check_faults, parse_fault
 from simjob.summary import FaultRecord, render, summarize
@@ -128,12 +129,7 @@ class PlainTrainer(sim_trainer.Trainer):
 
 
 def trainer_env(ns: argparse.Namespace) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONFAULTHANDLER": "1",
-        **cpu_device_env(ns.slices * ns.devices_per_slice),
-    }
+    return child_env(**cpu_device_env(ns.slices * ns.devices_per_slice))
 
 
 # ---------------------------------------------------------------------------
@@ -156,8 +152,7 @@ class StandinJob:
         self.trainer: subprocess.Popen[bytes] | None = None
         self.trainer_starts = 0
         self._files: list[IO[bytes]] = []
-        # PYTHONFAULTHANDLER: a child killed by a fatal signal (SIGSEGV) writes every thread's stack to its log.
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        self.env = child_env()
         self.harness_events = sim_trainer.EventLog(workdir / "harness-events.jsonl")
 
     def _log(self, name: str) -> IO[bytes]:
