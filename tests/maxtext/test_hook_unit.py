@@ -108,6 +108,14 @@ class Manager:
     labels: list[int] = field(default_factory=list)
 
 
+class EmergencyManager(Manager):
+    """Orbax's emergency ``CheckpointManager`` as MaxText names it (``enable_emergency_checkpoint``)."""
+
+
+class ReplicatorManager(Manager):
+    """Orbax's ``ReplicatorCheckpointManager`` as MaxText names it (``enable_multi_tier_checkpointing``)."""
+
+
 @dataclass
 class Config:
     elastic_enabled: bool = False
@@ -147,6 +155,8 @@ def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     """``maxtext.common.checkpointing`` and ``maxtext.utils.elastic_utils``, as far as the hook uses them."""
     ckpt = types.ModuleType("maxtext.common.checkpointing")
     ckpt.wait_until_finished = lambda m: None  # type: ignore[attr-defined]
+    ckpt.EmergencyCheckpointManager = EmergencyManager  # type: ignore[attr-defined]
+    ckpt.EmergencyReplicatorCheckpointManager = ReplicatorManager  # type: ignore[attr-defined]
     ckpt.all_steps = lambda m: list(m.labels)  # type: ignore[attr-defined]
 
     def save_checkpoint(m: Manager, step: int, state: Any, config: Any, it: Any, force: bool = False) -> bool:
@@ -847,6 +857,27 @@ def test_the_restore_ladder_takes_the_newest_snapshot_unless_a_committed_checkpo
     assert lines[0]["data"] == "restored" and lines[0]["committed_step"] == 0
     assert "older than the newest committed checkpoint" in lines[1]["why"]
     assert "No active replicas" in lines[2]["why"] and "No active replicas" in lines[3]["why"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "bare"), [(Manager, False), (EmergencyManager, True), (ReplicatorManager, True)], ids=lambda x: str(x)
+)
+def test_a_snapshot_restore_has_the_shape_maxtext_expects_of_each_checkpoint_manager(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, kind: type, bare: bool
+) -> None:
+    """MaxText's ``setup_training_state`` overlays ``restored`` itself for the emergency and replicator
+    (multi-tier) managers and ``restored["items"]`` for the plain one: a snapshot comes back the same way."""
+    import numpy as np
+
+    job, _ = snapshot_job(monkeypatch)
+    job.manager = kind()
+    job.device_state["state"] = {"w": np.full(4, 2.0, np.float32)}
+    job.run(0, 3)
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    restored, params = load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    assert params is None
+    state = restored if bare else restored["items"]
+    assert set(state) == {"w"} and state["w"].tolist() == [2.0] * 4, restored
 
 
 def test_a_snapshot_whose_state_disagrees_with_its_step_is_not_restored(

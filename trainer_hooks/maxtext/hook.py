@@ -468,7 +468,7 @@ class MaxTextHook:
 
         The snapshot is loaded onto the shardings of the abstract state MaxText passes (the new
         mesh's), and the data iterator is set back to the position saved with it. Returns what
-        ``load_state_if_possible`` returns (``({"items": state}, None)`` for a full state).
+        ``load_state_if_possible`` returns for this manager kind (:func:`restore_result`).
         """
         manager = named.get("checkpoint_manager")
         abstract = named.get("abstract_unboxed_pre_state")
@@ -510,7 +510,7 @@ class MaxTextHook:
                             f"committed checkpoint (step {committed})",
                         },
                     )
-                    return {"items": r.state}, None
+                    return restore_result(manager, r.state)
         result = load(*args, **kwargs)
         restored = isinstance(result, tuple) and any(x is not None for x in result)
         source, step = ("checkpoint", committed) if restored else ("fresh", 0)
@@ -875,6 +875,34 @@ class MaxTextHook:
         import jax
 
         return jax.errors.JaxRuntimeError(f"DATA_LOSS: elastic-sidecar: shrink, {why}")
+
+
+def bare_state_managers() -> tuple[type, ...]:
+    """The checkpoint manager kinds whose restore MaxText hands back as the bare state.
+
+    MaxText 0.2.5 decides by one ``isinstance`` test in both places that touch the
+    shape: ``checkpointing.load_state_if_possible`` (case 1: ``EmergencyCheckpointManager``
+    or ``EmergencyReplicatorCheckpointManager`` returns ``(restored, None)``, the v1
+    ``Checkpointer`` ``({"items": ...}, None)``) and ``maxtext_utils.setup_training_state``
+    (``overlay = restored if is_emergency else restored["items"]``, the same two Orbax
+    classes: emergency ``CheckpointManager`` for ``enable_emergency_checkpoint``, the
+    replicator's for ``enable_multi_tier_checkpointing``). The hook reads the names from
+    MaxText's own module, so the test is the one MaxText makes.
+    """
+    from maxtext.common import checkpointing
+
+    names = ("EmergencyCheckpointManager", "EmergencyReplicatorCheckpointManager")
+    return tuple(t for t in (getattr(checkpointing, n, None) for n in names) if isinstance(t, type))
+
+
+def restore_result(manager: Any, state: Any) -> tuple[Any, None]:
+    """What MaxText's ``load_state_if_possible`` returns for a full state restored for ``manager``:
+    the bare state for the emergency and multi-tier (replicator) managers, ``{"items": state}`` for
+    the plain Orbax v1 ``Checkpointer`` (see :func:`bare_state_managers`)."""
+    bare = bare_state_managers()
+    if bare and isinstance(manager, bare):
+        return state, None
+    return {"items": state}, None
 
 
 def terminal_elastic_failure(err: BaseException) -> str | None:
