@@ -1005,3 +1005,55 @@ def test_a_grow_the_sidecar_decides_keeps_the_boundary_as_a_snapshot_and_a_shrin
     job.step(5)  # the next attempt, on both slices
     r = job.link.last("resumed")
     assert (r.step, list(r.active_slices)) == (5, [0, 1])
+
+
+# ---------------------------------------------------------------------------
+# data paths a snapshot cannot keep: refused at start, never replayed
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"colocated_python_data_input": True}, "colocated_python_data_input=true"),
+        ({"expansion_factor_real_data": 0.5}, "expansion_factor_real_data=0.5"),
+        ({"enable_rampup_batch_size": True}, "enable_rampup_batch_size=true"),
+    ],
+    ids=["colocated", "iterator-list", "rampup"],
+)
+def test_a_data_path_whose_position_a_snapshot_cannot_keep_exits_2_at_start_naming_the_flag(
+    fake_maxtext: Any, capsys: pytest.CaptureFixture[str], flags: dict[str, Any], named: str
+) -> None:
+    config = Config(elastic_enabled=True)
+    config.dataset_type = "grain"  # type: ignore[attr-defined]
+    for k, v in flags.items():
+        setattr(config, k, v)
+    job = Job(config, start=False, snapshot_every=1)
+    with pytest.raises(SystemExit) as exc:
+        job.train.initialize(["train.py"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {named}:" in err and "ELASTIC_SIDECAR_SNAPSHOT_EVERY=0" in err, err
+    assert job.link.sent == [], "refused before the sidecar hears of the job"
+
+
+@pytest.mark.parametrize("every", [0, 1])
+def test_the_same_flags_start_without_snapshots_or_on_synthetic_data(fake_maxtext: Any, every: int) -> None:
+    config = Config(elastic_enabled=True)
+    config.colocated_python_data_input = True  # type: ignore[attr-defined]
+    config.dataset_type = "grain" if every == 0 else "synthetic"  # type: ignore[attr-defined]
+    job = Job(config, snapshot_every=every)
+    job.run(0, 2)
+    assert job.ran == [0, 1]
+
+
+def test_an_iterator_without_a_readable_position_exits_2_before_the_first_snapshot(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, made = snapshot_job(monkeypatch)
+    job.config.dataset_type = "tfds"  # type: ignore[attr-defined]
+    job.data_iterator = iter([])  # no grain get_state: its position would be lost
+    with pytest.raises(SystemExit) as exc:
+        job.step(0)
+    assert exc.value.code == 2 and job.ran == [] and made == []
+    assert "dataset_type=tfds" in capsys.readouterr().err

@@ -70,6 +70,7 @@ from trainer_hooks.maxtext.snapshot import (
     Layout,
     Snapshots,
     data_position,
+    local_iterator,
     nbytes_per_replica,
     set_data_position,
     snapshot_every_from_env,
@@ -269,6 +270,12 @@ class MaxTextHook:
         return config, recorder
 
     def _start(self, config: Any) -> None:
+        if self._elastic() and self.interval.every != 0:
+            refused = snapshot_data_refusal(config)
+            if refused is not None:
+                say("refused", {"reason": refused})
+                print(f"{LOG_PREFIX}: error: {refused}", file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_USAGE)
         settings = settings_from_config(config)
         self.session = self._connect(
             self.address,
@@ -379,6 +386,8 @@ class MaxTextHook:
         # it needs reaches their period (trainer_hooks.maxtext.interval).
         self.interval.ceiling = self._checkpoint_period()
         layout = self._snapshot_layout(jax_device_state)
+        if layout.usable:
+            self._refuse_unkept_data((self._python_vars or {}).get("data_iterator"))
         self.snapshots.configure(layout)
         state = jax_device_state.get("state")
         fields = layout.fields() | {"bytes_per_replica": nbytes_per_replica(state) if state is not None else 0}
@@ -389,6 +398,23 @@ class MaxTextHook:
                 "warning",
                 {"message": f"in-memory snapshots off: {layout.why}; a lost slice restores the newest checkpoint"},
             )
+
+    def _refuse_unkept_data(self, data_iterator: Any) -> None:
+        """Exit 2 before a snapshot is taken when this attempt's data iterator has a position that a
+        snapshot cannot keep (a data set other than MaxText's synthetic one, not read through grain's
+        ``get_state``, e.g. tfds): a restore would replay it. The flags known at start are refused
+        there (:func:`snapshot_data_refusal`); this catches the iterators MaxText builds otherwise."""
+        config = self._config
+        dataset = str(getattr(config, "dataset_type", "synthetic"))
+        if dataset == "synthetic" or data_iterator is None or local_iterator(data_iterator) is not None:
+            return
+        reason = (
+            f"dataset_type={dataset}: in-memory snapshots cannot keep the position of MaxText's data iterator "
+            f"({type(data_iterator).__name__}, no grain get_state); use dataset_type=grain, or set "
+            f"{ENV_SNAPSHOT_EVERY}=0 (a lost slice then restores MaxText's newest checkpoint)"
+        )
+        say("refused", {"reason": reason})
+        self._exit(AbortTraining(EXIT_USAGE, reason, self.session.committed_step if self.session else -1))
 
     def _snapshot_layout(self, jax_device_state: dict[str, Any]) -> Layout:
         if self.interval.every == 0:
@@ -875,6 +901,50 @@ class MaxTextHook:
         import jax
 
         return jax.errors.JaxRuntimeError(f"DATA_LOSS: elastic-sidecar: shrink, {why}")
+
+
+def snapshot_data_refusal(config: Any) -> str | None:
+    """Why in-memory snapshots would replay data on this MaxText configuration (None: they would not).
+
+    A snapshot keeps the data position only of what :func:`.snapshot.data_position` can read: grain's
+    iterator inside MaxText's ``MultiHostDataLoadIterator`` (``get_state``/``set_state``), and nothing
+    for synthetic data (every batch alike). MaxText 0.2.5 builds other iterators on these flags
+    (``input_pipeline/grain_data_processing.py`` ``make_grain_train_iterator``, ``tfds_data_processing.py``,
+    ``common/data_loader.py``):
+
+    * ``colocated_python_data_input=true``: a ``RemoteIteratorWrapper`` whose position lives in the
+      colocated process and is saved only to files by step (``save_state(step)``), not read back here;
+    * ``0 < expansion_factor_real_data < 1``: a list of iterators that MaxText's ``DataLoader`` takes
+      in turn, its turn index held in the loader;
+    * ``enable_rampup_batch_size=true``: ``RampUpDataLoader`` slices batches from a buffer of a
+      fetched batch, which no iterator position holds.
+
+    A restore from a snapshot would then start the data again (or mid-buffer): refused, with what
+    to change, rather than replayed silently. MaxText's own checkpoints keep these positions, so
+    ``ELASTIC_SIDECAR_SNAPSHOT_EVERY=0`` (restores from checkpoints only) is always a way out.
+    """
+    if str(getattr(config, "dataset_type", "synthetic")) == "synthetic":
+        return None
+    off = f"or set {ENV_SNAPSHOT_EVERY}=0 (a lost slice then restores MaxText's newest checkpoint, which keeps it)"
+    why = "in-memory snapshots cannot keep the data position of"
+    if getattr(config, "colocated_python_data_input", False):
+        return (
+            f"colocated_python_data_input=true: {why} MaxText's RemoteIteratorWrapper (it lives in the colocated "
+            f"Python process); set colocated_python_data_input=false, {off}"
+        )
+    factor = float(getattr(config, "expansion_factor_real_data", -1) or -1)
+    if 0 < factor < 1:
+        return (
+            f"expansion_factor_real_data={factor:g}: {why} the list of data iterators MaxText builds for a factor "
+            f"below 1 (and its DataLoader's turn among them); set expansion_factor_real_data to -1 or a whole "
+            f"number >= 1, {off}"
+        )
+    if getattr(config, "enable_rampup_batch_size", False):
+        return (
+            f"enable_rampup_batch_size=true: {why} MaxText's RampUpDataLoader (part of a fetched batch waits in "
+            f"its buffer); set enable_rampup_batch_size=false, {off}"
+        )
+    return None
 
 
 def bare_state_managers() -> tuple[type, ...]:
