@@ -27,6 +27,7 @@ from trainer_hooks import ElasticSession
 from trainer_hooks.maxtext import MaxTextHook
 from trainer_hooks.maxtext import hook as hook_module
 from trainer_hooks.maxtext.interval import SnapshotInterval
+from trainer_hooks.session import is_slice_down
 
 from ..trainer_hooks.sidecar import FakeSidecar, call_within, free_port
 from ..trainer_hooks.sidecar import resume as resume_cmd
@@ -1057,3 +1058,59 @@ def test_an_iterator_without_a_readable_position_exits_2_before_the_first_snapsh
         job.step(0)
     assert exc.value.code == 2 and job.ran == [] and made == []
     assert "dataset_type=tfds" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# bounded recovery
+# ---------------------------------------------------------------------------
+
+
+def test_a_copy_that_never_finishes_makes_the_restore_take_the_checkpoint_within_its_bound(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    job, made = snapshot_job(monkeypatch)
+    assert job.hook.snapshots.wait_seconds == hook_module.RECOVERY_WAIT_FRACTION * job.config.elastic_timeout_seconds
+    job.run(0, 3)
+    never = threading.Event()
+    made[0].join = lambda: never.wait()  # type: ignore[method-assign]  # a copy to a dead host
+    job.hook.snapshots.wait_seconds = 0.2
+    job.manager.labels.append(0)
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    try:
+        result = load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    finally:
+        never.set()
+    assert result == ({"items": ("checkpoint", 1)}, None)
+    (line,) = hook_lines(capsys.readouterr().err, "restored")
+    assert line["source"] == "checkpoint" and "did not finish within 0.2 s" in line["why"], line
+
+
+def test_no_slice_both_healthy_and_decided_is_a_slice_loss_for_elastic_retry_not_a_value_error(
+    fake_maxtext: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import jax
+
+    job = Job(Config(elastic_enabled=True), start_slices=(0,))
+    mgr = fake_maxtext.elastic_utils.elastic_manager
+    with pytest.raises(jax.errors.JaxRuntimeError) as err:
+        mgr.active_slice_indices = frozenset({1})  # wait_for_slices found only slice 1 healthy
+    assert is_slice_down(err.value) and "no slice is both healthy and decided" in str(err.value)
+    assert hook_lines(capsys.readouterr().err, "elastic_error") == [
+        {"healthy": [1], "decided": [0], "why": "no slice both healthy and decided"}
+    ]
+    mgr.active_slice_indices = frozenset({0, 1})
+    assert mgr.active_slice_indices == frozenset({0}) and job.hook.seam is not None
+
+
+def test_a_restart_releases_the_attempts_python_vars(fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax
+
+    job, _ = snapshot_job(monkeypatch)
+    job.run(0, 3)
+    assert job.hook._python_vars is not None
+    job.link.inbox.append(resume(2, 0))  # a shrink: the attempt ends
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        job.step(3)
+    assert job.hook._python_vars is None and job.hook._device_state is None

@@ -69,6 +69,7 @@ from trainer_hooks.maxtext.snapshot import (
     ENV_SNAPSHOT_EVERY,
     Layout,
     Snapshots,
+    SnapshotUnavailable,
     data_position,
     local_iterator,
     nbytes_per_replica,
@@ -89,6 +90,10 @@ EXIT_USAGE = 2
 """Bad configuration (a bad ``ELASTIC_SIDECAR_SNAPSHOT_EVERY``), or MaxText/pathwaysutils not as the hook was built for."""
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 LOG_PREFIX = "trainer_hooks.maxtext"
+RECOVERY_WAIT_FRACTION = 0.25
+"""Every wait on a snapshot on the recovery path (the copy in flight, the load onto the new mesh) is bounded
+by this fraction of MaxText's ``elastic_timeout_seconds``: past it the snapshot counts as unavailable and the
+checkpoint decides, with the rest of the attempt's time left for that."""
 PERIODIC_POLL_SECONDS = 1.0
 """How often the hook re-reads the checkpoint directory while a periodic save of MaxText's is pending."""
 
@@ -277,6 +282,7 @@ class MaxTextHook:
                 print(f"{LOG_PREFIX}: error: {refused}", file=sys.stderr, flush=True)
                 raise SystemExit(EXIT_USAGE)
         settings = settings_from_config(config)
+        self.snapshots.wait_seconds = RECOVERY_WAIT_FRACTION * settings.elastic_timeout_seconds
         self.session = self._connect(
             self.address,
             job=self.job,
@@ -503,15 +509,24 @@ class MaxTextHook:
         snaps = self.snapshots
         t0 = time.monotonic()
         snap_step: int | None = None
+        try:
+            snap_step = snaps.newest_step()
+            waited = ""
+        except SnapshotUnavailable as e:  # a copy that never resolves (a dead host): the checkpoint decides
+            waited = f"the snapshot is unavailable: {e}"
         if snaps.snapshotter is None:
             why = "no snapshot in this process" + (f" ({snaps.layout.why})" if snaps.layout is not None else "")
+        elif waited:
+            why = waited
         else:
-            snap_step = snaps.newest_step()
             if snap_step is None:
                 why = "no complete snapshot"
             elif snap_step < committed:
                 why = f"the newest snapshot (step {snap_step}) is older than the newest committed checkpoint"
-                snaps.forget()
+                try:
+                    snaps.forget()
+                except SnapshotUnavailable as e:
+                    say("warning", {"message": f"the older snapshot stays in memory: {e}"})
             else:
                 try:
                     r = snaps.load(abstract)
@@ -575,7 +590,7 @@ class MaxTextHook:
         state = (self._device_state or {}).get("state")
         if snaps.usable and state is not None:
             try:
-                snaps.snapshotter.join()
+                snaps.join()
                 snaps.save(step, state, data_position((self._python_vars or {}).get("data_iterator")))
                 if snaps.newest_step() == step:
                     return f"snapshot of step {step}"
@@ -593,8 +608,11 @@ class MaxTextHook:
 
     def _release_attempt(self) -> None:
         """Drop this attempt's device state before the next attempt builds its own (pathwaysutils: a
-        reference kept across attempts keeps its device memory allocated)."""
+        reference kept across attempts keeps its device memory allocated), and its Python side: MaxText's
+        ``python_vars`` hold the old data loader (its last batch), metric buffers and the checkpoint manager;
+        the next attempt's first boundary hands over its own."""
         self._device_state = None
+        self._python_vars = None
         self._slot = None
 
     # -- directives ------------------------------------------------------------------
