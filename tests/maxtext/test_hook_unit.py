@@ -1114,3 +1114,41 @@ def test_a_restart_releases_the_attempts_python_vars(fake_maxtext: Any, monkeypa
     with pytest.raises(jax.errors.JaxRuntimeError):
         job.step(3)
     assert job.hook._python_vars is None and job.hook._device_state is None
+
+
+def test_a_grow_whose_snapshot_load_fails_goes_back_to_the_smaller_mesh_never_to_a_checkpoint(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unit level with fakes (the real MaxText grow: test_multislice_snapshot_maxtext.py's grow test)."""
+    import jax
+    import numpy as np
+
+    job, made = snapshot_job(monkeypatch)
+    monkeypatch.setattr(job.hook, "_mesh_slices", lambda: (0,))  # MaxText's mesh spans slice 0
+    job.link.inbox.clear()
+    job.link.inbox.append(resume(1, 0))
+    job.hook.seam.allow({0})  # type: ignore[union-attr]
+    job.run(0, 3)
+    job.link.inbox.append(resume(2, 0, 1))  # the grow
+    with pytest.raises(Exception) as grow:
+        job.step(3)
+    assert "ScaleUpSignalError" in type(grow.value).__name__
+    made[0].replicas_lost = True  # the load onto the larger mesh fails
+    job.manager.labels.append(0)  # a committed checkpoint of step 1: never restored
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    with pytest.raises(jax.errors.JaxRuntimeError) as back:
+        load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    assert is_slice_down(back.value) and job.hook.seam is not None
+    assert job.hook.seam.allowed == frozenset({0}), "the next attempt builds the smaller mesh"
+    assert job.hook.seam.retry_policy(1, back.value) is True, "a decided retry: no sidecar failure"
+    (failed,) = hook_lines(capsys.readouterr().err, "grow_failed")
+    assert failed["back_to"] == [0] and failed["retry_at"] == 3 + hook_module.GROW_RETRY_STEPS
+    made[0].replicas_lost = False  # the next attempt, on slice 0: the snapshot of step 3 loads
+    restored, _ = load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    assert "w" in restored["items"]
+    (line,) = hook_lines(capsys.readouterr().err, "restored")
+    assert (line["source"], line["step"]) == ("snapshot", 3)
+    job.run(3, 3 + hook_module.GROW_RETRY_STEPS)  # trains on slice 0
+    with pytest.raises(Exception) as again:
+        job.step(3 + hook_module.GROW_RETRY_STEPS)  # the grow is tried again
+    assert "ScaleUpSignalError" in type(again.value).__name__

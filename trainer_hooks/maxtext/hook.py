@@ -94,6 +94,8 @@ RECOVERY_WAIT_FRACTION = 0.25
 """Every wait on a snapshot on the recovery path (the copy in flight, the load onto the new mesh) is bounded
 by this fraction of MaxText's ``elastic_timeout_seconds``: past it the snapshot counts as unavailable and the
 checkpoint decides, with the rest of the attempt's time left for that."""
+GROW_RETRY_STEPS = 10
+"""Steps on the smaller mesh before a grow whose snapshot load failed is tried again."""
 PERIODIC_POLL_SECONDS = 1.0
 """How often the hook re-reads the checkpoint directory while a periodic save of MaxText's is pending."""
 
@@ -201,6 +203,10 @@ class MaxTextHook:
         """Where this attempt's state came from (``snapshot``, ``checkpoint``, ``fresh``) and its step."""
         self._directive: Directive | None = None
         """The sidecar's newest resume, which the running mesh serves."""
+        self._growing_from: frozenset[int] | None = None
+        """The slices a grow kept as a snapshot left from (a failed load goes back to them)."""
+        self._grow_retry_at: int | None = None
+        """The step at which a grow whose load failed is tried again."""
         self._own_seconds = 0.0
         self._own_steps = 0
         """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
@@ -341,6 +347,11 @@ class MaxTextHook:
             self._exit(e)
         if d is not None:
             self._apply(d, step)
+        elif self._grow_retry_at is not None and step >= self._grow_retry_at and self._directive is not None:
+            self._grow_retry_at = None
+            if set(self._directive.active_slices) > set(self.slices):
+                say("grow_retry", {"step": step, "slices": sorted(self._directive.active_slices)})
+                self._apply(self._directive, step)
         started = time.monotonic()
         # The hook's own time at this boundary (not a rebuild's or a hold's, which are not per-step costs).
         own = started - entered if ordinary and d is None else None
@@ -518,6 +529,7 @@ class MaxTextHook:
             why = "no snapshot in this process" + (f" ({snaps.layout.why})" if snaps.layout is not None else "")
         elif waited:
             why = waited
+            self._grow_failed(max(self.completed, 0), why)
         else:
             if snap_step is None:
                 why = "no complete snapshot"
@@ -534,10 +546,12 @@ class MaxTextHook:
                     if held is not None and held != r.step:
                         raise RuntimeError(f"the loaded state holds step {held}, the snapshot says {r.step}")
                     data = "restored" if set_data_position(data_iterator, r.data) else "none"
-                except Exception as e:  # the checkpoint is the next rung
+                except Exception as e:  # the checkpoint is the next rung, except on a grow
                     why = f"loading the snapshot of step {snap_step} failed: {type(e).__name__}: {e}"[:500]
+                    self._grow_failed(snap_step, why)
                 else:
                     self._restored = ("snapshot", r.step)
+                    self._growing_from = None
                     say(
                         "restored",
                         {
@@ -569,6 +583,20 @@ class MaxTextHook:
             },
         )
         return result
+
+    def _grow_failed(self, step: int, why: str) -> None:
+        """A grow kept its boundary as a snapshot and loading it onto the larger mesh failed: the job was
+        healthy on the smaller mesh, so it goes back there (a decided ``DATA_LOSS`` for ``elastic_retry``,
+        whose next attempt loads the same snapshot onto the mesh it was taken from) instead of rewinding to
+        a checkpoint; the grow is tried again ``GROW_RETRY_STEPS`` steps later (:meth:`_iteration`)."""
+        prev, self._growing_from = self._growing_from, None
+        if prev is None or self.seam is None:
+            return
+        self._grow_retry_at = step + GROW_RETRY_STEPS
+        self.seam.allow(prev)
+        say("grow_failed", {"step": step, "back_to": sorted(prev), "retry_at": self._grow_retry_at, "why": why})
+        self._release_attempt()
+        raise self.seam.decided(self._slice_down_error(f"grow failed, back to slices {sorted(prev)}: {why}"))
 
     def _maxtext_scale_up(self, step: int, err: BaseException) -> NoReturn:
         """MaxText's own ``maybe_elastic_scale_up`` raised ``ScaleUpSignalError`` at the top of the step,
@@ -731,6 +759,8 @@ class MaxTextHook:
         assert self.session is not None
         if self.seam is not None and grow:
             kept: dict[str, object] = {"kept": self._keep_for_restart(step)}
+            if str(kept["kept"]).startswith("snapshot"):
+                self._growing_from = frozenset(self.slices)
         else:
             kept = {"committed_step": self.session.flush(step)}
         if self.seam is not None:
