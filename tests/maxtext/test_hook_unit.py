@@ -27,6 +27,7 @@ from trainer_hooks import ElasticSession
 from trainer_hooks.maxtext import MaxTextHook
 from trainer_hooks.maxtext import hook as hook_module
 from trainer_hooks.maxtext.interval import SnapshotInterval
+from trainer_hooks.session import is_slice_down
 
 from ..trainer_hooks.sidecar import FakeSidecar, call_within, free_port
 from ..trainer_hooks.sidecar import resume as resume_cmd
@@ -108,6 +109,14 @@ class Manager:
     labels: list[int] = field(default_factory=list)
 
 
+class EmergencyManager(Manager):
+    """Orbax's emergency ``CheckpointManager`` as MaxText names it (``enable_emergency_checkpoint``)."""
+
+
+class ReplicatorManager(Manager):
+    """Orbax's ``ReplicatorCheckpointManager`` as MaxText names it (``enable_multi_tier_checkpointing``)."""
+
+
 @dataclass
 class Config:
     elastic_enabled: bool = False
@@ -147,6 +156,8 @@ def fake_maxtext(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     """``maxtext.common.checkpointing`` and ``maxtext.utils.elastic_utils``, as far as the hook uses them."""
     ckpt = types.ModuleType("maxtext.common.checkpointing")
     ckpt.wait_until_finished = lambda m: None  # type: ignore[attr-defined]
+    ckpt.EmergencyCheckpointManager = EmergencyManager  # type: ignore[attr-defined]
+    ckpt.EmergencyReplicatorCheckpointManager = ReplicatorManager  # type: ignore[attr-defined]
     ckpt.all_steps = lambda m: list(m.labels)  # type: ignore[attr-defined]
 
     def save_checkpoint(m: Manager, step: int, state: Any, config: Any, it: Any, force: bool = False) -> bool:
@@ -849,6 +860,27 @@ def test_the_restore_ladder_takes_the_newest_snapshot_unless_a_committed_checkpo
     assert "No active replicas" in lines[2]["why"] and "No active replicas" in lines[3]["why"]
 
 
+@pytest.mark.parametrize(
+    ("kind", "bare"), [(Manager, False), (EmergencyManager, True), (ReplicatorManager, True)], ids=lambda x: str(x)
+)
+def test_a_snapshot_restore_has_the_shape_maxtext_expects_of_each_checkpoint_manager(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, kind: type, bare: bool
+) -> None:
+    """MaxText's ``setup_training_state`` overlays ``restored`` itself for the emergency and replicator
+    (multi-tier) managers and ``restored["items"]`` for the plain one: a snapshot comes back the same way."""
+    import numpy as np
+
+    job, _ = snapshot_job(monkeypatch)
+    job.manager = kind()
+    job.device_state["state"] = {"w": np.full(4, 2.0, np.float32)}
+    job.run(0, 3)
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    restored, params = load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    assert params is None
+    state = restored if bare else restored["items"]
+    assert set(state) == {"w"} and state["w"].tolist() == [2.0] * 4, restored
+
+
 def test_a_snapshot_whose_state_disagrees_with_its_step_is_not_restored(
     fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -974,3 +1006,149 @@ def test_a_grow_the_sidecar_decides_keeps_the_boundary_as_a_snapshot_and_a_shrin
     job.step(5)  # the next attempt, on both slices
     r = job.link.last("resumed")
     assert (r.step, list(r.active_slices)) == (5, [0, 1])
+
+
+# ---------------------------------------------------------------------------
+# data paths a snapshot cannot keep: refused at start, never replayed
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"colocated_python_data_input": True}, "colocated_python_data_input=true"),
+        ({"expansion_factor_real_data": 0.5}, "expansion_factor_real_data=0.5"),
+        ({"enable_rampup_batch_size": True}, "enable_rampup_batch_size=true"),
+    ],
+    ids=["colocated", "iterator-list", "rampup"],
+)
+def test_a_data_path_whose_position_a_snapshot_cannot_keep_exits_2_at_start_naming_the_flag(
+    fake_maxtext: Any, capsys: pytest.CaptureFixture[str], flags: dict[str, Any], named: str
+) -> None:
+    config = Config(elastic_enabled=True)
+    config.dataset_type = "grain"  # type: ignore[attr-defined]
+    for k, v in flags.items():
+        setattr(config, k, v)
+    job = Job(config, start=False, snapshot_every=1)
+    with pytest.raises(SystemExit) as exc:
+        job.train.initialize(["train.py"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {named}:" in err and "ELASTIC_SIDECAR_SNAPSHOT_EVERY=0" in err, err
+    assert job.link.sent == [], "refused before the sidecar hears of the job"
+
+
+@pytest.mark.parametrize("every", [0, 1])
+def test_the_same_flags_start_without_snapshots_or_on_synthetic_data(fake_maxtext: Any, every: int) -> None:
+    config = Config(elastic_enabled=True)
+    config.colocated_python_data_input = True  # type: ignore[attr-defined]
+    config.dataset_type = "grain" if every == 0 else "synthetic"  # type: ignore[attr-defined]
+    job = Job(config, snapshot_every=every)
+    job.run(0, 2)
+    assert job.ran == [0, 1]
+
+
+def test_an_iterator_without_a_readable_position_exits_2_before_the_first_snapshot(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, made = snapshot_job(monkeypatch)
+    job.config.dataset_type = "tfds"  # type: ignore[attr-defined]
+    job.data_iterator = iter([])  # no grain get_state: its position would be lost
+    with pytest.raises(SystemExit) as exc:
+        job.step(0)
+    assert exc.value.code == 2 and job.ran == [] and made == []
+    assert "dataset_type=tfds" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# bounded recovery
+# ---------------------------------------------------------------------------
+
+
+def test_a_copy_that_never_finishes_makes_the_restore_take_the_checkpoint_within_its_bound(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+
+    job, made = snapshot_job(monkeypatch)
+    assert job.hook.snapshots.wait_seconds == hook_module.RECOVERY_WAIT_FRACTION * job.config.elastic_timeout_seconds
+    job.run(0, 3)
+    never = threading.Event()
+    made[0].join = lambda: never.wait()  # type: ignore[method-assign]  # a copy to a dead host
+    job.hook.snapshots.wait_seconds = 0.2
+    job.manager.labels.append(0)
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    try:
+        result = load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    finally:
+        never.set()
+    assert result == ({"items": ("checkpoint", 1)}, None)
+    (line,) = hook_lines(capsys.readouterr().err, "restored")
+    assert line["source"] == "checkpoint" and "did not finish within 0.2 s" in line["why"], line
+
+
+def test_no_slice_both_healthy_and_decided_is_a_slice_loss_for_elastic_retry_not_a_value_error(
+    fake_maxtext: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import jax
+
+    job = Job(Config(elastic_enabled=True), start_slices=(0,))
+    mgr = fake_maxtext.elastic_utils.elastic_manager
+    with pytest.raises(jax.errors.JaxRuntimeError) as err:
+        mgr.active_slice_indices = frozenset({1})  # wait_for_slices found only slice 1 healthy
+    assert is_slice_down(err.value) and "no slice is both healthy and decided" in str(err.value)
+    assert hook_lines(capsys.readouterr().err, "elastic_error") == [
+        {"healthy": [1], "decided": [0], "why": "no slice both healthy and decided"}
+    ]
+    mgr.active_slice_indices = frozenset({0, 1})
+    assert mgr.active_slice_indices == frozenset({0}) and job.hook.seam is not None
+
+
+def test_a_restart_releases_the_attempts_python_vars(fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jax
+
+    job, _ = snapshot_job(monkeypatch)
+    job.run(0, 3)
+    assert job.hook._python_vars is not None
+    job.link.inbox.append(resume(2, 0))  # a shrink: the attempt ends
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        job.step(3)
+    assert job.hook._python_vars is None and job.hook._device_state is None
+
+
+def test_a_grow_whose_snapshot_load_fails_goes_back_to_the_smaller_mesh_never_to_a_checkpoint(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unit level with fakes (the real MaxText grow: test_multislice_snapshot_maxtext.py's grow test)."""
+    import jax
+    import numpy as np
+
+    job, made = snapshot_job(monkeypatch)
+    monkeypatch.setattr(job.hook, "_mesh_slices", lambda: (0,))  # MaxText's mesh spans slice 0
+    job.link.inbox.clear()
+    job.link.inbox.append(resume(1, 0))
+    job.hook.seam.allow({0})  # type: ignore[union-attr]
+    job.run(0, 3)
+    job.link.inbox.append(resume(2, 0, 1))  # the grow
+    with pytest.raises(Exception) as grow:
+        job.step(3)
+    assert "ScaleUpSignalError" in type(grow.value).__name__
+    made[0].replicas_lost = True  # the load onto the larger mesh fails
+    job.manager.labels.append(0)  # a committed checkpoint of step 1: never restored
+    load = fake_maxtext.checkpointing.load_state_if_possible
+    with pytest.raises(jax.errors.JaxRuntimeError) as back:
+        load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    assert is_slice_down(back.value) and job.hook.seam is not None
+    assert job.hook.seam.allowed == frozenset({0}), "the next attempt builds the smaller mesh"
+    assert job.hook.seam.retry_policy(1, back.value) is True, "a decided retry: no sidecar failure"
+    (failed,) = hook_lines(capsys.readouterr().err, "grow_failed")
+    assert failed["back_to"] == [0] and failed["retry_at"] == 3 + hook_module.GROW_RETRY_STEPS
+    made[0].replicas_lost = False  # the next attempt, on slice 0: the snapshot of step 3 loads
+    restored, _ = load(job.manager, None, "", "", 1, {"w": np.zeros(4, np.float32)})
+    assert "w" in restored["items"]
+    (line,) = hook_lines(capsys.readouterr().err, "restored")
+    assert (line["source"], line["step"]) == ("snapshot", 3)
+    job.run(3, 3 + hook_module.GROW_RETRY_STEPS)  # trains on slice 0
+    with pytest.raises(Exception) as again:
+        job.step(3 + hook_module.GROW_RETRY_STEPS)  # the grow is tried again
+    assert "ScaleUpSignalError" in type(again.value).__name__

@@ -120,15 +120,33 @@ def start_snapshot_run(
     return MaxTextRun(name, args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES)
 
 
+def manager_flags(kind: str, tmp_path: Path) -> tuple[str, ...]:
+    """MaxText's flags for the checkpoint manager ``kind`` it builds (``train_utils.create_checkpoint_manager``):
+    ``plain`` (Orbax v1 ``Checkpointer``) or ``emergency`` (Orbax's emergency ``CheckpointManager``, whose
+    restore MaxText takes as the bare state). ``multi-tier`` (``enable_multi_tier_checkpointing``) cannot run
+    on the CPU: in single-controller mode MaxText initialises it through colocated Python
+    (``max_utils.maybe_initialize_jax_distributed_system``), and Orbax's ``pathways_topology`` refuses one
+    process that holds every device ("Expected exactly one addressable logical worker rank shard")."""
+    if kind == "plain":
+        return ()
+    local = tmp_path / "local-checkpoints"
+    local.mkdir(exist_ok=True)
+    return ("enable_emergency_checkpoint=true", f"local_checkpoint_directory={local}", "local_checkpoint_period=1000")
+
+
+@pytest.mark.parametrize("manager", ["plain", "emergency"])
 @pytest.mark.parametrize("model", ["tiny", pytest.param("larger", marks=pytest.mark.slow)])
 def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_an_uninterrupted_run(
-    tmp_path: Path, grain_file: Path, model: str
+    tmp_path: Path, grain_file: Path, model: str, manager: str
 ) -> None:
     """4 slices; slice 3 dies during a random step F; the job waits for its replacement
     (``elastic_min_slice_count=-1``). It loses at most the step since the newest complete snapshot, and every
     step from the restored one on consumes the same batch and has the same loss (1e-5) as an uninterrupted run.
-    ``larger`` (``--runslow``): the same with about ten times the parameters (:data:`simjob.maxtext.job.MODELS`)."""
+    ``larger`` (``--runslow``): the same with about ten times the parameters (:data:`simjob.maxtext.job.MODELS`).
+    ``manager``: the checkpoint manager MaxText builds (:func:`manager_flags`); the snapshot comes back through
+    ``load_state_if_possible`` in the shape MaxText expects of it."""
     require_maxtext_venv()
+    kind_flags = manager_flags(manager, tmp_path)
     seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
     fail_at = random.Random(seed).randint(3, 7)
     steps = fail_at + 5
@@ -137,7 +155,7 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
 
     ref_events = tmp_path / "reference.jsonl"
     ref_args = maxtext_args(
-        tmp_path, "reference", steps, *MULTI_SLICE_MESH, jax_cache=cache, data=grain_file, model=model
+        tmp_path, "reference", steps, *MULTI_SLICE_MESH, *kind_flags, jax_cache=cache, data=grain_file, model=model
     )  # plain MaxText: no sidecar, no elastic mode, no snapshots
     ref = MaxTextRun(
         "reference",
@@ -162,7 +180,9 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
     events = tmp_path / "crash.jsonl"
     try:
         join_all(sc)
-        args = maxtext_args(tmp_path, "crash", steps, *elastic_flags(-1), jax_cache=cache, data=grain_file, model=model)
+        args = maxtext_args(
+            tmp_path, "crash", steps, *elastic_flags(-1), *kind_flags, jax_cache=cache, data=grain_file, model=model
+        )
         env = {
             **slices_env,
             ENV_SNAPSHOT_EVERY: "1",
@@ -192,6 +212,8 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
             run.kill()
         sc.stop()
 
+    if manager == "emergency":
+        assert "Emergency checkpoint manager created!" in run.text(), "MaxText built another checkpoint manager"
     evs = run.events(events)
     faults = [e for e in evs if e["kind"] == "fault"]
     assert [(f["step"], f["slice"]) for f in faults] == [(fail_at, 3)], faults

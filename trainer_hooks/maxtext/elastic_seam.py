@@ -114,6 +114,24 @@ class ElasticSeam:
         self._decided.add(id(err))
         return err
 
+    @staticmethod
+    def no_usable_slices(healthy: frozenset[int], decided: frozenset[int]) -> BaseException:
+        """No slice is both healthy and decided: an elastic failure (a ``DATA_LOSS`` error, which
+        ``elastic_retry`` hands to :meth:`retry_policy`, so the sidecar decides again or aborts with 42),
+        never pathwaysutils' ``ValueError`` from ``Manager.default_device`` (exit 1)."""
+        import jax
+
+        print(
+            f"trainer_hooks.maxtext: elastic_error "
+            f'{{"healthy": {sorted(healthy)}, "decided": {sorted(decided)}, "why": "no slice both healthy and decided"}}',
+            file=sys.stderr,
+            flush=True,
+        )
+        return jax.errors.JaxRuntimeError(
+            f"DATA_LOSS: elastic-sidecar: no slice is both healthy and decided "
+            f"(healthy {sorted(healthy)}, decided slices {sorted(decided)})"
+        )
+
     def retry_policy(self, attempt: int, error: BaseException) -> bool:
         """pathwaysutils' ``retry_policy``: always retry; the sidecar alone may refuse (by aborting).
 
@@ -185,7 +203,11 @@ class ElasticSeam:
             @active_slice_indices.setter
             def active_slice_indices(self, value: Any) -> None:
                 allowed = seam.allowed
-                active.fset(self, frozenset(value) if allowed is None else frozenset(value) & allowed)
+                kept = frozenset(value) if allowed is None else frozenset(value) & allowed
+                if value and not kept:
+                    # pathwaysutils' default_device would raise ValueError("No active slices"), an exit 1.
+                    raise seam.no_usable_slices(frozenset(value), allowed or frozenset())
+                active.fset(self, kept)
 
             @property
             def available_inactive_slices(self) -> frozenset[int]:

@@ -69,7 +69,9 @@ from trainer_hooks.maxtext.snapshot import (
     ENV_SNAPSHOT_EVERY,
     Layout,
     Snapshots,
+    SnapshotUnavailable,
     data_position,
+    local_iterator,
     nbytes_per_replica,
     set_data_position,
     snapshot_every_from_env,
@@ -88,6 +90,12 @@ EXIT_USAGE = 2
 """Bad configuration (a bad ``ELASTIC_SIDECAR_SNAPSHOT_EVERY``), or MaxText/pathwaysutils not as the hook was built for."""
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 LOG_PREFIX = "trainer_hooks.maxtext"
+RECOVERY_WAIT_FRACTION = 0.25
+"""Every wait on a snapshot on the recovery path (the copy in flight, the load onto the new mesh) is bounded
+by this fraction of MaxText's ``elastic_timeout_seconds``: past it the snapshot counts as unavailable and the
+checkpoint decides, with the rest of the attempt's time left for that."""
+GROW_RETRY_STEPS = 10
+"""Steps on the smaller mesh before a grow whose snapshot load failed is tried again."""
 PERIODIC_POLL_SECONDS = 1.0
 """How often the hook re-reads the checkpoint directory while a periodic save of MaxText's is pending."""
 
@@ -195,6 +203,10 @@ class MaxTextHook:
         """Where this attempt's state came from (``snapshot``, ``checkpoint``, ``fresh``) and its step."""
         self._directive: Directive | None = None
         """The sidecar's newest resume, which the running mesh serves."""
+        self._growing_from: frozenset[int] | None = None
+        """The slices a grow kept as a snapshot left from (a failed load goes back to them)."""
+        self._grow_retry_at: int | None = None
+        """The step at which a grow whose load failed is tried again."""
         self._own_seconds = 0.0
         self._own_steps = 0
         """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
@@ -269,7 +281,14 @@ class MaxTextHook:
         return config, recorder
 
     def _start(self, config: Any) -> None:
+        if self._elastic() and self.interval.every != 0:
+            refused = snapshot_data_refusal(config)
+            if refused is not None:
+                say("refused", {"reason": refused})
+                print(f"{LOG_PREFIX}: error: {refused}", file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_USAGE)
         settings = settings_from_config(config)
+        self.snapshots.wait_seconds = RECOVERY_WAIT_FRACTION * settings.elastic_timeout_seconds
         self.session = self._connect(
             self.address,
             job=self.job,
@@ -328,6 +347,11 @@ class MaxTextHook:
             self._exit(e)
         if d is not None:
             self._apply(d, step)
+        elif self._grow_retry_at is not None and step >= self._grow_retry_at and self._directive is not None:
+            self._grow_retry_at = None
+            if set(self._directive.active_slices) > set(self.slices):
+                say("grow_retry", {"step": step, "slices": sorted(self._directive.active_slices)})
+                self._apply(self._directive, step)
         started = time.monotonic()
         # The hook's own time at this boundary (not a rebuild's or a hold's, which are not per-step costs).
         own = started - entered if ordinary and d is None else None
@@ -379,6 +403,8 @@ class MaxTextHook:
         # it needs reaches their period (trainer_hooks.maxtext.interval).
         self.interval.ceiling = self._checkpoint_period()
         layout = self._snapshot_layout(jax_device_state)
+        if layout.usable:
+            self._refuse_unkept_data((self._python_vars or {}).get("data_iterator"))
         self.snapshots.configure(layout)
         state = jax_device_state.get("state")
         fields = layout.fields() | {"bytes_per_replica": nbytes_per_replica(state) if state is not None else 0}
@@ -389,6 +415,23 @@ class MaxTextHook:
                 "warning",
                 {"message": f"in-memory snapshots off: {layout.why}; a lost slice restores the newest checkpoint"},
             )
+
+    def _refuse_unkept_data(self, data_iterator: Any) -> None:
+        """Exit 2 before a snapshot is taken when this attempt's data iterator has a position that a
+        snapshot cannot keep (a data set other than MaxText's synthetic one, not read through grain's
+        ``get_state``, e.g. tfds): a restore would replay it. The flags known at start are refused
+        there (:func:`snapshot_data_refusal`); this catches the iterators MaxText builds otherwise."""
+        config = self._config
+        dataset = str(getattr(config, "dataset_type", "synthetic"))
+        if dataset == "synthetic" or data_iterator is None or local_iterator(data_iterator) is not None:
+            return
+        reason = (
+            f"dataset_type={dataset}: in-memory snapshots cannot keep the position of MaxText's data iterator "
+            f"({type(data_iterator).__name__}, no grain get_state); use dataset_type=grain, or set "
+            f"{ENV_SNAPSHOT_EVERY}=0 (a lost slice then restores MaxText's newest checkpoint)"
+        )
+        say("refused", {"reason": reason})
+        self._exit(AbortTraining(EXIT_USAGE, reason, self.session.committed_step if self.session else -1))
 
     def _snapshot_layout(self, jax_device_state: dict[str, Any]) -> Layout:
         if self.interval.every == 0:
@@ -468,7 +511,7 @@ class MaxTextHook:
 
         The snapshot is loaded onto the shardings of the abstract state MaxText passes (the new
         mesh's), and the data iterator is set back to the position saved with it. Returns what
-        ``load_state_if_possible`` returns (``({"items": state}, None)`` for a full state).
+        ``load_state_if_possible`` returns for this manager kind (:func:`restore_result`).
         """
         manager = named.get("checkpoint_manager")
         abstract = named.get("abstract_unboxed_pre_state")
@@ -477,15 +520,25 @@ class MaxTextHook:
         snaps = self.snapshots
         t0 = time.monotonic()
         snap_step: int | None = None
+        try:
+            snap_step = snaps.newest_step()
+            waited = ""
+        except SnapshotUnavailable as e:  # a copy that never resolves (a dead host): the checkpoint decides
+            waited = f"the snapshot is unavailable: {e}"
         if snaps.snapshotter is None:
             why = "no snapshot in this process" + (f" ({snaps.layout.why})" if snaps.layout is not None else "")
+        elif waited:
+            why = waited
+            self._grow_failed(max(self.completed, 0), why)
         else:
-            snap_step = snaps.newest_step()
             if snap_step is None:
                 why = "no complete snapshot"
             elif snap_step < committed:
                 why = f"the newest snapshot (step {snap_step}) is older than the newest committed checkpoint"
-                snaps.forget()
+                try:
+                    snaps.forget()
+                except SnapshotUnavailable as e:
+                    say("warning", {"message": f"the older snapshot stays in memory: {e}"})
             else:
                 try:
                     r = snaps.load(abstract)
@@ -493,10 +546,12 @@ class MaxTextHook:
                     if held is not None and held != r.step:
                         raise RuntimeError(f"the loaded state holds step {held}, the snapshot says {r.step}")
                     data = "restored" if set_data_position(data_iterator, r.data) else "none"
-                except Exception as e:  # the checkpoint is the next rung
+                except Exception as e:  # the checkpoint is the next rung, except on a grow
                     why = f"loading the snapshot of step {snap_step} failed: {type(e).__name__}: {e}"[:500]
+                    self._grow_failed(snap_step, why)
                 else:
                     self._restored = ("snapshot", r.step)
+                    self._growing_from = None
                     say(
                         "restored",
                         {
@@ -510,7 +565,7 @@ class MaxTextHook:
                             f"committed checkpoint (step {committed})",
                         },
                     )
-                    return {"items": r.state}, None
+                    return restore_result(manager, r.state)
         result = load(*args, **kwargs)
         restored = isinstance(result, tuple) and any(x is not None for x in result)
         source, step = ("checkpoint", committed) if restored else ("fresh", 0)
@@ -528,6 +583,20 @@ class MaxTextHook:
             },
         )
         return result
+
+    def _grow_failed(self, step: int, why: str) -> None:
+        """A grow kept its boundary as a snapshot and loading it onto the larger mesh failed: the job was
+        healthy on the smaller mesh, so it goes back there (a decided ``DATA_LOSS`` for ``elastic_retry``,
+        whose next attempt loads the same snapshot onto the mesh it was taken from) instead of rewinding to
+        a checkpoint; the grow is tried again ``GROW_RETRY_STEPS`` steps later (:meth:`_iteration`)."""
+        prev, self._growing_from = self._growing_from, None
+        if prev is None or self.seam is None:
+            return
+        self._grow_retry_at = step + GROW_RETRY_STEPS
+        self.seam.allow(prev)
+        say("grow_failed", {"step": step, "back_to": sorted(prev), "retry_at": self._grow_retry_at, "why": why})
+        self._release_attempt()
+        raise self.seam.decided(self._slice_down_error(f"grow failed, back to slices {sorted(prev)}: {why}"))
 
     def _maxtext_scale_up(self, step: int, err: BaseException) -> NoReturn:
         """MaxText's own ``maybe_elastic_scale_up`` raised ``ScaleUpSignalError`` at the top of the step,
@@ -549,7 +618,7 @@ class MaxTextHook:
         state = (self._device_state or {}).get("state")
         if snaps.usable and state is not None:
             try:
-                snaps.snapshotter.join()
+                snaps.join()
                 snaps.save(step, state, data_position((self._python_vars or {}).get("data_iterator")))
                 if snaps.newest_step() == step:
                     return f"snapshot of step {step}"
@@ -567,8 +636,11 @@ class MaxTextHook:
 
     def _release_attempt(self) -> None:
         """Drop this attempt's device state before the next attempt builds its own (pathwaysutils: a
-        reference kept across attempts keeps its device memory allocated)."""
+        reference kept across attempts keeps its device memory allocated), and its Python side: MaxText's
+        ``python_vars`` hold the old data loader (its last batch), metric buffers and the checkpoint manager;
+        the next attempt's first boundary hands over its own."""
         self._device_state = None
+        self._python_vars = None
         self._slot = None
 
     # -- directives ------------------------------------------------------------------
@@ -687,6 +759,8 @@ class MaxTextHook:
         assert self.session is not None
         if self.seam is not None and grow:
             kept: dict[str, object] = {"kept": self._keep_for_restart(step)}
+            if str(kept["kept"]).startswith("snapshot"):
+                self._growing_from = frozenset(self.slices)
         else:
             kept = {"committed_step": self.session.flush(step)}
         if self.seam is not None:
@@ -875,6 +949,78 @@ class MaxTextHook:
         import jax
 
         return jax.errors.JaxRuntimeError(f"DATA_LOSS: elastic-sidecar: shrink, {why}")
+
+
+def snapshot_data_refusal(config: Any) -> str | None:
+    """Why in-memory snapshots would replay data on this MaxText configuration (None: they would not).
+
+    A snapshot keeps the data position only of what :func:`.snapshot.data_position` can read: grain's
+    iterator inside MaxText's ``MultiHostDataLoadIterator`` (``get_state``/``set_state``), and nothing
+    for synthetic data (every batch alike). MaxText 0.2.5 builds other iterators on these flags
+    (``input_pipeline/grain_data_processing.py`` ``make_grain_train_iterator``, ``tfds_data_processing.py``,
+    ``common/data_loader.py``):
+
+    * ``colocated_python_data_input=true``: a ``RemoteIteratorWrapper`` whose position lives in the
+      colocated process and is saved only to files by step (``save_state(step)``), not read back here;
+    * ``0 < expansion_factor_real_data < 1``: a list of iterators that MaxText's ``DataLoader`` takes
+      in turn, its turn index held in the loader;
+    * ``enable_rampup_batch_size=true``: ``RampUpDataLoader`` slices batches from a buffer of a
+      fetched batch, which no iterator position holds.
+
+    A restore from a snapshot would then start the data again (or mid-buffer): refused, with what
+    to change, rather than replayed silently. MaxText's own checkpoints keep these positions, so
+    ``ELASTIC_SIDECAR_SNAPSHOT_EVERY=0`` (restores from checkpoints only) is always a way out.
+    """
+    if str(getattr(config, "dataset_type", "synthetic")) == "synthetic":
+        return None
+    off = f"or set {ENV_SNAPSHOT_EVERY}=0 (a lost slice then restores MaxText's newest checkpoint, which keeps it)"
+    why = "in-memory snapshots cannot keep the data position of"
+    if getattr(config, "colocated_python_data_input", False):
+        return (
+            f"colocated_python_data_input=true: {why} MaxText's RemoteIteratorWrapper (it lives in the colocated "
+            f"Python process); set colocated_python_data_input=false, {off}"
+        )
+    factor = float(getattr(config, "expansion_factor_real_data", -1) or -1)
+    if 0 < factor < 1:
+        return (
+            f"expansion_factor_real_data={factor:g}: {why} the list of data iterators MaxText builds for a factor "
+            f"below 1 (and its DataLoader's turn among them); set expansion_factor_real_data to -1 or a whole "
+            f"number >= 1, {off}"
+        )
+    if getattr(config, "enable_rampup_batch_size", False):
+        return (
+            f"enable_rampup_batch_size=true: {why} MaxText's RampUpDataLoader (part of a fetched batch waits in "
+            f"its buffer); set enable_rampup_batch_size=false, {off}"
+        )
+    return None
+
+
+def bare_state_managers() -> tuple[type, ...]:
+    """The checkpoint manager kinds whose restore MaxText hands back as the bare state.
+
+    MaxText 0.2.5 decides by one ``isinstance`` test in both places that touch the
+    shape: ``checkpointing.load_state_if_possible`` (case 1: ``EmergencyCheckpointManager``
+    or ``EmergencyReplicatorCheckpointManager`` returns ``(restored, None)``, the v1
+    ``Checkpointer`` ``({"items": ...}, None)``) and ``maxtext_utils.setup_training_state``
+    (``overlay = restored if is_emergency else restored["items"]``, the same two Orbax
+    classes: emergency ``CheckpointManager`` for ``enable_emergency_checkpoint``, the
+    replicator's for ``enable_multi_tier_checkpointing``). The hook reads the names from
+    MaxText's own module, so the test is the one MaxText makes.
+    """
+    from maxtext.common import checkpointing
+
+    names = ("EmergencyCheckpointManager", "EmergencyReplicatorCheckpointManager")
+    return tuple(t for t in (getattr(checkpointing, n, None) for n in names) if isinstance(t, type))
+
+
+def restore_result(manager: Any, state: Any) -> tuple[Any, None]:
+    """What MaxText's ``load_state_if_possible`` returns for a full state restored for ``manager``:
+    the bare state for the emergency and multi-tier (replicator) managers, ``{"items": state}`` for
+    the plain Orbax v1 ``Checkpointer`` (see :func:`bare_state_managers`)."""
+    bare = bare_state_managers()
+    if bare and isinstance(manager, bare):
+        return state, None
+    return {"items": state}, None
 
 
 def terminal_elastic_failure(err: BaseException) -> str | None:

@@ -43,7 +43,7 @@ from typing import Any
 
 from trainer_hooks.maxtext.host_copy import Snapshot, take
 
-__all__ = ["AUTO", "ENV_SNAPSHOT_EVERY", "Layout", "Restored", "Snapshot", "Snapshots", "take"]
+__all__ = ["AUTO", "ENV_SNAPSHOT_EVERY", "Layout", "Restored", "Snapshot", "SnapshotUnavailable", "Snapshots", "take"]
 """``Snapshot`` and ``take``: the example trainer's NumPy host copies (:mod:`.host_copy`), not the hook's."""
 
 ENV_SNAPSHOT_EVERY = "ELASTIC_SIDECAR_SNAPSHOT_EVERY"
@@ -249,6 +249,36 @@ def keyed(tree: Any) -> dict[str, Any]:
     return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+class SnapshotUnavailable(RuntimeError):
+    """A wait on the Snapshotter passed its bound: the snapshot counts as unavailable (the next rung decides)."""
+
+
+def bounded(fn: Callable[[], Any], seconds: float | None, what: str) -> Any:
+    """``fn()``, or :class:`SnapshotUnavailable` once ``seconds`` pass (None: unbounded).
+
+    Orbax's ``Snapshotter.join`` and ``load`` take no timeout, and a copy to or from a dead host may
+    never resolve: ``fn`` runs on a daemon thread that is abandoned past the bound (it holds no lock of
+    the hook's; Orbax's own thread keeps its queue)."""
+    if seconds is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller below
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=f"elastic-sidecar: {what}", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise SnapshotUnavailable(f"{what} did not finish within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 @dataclass
 class Restored:
     state: Any
@@ -276,6 +306,8 @@ class Snapshots:
     failed: int = 0
     pending: int | None = None
     """The step of the newest save handed to the Snapshotter and not yet seen complete."""
+    wait_seconds: float | None = None
+    """The bound on every wait on the recovery path (join, load); past it the snapshot is unavailable."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def configure(self, layout: Layout) -> None:
@@ -348,9 +380,14 @@ class Snapshots:
         """The step of the newest complete snapshot, after any save still copying has finished."""
         if self.snapshotter is None:
             return None
-        self.snapshotter.join()
+        self.join()
         self.check_pending()
         return self.latest_step()
+
+    def join(self) -> None:
+        """Wait for the save still copying, at most ``wait_seconds`` (:class:`SnapshotUnavailable` past it)."""
+        if self.snapshotter is not None:
+            bounded(self.snapshotter.join, self.wait_seconds, "waiting for the snapshot copy")
 
     def load(self, abstract: Any) -> Restored:
         """The newest snapshot, from the replicas still readable, on ``abstract``'s shardings.
@@ -371,7 +408,10 @@ class Snapshots:
                 f"the abstract state's paths differ from the snapshot's: {len(missing)} only in the snapshot "
                 f"({missing[:2]}), {len(extra)} only in the abstract state ({extra[:2]})"
             )
-        out = self.snapshotter.load({"state": target, "data": DATA_NONE})
+        snapshotter = self.snapshotter
+        out = bounded(
+            lambda: snapshotter.load({"state": target, "data": DATA_NONE}), self.wait_seconds, "loading the snapshot"
+        )
         state = jax.tree_util.tree_unflatten(treedef, [out["state"][jax.tree_util.keystr(p)] for p, _ in flat])
         return Restored(state, step, str(out["data"]))
 
@@ -382,7 +422,7 @@ class Snapshots:
         lock = getattr(snap, "_lock", None)
         if snap is None or lock is None or not hasattr(snap, "_latest_snapshot"):
             return
-        snap.join()
+        self.join()  # SnapshotUnavailable past the bound: nothing dropped, the caller goes on
         with lock:
             snap._latest_snapshot = None
         self.pending = None
