@@ -1,9 +1,16 @@
 """``elastic-sidecar inject``: add elastic-sidecar to a JobSet that xpk (or anyone) made.
 
     xpk workload create ... --output-manifest-file job.yaml   # or any JobSet of that shape
-    elastic-sidecar inject job.yaml > job-elastic.yaml
-    elastic-sidecar inject --companions-only --jobset-name NAME > companions.yaml
-    kubectl create -f companions.yaml    # create, never apply: applying again rotates the tokens
+    elastic-sidecar inject job.yaml > job-elastic.yaml         # stderr: what changed, what it needs
+    elastic-sidecar inject --companions-only job.yaml > companions.yaml
+    kubectl create -f companions.yaml
+    elastic-sidecar inject --secrets job.yaml | kubectl create -f -   # tokens into no file
+
+Everything the job refers to is named after the JobSet and lives in its namespace
+(``metadata.namespace``, else ``--namespace``, else ``default``; written into the JobSet where
+absent): the service account ``JOB-elastic-sidecar``, the Secrets ``JOB-elastic-sidecar-{admin,
+peer,trainer}-token`` and the cluster-wide ``elastic-sidecar-get-nodes:NAMESPACE:JOB``
+(``CompanionNames``), so two jobs side by side create and delete their own objects.
 
 Two shapes are understood (xpk's templates, ``src/xpk/templates/pathways_workload_create.yaml.j2``
 and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
@@ -20,7 +27,7 @@ and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
 In both, every TPU pod gets a worker native sidecar (an ``initContainers`` entry with
 ``restartPolicy: Always``) that reads its node's GKE node pool through the Kubernetes API
 (``--node-pool-source=kubernetes``: ``GET /api/v1/nodes/{name}``, agent/sources/node_pool.py)
-under the ``elastic-sidecar`` service account, which the pod gets where it names none; the
+under the job's service account, which the pod gets where it names none; the
 trainer's MaxText entry point (``python3 -m MaxText.train``,
 ``python3 -m maxtext.trainers.pre_train.train`` or their ``train.py`` paths) is replaced by
 ``python3 -m trainer_hooks.maxtext`` with the same arguments, and the trainer gets
@@ -36,7 +43,11 @@ instead (JobSet copies a JobSet-wide one to every Job, ``es-coordinator``'s incl
 ``labelAndAnnotateObject`` in kubernetes-sigs/jobset pkg/controllers/jobset_controller.go, which
 also reads the per-replicated-job ``template.metadata.annotations``). Every other byte, comments
 and odd indentation included, stays as it was. A JobSet that already has an ``elastic-sidecar``
-container comes back unchanged (injecting twice equals injecting once).
+container comes back unchanged (injecting twice equals injecting once). On stderr: what was
+changed, what the trainer's image needs (``trainer_hooks`` importable, versions that
+``python -m trainer_hooks.maxtext --check`` accepts), and a warning where the trainer's MaxText
+arguments leave the job unable to shrink (no ``elastic_min_slice_count``) or to restart from a
+checkpoint (``enable_checkpointing=false``).
 
 Kueue: xpk's ClusterQueue covers only ``google.com/tpu`` in the TPU resource group (cpu and
 memory only with ``xpk cluster create --cpu-limit/--memory-limit``); Pathways clusters add a
@@ -937,17 +948,13 @@ def _plan(ctx: _Ctx, mode: str, first_tpu: _Pod, flags: dict[str, str]) -> _Job:
         coordinator_host=f"$(ES_JOB)-{coordinator_rj}-0-0.{subdomain}",
         names=ctx.names,
     )
-    policy = " ".join(
-        f"{k}={v}"
-        + (
-            " (no Pathways: cannot shrink)"
-            if mode == MULTI_CONTROLLER and k == "elastic_min_slice_count"
-            else ""
-            if k in flags
-            else " (MaxText's default)"
-        )
-        for k, v in job.policy.items()
-    )
+
+    def origin(key: str) -> str:
+        if mode == MULTI_CONTROLLER and key == "elastic_min_slice_count":
+            return " (no Pathways: cannot shrink)"
+        return "" if key in flags else " (MaxText's default)"
+
+    policy = " ".join(f"{k}={v}{origin(k)}" for k, v in job.policy.items())
     ctx.notes.append(
         f"{mode}: {job.num_slices} slices x {job.hosts_per_slice} hosts (replicatedJobs[{first_tpu.rj_name}]); "
         f"coordinator policy {policy}"
