@@ -1,9 +1,16 @@
 """``elastic-sidecar inject``: add elastic-sidecar to a JobSet that xpk (or anyone) made.
 
     xpk workload create ... --output-manifest-file job.yaml   # or any JobSet of that shape
-    elastic-sidecar inject job.yaml > job-elastic.yaml
-    elastic-sidecar inject --companions-only --jobset-name NAME > companions.yaml
-    kubectl create -f companions.yaml    # create, never apply: applying again rotates the tokens
+    elastic-sidecar inject job.yaml > job-elastic.yaml         # stderr: what changed, what it needs
+    elastic-sidecar inject --companions-only job.yaml > companions.yaml
+    kubectl create -f companions.yaml
+    elastic-sidecar inject --secrets job.yaml | kubectl create -f -   # tokens into no file
+
+Everything the job refers to is named after the JobSet and lives in its namespace
+(``metadata.namespace``, else ``--namespace``, else ``default``; written into the JobSet where
+absent): the service account ``JOB-elastic-sidecar``, the Secrets ``JOB-elastic-sidecar-{admin,
+peer,trainer}-token`` and the cluster-wide ``elastic-sidecar-get-nodes:NAMESPACE:JOB``
+(``CompanionNames``), so two jobs side by side create and delete their own objects.
 
 Two shapes are understood (xpk's templates, ``src/xpk/templates/pathways_workload_create.yaml.j2``
 and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
@@ -20,7 +27,7 @@ and ``WORKLOAD_CREATE_YAML`` in ``src/xpk/commands/workload.py``):
 In both, every TPU pod gets a worker native sidecar (an ``initContainers`` entry with
 ``restartPolicy: Always``) that reads its node's GKE node pool through the Kubernetes API
 (``--node-pool-source=kubernetes``: ``GET /api/v1/nodes/{name}``, agent/sources/node_pool.py)
-under the ``elastic-sidecar`` service account, which the pod gets where it names none; the
+under the job's service account, which the pod gets where it names none; the
 trainer's MaxText entry point (``python3 -m MaxText.train``,
 ``python3 -m maxtext.trainers.pre_train.train`` or their ``train.py`` paths) is replaced by
 ``python3 -m trainer_hooks.maxtext`` with the same arguments, and the trainer gets
@@ -36,7 +43,11 @@ instead (JobSet copies a JobSet-wide one to every Job, ``es-coordinator``'s incl
 ``labelAndAnnotateObject`` in kubernetes-sigs/jobset pkg/controllers/jobset_controller.go, which
 also reads the per-replicated-job ``template.metadata.annotations``). Every other byte, comments
 and odd indentation included, stays as it was. A JobSet that already has an ``elastic-sidecar``
-container comes back unchanged (injecting twice equals injecting once).
+container comes back unchanged (injecting twice equals injecting once). On stderr: what was
+changed, what the trainer's image needs (``trainer_hooks`` importable, versions that
+``python -m trainer_hooks.maxtext --check`` accepts), and a warning where the trainer's MaxText
+arguments leave the job unable to shrink (no ``elastic_min_slice_count``) or to restart from a
+checkpoint (``enable_checkpointing=false``).
 
 Kueue: xpk's ClusterQueue covers only ``google.com/tpu`` in the TPU resource group (cpu and
 memory only with ``xpk cluster create --cpu-limit/--memory-limit``); Pathways clusters add a
@@ -58,6 +69,7 @@ Exit codes follow xpk (``get_restart_exit_codes``): the trainer restarts the Job
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import secrets
 import sys
@@ -80,13 +92,15 @@ EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 NODE_SELECTOR_STRATEGY = "alpha.jobset.sigs.k8s.io/node-selector"
 """Goes with EXCLUSIVE_TOPOLOGY (JobSet copies both from the same level)."""
 SERVICE_ACCOUNT = "elastic-sidecar"
+"""deploy/common's service account; inject's companions use ``CompanionNames.service_account``."""
 NODE_READER = "elastic-sidecar-get-nodes"
 """ClusterRole and ClusterRoleBinding: ``get`` on nodes, the one API call the daemon makes
-(agent/sources/node_pool.py); the same names as deploy/common/rbac.yaml."""
+(agent/sources/node_pool.py); deploy/common/rbac.yaml's name, the prefix of inject's."""
 DEFAULT_MAX_RESTARTS = 3
-ADMIN_SECRET = "elastic-sidecar-admin-token"
-PEER_SECRET = "elastic-sidecar-peer-token"
-TRAINER_SECRET = "elastic-sidecar-trainer-token"
+NAME_LIMIT = 63
+"""Companion names stay within an RFC 1123 label (63 characters), the strictest limit Kubernetes
+puts on object names and on label values ("Object Names and IDs",
+https://kubernetes.io/docs/concepts/overview/working-with-objects/names/)."""
 TOKEN_DIR = "/var/run/elastic-sidecar"
 STATE_DIR = "/var/lib/elastic-sidecar"
 TRAINER_MODULE = "trainer_hooks.maxtext"
@@ -133,6 +147,57 @@ class InjectOptions:
     it). None keeps the JobSet's own where it is at least 1, and sets DEFAULT_MAX_RESTARTS where it
     is absent or 0 (xpk's default)."""
     health_check: str = "tcp"
+    namespace: str | None = None
+    """Where the JobSet and its companions go; must agree with ``metadata.namespace`` where set."""
+
+
+def _bounded(head: str, tail: str = "") -> str:
+    """``head + tail``, or where that exceeds NAME_LIMIT, ``head`` cut short and followed by a hash
+    of the whole name before ``tail``: two long names that differ still get different results."""
+    name = head + tail
+    if len(name) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{head[: NAME_LIMIT - len(tail) - len(digest) - 1].rstrip('-.:')}-{digest}{tail}"
+
+
+@dataclass(frozen=True)
+class CompanionNames:
+    """The objects one injected JobSet refers to, named after it, so that two jobs side by side
+    create and delete their own. Namespaced objects are in the JobSet's namespace; the cluster-wide
+    node reader also names the namespace (Kubernetes names cannot hold ``:``, so none is ambiguous)."""
+
+    jobset: str
+    namespace: str
+
+    @property
+    def service_account(self) -> str:
+        return _bounded(self.jobset, f"-{SIDECAR_NAME}")
+
+    def secret(self, token: str) -> str:
+        """The Secret of the ``admin``, ``peer`` or ``trainer`` token (key ``token``)."""
+        return _bounded(self.jobset, f"-{SIDECAR_NAME}-{token}-token")
+
+    @property
+    def secrets(self) -> list[str]:
+        return [self.secret(t) for t in TOKENS]
+
+    @property
+    def network_policy(self) -> str:
+        return _bounded(self.jobset, f"-{SIDECAR_NAME}")
+
+    @property
+    def node_reader(self) -> str:
+        """The ClusterRole and its ClusterRoleBinding."""
+        return _bounded(f"{NODE_READER}:{self.namespace}:{self.jobset}")
+
+    @property
+    def instance(self) -> str:
+        """``app.kubernetes.io/instance`` on every companion (a label value: 63 characters at most)."""
+        return _bounded(self.jobset)
+
+
+TOKENS = ("admin", "peer", "trainer")
 
 
 @dataclass
@@ -143,8 +208,14 @@ class Result:
     namespace: str
     changed: bool
     warnings: list[str] = field(default_factory=list)
-    service_accounts: list[str] = field(default_factory=lambda: [SERVICE_ACCOUNT])
+    service_accounts: list[str] = field(default_factory=list)
     """Every service account a worker sidecar runs as: each needs the node-reading binding."""
+    notes: list[str] = field(default_factory=list)
+    """What was changed and what the job needs besides the file (stderr, before the warnings)."""
+
+    @property
+    def names(self) -> CompanionNames:
+        return CompanionNames(self.jobset_name, self.namespace)
 
 
 # --- positions in the source text ------------------------------------------------
@@ -479,6 +550,7 @@ class _Job:
     policy: dict[str, int]
     coordinator_host: str
     """``$(ES_JOB)``-relative DNS name of the coordinator's pod."""
+    names: CompanionNames
 
 
 def _coordinator_container(job: _Job, opts: InjectOptions, in_head: bool) -> dict[str, Any]:
@@ -548,16 +620,14 @@ def _coordinator_container(job: _Job, opts: InjectOptions, in_head: bool) -> dic
     return c
 
 
-def _coordinator_volumes() -> list[dict[str, Any]]:
+def _coordinator_volumes(names: CompanionNames) -> list[dict[str, Any]]:
     return [
         # emptyDir lives as long as the pod: a coordinator container restart (crash, OOM,
         # liveness) finds its state and journal again. A new pod starts empty and rebuilds
         # its view from what the workers and the trainer report when they re-register.
         {"name": "elastic-sidecar-state", "emptyDir": {"sizeLimit": "64Mi"}},
         {"name": "elastic-sidecar-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
-        _secret_volume("elastic-sidecar-admin-token", ADMIN_SECRET),
-        _secret_volume("elastic-sidecar-peer-token", PEER_SECRET),
-        _secret_volume("elastic-sidecar-trainer-token", TRAINER_SECRET),
+        *(_secret_volume(f"elastic-sidecar-{t}-token", names.secret(t)) for t in TOKENS),
     ]
 
 
@@ -606,10 +676,10 @@ def _worker_container(job: _Job, opts: InjectOptions) -> dict[str, Any]:
     return c
 
 
-def _worker_volumes() -> list[dict[str, Any]]:
+def _worker_volumes(names: CompanionNames) -> list[dict[str, Any]]:
     return [
         {"name": "elastic-sidecar-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
-        _secret_volume("elastic-sidecar-peer-token", PEER_SECRET),
+        _secret_volume("elastic-sidecar-peer-token", names.secret("peer")),
     ]
 
 
@@ -681,171 +751,331 @@ def _rewrite_entry_point(t: _Text, container: yaml.MappingNode, where: str) -> N
         )
 
 
-def _policy(container: dict[str, Any], mode: str) -> dict[str, int]:
+_MAXTEXT_FLAGS = (*MAXTEXT_ELASTIC_DEFAULTS, "enable_checkpointing")
+
+
+def _maxtext_flags(container: dict[str, Any]) -> dict[str, str]:
+    """The MaxText ``key=value`` arguments inject reads, as the trainer's command writes them (the
+    last one wins, as on MaxText's command line)."""
     text = " ".join(str(x) for x in [*(container.get("command") or []), *(container.get("args") or [])])
+    found = {}
+    for key in _MAXTEXT_FLAGS:
+        values = re.findall(rf"(?<![\w.]){key}=([^\s;)'\"]*)", text)
+        if values:
+            found[key] = values[-1]
+    return found
+
+
+def _policy(flags: dict[str, str], mode: str) -> dict[str, int]:
     policy = dict(MAXTEXT_ELASTIC_DEFAULTS)
     for key in policy:
-        m = re.search(rf"(?<![\w.]){key}=(-?\d+)", text)
-        if m:
-            policy[key] = int(m.group(1))
+        if key in flags:
+            try:
+                policy[key] = int(flags[key])
+            except ValueError:
+                raise InjectError(
+                    f"the trainer's command has {key}={flags[key]}: expected a whole number "
+                    "(the coordinator needs the value itself, not a shell variable)"
+                ) from None
     if mode == MULTI_CONTROLLER:
         # MaxText's elastic training needs Pathways: without it the job cannot run on fewer slices.
         policy["elastic_min_slice_count"] = -1
     return policy
 
 
+def _policy_warnings(flags: dict[str, str], job: _Job) -> list[str]:
+    """What the trainer's MaxText arguments make of the injected job, where it is not what a user
+    adding elastic-sidecar would expect (MaxText's defaults: src/maxtext/configs/base.yml)."""
+    out = []
+    given = flags.get("elastic_min_slice_count")
+    if job.mode == PATHWAYS and given is None:
+        fix = (
+            f"Add elastic_min_slice_count=K (K below {job.num_slices}) to the command to go on with K or more slices"
+            if job.num_slices > 1
+            else "(a job of one slice cannot shrink in any case)"
+        )
+        out.append(
+            "the trainer's command has no elastic_min_slice_count, so the coordinator gets MaxText's default "
+            "elastic_min_slice_count=-1 (wait for every slice): the injected job cannot shrink; a lost slice holds "
+            f"training until it is back or elastic_timeout_seconds={job.policy['elastic_timeout_seconds']} "
+            f"passes. {fix}"
+        )
+    elif job.mode == MULTI_CONTROLLER and given not in (None, "-1"):
+        out.append(
+            f"elastic_min_slice_count={given} is ignored without Pathways: the coordinator gets -1, and a lost "
+            "slice ends in a checkpoint and exit 42 (a JobSet restart)"
+        )
+    ckpt = flags.get("enable_checkpointing")
+    if ckpt is not None and yaml.safe_load(ckpt or "null") in (False, 0):
+        out.append(
+            f"the trainer's command sets enable_checkpointing={ckpt}: a hold cannot flush a checkpoint, and an "
+            "exit 42 (the JobSet restart the sidecar asks for when the job cannot go on with the slices it has) "
+            "restarts training from step 0. Set enable_checkpointing=true with a checkpoint_period"
+        )
+    return out
+
+
+@dataclass
+class _Ctx:
+    """One injection under way: the text being edited, the parsed input, and what to report."""
+
+    t: _Text
+    root: yaml.MappingNode
+    data: dict[str, Any]
+    opts: InjectOptions
+    names: CompanionNames
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    accounts: list[str] = field(default_factory=list)
+
+    @property
+    def spec_node(self) -> yaml.MappingNode:
+        return _get(self.root, "spec")  # type: ignore[return-value]
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.data["spec"]  # type: ignore[no-any-return]
+
+    def replicated_job(self, name: str) -> dict[str, Any]:
+        return next(rj for rj in self.spec["replicatedJobs"] if rj.get("name") == name)
+
+
+def _check_options(opts: InjectOptions) -> None:
+    mr = opts.max_restarts
+    if mr is not None and (not isinstance(mr, int) or isinstance(mr, bool) or mr < 1):
+        raise InjectError(
+            f"max_restarts must be at least 1 (an exit 42 restarts the JobSet and counts against maxRestarts), got {mr!r}"
+        )
+
+
+def _name_and_namespace(t: _Text, root: yaml.MappingNode, data: dict[str, Any], opts: InjectOptions) -> CompanionNames:
+    """The JobSet's name and namespace: ``metadata.namespace``, else ``--namespace``, else ``default``,
+    written into the JobSet where it was absent, so that the JobSet and its companions (which name
+    theirs) land in one namespace whatever kubectl's context says."""
+    meta = data.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    if not name:
+        raise InjectError("expected metadata.name")
+    have = meta.get("namespace")
+    if have and opts.namespace and opts.namespace != have:
+        raise InjectError(
+            f"--namespace {opts.namespace} differs from the JobSet's metadata.namespace {have}: "
+            "the companions must be in the JobSet's namespace"
+        )
+    namespace = str(have or opts.namespace or "default")
+    if not have:
+        meta_node = _get(root, "metadata")
+        if not isinstance(meta_node, yaml.MappingNode):
+            raise InjectError("expected metadata to be a mapping")
+        _add_fields(t, meta_node, {"namespace": namespace})
+    return CompanionNames(name, namespace)
+
+
+def _already_injected(text: str, pods: list[_Pod], names: CompanionNames, opts: InjectOptions) -> Result | None:
+    if not any(_has_sidecar(p) for p in pods) and COORDINATOR_JOB not in {p.rj_name for p in pods}:
+        return None
+    mode = opts.mode or (PATHWAYS if any(p.rj_name == PATHWAYS_HEAD for p in pods) else MULTI_CONTROLLER)
+    accounts = [names.service_account] + [
+        str(p.data["serviceAccountName"])
+        for p in pods
+        if p.data.get("serviceAccountName")
+        and any(
+            c.get("name") == SIDECAR_NAME and (c.get("args") or [None])[0] == "worker"
+            for c in p.data.get("initContainers") or []
+        )
+    ]
+    return Result(
+        text,
+        mode,
+        names.jobset,
+        names.namespace,
+        changed=False,
+        warnings=["already injected: output = input"],
+        service_accounts=list(dict.fromkeys(accounts)),
+    )
+
+
 def inject(text: str, opts: InjectOptions | None = None) -> Result:
     """The JobSet in ``text`` with elastic-sidecar added (see the module docstring)."""
     opts = opts or InjectOptions()
-    if opts.max_restarts is not None and (
-        not isinstance(opts.max_restarts, int) or isinstance(opts.max_restarts, bool) or opts.max_restarts < 1
-    ):
-        raise InjectError(
-            "max_restarts must be at least 1 (an exit 42 restarts the JobSet and counts against maxRestarts), "
-            f"got {opts.max_restarts!r}"
-        )
+    _check_options(opts)
     root, data = _load(text)
-    name = str((data.get("metadata") or {}).get("name") or "")
-    if not name:
-        raise InjectError("expected metadata.name")
-    namespace = str((data.get("metadata") or {}).get("namespace") or "default")
     pods = _pods(root, data)
-    if any(_has_sidecar(p) for p in pods) or COORDINATOR_JOB in {p.rj_name for p in pods}:
-        mode = opts.mode or (PATHWAYS if any(p.rj_name == PATHWAYS_HEAD for p in pods) else MULTI_CONTROLLER)
-        accounts = [SERVICE_ACCOUNT] + [
-            str(p.data["serviceAccountName"])
-            for p in pods
-            if p.data.get("serviceAccountName")
-            and any(
-                c.get("name") == SIDECAR_NAME and (c.get("args") or [None])[0] == "worker"
-                for c in p.data.get("initContainers") or []
-            )
-        ]
-        return Result(
-            text,
-            mode,
-            name,
-            namespace,
-            changed=False,
-            warnings=["already injected: output = input"],
-            service_accounts=list(dict.fromkeys(accounts)),
-        )
-    mode, head, tpu_pods = _detect(pods, opts.mode)
-    warnings: list[str] = []
     t = _Text(text)
-    spec_node = _get(root, "spec")
-    spec = data["spec"]
-    subdomain = (spec.get("network") or {}).get("subdomain") or "$(ES_JOB)"
+    names = _name_and_namespace(t, root, data, opts)
+    done = _already_injected(text, pods, names, opts)
+    if done is not None:
+        return done
+    mode, head, tpu_pods = _detect(pods, opts.mode)
+    ctx = _Ctx(t, root, data, opts, names, accounts=[names.service_account])
+    trainer_pod = head if head is not None else tpu_pods[0]
+    trainer = next(c for c in trainer_pod.containers() if mode == PATHWAYS or _asks_for_tpu(c))  # _detect: one
+    flags = _maxtext_flags(trainer)
+    job = _plan(ctx, mode, tpu_pods[0], flags)
+    _add_workers(ctx, job, tpu_pods, trainer_pod)
+    _wire_trainer(ctx, job, trainer_pod, str(trainer.get("name")))
+    _restart_policy(ctx, mode)
+    if head is not None:
+        _add_coordinator_to_head(ctx, job, head)
+    else:
+        _add_coordinator_job(ctx, job, tpu_pods[0], pods)
+    ctx.warnings[:0] = _policy_warnings(flags, job)
+    ctx.notes += _image_notes(trainer_pod, trainer, names)
+    return Result(
+        t.render(),
+        mode,
+        names.jobset,
+        names.namespace,
+        changed=True,
+        warnings=ctx.warnings,
+        service_accounts=ctx.accounts,
+        notes=ctx.notes,
+    )
+
+
+def _plan(ctx: _Ctx, mode: str, first_tpu: _Pod, flags: dict[str, str]) -> _Job:
+    """Sizes and policy the coordinator is started with, from the TPU job and the trainer's arguments."""
+    subdomain = (ctx.spec.get("network") or {}).get("subdomain") or "$(ES_JOB)"
     coordinator_rj = PATHWAYS_HEAD if mode == PATHWAYS else COORDINATOR_JOB
-    first_tpu = tpu_pods[0]
-    rj_data = next(rj for rj in spec["replicatedJobs"] if rj.get("name") == first_tpu.rj_name)
-    job_spec = rj_data["template"]["spec"]
-    trainer_pod = head if head is not None else first_tpu
-    trainer = next(
-        c for c in trainer_pod.containers() if mode == PATHWAYS or _asks_for_tpu(c)
-    )  # _detect checked there is one
+    rj_data = ctx.replicated_job(first_tpu.rj_name)
     job = _Job(
         mode=mode,
         num_slices=_int_field(rj_data, "replicas", f"replicatedJobs[{first_tpu.rj_name}]"),
-        hosts_per_slice=_int_field(job_spec, "parallelism", f"replicatedJobs[{first_tpu.rj_name}].template.spec"),
-        policy=_policy(trainer, mode),
+        hosts_per_slice=_int_field(
+            rj_data["template"]["spec"], "parallelism", f"replicatedJobs[{first_tpu.rj_name}].template.spec"
+        ),
+        policy=_policy(flags, mode),
         coordinator_host=f"$(ES_JOB)-{coordinator_rj}-0-0.{subdomain}",
+        names=ctx.names,
     )
 
-    # Worker sidecars in every TPU pod, each under a service account that may get its node.
-    accounts = [SERVICE_ACCOUNT]
+    def origin(key: str) -> str:
+        if mode == MULTI_CONTROLLER and key == "elastic_min_slice_count":
+            return " (no Pathways: cannot shrink)"
+        return "" if key in flags else " (MaxText's default)"
+
+    policy = " ".join(f"{k}={v}{origin(k)}" for k, v in job.policy.items())
+    ctx.notes.append(
+        f"{mode}: {job.num_slices} slices x {job.hosts_per_slice} hosts (replicatedJobs[{first_tpu.rj_name}]); "
+        f"coordinator policy {policy}"
+    )
+    return job
+
+
+def _add_workers(ctx: _Ctx, job: _Job, tpu_pods: list[_Pod], trainer_pod: _Pod) -> None:
+    """A worker sidecar in every TPU pod, each under a service account that may get its node."""
     for pod in tpu_pods:
-        _prepend_items(t, pod.spec, "initContainers", [_worker_container(job, opts)])
-        volumes = _worker_volumes()
-        if pod is trainer_pod and mode == MULTI_CONTROLLER:
+        _prepend_items(ctx.t, pod.spec, "initContainers", [_worker_container(job, ctx.opts)])
+        volumes = _worker_volumes(ctx.names)
+        if pod is trainer_pod and job.mode == MULTI_CONTROLLER:
             # The trainer (jax-tpu) mounts the trainer token in this pod.
-            volumes.append(_secret_volume("elastic-sidecar-trainer-token", TRAINER_SECRET))
-        _prepend_items(t, pod.spec, "volumes", volumes)
-        account = _ensure_service_account(t, pod, warnings)
-        if account not in accounts:
-            accounts.append(account)
+            volumes.append(_secret_volume("elastic-sidecar-trainer-token", ctx.names.secret("trainer")))
+        _prepend_items(ctx.t, pod.spec, "volumes", volumes)
+        account = _ensure_service_account(ctx, pod)
+        if account not in ctx.accounts:
+            ctx.accounts.append(account)
+    ctx.notes.append(f"worker sidecar (native, initContainers) added to {', '.join(p.rj_name for p in tpu_pods)}")
 
-    # The trainer: entry point, env, token.
-    trainer_name = str(trainer.get("name"))
-    trainer_node = trainer_pod.container_node(trainer_name)
-    _rewrite_entry_point(t, trainer_node, f"{trainer_pod.rj_name}/{trainer_name}")
-    _prepend_items(t, trainer_node, "env", _trainer_env(job))
-    _prepend_items(t, trainer_node, "volumeMounts", [_mount("elastic-sidecar-trainer-token", f"{TOKEN_DIR}/trainer")])
 
-    # Exit codes: restart on 42 and 127-255, fail on the rest (exit 3: operator abort).
-    trainer_rj = next(rj for rj in spec["replicatedJobs"] if rj.get("name") == trainer_pod.rj_name)
-    pfp = trainer_rj["template"]["spec"].get("podFailurePolicy")
+def _wire_trainer(ctx: _Ctx, job: _Job, trainer_pod: _Pod, trainer_name: str) -> None:
+    """The trainer: entry point, env, token, and exit codes (restart on 42 and 127-255, fail on the
+    rest: exit 3 is the operator's abort)."""
+    where = f"{trainer_pod.rj_name}/{trainer_name}"
+    node = trainer_pod.container_node(trainer_name)
+    _rewrite_entry_point(ctx.t, node, where)
+    _prepend_items(ctx.t, node, "env", _trainer_env(job))
+    _prepend_items(ctx.t, node, "volumeMounts", [_mount("elastic-sidecar-trainer-token", f"{TOKEN_DIR}/trainer")])
+    ctx.notes.append(
+        f"{where}: MaxText's entry point now python3 -m {TRAINER_MODULE} (same arguments); "
+        "env ELASTIC_SIDECAR_JOB, ELASTIC_SIDECAR_ADDRESS, ELASTIC_SIDECAR_TOKEN_FILE and the trainer token mounted"
+    )
+    pfp = ctx.replicated_job(trainer_pod.rj_name)["template"]["spec"].get("podFailurePolicy")
     if pfp is None:
-        _add_fields(t, trainer_pod.job_spec, {"podFailurePolicy": _trainer_pod_failure_policy(trainer_name)})
-    else:
-        for code, want in ((C.EXIT_ABORTED, "FailJob"), (C.EXIT_USAGE, "FailJob")):
-            if pod_failure_action(pfp, trainer_name, code) != want:
-                raise InjectError(
-                    f"{trainer_pod.rj_name}: podFailurePolicy must fail the Job when {trainer_name} exits {code} "
-                    "(xpk: FailJob unless the exit code is 42 or 127-255); it does not"
-                )
-        if pod_failure_action(pfp, trainer_name, C.EXIT_RESTART) == "FailJob":
-            raise InjectError(f"{trainer_pod.rj_name}: podFailurePolicy fails the Job on exit 42 (must restart)")
-    _restart_policy(t, spec_node, spec, mode, opts, warnings)  # type: ignore[arg-type]
-
-    if mode == PATHWAYS:
-        assert head is not None
-        _prepend_items(t, head.spec, "initContainers", [_coordinator_container(job, opts, in_head=True)])
-        _prepend_items(t, head.spec, "volumes", _coordinator_volumes())
-        # Ours where it names none: the identity Workload Identity gives the coordinator's Pub/Sub pull.
-        _ensure_service_account(t, head, warnings, worker=False)
-        if head.data.get("hostNetwork"):
-            warnings.append(
-                f"{PATHWAYS_HEAD} uses hostNetwork: Workload Identity does not serve host-network pods, so the "
-                "coordinator's Pub/Sub pull runs as the node's service account (see deploy/README.md)"
-            )
-    else:
-        _prepend_items(t, spec_node, "replicatedJobs", [_coordinator_job(job, opts, first_tpu)])  # type: ignore[arg-type]
-        _exclusive_placement_per_job(t, root, data, pods)
-        if "successPolicy" not in spec:
-            # Without it the JobSet would wait for the coordinator to complete too.
-            _add_fields(
-                t,
-                spec_node,  # type: ignore[arg-type]
-                {"successPolicy": {"operator": "All", "targetReplicatedJobs": [first_tpu.rj_name]}},
-            )
-        elif not (spec["successPolicy"] or {}).get("targetReplicatedJobs"):
+        _add_fields(ctx.t, trainer_pod.job_spec, {"podFailurePolicy": _trainer_pod_failure_policy(trainer_name)})
+        ctx.notes.append(f"{trainer_pod.rj_name}: podFailurePolicy added (restart on exit 42 and 127-255)")
+        return
+    for code, want in ((C.EXIT_ABORTED, "FailJob"), (C.EXIT_USAGE, "FailJob")):
+        if pod_failure_action(pfp, trainer_name, code) != want:
             raise InjectError(
-                "spec.successPolicy has no targetReplicatedJobs: it would wait for the coordinator's job; "
-                f"expected none or one naming {first_tpu.rj_name!r}"
+                f"{trainer_pod.rj_name}: podFailurePolicy must fail the Job when {trainer_name} exits {code} "
+                "(xpk: FailJob unless the exit code is 42 or 127-255); it does not"
             )
-    out = t.render()
-    return Result(out, mode, name, namespace, changed=True, warnings=warnings, service_accounts=accounts)
+    if pod_failure_action(pfp, trainer_name, C.EXIT_RESTART) == "FailJob":
+        raise InjectError(f"{trainer_pod.rj_name}: podFailurePolicy fails the Job on exit 42 (must restart)")
 
 
-def _ensure_service_account(t: _Text, pod: _Pod, warnings: list[str], *, worker: bool = True) -> str:
+def _add_coordinator_to_head(ctx: _Ctx, job: _Job, head: _Pod) -> None:
+    _prepend_items(ctx.t, head.spec, "initContainers", [_coordinator_container(job, ctx.opts, in_head=True)])
+    _prepend_items(ctx.t, head.spec, "volumes", _coordinator_volumes(ctx.names))
+    # Ours where it names none: the identity Workload Identity gives the coordinator's Pub/Sub pull.
+    _ensure_service_account(ctx, head, worker=False)
+    ctx.notes.append(f"coordinator added as a native sidecar of {PATHWAYS_HEAD}")
+    if head.data.get("hostNetwork"):
+        ctx.warnings.append(
+            f"{PATHWAYS_HEAD} uses hostNetwork: Workload Identity does not serve host-network pods, so the "
+            "coordinator's Pub/Sub pull runs as the node's service account (see deploy/README.md)"
+        )
+
+
+def _add_coordinator_job(ctx: _Ctx, job: _Job, first_tpu: _Pod, pods: list[_Pod]) -> None:
+    _prepend_items(ctx.t, ctx.spec_node, "replicatedJobs", [_coordinator_job(job, ctx.opts, first_tpu)])
+    _exclusive_placement_per_job(ctx.t, ctx.root, ctx.data, pods)
+    ctx.notes.append(f"coordinator added as replicated job {COORDINATOR_JOB}")
+    if "successPolicy" not in ctx.spec:
+        # Without it the JobSet would wait for the coordinator to complete too.
+        _add_fields(
+            ctx.t, ctx.spec_node, {"successPolicy": {"operator": "All", "targetReplicatedJobs": [first_tpu.rj_name]}}
+        )
+    elif not (ctx.spec["successPolicy"] or {}).get("targetReplicatedJobs"):
+        raise InjectError(
+            "spec.successPolicy has no targetReplicatedJobs: it would wait for the coordinator's job; "
+            f"expected none or one naming {first_tpu.rj_name!r}"
+        )
+
+
+def _image_notes(trainer_pod: _Pod, trainer: dict[str, Any], names: CompanionNames) -> list[str]:
+    """What the job needs that the file does not hold: the trainer image's packages and the Secrets."""
+    image = trainer.get("image") or "the trainer's image"
+    ns = names.namespace
+    return [
+        f"{image} ({trainer_pod.rj_name}/{trainer.get('name')}) must have {TRAINER_MODULE} importable (the "
+        "elastic-sidecar-trainer package, deploy/README.md step 1) and MaxText, pathwaysutils, orbax-checkpoint "
+        f"and jax within the versions it was tested with: check with docker run --rm {image} "
+        f"python -m {TRAINER_MODULE} --check (exit 0: compatible)",
+        f"namespace {ns}: the pods run as service account {names.service_account} (--companions or "
+        f"--companions-only makes it, with its RBAC) and read the Secrets {', '.join(names.secrets)}, which no "
+        f"output of inject holds but this: elastic-sidecar inject --secrets --jobset-name {names.jobset} "
+        f"--namespace {ns} | kubectl create -f -",
+    ]
+
+
+def _ensure_service_account(ctx: _Ctx, pod: _Pod, *, worker: bool = True) -> str:
     """The pod's service account: ours where it names none (xpk: none, or an empty one); a named one
     is kept (xpk's ``xpk-sa`` serves its storage drivers) and, in a pod with a worker sidecar, must
     get the node-reading binding too."""
+    ours = ctx.names.service_account
     node = _get(pod.spec, "serviceAccountName")
     value = pod.data.get("serviceAccountName")
     if node is None:
-        _add_fields(t, pod.spec, {"serviceAccountName": SERVICE_ACCOUNT})
-        value = SERVICE_ACCOUNT
+        _add_fields(ctx.t, pod.spec, {"serviceAccountName": ours})
+        value = ours
     elif value in (None, ""):
-        _set_scalar(t, node, SERVICE_ACCOUNT, "serviceAccountName")
-        value = SERVICE_ACCOUNT
-    elif value != SERVICE_ACCOUNT and worker:
-        warnings.append(
+        _set_scalar(ctx.t, node, ours, "serviceAccountName")
+        value = ours
+    elif value != ours and worker:
+        ctx.warnings.append(
             f"{pod.rj_name} keeps its service account {value!r}: the worker sidecar runs as it and needs "
-            f"get on nodes (ClusterRoleBinding {NODE_READER}: --companions adds it as a subject)"
+            f"get on nodes (ClusterRoleBinding {ctx.names.node_reader}: --companions adds it as a subject)"
         )
     if worker and pod.data.get("automountServiceAccountToken") is False:
-        warnings.append(
+        ctx.warnings.append(
             f"{pod.rj_name} sets automountServiceAccountToken: false: the worker sidecar cannot read its node "
             "(node-pool notices will not map to the slice)"
         )
     return str(value)
 
 
-def _restart_policy(
-    t: _Text, spec_node: yaml.MappingNode, spec: dict[str, Any], mode: str, opts: InjectOptions, warnings: list[str]
-) -> None:
+def _restart_policy(ctx: _Ctx, mode: str) -> None:
     """A ``FailJobSet`` rule on the trainer's podFailurePolicy failures, and ``maxRestarts`` at least 1.
 
     Any other Job failure (the trainer's exit 42: its Job has ``backoffLimit: 0``) restarts the
@@ -859,6 +1089,7 @@ def _restart_policy(
     }
     if mode == PATHWAYS:
         rule["targetReplicatedJobs"] = [PATHWAYS_HEAD]
+    t, spec_node, spec, opts = ctx.t, ctx.spec_node, ctx.spec, ctx.opts
     want = opts.max_restarts if opts.max_restarts is not None else DEFAULT_MAX_RESTARTS
     fp = spec.get("failurePolicy")
     fp_node = _get(spec_node, "failurePolicy")
@@ -883,7 +1114,7 @@ def _restart_policy(
     if have != want:
         _set_scalar(t, _get(fp_node, "maxRestarts"), str(want), "spec.failurePolicy.maxRestarts")  # type: ignore[arg-type]
         if have < 1:
-            warnings.append(
+            ctx.warnings.append(
                 f"spec.failurePolicy.maxRestarts was {have}: with it an exit 42 (restart) would fail the JobSet; "
                 f"set to {want} (--max-restarts)"
             )
@@ -936,7 +1167,7 @@ def _exclusive_placement_per_job(t: _Text, root: yaml.MappingNode, data: dict[st
 
 def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str, Any]:
     pod: dict[str, Any] = {
-        "serviceAccountName": SERVICE_ACCOUNT,
+        "serviceAccountName": job.names.service_account,
         # A crashed coordinator restarts in place (same pod, same emptyDir state).
         "restartPolicy": "OnFailure",
         "terminationGracePeriodSeconds": 30,
@@ -948,7 +1179,7 @@ def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str,
     if tpu_pod.data.get("priorityClassName"):
         pod["priorityClassName"] = tpu_pod.data["priorityClassName"]
     pod["containers"] = [_coordinator_container(job, opts, in_head=False)]
-    pod["volumes"] = _coordinator_volumes()
+    pod["volumes"] = _coordinator_volumes(job.names)
     return {
         "name": COORDINATOR_JOB,
         "replicas": 1,
@@ -975,6 +1206,19 @@ def _coordinator_job(job: _Job, opts: InjectOptions, tpu_pod: _Pod) -> dict[str,
 # --- companions -------------------------------------------------------------------------
 
 
+def _labels(names: CompanionNames) -> dict[str, str]:
+    # `kubectl delete ... -l app.kubernetes.io/instance=JOB` finds one job's companions and Secrets.
+    return {
+        "app.kubernetes.io/name": SIDECAR_NAME,
+        "app.kubernetes.io/part-of": SIDECAR_NAME,
+        "app.kubernetes.io/instance": names.instance,
+    }
+
+
+def _meta(names: CompanionNames, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": names.namespace, "labels": _labels(names)}
+
+
 def companions(
     jobset_name: str,
     namespace: str = "default",
@@ -982,57 +1226,68 @@ def companions(
     podmonitoring: bool = False,
     service_accounts: list[str] | None = None,
 ) -> str:
-    """ServiceAccount, RBAC, the three token Secrets (fresh random tokens) and a NetworkPolicy.
+    """The ServiceAccount, RBAC and NetworkPolicy one injected JobSet refers to, named after it.
 
-    The names and rules of deploy/common (serviceaccount.yaml, rbac.yaml, secrets.yaml): the
-    ``elastic-sidecar`` service account; ``get`` on nodes and nothing else, the one call the
-    daemon makes (a worker reads its own node, agent/sources/node_pool.py), bound to every
-    service account a worker sidecar runs as (``service_accounts``: ours, and any the JobSet's
-    TPU pods keep). Create them once (``kubectl create``): applying the Secrets again rotates the
-    tokens under a running job. The PodMonitoring (Managed Prometheus) only with ``podmonitoring``.
+    The rules of deploy/common (serviceaccount.yaml, rbac.yaml): ``get`` on nodes and nothing
+    else, the one call the daemon makes (a worker reads its own node, agent/sources/node_pool.py),
+    bound to every service account a worker sidecar runs as (``service_accounts``: ours, and any
+    the JobSet's TPU pods keep). Each job gets its own ClusterRole and binding, so deleting one
+    job's companions leaves every other job's in place. No tokens: those are ``token_secrets``,
+    made straight into the cluster, never into a file kept beside the job. The PodMonitoring
+    (Managed Prometheus) only with ``podmonitoring``.
     """
-    labels = {"app.kubernetes.io/name": SIDECAR_NAME, "app.kubernetes.io/part-of": SIDECAR_NAME}
-    meta = lambda n: {"name": n, "namespace": namespace, "labels": dict(labels)}  # noqa: E731
-    accounts = list(dict.fromkeys([SERVICE_ACCOUNT, *(service_accounts or [])]))
+    names = CompanionNames(jobset_name, namespace)
+    accounts = list(dict.fromkeys([names.service_account, *(service_accounts or [])]))
+    cluster_meta = {"name": names.node_reader, "labels": _labels(names)}
     docs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(SERVICE_ACCOUNT)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(names, names.service_account)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
-            "metadata": {"name": NODE_READER, "labels": dict(labels)},
+            "metadata": cluster_meta,
             "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {"name": NODE_READER, "labels": dict(labels)},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NODE_READER},
+            "metadata": dict(cluster_meta),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": names.node_reader},
             "subjects": [{"kind": "ServiceAccount", "name": a, "namespace": namespace} for a in accounts],
         },
+        network_policy(jobset_name, namespace),
     ]
-    for secret in (ADMIN_SECRET, PEER_SECRET, TRAINER_SECRET):
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": meta(secret),
-                "type": "Opaque",
-                "stringData": {"token": secrets.token_urlsafe(32)},
-            }
-        )
-    docs.append(network_policy(jobset_name, namespace))
     if podmonitoring:
         docs.append(
             {
                 "apiVersion": "monitoring.googleapis.com/v1",
                 "kind": "PodMonitoring",
-                "metadata": meta(SIDECAR_NAME),
+                "metadata": _meta(names, names.network_policy),
                 "spec": {
                     "selector": {"matchLabels": {C.LABEL_JOBSET_NAME: jobset_name}},
                     "endpoints": [{"port": C.HTTP_PORT, "path": "/metrics", "interval": "30s", "timeout": "10s"}],
                 },
             }
         )
+    return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+
+
+def token_secrets(jobset_name: str, namespace: str = "default") -> str:
+    """The admin, peer and trainer token Secrets of one JobSet, each with a fresh random ``token``.
+
+    For ``kubectl create -f -`` straight from the pipe: the tokens then exist only in the cluster.
+    Create, never apply: new tokens under a running job lock its sidecars out until they restart.
+    """
+    names = CompanionNames(jobset_name, namespace)
+    docs = [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": _meta(names, names.secret(t)),
+            "type": "Opaque",
+            "stringData": {"token": secrets.token_urlsafe(32)},
+        }
+        for t in TOKENS
+    ]
     return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
 
 
@@ -1048,14 +1303,11 @@ def network_policy(jobset_name: str, namespace: str) -> dict[str, Any]:
     firewall rule (deploy/README.md).
     """
     job_pods = {C.LABEL_JOBSET_NAME: jobset_name}
+    names = CompanionNames(jobset_name, namespace)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": f"{jobset_name}-elastic-sidecar",
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/name": SIDECAR_NAME, "app.kubernetes.io/part-of": SIDECAR_NAME},
-        },
+        "metadata": _meta(names, names.network_policy),
         "spec": {
             "podSelector": {"matchLabels": dict(job_pods)},
             "policyTypes": ["Ingress"],
@@ -1081,7 +1333,48 @@ def network_policy(jobset_name: str, namespace: str) -> dict[str, Any]:
 
 
 def run(ns: Any) -> int:
-    """The ``inject`` subcommand: print the injected JobSet (and the companions) on stdout."""
+    """The ``inject`` subcommand: the injected JobSet (and its companions), the companions alone or
+    the token Secrets on stdout; on stderr what was changed and what the job needs besides."""
+    r: Result | None = None
+    if ns.file is not None:
+        r_or_rc = _inject_file(ns)
+        if isinstance(r_or_rc, int):
+            return r_or_rc
+        r = r_or_rc
+        if ns.jobset_name and ns.jobset_name != r.jobset_name:
+            return _usage(f"--jobset-name {ns.jobset_name} differs from the JobSet's metadata.name {r.jobset_name}")
+        name, namespace = r.jobset_name, r.namespace
+    elif not (ns.companions_only or ns.secrets):
+        return _usage("give a FILE or - for standard input")
+    elif not ns.jobset_name:
+        return _usage("--companions-only and --secrets need --jobset-name NAME (or the JobSet's FILE)")
+    else:
+        name, namespace = ns.jobset_name, ns.namespace or "default"
+    accounts = r.service_accounts if r is not None else None
+    if ns.secrets:
+        sys.stdout.write(token_secrets(name, namespace))
+    elif ns.companions_only:
+        sys.stdout.write(companions(name, namespace, podmonitoring=ns.podmonitoring, service_accounts=accounts))
+    else:
+        assert r is not None
+        for note in r.notes:
+            print(f"elastic-sidecar inject: {note}", file=sys.stderr)
+        for w in r.warnings:
+            print(f"elastic-sidecar inject: warning: {w}", file=sys.stderr)
+        sys.stdout.write(r.text)
+        if ns.companions:
+            out = companions(name, namespace, podmonitoring=ns.podmonitoring, service_accounts=accounts)
+            sys.stdout.write("---\n" + out)
+    return C.EXIT_OK
+
+
+def _usage(message: str) -> int:
+    print(f"elastic-sidecar inject: {message}", file=sys.stderr)
+    return C.EXIT_USAGE
+
+
+def _inject_file(ns: Any) -> Result | int:
+    """``ns.file`` injected, or the usage exit code after saying why not."""
     opts = InjectOptions(
         mode=ns.mode,
         image=ns.image,
@@ -1090,16 +1383,8 @@ def run(ns: Any) -> int:
         cpu_memory_quota=ns.cpu_memory_quota,
         max_restarts=ns.max_restarts,
         health_check=ns.health_check,
+        namespace=ns.namespace,
     )
-    if ns.companions_only:
-        if not ns.jobset_name:
-            print("elastic-sidecar inject: --companions-only needs --jobset-name", file=sys.stderr)
-            return C.EXIT_USAGE
-        sys.stdout.write(companions(ns.jobset_name, ns.namespace or "default", podmonitoring=ns.podmonitoring))
-        return C.EXIT_OK
-    if ns.file is None:
-        print("elastic-sidecar inject: give a FILE or - for standard input", file=sys.stderr)
-        return C.EXIT_USAGE
     try:
         if ns.file == "-":
             text = sys.stdin.read()
@@ -1107,27 +1392,11 @@ def run(ns: Any) -> int:
             with open(ns.file, encoding="utf-8") as f:
                 text = f.read()
     except OSError as e:
-        print(f"elastic-sidecar inject: cannot read {ns.file!r}: {e.strerror}", file=sys.stderr)
-        return C.EXIT_USAGE
+        return _usage(f"cannot read {ns.file!r}: {e.strerror}")
     try:
-        r = inject(text, opts)
+        return inject(text, opts)
     except InjectError as e:
-        print(f"elastic-sidecar inject: {ns.file}: {e}", file=sys.stderr)
-        return C.EXIT_USAGE
-    for w in r.warnings:
-        print(f"elastic-sidecar inject: warning: {w}", file=sys.stderr)
-    sys.stdout.write(r.text)
-    if ns.companions:
-        sys.stdout.write(
-            "---\n"
-            + companions(
-                r.jobset_name,
-                ns.namespace or r.namespace,
-                podmonitoring=ns.podmonitoring,
-                service_accounts=r.service_accounts,
-            )
-        )
-    return C.EXIT_OK
+        return _usage(f"{ns.file}: {e}")
 
 
 def _max_restarts(text: str) -> int:
@@ -1163,17 +1432,31 @@ def add_inject_args(p: Any) -> None:
         f"against it (default: the JobSet's own if 1 or more, else {DEFAULT_MAX_RESTARTS}; xpk's default is 0)",
     )
     p.add_argument("--health-check", choices=("tcp", "grpc"), default="tcp", help="how workers probe Pathways")
-    p.add_argument(
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
         "--companions",
         action="store_true",
-        help="also print the service account, RBAC, token Secrets and a NetworkPolicy: kubectl create -f, "
-        "never apply (applying again rotates the tokens under a running job)",
+        help="also print the job's service account, RBAC and NetworkPolicy (named after the JobSet, in its "
+        "namespace); no tokens: see --secrets",
     )
-    p.add_argument(
+    which.add_argument(
         "--companions-only",
         action="store_true",
-        help="print only the companions (needs --jobset-name): > companions.yaml; kubectl create -f companions.yaml",
+        help="print only the companions (of FILE's JobSet, or --jobset-name): > companions.yaml; "
+        "kubectl create -f companions.yaml",
     )
-    p.add_argument("--jobset-name", default=None, help="the JobSet's name, for --companions-only")
-    p.add_argument("--namespace", default=None, help="namespace of the companions (default: the JobSet's)")
+    which.add_argument(
+        "--secrets",
+        action="store_true",
+        help="print only the job's three token Secrets, with fresh tokens (of FILE's JobSet, or --jobset-name), "
+        "for a pipe into kubectl create -f - so the tokens are in no file; create, never apply (new tokens "
+        "under a running job lock its sidecars out)",
+    )
+    p.add_argument("--jobset-name", default=None, help="the JobSet's name, for --companions-only or --secrets")
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="the JobSet's and its companions' namespace (default: the JobSet's metadata.namespace, else default; "
+        "written into the JobSet where it has none)",
+    )
     p.add_argument("--podmonitoring", action="store_true", help="add a PodMonitoring (needs Managed Prometheus)")

@@ -466,23 +466,199 @@ def test_maxtext_policy_flags_reach_the_coordinator() -> None:
     assert f["--num-slices"] == "2" and f["--hosts-per-slice"] == "4"
 
 
-def test_cli_reads_stdin_and_prints_companions(
+def test_cli_reads_stdin_and_prints_companions_without_tokens(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO(XPK[inject.MULTI_CONTROLLER].read_text()))
     assert cli.main(["inject", "--companions", "--image", "elastic-sidecar:0.1.0", "-"]) == 0
-    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    out = capsys.readouterr().out
+    docs = list(yaml.safe_load_all(out))
     kinds = [d["kind"] for d in docs]
     assert kinds[0] == "JobSet" and "PodMonitoring" not in kinds
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "NetworkPolicy"} <= set(kinds)
-    secrets = {d["metadata"]["name"]: d["stringData"]["token"] for d in docs if d["kind"] == "Secret"}
-    assert set(secrets) == {inject.ADMIN_SECRET, inject.PEER_SECRET, inject.TRAINER_SECRET}
-    assert len(set(secrets.values())) == 3 and all(len(t) >= 32 for t in secrets.values())
+    assert "Secret" not in kinds and "stringData" not in out, "the file kept beside the job holds no token"
     assert coordinator(docs[0])["image"] == "elastic-sidecar:0.1.0"
     for d in docs[1:]:
         _validate(d, SCHEMA_VERSIONS[-1], d["kind"])
+
+
+def secret_refs(doc: dict[str, Any]) -> set[str]:
+    return {v["secret"]["secretName"] for p in pod_specs(doc).values() for v in p.get("volumes") or [] if "secret" in v}
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = cli.main(["inject", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_secrets_make_every_token_the_pods_read(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`inject --secrets FILE | kubectl create -f -`: one Secret per volume the injected pods mount, key ``token``."""
+    rc, out, _ = _cli(["--secrets", str(XPK[mode])], capsys)
+    assert rc == 0
+    docs = list(yaml.safe_load_all(out))
+    assert {d["kind"] for d in docs} == {"Secret"}
+    for d in docs:
+        _validate(d, SCHEMA_VERSIONS[-1], d["metadata"]["name"])
+    tokens = {d["metadata"]["name"]: d["stringData"]["token"] for d in docs}
+    assert len(set(tokens.values())) == 3 and all(len(t) >= 32 for t in tokens.values())
+    _, _, doc = injected(mode)
+    assert secret_refs(doc) == set(tokens)
+    rc, again, _ = _cli(["--secrets", "--jobset-name", doc["metadata"]["name"]], capsys)
+    assert rc == 0 and [d["metadata"]["name"] for d in yaml.safe_load_all(again)] == list(tokens)
+    fresh = {d["stringData"]["token"] for d in yaml.safe_load_all(again)}
+    assert fresh.isdisjoint(tokens.values()), "fresh tokens each time"
+
+
+def test_secrets_without_a_jobset_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _cli(["--secrets"], capsys)
+    assert rc == C.EXIT_USAGE and out == "" and "--jobset-name" in err
+
+
+WITHOUT_MIN_AND_CHECKPOINTS = "checkpoint_period=100 enable_checkpointing=false)"
+
+
+def test_warns_naming_min_slice_count_and_checkpointing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """xpk's command as it comes: no elastic_min_slice_count, and checkpoints off."""
+    src = XPK[inject.PATHWAYS].read_text().replace("checkpoint_period=100)", WITHOUT_MIN_AND_CHECKPOINTS)
+    assert "elastic_min_slice_count" not in src
+    rc, out, err = _run(tmp_path, src, capsys=capsys)
+    assert rc == 0 and out
+    warnings = [ln for ln in err.splitlines() if ln.startswith("elastic-sidecar inject: warning: ")]
+    (min_slices,) = [w for w in warnings if "elastic_min_slice_count" in w]
+    assert "elastic_min_slice_count=-1" in min_slices and "cannot shrink" in min_slices
+    (checkpoints,) = [w for w in warnings if "enable_checkpointing" in w]
+    assert "enable_checkpointing=false" in checkpoints and "exit 42" in checkpoints and "step 0" in checkpoints
+    assert flags(coordinator(yaml.safe_load(out)))["--elastic-min-slice-count"] == "-1"
+    # What changed and what the trainer image needs, before the warnings.
+    assert "python3 -m trainer_hooks.maxtext" in err and "python -m trainer_hooks.maxtext --check" in err
+    assert "maxtext-runner:latest" in err, "names the trainer's image"
+
+    fixed = src.replace(WITHOUT_MIN_AND_CHECKPOINTS, "checkpoint_period=100 elastic_min_slice_count=1)")
+    rc, _, err = _run(tmp_path, fixed, capsys=capsys)
+    assert (
+        rc == 0
+        and "elastic_min_slice_count" not in "".join(ln for ln in err.splitlines() if "warning:" in ln)
+        and "enable_checkpointing" not in err
+    )
+
+
+def test_multi_controller_says_min_slice_count_is_ignored() -> None:
+    src = XPK[inject.MULTI_CONTROLLER].read_text().replace("checkpoint_period=100)", "elastic_min_slice_count=1)")
+    r = inject.inject(src)
+    assert any("elastic_min_slice_count=1 is ignored" in w for w in r.warnings), r.warnings
+    assert flags(coordinator(yaml.safe_load(r.text)))["--elastic-min-slice-count"] == "-1"
+
+
+def test_a_policy_value_that_is_no_number_is_refused() -> None:
+    src = XPK[inject.PATHWAYS].read_text().replace("checkpoint_period=100)", "elastic_min_slice_count=$MIN)")
+    with pytest.raises(inject.InjectError, match=r"elastic_min_slice_count=\$MIN"):
+        inject.inject(src)
+
+
+def _namespaced(text: str, namespace: str | None) -> str:
+    meta = "metadata:\n  name: "
+    assert text.count(meta) == 1
+    return text if namespace is None else text.replace(meta, f"metadata:\n  namespace: {namespace}\n  name: ")
+
+
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+
+
+def everything(mode: str, src: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> list[Any]:
+    """What a user creates for one job: the JobSet with its companions, and the Secrets."""
+    f = tmp_path / f"{mode}.yaml"
+    f.write_text(src)
+    rc, job, _ = _cli(["--companions", "--podmonitoring", *extra, str(f)], capsys)
+    assert rc == 0
+    rc, tokens, _ = _cli(["--secrets", *extra, str(f)], capsys)
+    assert rc == 0
+    return [*yaml.safe_load_all(job), *yaml.safe_load_all(tokens)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_namespaced_object_is_in_the_jobsets_namespace(
+    mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = everything(mode, _namespaced(XPK[mode].read_text(), "team-a"), tmp_path, capsys)
+    assert docs[0]["kind"] == "JobSet"
+    validate_jobset(docs[0])
+    for d in docs:
+        if d["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in d["metadata"]
+        else:
+            assert d["metadata"]["namespace"] == "team-a", (d["kind"], d["metadata"])
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert {s["namespace"] for s in binding["subjects"]} == {"team-a"}
+
+
+def test_a_jobset_without_a_namespace_gets_the_one_its_companions_have() -> None:
+    r = inject.inject(XPK[inject.MULTI_CONTROLLER].read_text(), inject.InjectOptions(namespace="team-b"))
+    assert yaml.safe_load(r.text)["metadata"]["namespace"] == "team-b" == r.namespace
+    assert yaml.safe_load(inject.inject(XPK[inject.PATHWAYS].read_text()).text)["metadata"]["namespace"] == "default"
+
+
+def test_a_namespace_flag_against_the_jobsets_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _namespaced(XPK[inject.PATHWAYS].read_text(), "team-a")
+    rc, out, err = _run(tmp_path, src, "--namespace", "team-b", capsys=capsys)
+    assert rc == C.EXIT_USAGE and out == ""
+    assert "--namespace team-b" in err and "metadata.namespace team-a" in err
+
+
+def _renamed(text: str, old: str, new: str) -> str:
+    return re.sub(rf"^  name: {old}$", f"  name: {new}", text, count=1, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_jobsets_get_disjoint_companions(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Side by side in one namespace, each job creates and deletes only its own objects."""
+    src = XPK[mode].read_text()
+    name = yaml.safe_load(src)["metadata"]["name"]
+    jobs = {}
+    for job in (name, f"{name}-b"):
+        (tmp_path / job).mkdir()
+        jobs[job] = everything(mode, _renamed(src, name, job), tmp_path / job, capsys)
+    ids = {
+        job: {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs[1:]}
+        for job, docs in jobs.items()
+    }
+    a, b = ids.values()
+    assert a.isdisjoint(b), a & b
+    for job, docs in jobs.items():
+        jobset, companions = docs[0], docs[1:]
+        assert jobset["metadata"]["name"] == job
+        made = {(d["kind"], d["metadata"]["name"]) for d in companions}
+        for pod in pod_specs(jobset).values():
+            if pod.get("serviceAccountName"):
+                assert ("ServiceAccount", pod["serviceAccountName"]) in made
+        assert {("Secret", s) for s in secret_refs(jobset)} <= made
+        for d in companions:
+            if d["kind"] != "PodMonitoring":
+                _validate(d, SCHEMA_VERSIONS[-1], f"{job}/{d['kind']}")
+
+
+def test_long_jobset_names_give_bounded_distinct_names() -> None:
+    """Names stay within 63 characters (a DNS label), and two long names that differ only at the
+    end still get different companions."""
+    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    long_a, long_b = "j" * 60 + "-aa", "j" * 60 + "-bb"
+    a, b = inject.CompanionNames(long_a, "team-a"), inject.CompanionNames(long_b, "team-a")
+    for names in (a, b):
+        for n in (names.service_account, *names.secrets, names.network_policy, names.instance):
+            assert len(n) <= inject.NAME_LIMIT and label.match(n), n
+        assert len(names.node_reader) <= inject.NAME_LIMIT
+    assert a.service_account != b.service_account and set(a.secrets).isdisjoint(b.secrets)
+    assert a.node_reader != b.node_reader
+    assert a.secret("peer").endswith("-peer-token"), "the kind stays readable"
+    short = inject.CompanionNames("llama", "team-a")
+    assert (
+        short.service_account == "llama-elastic-sidecar"
+        and short.secret("admin") == "llama-elastic-sidecar-admin-token"
+    )
+    assert short.node_reader != inject.CompanionNames("llama", "team-b").node_reader
 
 
 def test_network_policy_keeps_the_http_port_to_the_job() -> None:

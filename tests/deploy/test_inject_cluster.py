@@ -208,17 +208,18 @@ def test_workers_read_their_node_as_a_service_account_bound_to_get_nodes(
     assert cli.main(["inject", "--companions", "-"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     jobset, objs = docs[0], {f"{d['kind']}/{d['metadata']['name']}": d for d in docs[1:]}
+    names = inject.CompanionNames(jobset["metadata"]["name"], jobset["metadata"]["namespace"])
     found = workers(jobset)
     assert len(found) == len(tpu_job_names(jobset))
-    binding = objs[f"ClusterRoleBinding/{inject.NODE_READER}"]
+    binding = objs[f"ClusterRoleBinding/{names.node_reader}"]
     bound = {s["name"] for s in binding["subjects"]}
     for pod, c in found:
         assert "--node-pool-source=kubernetes" in c["args"]
         assert pod.get("automountServiceAccountToken", True)
-        assert pod["serviceAccountName"] == inject.SERVICE_ACCOUNT and pod["serviceAccountName"] in bound
-    role = objs[f"ClusterRole/{inject.NODE_READER}"]
+        assert pod["serviceAccountName"] == names.service_account and pod["serviceAccountName"] in bound
+    role = objs[f"ClusterRole/{names.node_reader}"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
-    assert binding["roleRef"]["name"] == inject.NODE_READER
+    assert binding["roleRef"]["name"] == names.node_reader
     assert not [k for k in objs if k.split("/")[0] in ("Role", "RoleBinding")], "nothing namespaced is needed"
 
 
@@ -226,7 +227,8 @@ def test_a_service_account_the_pods_keep_is_bound_too(capsys: pytest.CaptureFixt
     """xpk names ``xpk-sa`` when the workload mounts storage (its CSI drivers authenticate as it)."""
     src = XPK[inject.MULTI_CONTROLLER].read_text().replace("serviceAccountName: \n", "serviceAccountName: xpk-sa\n")
     r = inject.inject(src)
-    assert r.service_accounts == [inject.SERVICE_ACCOUNT, "xpk-sa"]
+    ours = inject.CompanionNames("llama-mc", "team").service_account
+    assert r.service_accounts == [ours, "xpk-sa"]
     assert inject.inject(r.text).service_accounts == r.service_accounts, "a second inject still binds it"
     assert any("xpk-sa" in w and inject.NODE_READER in w for w in r.warnings), r.warnings
     doc = yaml.safe_load(r.text)
@@ -235,8 +237,8 @@ def test_a_service_account_the_pods_keep_is_bound_too(capsys: pytest.CaptureFixt
     f.write_text(src)
     assert cli.main(["inject", "--companions", "--namespace", "team", str(f)]) == 0
     objs = rbac(capsys.readouterr().out.split("---\n", 1)[1])
-    subjects = objs[f"ClusterRoleBinding/{inject.NODE_READER}"]["subjects"]
-    assert {(s["name"], s["namespace"]) for s in subjects} == {("elastic-sidecar", "team"), ("xpk-sa", "team")}
+    subjects = objs[f"ClusterRoleBinding/{inject.CompanionNames('llama-mc', 'team').node_reader}"]["subjects"]
+    assert {(s["name"], s["namespace"]) for s in subjects} == {(ours, "team"), ("xpk-sa", "team")}
 
 
 def test_a_pathways_head_keeps_a_named_service_account_without_a_warning() -> None:
@@ -247,24 +249,35 @@ def test_a_pathways_head_keeps_a_named_service_account_without_a_warning() -> No
     )
     r = inject.inject(src)
     assert pod_specs(yaml.safe_load(r.text))[inject.PATHWAYS_HEAD]["serviceAccountName"] == "head-sa"
-    assert r.service_accounts == [inject.SERVICE_ACCOUNT] and not any("head-sa" in w for w in r.warnings)
+    assert r.service_accounts == [r.names.service_account] and not any("head-sa" in w for w in r.warnings)
 
 
-def test_companions_have_the_kustomize_names_and_rules() -> None:
+def test_companions_have_the_kustomize_rules() -> None:
+    """Named after the job, but with deploy/common's rules, role reference and token keys."""
+    names = inject.CompanionNames("llama", "default")
     ours = rbac(inject.companions("llama", "default"))
+    ours.update(rbac(inject.token_secrets("llama", "default")))
+    theirs = {
+        f"ServiceAccount/{inject.SERVICE_ACCOUNT}": f"ServiceAccount/{names.service_account}",
+        f"ClusterRole/{inject.NODE_READER}": f"ClusterRole/{names.node_reader}",
+        f"ClusterRoleBinding/{inject.NODE_READER}": f"ClusterRoleBinding/{names.node_reader}",
+        **{f"Secret/elastic-sidecar-{t}-token": f"Secret/{names.secret(t)}" for t in inject.TOKENS},
+    }
     kustomize: dict[str, dict[str, Any]] = {}
     for f in ("rbac.yaml", "serviceaccount.yaml", "secrets.yaml"):
         for d in yaml.safe_load_all((REPO / "deploy" / "common" / f).read_text()):
             kustomize[f"{d['kind']}/{d['metadata']['name']}"] = d
-    assert set(kustomize) <= set(ours), sorted(set(kustomize) - set(ours))
+    assert set(kustomize) == set(theirs), sorted(set(kustomize) ^ set(theirs))
     for key, want in kustomize.items():
-        got = ours[key]
-        for field in ("rules", "roleRef", "type"):
+        got = ours[theirs[key]]
+        for field in ("rules", "type"):
             assert got.get(field) == want.get(field), (key, field)
+        if "roleRef" in want:
+            assert got["roleRef"] | {"name": ""} == want["roleRef"] | {"name": ""}
+            assert got["roleRef"]["name"] == names.node_reader
         if "subjects" in want:
-            assert [(s["kind"], s["name"]) for s in got["subjects"]] == [
-                (s["kind"], s["name"]) for s in want["subjects"]
-            ]
+            assert [s["kind"] for s in got["subjects"]] == [s["kind"] for s in want["subjects"]]
+            assert [s["name"] for s in got["subjects"]] == [names.service_account]
         if "stringData" in want:
             assert set(got["stringData"]) == set(want["stringData"])
 
