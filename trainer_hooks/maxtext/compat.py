@@ -189,7 +189,7 @@ def split(findings: list[Finding], allow_untested: bool) -> tuple[list[Finding],
 
 
 def window_table() -> str:
-    """:data:`BOUNDS` as text, for ``--help`` and the docs."""
+    """:data:`BOUNDS` as text, for ``--help``."""
     rows = [("package", "requires", "outside it", "why")] + [
         (b.package, b.requires, b.outside.value, b.reason) for b in BOUNDS
     ]
