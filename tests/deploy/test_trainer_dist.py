@@ -62,10 +62,10 @@ def _check_bounds(requirements: list[str], where: str) -> None:
     assert not gspec.contains(f"{grpc.major}.{grpc.minor - 1}.99"), f"{where}: grpcio {gspec} admits older than {grpc}"
 
 
-def test_trainer_dist_takes_only_grpcio_and_protobuf_within_the_gencode_bounds() -> None:
+def test_trainer_dist_takes_only_grpcio_protobuf_and_packaging_within_the_gencode_bounds() -> None:
     project = tomllib.loads((TRAINER_DIST / "pyproject.toml").read_text())["project"]
     deps = project["dependencies"]
-    assert sorted(Requirement(d).name for d in deps) == ["grpcio", "protobuf"]
+    assert sorted(Requirement(d).name for d in deps) == ["grpcio", "packaging", "protobuf"]
     _check_bounds(deps, "packaging/trainer")
 
 
@@ -97,7 +97,7 @@ def test_wheel_holds_the_hooks_and_the_wire_code_only(wheel: Path) -> None:
     meta = Parser().parsestr(
         zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     )
-    assert sorted(Requirement(r).name for r in meta.get_all("Requires-Dist")) == ["grpcio", "protobuf"]
+    assert sorted(Requirement(r).name for r in meta.get_all("Requires-Dist")) == ["grpcio", "packaging", "protobuf"]
 
 
 @pytest.mark.maxtext

@@ -945,21 +945,23 @@ def test_maxtext_or_pathwaysutils_not_as_built_for_exits_2_naming_what_differs(
 ) -> None:
     from trainer_hooks.maxtext import compat
 
-    found = compat.differences(version=lambda dist: {"maxtext": "0.2.5", "pathwaysutils": "0.1.14"}[dist])
-    assert "pathwaysutils 0.1.14 (the hook is built for 0.1.13)" in found
-    assert not any(f.startswith("maxtext ") for f in found)
+    found = compat.differences()
     # The fake MaxText has no pre-training module and a checkpointing module without latest_step.
     assert any(f.startswith("maxtext.trainers.pre_train.train.initialize missing") for f in found)
     assert any(f.startswith("maxtext.common.checkpointing.latest_step missing") for f in found)
 
     monkeypatch.setenv("ELASTIC_SIDECAR_ADDRESS", "127.0.0.1:1")
     monkeypatch.delenv("ELASTIC_SIDECAR_SNAPSHOT_EVERY", raising=False)
-    monkeypatch.setattr(compat, "differences", lambda: ["maxtext 0.2.6 (the hook is built for 0.2.5)"])
+    monkeypatch.delenv("ELASTIC_SIDECAR_ALLOW_UNTESTED", raising=False)
+    verified = {"maxtext": "0.2.5", "pathwaysutils": "0.1.13", "orbax-checkpoint": "0.12.8", "jax": "0.12.0.1"}
+    monkeypatch.setattr(compat, "installed", lambda *a: {**verified, "maxtext": "0.2.6"})
+    monkeypatch.setattr(compat, "differences", lambda: ["maxtext.common.checkpointing.latest_step missing"])
     with pytest.raises(SystemExit) as exc:
         hook_module.main([])
     assert exc.value.code == 2
     (line,) = hook_lines(capsys.readouterr().err, "incompatible")
-    assert line["differs"] == ["maxtext 0.2.6 (the hook is built for 0.2.5)"]
+    assert line["differs"][0].startswith("maxtext 0.2.6: untested: outside <=0.2.5")
+    assert line["differs"][1:] == ["maxtext.common.checkpointing.latest_step missing"]
 
 
 def test_maxtexts_own_scale_up_keeps_the_boundarys_state_as_a_snapshot_not_a_checkpoint(

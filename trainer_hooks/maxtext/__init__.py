@@ -13,6 +13,9 @@ holding it. (The config ``.yml`` is optional, as for
 ``ELASTIC_SIDECAR_SNAPSHOT_EVERY`` sets the snapshot interval (steps, 0 for
 none, or ``auto``, the default). Without
 ``ELASTIC_SIDECAR_ADDRESS`` MaxText runs unchanged, with a warning on stderr.
+``python -m trainer_hooks.maxtext --check`` says whether the installed
+MaxText, pathwaysutils, Orbax and JAX are releases the hook was verified
+against (:mod:`trainer_hooks.maxtext.compat`), starting nothing.
 See :mod:`trainer_hooks.maxtext.hook` for what is wrapped and how holds,
 flushes, resumes and aborts map onto MaxText.
 

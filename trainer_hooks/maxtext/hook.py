@@ -1062,18 +1062,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         except ValueError as e:
             print(f"{LOG_PREFIX}: error: {e}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_USAGE) from None
-        from trainer_hooks.maxtext.compat import differences
+        from trainer_hooks.maxtext.compat import check_at_start
 
-        differs = differences()
-        if differs:
-            say("incompatible", {"differs": differs})
-            print(
-                f"{LOG_PREFIX}: error: MaxText, pathwaysutils or Orbax differ from what the hook is built for: "
-                + "; ".join(differs),
-                file=sys.stderr,
-                flush=True,
-            )
-            raise SystemExit(EXIT_USAGE)
+        check_at_start(say, LOG_PREFIX)  # exits 2 naming what is outside the verified window
     train = importlib.import_module(TRAIN_MODULE)
     if address:
         hook = MaxTextHook(address, os.environ.get(ENV_JOB, ""), snapshot_every=every).install(train)
