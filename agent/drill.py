@@ -16,7 +16,7 @@ the job restored from, and the JobSet's restarts (its ``status.restarts``).
 
 Before it deletes anything it checks the JobSet, the pod and that the job runs on every slice.
 It needs the ``kubernetes`` package (``pip install 'elastic-sidecar[drill]'``), RBAC to get, list
-and delete pods and get jobsets in the namespace (deploy/common/rbac-drill.yaml), and the
+and delete pods and get jobsets in the namespace (deploy/drill/rbac-drill.yaml), and the
 coordinator's admin API (``kubectl port-forward POD 29311`` to the coordinator's pod).
 
 Exit codes: 0 held (the job held its state: at most --max-lost-steps steps lost, no JobSet restart,
@@ -633,7 +633,7 @@ def _api_problem(e: BaseException, what: str, verb: str) -> str:
         return f"{what}: not found"
     reason = getattr(e, "reason", "")
     if status in (401, 403):
-        return f"{what}: {reason} ({status}): the drill needs RBAC to {verb} (deploy/common/rbac-drill.yaml)"
+        return f"{what}: {reason} ({status}): the drill needs RBAC to {verb} (deploy/drill/rbac-drill.yaml)"
     return f"{what}: the Kubernetes API answered {status} {reason}"
 
 
