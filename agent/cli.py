@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,drill,demo}")
+    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,demo,drill}")
     sub.required = True
     add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))

@@ -237,6 +237,8 @@ class Cluster:
             where = "in-cluster configuration" if in_cluster else f"--kubeconfig {ns.kubeconfig or '(default)'}"
             raise DrillError(f"{where}: cannot load it: {e}") from None
         self.namespace: str = namespace or "default"
+        # No retries inside a call: each call has its own deadline, and the drill's loop asks again.
+        cfg.retries = 0
         self.api = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -247,7 +249,7 @@ class Cluster:
 
     def jobset_restarts(self, name: str, timeout: float) -> int:
         group, version, plural = C.JOBSET_API
-        js = self.custom.get_namespaced_custom_object(
+        js: Any = self.custom.get_namespaced_custom_object(
             group, version, self.namespace, plural, name, _request_timeout=timeout
         )
         return int((js.get("status") or {}).get("restarts") or 0)
@@ -346,7 +348,12 @@ class Decisions(threading.Thread):
 
         self._call = self.stub.WatchEvents(admin_pb2.WatchEventsRequest(backlog=0), metadata=self.md)
         done = threading.Event()
-        threading.Thread(target=lambda: (self._call.initial_metadata(), done.set()), daemon=True).start()
+
+        def headers() -> None:
+            self._call.initial_metadata()  # returns once the server answers or the call ends
+            done.set()
+
+        threading.Thread(target=headers, daemon=True).start()
         if not done.wait(timeout):
             self._call.cancel()
             raise DrillError(f"the admin API's WatchEvents did not answer within {timeout:g} s")

@@ -268,3 +268,31 @@ def test_help_lists_examples_and_exit_codes(capsys: pytest.CaptureFixture[str]) 
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "Exit codes: 0 held" in out and "elastic-sidecar drill --kubeconfig" in out and "rbac-drill.yaml" in out
+
+
+def _pod(rjob: str, index: str, *, tpu: bool, phase: str = "Running") -> Any:
+    from kubernetes import client
+
+    labels = {C.LABEL_REPLICATED_JOB_NAME: rjob, C.LABEL_JOB_INDEX: "0", C.LABEL_JOB_COMPLETION_INDEX: index}
+    limits = {"google.com/tpu": "4"} if tpu else {"cpu": "4"}
+    container = client.V1Container(name="c", resources=client.V1ResourceRequirements(limits=limits))
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"{rjob}-{index}", labels=labels),
+        spec=client.V1PodSpec(containers=[container]),
+        status=client.V1PodStatus(phase=phase),
+    )
+
+
+def test_choose_pod_prefers_the_tpu_pods_over_a_pathways_head_of_the_same_job_index() -> None:
+    pytest.importorskip("kubernetes")
+    from argparse import Namespace
+
+    from agent.drill import DrillError, choose_pod
+
+    pods = [_pod("pathways-head", "0", tpu=False), _pod("worker", "0", tpu=True), _pod("worker", "1", tpu=True)]
+    ns = Namespace(slice=0, jobset="j", host=1, replicated_job=None)
+    assert choose_pod(pods, ns, "default").metadata.name == "worker-1"
+    with pytest.raises(DrillError, match="--host 5: .*found 0, 1"):
+        choose_pod(pods, Namespace(slice=0, jobset="j", host=5, replicated_job=None), "default")
+    with pytest.raises(DrillError, match="no running pod"):
+        choose_pod([_pod("worker", "0", tpu=True, phase="Pending")], ns, "default")
