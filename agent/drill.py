@@ -110,8 +110,10 @@ def judge(
     max_lost_steps: int = 1,
 ) -> Report:
     """The drill's phases and verdict from the decisions seen (the admin API's DecisionEvents as
-    dicts, oldest first; a record with ``last_step`` alone is a status reading of the job's
-    progress) and the moment the replacement pod ran.
+    dicts, oldest first) and the moment the replacement pod ran. A record with ``last_step`` and
+    no trigger is a status reading; only one of the generation the drill started in counts (the
+    job's progress before the loss: a reading taken after a resume would count the steps made
+    since as lost).
 
     Detected: the first decision after the deletion that starts a recovery (a new generation, or a
     phase other than running). Held: the trainer's hold acknowledgement. Resumed: the trainer
@@ -125,8 +127,9 @@ def judge(
     resumes: list[dict[str, Any]] = []
     failed = ""
     for ev in events:
-        if "last_step" in ev and "trigger" not in ev:
-            high = max(high, int(ev["last_step"]))
+        if "trigger" not in ev:
+            if int(ev.get("generation", -1)) == start.generation:
+                high = max(high, int(ev["last_step"]))
             continue
         t = float(ev.get("time_unix", 0.0))
         if t < start.deleted_at - CLOCK_SLACK:
@@ -521,7 +524,7 @@ def run(ns: argparse.Namespace) -> int:
                     break
             try:
                 s = _status(stub, md, left())
-                events.append({"last_step": int(s.last_step)})
+                events.append({"last_step": int(s.last_step), "generation": int(s.generation)})
                 terminal = s.phase in ("failed", "completed")
             except grpc.RpcError:
                 terminal = False  # a coordinator restarting: the stream watches again

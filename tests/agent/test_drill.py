@@ -127,7 +127,7 @@ def test_a_jobset_restart_is_lost_even_with_nothing_else_wrong() -> None:
 def test_progress_seen_in_status_counts_when_no_hold_names_it() -> None:
     # The trainer died without holding: the coordinator's status had seen step 70.
     crash = [
-        {"last_step": 70},
+        {"last_step": 70, "generation": 1},
         ev(0.5, "TrainerDetached", "trainer detached; hold generation 2", "holding", 2, [0, 1, 2, 3]),
         ev(
             9.0,
@@ -140,6 +140,10 @@ def test_progress_seen_in_status_counts_when_no_hold_names_it() -> None:
     ]
     r = judge(START, crash, None, 0)
     assert r.lost_steps == 20 and r.verdict == "lost" and r.phases["held_seconds"] is None
+    # A reading of a later generation (taken after the resume, whatever order it arrived in) is
+    # progress made since, not a step lost.
+    late = [*RECORDED[:3], {"last_step": 63, "generation": 2}, *RECORDED[3:]]
+    assert judge(START, late, T0 + 5.2, 0).lost_steps == 0
 
 
 def test_without_grow_back_or_replacement_it_is_incomplete() -> None:
@@ -296,3 +300,14 @@ def test_choose_pod_prefers_the_tpu_pods_over_a_pathways_head_of_the_same_job_in
         choose_pod(pods, Namespace(slice=0, jobset="j", host=5, replicated_job=None), "default")
     with pytest.raises(DrillError, match="no running pod"):
         choose_pod([_pod("worker", "0", tpu=True, phase="Pending")], ns, "default")
+
+
+def test_without_the_kubernetes_package_it_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ModuleNotFoundError
+    code = main(["drill", "--jobset", "j", "--slice", "1", "--admin-address", "127.0.0.1:1", "--timeout", "5"])
+    assert code == C.DRILL_EXIT_USAGE
+    assert "elastic-sidecar[drill]" in capsys.readouterr().err

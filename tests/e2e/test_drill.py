@@ -58,6 +58,7 @@ def test_drill_against_the_demo_holds_and_reports_every_phase(tmp_path: Path) ->
         assert report["verdict"] == "held", report
         assert report["lost_steps"] <= 1 and report["jobset_restarts"] == 0, report
         assert report["restored_from"] == "memory", report
+        assert report["step_at_deletion"] > 0, "the drill waits for the job to train before it deletes"
         phases = report["phases"]
         for name in ("detected", "held", "resumed", "replacement_running", "grown_back"):
             assert isinstance(phases[f"{name}_seconds"], float | int), phases
