@@ -32,7 +32,7 @@ class DemoKubeAPI:
         if getattr(demo.ns, "mode", "single-controller") != "single-controller":
             raise SetupError("--kube-api is for the single-controller demo, not --mode multi-controller")
         self.demo = demo
-        self.kubeconfig: Path = demo.ns.kubeconfig_out or demo.workdir / "kubeconfig"
+        self.kubeconfig: Path = getattr(demo.ns, "kubeconfig_out", None) or demo.workdir / "kubeconfig"
         self.table = PodTable(jobset, demo.ns.slices, namespace=NAMESPACE)
         self._token = secrets.token_hex(16)
         self._server = InThread(KubeAPIStandIn({}, token=self._token, pods=self.table))
