@@ -4,12 +4,13 @@
     elastic-sidecar worker --slice 2 --host 0 ...    # beside each TPU host
     elastic-sidecar admin status                     # look at a running job and steer it
     elastic-sidecar inject job.yaml > elastic.yaml   # add the sidecars to a JobSet from xpk
+    elastic-sidecar drill --jobset J --slice 1       # delete a TPU pod; did the job hold its state?
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
 
 Exit codes: 0 done, 2 bad usage or configuration, 3 aborted by an operator, 42 the job must be
 restarted (xpk restarts workloads that exit 42); the demo: 130 or 143 stopped by SIGINT or SIGTERM
 (every process of it stopped too).
-`elastic-sidecar admin --help` lists the admin command's own exit codes.
+`elastic-sidecar admin --help` and `elastic-sidecar drill --help` list those commands' own exit codes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,demo}")
+    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,demo,drill}")
     sub.required = True
     add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
@@ -49,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
             "inject",
             help="print a JobSet (xpk's Pathways or multi-controller shape) with elastic-sidecar added",
             description=inject.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    from agent import drill
+
+    drill.add_drill_args(
+        sub.add_parser(
+            "drill",
+            help="delete one TPU pod of a slice and report whether the job held its state (exit 0) or not (1)",
+            description=drill.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
@@ -96,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             from agent import inject
 
             return inject.run(ns)
+        if ns.role == "drill":
+            from agent import drill
+
+            return drill.run(ns)
         if ns.mode == "multi-controller":
             from simjob.mc_harness import run_mc_demo
 

@@ -123,3 +123,17 @@ Every 5 s they were 2,000 pings a second at 10,000 workers, on top of the worker
 PEER_SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = tuple(
     (k, PEER_SERVER_KEEPALIVE_TIME_MS if k == "grpc.keepalive_time_ms" else v) for k, v in GRPC_SERVER_KEEPALIVE_OPTIONS
 )
+
+# --- `elastic-sidecar drill` ---------------------------------------------------
+DRILL_EXIT_HELD = 0
+"""The job held its state through the pod's loss: at most one lost step, no JobSet restart."""
+DRILL_EXIT_LOST = 1
+"""It did not (steps lost, a JobSet restart, the job failed), or the drill timed out: see the verdict."""
+DRILL_EXIT_USAGE = 2
+"""Bad usage, or the drill could not start; nothing was deleted."""
+LABEL_REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+"""An Indexed Job's pod index (label and annotation; Kubernetes >= 1.28 for the label)."""
+JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+"""The JobSet CRD's group, version and plural (kubernetes-sigs/jobset); ``status.restarts`` counts
+the JobSet's whole-job restarts."""

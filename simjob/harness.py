@@ -495,6 +495,7 @@ class Demo:
         self._handled: set[int] = set()  # pids of crashed worker sidecars already started again
         self._sidecar_restarted: set[tuple[int, int]] = set()
         self.live: LiveReport | None = None
+        self.kube: Any = None  # --kube-api: simjob.kube_demo.DemoKubeAPI
 
     def report_live(self) -> None:
         """Print decisions, trainer events and a progress line as they happen (``say``)."""
@@ -586,6 +587,10 @@ class Demo:
         self.job.recreate_slice(s)
 
     def start(self) -> None:
+        from simjob import kube_demo
+
+        if kube_demo.wanted(self.ns):
+            self.kube = kube_demo.DemoKubeAPI(self, DEMO_JOB)
         kinds = {f.kind for f in self.pending}
         if "notice" in kinds:
             from simjob.pubsub_emulator import EmulatorFailed, EmulatorMissing
@@ -603,6 +608,9 @@ class Demo:
                 self.job.start_host(s, h)
         self.job.start_trainer()
         self.status.start()
+        if self.kube is not None:
+            url = self.kube.start()
+            self.say(f"  Kubernetes API (stand-in) {url}   (kubeconfig {self.kube.kubeconfig}; elastic-sidecar drill)")
         self.deadline = time.monotonic() + self.ns.run_timeout
 
     # -- faults --------------------------------------------------------------------
@@ -743,6 +751,8 @@ class Demo:
             self.say(f"  +{self.elapsed():7.3f}s  [harness] {item.what}")
         for s in self.provisioner.poll(mono):
             self.say(f"  +{self.elapsed():7.3f}s  [provisioner] slice {s} recreated")
+        if self.kube is not None:
+            self.kube.tick()
         if mono > self.deadline:
             self.say(f"elastic-sidecar demo: giving up after --run-timeout {self.ns.run_timeout:g} s")
             self.gave_up = True
@@ -772,6 +782,8 @@ class Demo:
                     pass
         finally:
             self.status.stop()
+            if self.kube is not None:
+                self.kube.stop()
             codes = self.job.stop_all()
         wall = time.time() - self.t_start
         if "trainer" in codes:

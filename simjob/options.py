@@ -313,3 +313,16 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="the coordinator's HTTP server: status page, /metrics, /readyz (default: a free loopback port)",
     )
+    p.add_argument(
+        "--kube-api",
+        action="store_true",
+        help="serve a stand-in Kubernetes API on loopback that lists the hosts as the JobSet's pods (xpk's "
+        "labels) and kills a host when its pod is deleted; for `elastic-sidecar drill` (single-controller)",
+    )
+    p.add_argument(
+        "--kubeconfig-out",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the stand-in API's kubeconfig here (implies --kube-api; default: kubeconfig in --workdir)",
+    )

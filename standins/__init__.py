@@ -10,7 +10,8 @@ daemon anything the real system would not:
   JAX program: when a worker disappears, computations touching its devices
   fail with ``DATA_LOSS`` (raised by pathwaysutils' own fault injection).
 * :mod:`standins.kube_api` - the Kubernetes API server's ``GET /api/v1/nodes/{name}``
-  (a node's labels, hence its GKE node pool), nothing else.
+  (a node's labels, hence its GKE node pool) and, for ``elastic-sidecar drill``, a
+  JobSet's pods (list, get, delete) and the JobSet's ``status.restarts``; nothing else.
 * :mod:`standins.provisioner` - Kueue/JobSet/GKE recreating a lost slice
   after a delay.
 """
