@@ -731,7 +731,6 @@ def run_one(
     *,
     fault_step: int | None,
     delay: float,
-    cache: Path,
     start: Path | None = None,
 ) -> dict[str, Any]:
     """One MaxText job under ``strategy`` (with a fault at ``fault_step``, or none), read by :func:`analyse`.
@@ -752,7 +751,7 @@ def run_one(
         shutil.copytree(start, wd / "job" / "checkpoints" / start.name)
     events = wd / "events.jsonl"
     steps = job.steps_for(fault_step, strategy)
-    args = maxtext_args(wd, "job", steps, *maxtext_flags(job, strategy, delay), jax_cache=cache, model=job.model)
+    args = maxtext_args(wd, "job", steps, *maxtext_flags(job, strategy, delay), model=job.model)
     env = {
         cpu_elastic.ENV: "1",
         cpu_elastic.ENV_SLICES: str(SLICES),
@@ -845,7 +844,7 @@ def run_one(
     return out
 
 
-def pretrain(job: Job, root: Path, cache: Path) -> Path:
+def pretrain(job: Job, root: Path) -> Path:
     """Train the job once to :attr:`Job.start_label` and commit a checkpoint there; return its directory.
 
     Every run of the period restores a copy of it at its start (:func:`run_one`), so a run trains only
@@ -861,9 +860,7 @@ def pretrain(job: Job, root: Path, cache: Path) -> Path:
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
     # A save after step index `label` (checkpoint_period=label), in a run of label + 1 steps.
-    args = maxtext_args(
-        wd, "job", label + 1, f"checkpoint_period={label}", *MESH_FLAGS, jax_cache=cache, model=job.model
-    )
+    args = maxtext_args(wd, "job", label + 1, f"checkpoint_period={label}", *MESH_FLAGS, model=job.model)
     env = {cpu_elastic.ENV: "1", cpu_elastic.ENV_SLICES: str(SLICES), cpu_elastic.ENV_EVENTS: str(wd / "events.jsonl")}
     proc = MaxTextRun("maxtext-pretrain", args, wd, module=PATCHED_MODULE, env=env, devices=DEVICES)
     try:
@@ -945,8 +942,6 @@ def run(
         log(f"recovery maxtext: {no_venv}")
         ours = []
     periods = sorted({p for f, p, _ in cases if f in FAULTS})
-    cache = root / "jax-cache"
-    cache.mkdir(parents=True, exist_ok=True)
     refs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     done: list[dict[str, Any]] = []
     n_refs = runs if fault_free_runs is None else fault_free_runs
@@ -976,7 +971,7 @@ def run(
             continue
         log(f"recovery maxtext: pre-training period {period} to step {job.start_label}")
         try:
-            starts[period] = pretrain(job, root, cache)
+            starts[period] = pretrain(job, root)
             journal.add(f"pretrain-p{period}", {"checkpoint": str(starts[period])})
         except Exception as e:  # noqa: BLE001 - the period's rows say why they have no figure
             no_start[period] = f"not run: pre-training failed: {type(e).__name__}: {e}"
@@ -995,7 +990,7 @@ def run(
                 r = journal.get(tag)
                 if r is None:
                     log(f"recovery maxtext: {s} fault-free, period {period}, {n} steps, round {rep + 1}/{runs}")
-                    r = guarded(job, s, root, tag, fault_step=None, delay=0.0, cache=cache, start=starts[period])
+                    r = guarded(job, s, root, tag, fault_step=None, delay=0.0, start=starts[period])
                     r["checkpoint_period"] = period
                     journal.add(tag, r)
                 else:
@@ -1016,7 +1011,7 @@ def run(
                     done.append(r)
                     continue
                 log(f"recovery maxtext: {what}")
-                r = guarded(job, s, root, tag, fault_step=at, delay=delay, cache=cache, start=starts[period])
+                r = guarded(job, s, root, tag, fault_step=at, delay=delay, start=starts[period])
                 r.update({"fault": fault, "checkpoint_period": period})
                 journal.add(tag, r)
                 log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s{_err(r)}")

@@ -228,8 +228,6 @@ def run(
     with tempfile.TemporaryDirectory(prefix="bench-step-overhead-") as tmp:
         root = workdir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        cache = root / "jax-cache"
-        cache.mkdir(exist_ok=True)
 
         def measure(v: str, tag: str, i: int, core: int | None = None) -> dict[str, Any]:
             if core is not None:
@@ -239,7 +237,7 @@ def run(
                 f"step_overhead: round {i + 1}/{rounds}: {v} ({steps} steps)"
                 + ("" if core is None else f", CPU {core}")
             )
-            out = rm.guarded(job, VARIANTS[v], root, tag, fault_step=None, delay=0.0, cache=cache)
+            out = rm.guarded(job, VARIANTS[v], root, tag, fault_step=None, delay=0.0)
             window = steady_window(read_jsonl(root / tag / "events.jsonl"), from_step=from_step)
             fig: dict[str, Any] = {"tag": tag, "round": i} | ({} if core is None else {"cpu": core})
             if out.get("error"):

@@ -50,8 +50,12 @@ and Pathways, and tells MaxText nothing the real thing would not.
      active slices and its monitor thread find the survivors themselves.
 
    The loss lasts until a file named ``reconnect`` appears in
-   ``ELASTIC_SIDECAR_TEST_CONTROL`` (a directory): the replacement slice; its
-   devices then compute again (nothing that lived there comes back).
+   ``ELASTIC_SIDECAR_TEST_CONTROL`` (a directory): the replacement slice
+   (the provisioner's stand-in). Each file brings back one slice, the one
+   lost first, and is removed, so a later loss stays lost until the next
+   file. The replacement's devices then compute again; nothing that lived
+   there comes back, and every array that spanned them during the loss stays
+   unreadable (sticky, as in pathwaysutils' simulator: :class:`LostDevices`).
    The patches are installed at the loss, so a run without one runs unpatched.
 5. **Events** (``ELASTIC_SIDECAR_TEST_EVENTS=PATH``): one JSON line per
    completed step and per injected loss, with the wall-clock time
@@ -63,6 +67,9 @@ and Pathways, and tells MaxText nothing the real thing would not.
    gets no line. With a grain pipeline each step's line carries a hash of the
    input batch it consumed (``batch``) and of each of its rows (``rows``), taken
    from the host array MaxText's ``multihost_dataloading`` puts on the devices.
+6. **A grow whose snapshot load fails** (``ELASTIC_SIDECAR_TEST_FAIL_GROW_LOAD=N``): the first N
+   calls of Orbax's ``Snapshotter.load`` onto more slices than the snapshot's replicas raise the
+   ``DATA_LOSS`` error above, as a copy to a host that went away during the grow would.
 
 Nothing in ``trainer_hooks`` imports this module.
 """
@@ -77,6 +84,7 @@ import queue
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +98,8 @@ ENV_FAIL_AT = "ELASTIC_SIDECAR_TEST_FAIL_AT"
 """``STEP:SLICE``: lose SLICE during step index STEP (once per process)."""
 ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 """A directory; a file ``reconnect`` in it ends the simulated loss."""
+ENV_FAIL_GROW_LOAD = "ELASTIC_SIDECAR_TEST_FAIL_GROW_LOAD"
+"""A whole number N: the first N snapshot loads onto more slices than the snapshot was taken on (a grow) fail."""
 ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
 """A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "batch": H, "rows": [...], "t": ..., "cpu": C, "steal": S}``
 (N completed steps, the index run + 1; D the devices its new state spans; H the batch hash, grain only;
@@ -191,6 +201,8 @@ def apply() -> None:
     if cpu_slices() > 1:
         install_slice_index(cpu_slices())
     events = Path(os.environ[ENV_EVENTS]) if os.environ.get(ENV_EVENTS) else None
+    if os.environ.get(ENV_FAIL_GROW_LOAD):
+        _fail_grow_loads(int(os.environ[ENV_FAIL_GROW_LOAD]), events)
     if os.environ.get(ENV_FAIL_AT):
         _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
     if events is not None:
@@ -235,10 +247,17 @@ def _device_ids(x: Any) -> frozenset[int]:
 
 
 class LostDevices:
-    """The devices of lost slices, and what losing them does to arrays (module doc, 4)."""
+    """The devices of lost slices, and what losing them does to arrays (module doc, 4).
+
+    Losses are sticky, as in pathwaysutils' ``DeviceLossSimulator`` (its corrupted arrays stay corrupted
+    after ``mark_device_connected``): an array that spanned a lost device at any moment of the loss (live
+    when it began, made during it, or live when the slice came back) keeps failing every read and wait for
+    good; only arrays made after the replacement slice came back read its devices again."""
 
     def __init__(self) -> None:
         self.ids: frozenset[int] = frozenset()
+        self._corrupted: dict[int, weakref.ref[Any]] = {}
+        """id -> a weak reference to each array that spanned a lost device (dropped with the array)."""
         self._installed = False
         self._lock = threading.Lock()
         self._exempt = threading.local()
@@ -247,19 +266,35 @@ class LostDevices:
         """This thread's reads never fail (the event recorder: it observes, it is not the training)."""
         self._exempt.on = True
 
+    def _corrupt(self, x: Any) -> None:
+        key = id(x)
+        if key in self._corrupted:
+            return
+        corrupted = self._corrupted
+        corrupted[key] = weakref.ref(x, lambda _ref, key=key: corrupted.pop(key, None))
+
+    def corrupted(self, x: Any) -> bool:
+        ref = self._corrupted.get(id(x))
+        return ref is not None and ref() is x
+
     def spans_lost(self, x: Any) -> bool:
         import jax
 
-        if not self.ids or not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             return False
-        return bool(_device_ids(x) & self.ids)
+        if self.corrupted(x):
+            return True
+        if self.ids and _device_ids(x) & self.ids:
+            self._corrupt(x)  # made on a lost device: it stays unreadable after the slice comes back
+            return True
+        return False
 
     def check(self, x: Any) -> None:
         import jax
 
         if getattr(self._exempt, "on", False):
             return
-        if self.ids and any(self.spans_lost(leaf) for leaf in jax.tree_util.tree_leaves(x)):
+        if (self.ids or self._corrupted) and any(self.spans_lost(leaf) for leaf in jax.tree_util.tree_leaves(x)):
             raise jax.errors.JaxRuntimeError(DATA_LOSS_MESSAGE)
 
     def lose(self, device_ids: frozenset[int]) -> int:
@@ -273,13 +308,22 @@ class LostDevices:
             deleted = 0
             for x in jax.live_arrays():
                 ids = _device_ids(x)
+                if ids & self.ids:
+                    self._corrupt(x)
                 if ids and ids <= self.ids and not x.is_deleted():
                     x.delete()
                     deleted += 1
             return deleted
 
     def reconnect(self, device_ids: frozenset[int]) -> None:
+        """The replacement devices: every array still alive that spans them was there during the loss and
+        stays unreadable; new arrays on them read again."""
+        import jax
+
         with self._lock:
+            for x in jax.live_arrays():
+                if _device_ids(x) & device_ids:
+                    self._corrupt(x)
             self.ids = self.ids - device_ids
 
     def _install(self) -> None:
@@ -370,12 +414,22 @@ def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = 
     next_index: list[int] = [-1]
     wait = jax.block_until_ready
 
-    def reconnect_when_told(fault: Fault, ids: frozenset[int]) -> None:
-        while not (control / "reconnect").exists():
-            time.sleep(0.05)
-        LOST.reconnect(ids)
-        record(events, "reconnected", slice=fault.slice)
-        print(f"cpu_elastic: slice {fault.slice} reconnected", flush=True)
+    lost: queue.Queue[tuple[Fault, frozenset[int]]] = queue.Queue()
+
+    def reconnect_when_told() -> None:
+        # The provisioner's stand-in: each ``reconnect`` file brings back one slice, the one lost first,
+        # and is used up, so a slice lost later stays lost until another file appears.
+        flag = control / "reconnect"
+        while True:
+            fault, ids = lost.get()
+            while not flag.exists():
+                time.sleep(0.05)
+            flag.unlink(missing_ok=True)
+            LOST.reconnect(ids)
+            record(events, "reconnected", slice=fault.slice)
+            print(f"cpu_elastic: slice {fault.slice} reconnected", flush=True)
+
+    threading.Thread(target=reconnect_when_told, name="cpu-elastic-provisioner", daemon=True).start()
 
     def lose(fault: Fault) -> None:
         pending.remove(fault)
@@ -389,7 +443,7 @@ def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = 
             f"({deleted} arrays on it deleted)",
             flush=True,
         )
-        threading.Thread(target=reconnect_when_told, args=(fault, ids), daemon=True).start()
+        lost.put((fault, ids))
 
     def iteration(jax_device_state: dict[str, Any], python_vars: dict[str, Any], immutable_data: dict[str, Any]) -> Any:
         step = int(python_vars["step"])
@@ -422,6 +476,35 @@ def _lose_a_slice_during_a_step(spec: str, control: Path, events: Path | None = 
             return original_save(self, step, state)
 
         snapshotter.Snapshotter.save = save  # type: ignore[method-assign]
+
+
+def _fail_grow_loads(count: int, events: Path | None = None) -> None:
+    """Wrap Orbax's ``Snapshotter.load`` so that the first ``count`` loads onto a mesh of more slices than
+    the snapshot's replicas (a grow: the copy from the smaller mesh's ``pinned_host`` memory onto the
+    larger one) fail as a transfer to a host that went away would, with pathwaysutils' simulator's
+    ``DATA_LOSS`` error, before anything is put on the new mesh (module doc, 6)."""
+    import jax
+    from orbax.checkpoint.experimental.v1._src.training.pathways import snapshotter
+
+    original_load = snapshotter.Snapshotter.load
+    left = [count]
+
+    def load(self: Any, abstract_state: Any, **kwargs: Any) -> Any:
+        latest = getattr(self, "_latest_snapshot", None)
+        replicas = len(latest[0]) if latest else 0
+        slices = {
+            int(getattr(d, "slice_index", 0))
+            for x in jax.tree_util.tree_leaves(abstract_state)
+            if getattr(x, "sharding", None) is not None
+            for d in x.sharding.device_set
+        }
+        if left[0] > 0 and replicas and len(slices) > replicas:
+            left[0] -= 1
+            record(events, "load_failed", replicas=replicas, slices=len(slices))
+            raise jax.errors.JaxRuntimeError(DATA_LOSS_MESSAGE + " (test: a grow's snapshot load)")
+        return original_load(self, abstract_state, **kwargs)
+
+    snapshotter.Snapshotter.load = load  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -114,8 +115,18 @@ def maxtext_args(
 ) -> list[str]:
     """MaxText's ``key=value`` arguments: the model, the job's settings, then ``extra``.
 
+    ``jax_cache``: MaxText's persistent compile cache (``jax_cache_dir``, ``~/jax_cache`` by default),
+    which must start empty, as a new job's does: the programs of earlier runs on this machine would
+    make a rebuild look faster than a new job's. None (the default): a fresh directory under ``out``;
+    a given one that already holds something is refused.
+
     ``data``: an ArrayRecord file of :mod:`simjob.maxtext.grain_data` read by MaxText's grain pipeline
     instead of the synthetic batch (the same batch every step)."""
+    if jax_cache is None:
+        out.mkdir(parents=True, exist_ok=True)
+        jax_cache = Path(tempfile.mkdtemp(prefix=f"jax-cache-{run_name}-", dir=out))
+    elif jax_cache.exists() and any(jax_cache.iterdir()):
+        raise ValueError(f"jax_cache={jax_cache}: not empty; a run's compile cache must start empty, as a new job's")
     base = model_args(model)
     if data is not None:
         from simjob.maxtext.grain_data import maxtext_flags
@@ -127,7 +138,7 @@ def maxtext_args(
         f"run_name={run_name}",
         f"steps={steps}",
         f"metrics_file={out / f'{run_name}-{steps}-metrics.jsonl'}",
-        f"jax_cache_dir={jax_cache or ''}",
+        f"jax_cache_dir={jax_cache}",
         *extra,
     ]
 

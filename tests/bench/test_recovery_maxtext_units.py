@@ -281,9 +281,7 @@ def test_an_unknown_model_size_is_named() -> None:
 
 
 def test_a_run_that_raises_is_a_failed_run_with_the_reason(tmp_path: Path) -> None:
-    r = recovery_maxtext.guarded(
-        Job("tiny", 20), "no_such_strategy", tmp_path, "x", fault_step=42, delay=1.0, cache=tmp_path
-    )
+    r = recovery_maxtext.guarded(Job("tiny", 20), "no_such_strategy", tmp_path, "x", fault_step=42, delay=1.0)
     assert r["error"].startswith("ValueError: unknown MaxText strategy 'no_such_strategy'"), r
     assert (r["fault_step"], r["lost_steps"], r["recovery_s"]) == (42, None, None)
 
@@ -429,7 +427,7 @@ def test_a_period_whose_pre_training_fails_has_rows_that_say_so_and_runs_nothing
     monkeypatch.setattr(job, "MAXTEXT_PYTHON", python)
     ran: list[Any] = []
 
-    def pretrain(j: Job, root: Path, cache: Path) -> Path:
+    def pretrain(j: Job, root: Path) -> Path:
         if j.checkpoint_period == 20:
             raise RuntimeError("pre-training committed no checkpoint 20")
         ran.append(("pretrain", j.checkpoint_period))

@@ -78,14 +78,20 @@ def observer():
     seen["read"] = fails(lambda: jax.block_until_ready(whole))
 t = threading.Thread(target=observer); t.start(); t.join()
 out["exempt_read"] = seen["read"]
+during = jax.device_put(np.zeros(8), NamedSharding(Mesh(np.array(devs), ("data",)), P("data")))  # made while lost
 ce.LOST.reconnect(ce.slice_devices(3))
 fresh = jax.jit(lambda x: x + 1)(jax.device_put(np.zeros(2), NamedSharding(Mesh(np.array(on3), ("x",)), P("x"))))
 out["after_reconnect"] = float(jnp.sum(fresh))
+# sticky: what spanned the lost slice during the loss stays unreadable once it is back
+out["sticky_whole"] = fails(lambda: np.asarray(whole))
+out["sticky_health"] = fails(lambda: jax.block_until_ready(on_lost))
+out["sticky_during"] = fails(lambda: jax.block_until_ready(during))
+out["only0_after"] = float(jnp.sum(only0))
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_fail_with_data_loss() -> None:
+def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_fail_with_data_loss_for_good() -> None:
     env = {**os.environ, **cpu_device_env(8)}
     r = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -100,3 +106,20 @@ def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_f
     assert out["health_live"] is None, out
     assert out["exempt_read"] is None, "the event recorder's thread only observes"
     assert out["after_reconnect"] == 2.0, "the replacement slice computes again"
+    for key in ("sticky_whole", "sticky_health", "sticky_during"):
+        assert out[key] and out[key].startswith("DATA_LOSS"), ("the loss is sticky", key, out)
+    assert out["only0_after"] == 2.0, "a survivor's array never spanned the lost slice"
+
+
+def test_every_maxtext_run_gets_an_empty_compile_cache_of_its_own(tmp_path: Path) -> None:
+    from simjob.maxtext.job import maxtext_args
+
+    def cache_of(args: list[str]) -> Path:
+        (flag,) = [a for a in args if a.startswith("jax_cache_dir=")]
+        return Path(flag.split("=", 1)[1])
+
+    first, second = cache_of(maxtext_args(tmp_path, "a", 5)), cache_of(maxtext_args(tmp_path, "a", 5))
+    assert first != second and first.is_dir() and not any(first.iterdir()), (first, second)
+    (first / "program").write_text("compiled")
+    with pytest.raises(ValueError, match="not empty"):
+        maxtext_args(tmp_path, "a", 5, jax_cache=first)

@@ -76,7 +76,7 @@ def test_elastic_retry_restarts_at_once_from_the_flushed_step_on_shrink_and_grow
     try:
         sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        args = maxtext_args(tmp_path, "elastic", 100_000, *ELASTIC_FLAGS, jax_cache=tmp_path / "jax-cache")
+        args = maxtext_args(tmp_path, "elastic", 100_000, *ELASTIC_FLAGS)
         env = {ENV: "1", ENV_SLICES: "2"}
         run = MaxTextRun("elastic", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
@@ -155,7 +155,7 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
     try:
         sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         sc.submit(WorkerJoined(1, 0, "inc-1", node="node-1"))
-        args = maxtext_args(tmp_path, "budget", 100_000, *budget_flags(cycles), jax_cache=tmp_path / "jax-cache")
+        args = maxtext_args(tmp_path, "budget", 100_000, *budget_flags(cycles))
         env = {ENV: "1", ENV_SLICES: "2"}
         run = MaxTextRun("budget", args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env)
         sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step", run, timeout=START_TIMEOUT)
@@ -222,7 +222,7 @@ def test_maxtexts_own_periodic_checkpoints_count_as_committed(tmp_path: Path) ->
     run = None
     try:
         sc.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
-        args = maxtext_args(tmp_path, "periodic", 13, "checkpoint_period=5", jax_cache=tmp_path / "jax-cache")
+        args = maxtext_args(tmp_path, "periodic", 13, "checkpoint_period=5")
         run = MaxTextRun("periodic", args, tmp_path, sidecar=sc)
         assert run.wait(START_TIMEOUT) == 0, run.tail()
         labels = checkpoint_labels(tmp_path, "periodic")

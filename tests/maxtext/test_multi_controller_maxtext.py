@@ -35,7 +35,7 @@ PROCESSES = 2
 def _start(tmp_path: Path, sc: Sidecar) -> list[MaxTextRun]:
     args = [
         a if a != "skip_jax_distributed_system=true" else "skip_jax_distributed_system=false"
-        for a in maxtext_args(tmp_path, RUN, 100_000, jax_cache=tmp_path / "jax-cache")
+        for a in maxtext_args(tmp_path, RUN, 100_000)
     ]
     return [
         MaxTextRun(

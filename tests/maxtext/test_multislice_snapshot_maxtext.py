@@ -24,7 +24,7 @@ import pytest
 
 from agent.core.model import OperatorCommand, TrainerResumed, TrainerSliceError, TrainerStepped, WorkerJoined
 from simjob.maxtext import grain_data
-from simjob.maxtext.cpu_elastic import ENV, ENV_CONTROL, ENV_EVENTS, ENV_FAIL_AT, ENV_SLICES
+from simjob.maxtext.cpu_elastic import ENV, ENV_CONTROL, ENV_EVENTS, ENV_FAIL_AT, ENV_FAIL_GROW_LOAD, ENV_SLICES
 from simjob.maxtext.job import MULTI_SLICE_DEVICES, MULTI_SLICE_MESH, MULTI_SLICES
 from tests.maxtext.harness import (
     PATCHED_MODULE,
@@ -98,7 +98,14 @@ def join_all(sc: Sidecar) -> None:
 
 
 def start_snapshot_run(
-    tmp_path: Path, sc: Sidecar, name: str, steps: int, min_slices: int, fail_at: str, grain_file: Path
+    tmp_path: Path,
+    sc: Sidecar,
+    name: str,
+    steps: int,
+    min_slices: int,
+    fail_at: str,
+    grain_file: Path,
+    extra_env: dict[str, str] | None = None,
 ) -> MaxTextRun:
     """A 4-slice elastic MaxText job under ``sc`` on the grain data, a snapshot every step, the faults
     ``fail_at`` (``ENV_FAIL_AT``); its events go to ``tmp_path/events.jsonl``, its control directory
@@ -106,9 +113,7 @@ def start_snapshot_run(
     control = tmp_path / "control"
     control.mkdir()
     join_all(sc)
-    args = maxtext_args(
-        tmp_path, name, steps, *elastic_flags(min_slices), jax_cache=tmp_path / "jax-cache", data=grain_file
-    )
+    args = maxtext_args(tmp_path, name, steps, *elastic_flags(min_slices), data=grain_file)
     env = {
         ENV: "1",
         ENV_SLICES: str(MULTI_SLICES),
@@ -116,6 +121,7 @@ def start_snapshot_run(
         ENV_EVENTS: str(tmp_path / "events.jsonl"),
         ENV_FAIL_AT: fail_at,
         ENV_CONTROL: str(control),
+        **(extra_env or {}),
     }
     return MaxTextRun(name, args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES)
 
@@ -150,12 +156,11 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
     seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
     fail_at = random.Random(seed).randint(3, 7)
     steps = fail_at + 5
-    cache = tmp_path / "jax-cache"
     slices_env = {ENV: "1", ENV_SLICES: str(MULTI_SLICES)}
 
     ref_events = tmp_path / "reference.jsonl"
     ref_args = maxtext_args(
-        tmp_path, "reference", steps, *MULTI_SLICE_MESH, *kind_flags, jax_cache=cache, data=grain_file, model=model
+        tmp_path, "reference", steps, *MULTI_SLICE_MESH, *kind_flags, data=grain_file, model=model
     )  # plain MaxText: no sidecar, no elastic mode, no snapshots
     ref = MaxTextRun(
         "reference",
@@ -180,9 +185,7 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
     events = tmp_path / "crash.jsonl"
     try:
         join_all(sc)
-        args = maxtext_args(
-            tmp_path, "crash", steps, *elastic_flags(-1), *kind_flags, jax_cache=cache, data=grain_file, model=model
-        )
+        args = maxtext_args(tmp_path, "crash", steps, *elastic_flags(-1), *kind_flags, data=grain_file, model=model)
         env = {
             **slices_env,
             ENV_SNAPSHOT_EVERY: "1",
@@ -353,4 +356,72 @@ def test_a_grow_onto_the_replacement_loads_the_boundary_from_a_snapshot_not_a_ch
     print(
         f"\ngrow (seed {seed}): slice 3 lost in step {fail_at}; grown back at step {grown.step} from a snapshot; "
         f"meshes {meshes}; {len(rows)} records in order over {last} steps"
+    )
+
+
+def test_a_grow_whose_snapshot_load_fails_keeps_training_on_the_smaller_mesh_and_grows_later(
+    tmp_path: Path, grain_file: Path
+) -> None:
+    """As the grow test, but the first load of the grow's snapshot onto the 4-slice mesh fails
+    (``ELASTIC_SIDECAR_TEST_FAIL_GROW_LOAD=1``). The job was healthy on 3 slices, so it goes back there
+    from the same snapshot (no rewind to a checkpoint, no step lost) and tries the grow again
+    ``GROW_RETRY_STEPS`` steps later, which then loads onto 4 slices."""
+    require_maxtext_venv()
+    seed = int(os.environ.get("ES_TEST_SEED", time.time_ns() % 10_000))
+    fail_at = random.Random(seed).randint(3, 5)
+    events = tmp_path / "events.jsonl"
+    sc = Sidecar(num_slices=MULTI_SLICES)
+    run = None
+    every = frozenset(range(MULTI_SLICES))
+    try:
+        run = start_snapshot_run(
+            tmp_path, sc, "regrow", 100_000, 1, f"{fail_at}:3", grain_file, {ENV_FAIL_GROW_LOAD: "1"}
+        )
+        sc.wait_for(
+            lambda: sc.applied(TrainerResumed, 0.0, lambda e: e.active == frozenset({0, 1, 2})),
+            "the resume on the 3 survivors",
+            run,
+            timeout=RUN_TIMEOUT,
+        )
+        (tmp_path / "control" / "reconnect").touch()  # the replacement slice
+        t_back = time.monotonic()
+        sc.request(WorkerJoined(3, 0, "inc-2", node="node-3"))
+        grown = sc.wait_for(
+            lambda: sc.applied(TrainerResumed, t_back, lambda e: e.active == every),
+            "the resume on every slice",
+            run,
+            timeout=2 * RUN_TIMEOUT,
+        )[-1].event
+        sc.wait_for(lambda: sc.state.trainer.last_step > grown.step + 2, "steps after the grow", run)
+        sc.request(OperatorCommand("abort", "end of test", restart=True))
+        assert run.wait(RUN_TIMEOUT) == 42, run.tail()
+    finally:
+        if run is not None:
+            run.kill()
+        sc.stop()
+
+    evs = run.events(events)
+    assert [e["kind"] for e in evs if e["kind"] == "load_failed"] == ["load_failed"], "the fault was not injected"
+    (failed,) = [f for _, f in run.hook_lines("grow_failed")]
+    assert failed["back_to"] == [0, 1, 2], failed
+    retried = [f for _, f in run.hook_lines("grow_retry")]
+    assert retried and int(retried[0]["step"]) >= int(failed["retry_at"]), (failed, retried)
+    loaded = restores(run)
+    assert all(r["source"] in ("snapshot", "fresh") for r in loaded), f"a checkpoint was restored: {loaded}"
+    assert loaded[0]["source"] == "fresh", loaded
+    back = loaded[-2]  # the smaller mesh, from the grow's snapshot
+    assert (back["source"], int(back["step"])) == ("snapshot", int(failed["step"])), loaded
+    assert (loaded[-1]["source"], int(loaded[-1]["step"])) == ("snapshot", grown.step), loaded
+    assert grown.restored_from == "snapshot" and grown.step >= int(failed["retry_at"]), grown
+    meshes = [e["slices"] for e in evs if e["kind"] == "mesh"]
+    assert meshes[0] == 4 and meshes[-1] == 4 and meshes.count(3) >= 2, meshes  # 4, 3, (4 failed), 3, 4
+    got_steps = kept_steps(evs)
+    last = max(got_steps)
+    assert sorted(got_steps) == list(range(1, last + 1)), sorted(got_steps)
+    rows = consumed_rows(got_steps)
+    assert rows == grain_data.rows(grain_file)[: len(rows)], "records skipped or read twice"
+    print(
+        f"\ngrow whose load failed (seed {seed}): slice 3 lost in step {fail_at}; the grow at step {failed['step']} "
+        f"went back to 3 slices; grown at step {grown.step}; meshes {meshes}; restores "
+        f"{[(r['source'], r['step']) for r in loaded]}"
     )

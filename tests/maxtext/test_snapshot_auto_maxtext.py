@@ -40,7 +40,7 @@ def run_four_slices(tmp_path: Path, name: str, steps: int, *mesh: str) -> MaxTex
     try:
         for s in range(MULTI_SLICES):
             sc.submit(WorkerJoined(s, 0, "inc-1", node=f"node-{s}"))
-        args = maxtext_args(tmp_path, name, steps, *ELASTIC, *mesh, jax_cache=tmp_path / "jax-cache")
+        args = maxtext_args(tmp_path, name, steps, *ELASTIC, *mesh)
         env = {ENV: "1", ENV_SLICES: str(MULTI_SLICES)}  # ELASTIC_SIDECAR_SNAPSHOT_EVERY unset: auto
         run = MaxTextRun(name, args, tmp_path, sidecar=sc, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES)
         assert run.wait(RUN_TIMEOUT) == 0, run.tail()
