@@ -110,7 +110,7 @@ async def _completes_with(coord: Coordinator, break_it: Callable[[Coordinator], 
         assert not run.done(), run.result()
         await asyncio.sleep(0.01)
     break_it(coord)
-    coord._execute(ExitCoordinator(C.EXIT_OK, "job completed"))  # noqa: SLF001: what the core decides at the end
+    coord._execute(ExitCoordinator(C.EXIT_OK, "job completed"))  # noqa: SLF001  (what the core decides at the end)
     return await asyncio.wait_for(run, 30)
 
 
@@ -128,7 +128,7 @@ async def test_a_full_state_directory_at_exit_keeps_the_exit_code_the_job_earned
         assert c._journal is not None  # noqa: SLF001
         c._journal.close()  # noqa: SLF001
         c._journal = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115, SLF001
-        c._append_journal("a decision\n")  # noqa: SLF001: fails and is counted; the line stays buffered
+        c._append_journal("a decision\n")  # noqa: SLF001  (fails and is counted; the line stays buffered)
 
     assert await _completes_with(coord, fill) == C.EXIT_OK
     assert _journal_failures(coord) >= 2  # the append, then the close
