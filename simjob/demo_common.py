@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import json
 import os
 import re
@@ -77,10 +78,44 @@ def prepare_workdir(ns: argparse.Namespace, prefix: str) -> Path:
         raise SetupError(f"--workdir {ns.workdir}: cannot create it ({e.strerror or e})") from None
     if not os.access(workdir, os.W_OK | os.X_OK):
         raise SetupError(f"--workdir {ns.workdir}: not writable")
+    _lock_workdir(workdir)
     ck = workdir / "checkpoints"
     if ck.is_dir() and any(ck.iterdir()):
         raise SetupError(f"--workdir {workdir} already holds checkpoints; pass an empty --workdir")
     return workdir
+
+
+WORKDIR_LOCK = "demo.lock"
+"""The file in the work directory a running demo holds an exclusive flock on, with its pid in it."""
+_held_locks: list[int] = []
+"""Descriptors of the work directory locks this process holds: open until it exits."""
+
+
+def _lock_workdir(workdir: Path) -> None:
+    """Refuse a work directory another running demo uses, before anything in it is touched.
+
+    flock(2): the lock belongs to the open file description and goes when its last descriptor is
+    closed, which the kernel does when the process ends, however it ends: a demo that was killed
+    leaves no stale lock. Python's descriptors are not inherited by the processes the demo starts
+    (PEP 446), so a child it left behind does not keep the directory locked either.
+    """
+    path = workdir / WORKDIR_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise SetupError(f"--workdir {workdir}: cannot create {path.name} ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise SetupError(
+            f"--workdir {workdir} is in use by a running demo{who}: give another --workdir, or stop that demo"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held_locks.append(fd)
 
 
 def resolve_faults(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from simjob.demo_common import SetupError, resolve_faults
+from simjob.demo_common import SetupError, prepare_workdir, resolve_faults
 from simjob.options import DEFAULT_FAULTS, FAULT_KINDS, add_demo_args
 
 pytestmark = pytest.mark.e2e
@@ -254,6 +254,71 @@ def test_its_terminal_closing_stops_every_process(tmp_path: Path) -> None:
             pass  # gone meanwhile
     assert code == 128 + signal.SIGHUP, (code, out.decode(errors="replace"), left)
     assert not left, left
+
+
+def test_a_work_directory_in_use_by_a_running_demo_is_refused_before_anything_in_it_is_touched(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "job"
+    first = subprocess.Popen(
+        [*DEMO, "--workdir", str(work), "--no-faults", "--steps", "100000", "--run-timeout", "600", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and first.poll() is None and len(_descendants(first.pid)) < 10:
+            time.sleep(0.5)
+        assert first.poll() is None, first.communicate()[0]
+        token = (work / "peer-token").read_bytes()
+        logs = sorted(p.name for p in (work / "logs").iterdir())
+        t0 = time.monotonic()
+        second = subprocess.run(
+            [*DEMO, "--workdir", str(work), "--no-faults"], capture_output=True, text=True, timeout=60
+        )
+        took = time.monotonic() - t0
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"--workdir {work} is in use by a running demo (pid {first.pid})" in second.stderr, second.stderr
+        assert took < 30, took
+        assert (work / "peer-token").read_bytes() == token
+        assert sorted(p.name for p in (work / "logs").iterdir()) == logs
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        try:
+            first.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.communicate(timeout=30)
+    assert first.returncode == 128 + signal.SIGTERM
+
+
+def test_the_work_directory_lock_goes_with_the_process_that_held_it(tmp_path: Path) -> None:
+    """flock(2) locks go when their holder dies, even by SIGKILL: no stale lock to clean up."""
+    work = tmp_path / "job"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, argparse; from simjob.demo_common import prepare_workdir; "
+            f"prepare_workdir(argparse.Namespace(workdir={str(work)!r}), 'x'); print('held', flush=True); "
+            "time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(SetupError, match=f"in use by a running demo \\(pid {holder.pid}\\)"):
+            prepare_workdir(argparse.Namespace(workdir=work), "x")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert prepare_workdir(argparse.Namespace(workdir=work), "x") == work.resolve()
+    with pytest.raises(SetupError, match="in use"):  # a second open file description, even in one process
+        prepare_workdir(argparse.Namespace(workdir=work), "x")
 
 
 @pytest.mark.parametrize(
