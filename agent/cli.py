@@ -8,8 +8,8 @@
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
 
 Exit codes: 0 done, 2 bad usage or configuration, 3 aborted by an operator, 42 the job must be
-restarted (xpk restarts workloads that exit 42); the demo: 130 or 143 stopped by SIGINT or SIGTERM
-(every process of it stopped too).
+restarted (xpk restarts workloads that exit 42); the demo: 130, 143 or 129 stopped by SIGINT, SIGTERM
+or SIGHUP (its terminal closed; every process of it stopped too).
 `elastic-sidecar admin --help` and `elastic-sidecar drill --help` list those commands' own exit codes.
 """
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,24 +62,51 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def positive_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if f <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return f
+SECONDS_MAX = threading.TIMEOUT_MAX
+"""The longest timeout Python's blocking calls take: a larger one raises OverflowError
+(``threading.TIMEOUT_MAX``, documented for Lock.acquire and Condition.wait)."""
 
 
-def nonneg_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not f >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value!r}")
-    return f
+def seconds(*, zero_ok: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, above 0 (at least 0 with ``zero_ok``), at most
+    :data:`SECONDS_MAX`. ``float()`` takes "nan" and "inf", and every comparison with NaN is false, so a
+    bare ``f <= 0`` check lets NaN through: each bound is written so that NaN fails it."""
+    lo = "0 or more" if zero_ok else "above 0"
+
+    def conv(value: str) -> float:
+        try:
+            f = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+        if not math.isfinite(f):
+            raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {value!r}")
+        if not (f >= 0 if zero_ok else f > 0) or not f <= SECONDS_MAX:
+            raise argparse.ArgumentTypeError(f"expected seconds {lo} and at most {SECONDS_MAX:.0f}, got {value!r}")
+        return f
+
+    conv.__name__ = "seconds"
+    return conv
+
+
+def whole(lo: int, hi: int = C.INT32_MAX) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``lo..hi`` (by default the wire format's int32 range)."""
+
+    def conv(value: str) -> int:
+        try:
+            i = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if not lo <= i <= hi:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {value!r}")
+        return i
+
+    conv.__name__ = "whole number"
+    return conv
+
+
+positive_float = seconds()
+nonneg_float = seconds(zero_ok=True)
+nonneg_int = whole(0)
 
 
 def project_list(values: list[str] | None, flag: str, *, digits: bool) -> tuple[str, ...]:
@@ -103,20 +133,29 @@ def on_off(value: str) -> bool:
     return value == "on"
 
 
-def nonneg_int(value: str) -> int:
-    try:
-        i = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if i < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
-    return i
-
-
 def _add(p: argparse.ArgumentParser, flag: str, *, default: object = None, **kw: object) -> None:
     env = _env(flag, None)
     d = env if env is not None else default
+    conv = kw.get("type")
+    if env is not None and callable(conv):
+        # argparse converts a string default with the flag's type and reports a bad one as the
+        # flag's error (exit 2): say that the value came from the environment.
+        kw["type"] = _from_env(conv, env, "ES_" + flag.lstrip("-").replace("-", "_").upper())
     p.add_argument(flag, default=d, **kw)  # type: ignore[arg-type]
+
+
+def _from_env(conv: Callable[[str], object], env: str, var: str) -> Callable[[str], object]:
+    def wrapped(value: str) -> object:
+        try:
+            return conv(value)
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            if value != env:
+                raise
+            msg = str(e) or f"invalid value {value!r}"
+            raise argparse.ArgumentTypeError(f"{msg} (from {var})") from None
+
+    wrapped.__name__ = getattr(conv, "__name__", "value")
+    return wrapped
 
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -161,13 +200,13 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         help="file holding the token the trainer hooks must present (they read ELASTIC_SIDECAR_TOKEN_FILE); "
         "none: the trainer link is not authenticated, so it must stay on loopback",
     )
-    _add(p, "--num-slices", type=int, required=_env("--num-slices", None) is None, help="slices in the job")
-    _add(p, "--hosts-per-slice", default=1, type=int, help="TPU hosts (worker sidecars) per slice")
+    _add(p, "--num-slices", type=whole(1), required=_env("--num-slices", None) is None, help="slices in the job")
+    _add(p, "--hosts-per-slice", default=1, type=whole(1), help="TPU hosts (worker sidecars) per slice")
     _add(
         p,
         "--elastic-min-slice-count",
         default=-1,
-        type=int,
+        type=whole(-1),
         help="MaxText's flag: -1 waits for all slices, k continues on >= k (default -1)",
     )
     _add(
@@ -181,7 +220,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         p,
         "--elastic-max-retries",
         default=10,
-        type=int,
+        type=whole(1),
         help="MaxText's flag, read by its name: recoveries from failures allowed (N + 1 attempts; default 10)",
     )
     _add(
@@ -251,7 +290,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         p,
         "--journal-max-bytes",
         default=16 * 1024 * 1024,
-        type=nonneg_int,
+        type=whole(0, C.INT64_MAX),
         help="rotate the journal to journal.jsonl.1 past this size, keeping one old file (default 16 MiB)",
     )
     _add(
@@ -282,7 +321,7 @@ def add_coordinator_args(p: argparse.ArgumentParser) -> None:
         p,
         "--settle-seconds",
         default=1.0,
-        type=float,
+        type=nonneg_float,
         help="a lost slice's replacement counts once it has stayed registered and healthy this long (default 1)",
     )
     _add(

@@ -18,6 +18,13 @@ HTTP_PORT = 29312
 """/healthz, /readyz, /metrics, /status."""
 PATHWAYS_RESERVED_PORTS = frozenset({8080, 8471, 29000, 29001, 29002, 29003, 29004, 29005, 29006, 50051})
 
+# --- the wire format's number ranges -------------------------------------------
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+"""A protobuf int32 (protos/): slice and host indexes, slice and retry counts. Kubernetes' int32
+fields (JobSet's failurePolicy.maxRestarts) have the same range."""
+INT64_MAX = 2**63 - 1
+"""A protobuf int64: steps (``TrainerHello.total_steps``), generations."""
+
 # --- exit codes ------------------------------------------------------------
 EXIT_OK = 0
 EXIT_USAGE = 2

@@ -1141,11 +1141,25 @@ class Coordinator:
             await self.server.stop(grace)
         if self.trainer_server is not None:
             await self.trainer_server.stop(min(grace, 0.5))
-        if self._journal is not None:
-            self._journal.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        self._close_state_files()
+
+    def _close_state_files(self) -> None:
+        """Close the journal and release the state lock. A full, read-only or vanished state directory
+        fails the journal's last flush: logged and counted, never the exit code the run earned. Python's
+        buffered file closes its descriptor even when that flush fails (io.BufferedWriter.close)."""
+        j, self._journal = self._journal, None
+        if j is not None:
+            try:
+                j.close()
+            except (OSError, ValueError) as e:
+                self.metrics.journal_write_failures.inc()
+                log.error("journal could not be flushed at shutdown; its last lines are lost", error=str(e))
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)  # releases the flock
+            except OSError as e:
+                log.warning("state lock could not be closed at shutdown", error=str(e))
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

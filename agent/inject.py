@@ -1408,6 +1408,8 @@ def _max_restarts(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"must be at least 1 (an exit 42 restarts the JobSet and counts against maxRestarts), got {n}"
         )
+    if n > C.INT32_MAX:  # JobSet's maxRestarts is an int32
+        raise argparse.ArgumentTypeError(f"must be at most {C.INT32_MAX}, got {text!r}")
     return n
 
 

@@ -10,6 +10,8 @@ per host) both use this module; ``elastic-sidecar demo`` picks the mode in
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import signal
 import socket
 import sys
 import tempfile
+import termios
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -75,10 +78,44 @@ def prepare_workdir(ns: argparse.Namespace, prefix: str) -> Path:
         raise SetupError(f"--workdir {ns.workdir}: cannot create it ({e.strerror or e})") from None
     if not os.access(workdir, os.W_OK | os.X_OK):
         raise SetupError(f"--workdir {ns.workdir}: not writable")
+    _lock_workdir(workdir)
     ck = workdir / "checkpoints"
     if ck.is_dir() and any(ck.iterdir()):
         raise SetupError(f"--workdir {workdir} already holds checkpoints; pass an empty --workdir")
     return workdir
+
+
+WORKDIR_LOCK = "demo.lock"
+"""The file in the work directory a running demo holds an exclusive flock on, with its pid in it."""
+_held_locks: list[int] = []
+"""Descriptors of the work directory locks this process holds: open until it exits."""
+
+
+def _lock_workdir(workdir: Path) -> None:
+    """Refuse a work directory another running demo uses, before anything in it is touched.
+
+    flock(2): the lock belongs to the open file description and goes when its last descriptor is
+    closed, which the kernel does when the process ends, however it ends: a demo that was killed
+    leaves no stale lock. Python's descriptors are not inherited by the processes the demo starts
+    (PEP 446), so a child it left behind does not keep the directory locked either.
+    """
+    path = workdir / WORKDIR_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise SetupError(f"--workdir {workdir}: cannot create {path.name} ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise SetupError(
+            f"--workdir {workdir} is in use by a running demo{who}: give another --workdir, or stop that demo"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held_locks.append(fd)
 
 
 def resolve_faults(
@@ -149,8 +186,14 @@ def child_env(**extra: str) -> dict[str, str]:
 # -- signals -----------------------------------------------------------------------
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops the demo and every process it started, exiting 128 + the signal: Ctrl-C, a kill, and a
+hang-up (its terminal closed, an ssh session gone). The demo's children run in process groups of their
+own, which a terminal's SIGHUP does not reach: without the demo they would be orphans."""
+
+
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the demo: stop every process, exit 128 + the signal."""
+    """A stop signal (:data:`STOP_SIGNALS`) reached the demo: stop every process, exit 128 + the signal."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -162,24 +205,42 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _raise(signum: int, frame: object) -> None:
+    if signum == signal.SIGHUP:
+        _off_hung_up_terminal()
     raise Interrupted(signum)
 
 
+def _off_hung_up_terminal() -> None:
+    """Point standard output and error at /dev/null where they are a terminal that hung up: on Linux every
+    write to a hung-up terminal fails with EIO (and so does tcgetattr), and a failed print must not stop the
+    demo from stopping its processes (nor Python's final flush turn the exit code into 120)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                termios.tcgetattr(fd)
+            except termios.error as e:
+                if e.args[0] == errno.EIO:
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def catch_stop_signals() -> None:
-    """SIGINT and SIGTERM raise :class:`Interrupted`.
+    """The :data:`STOP_SIGNALS` raise :class:`Interrupted`.
 
     Set explicitly: a shell starts a background job with SIGINT ignored, and Python then
     installs no handler of its own (the demo would ignore Ctrl-C sent to its group).
     """
-    signal.signal(signal.SIGINT, _raise)
-    signal.signal(signal.SIGTERM, _raise)
+    for s in STOP_SIGNALS:
+        signal.signal(s, _raise)
 
 
 @contextmanager
 def signals_deferred() -> Iterator[list[int]]:
-    """While the job's processes are being stopped, a second Ctrl-C is noted, not raised."""
+    """While the job's processes are being stopped, a second stop signal is noted, not raised."""
     seen: list[int] = []
-    old = {s: signal.signal(s, lambda n, _f: seen.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, lambda n, _f: seen.append(n)) for s in STOP_SIGNALS}
     try:
         yield seen
     finally:
@@ -354,8 +415,8 @@ class LiveReport:
 
 
 def drive(demo: Any) -> tuple[dict[str, Any], int | None]:
-    """Start the job, run it to its end, stop every process; the summary and, when SIGINT or
-    SIGTERM ended it, the exit code 128 + the signal. A SetupError raised while starting
+    """Start the job, run it to its end, stop every process; the summary and, when a stop signal
+    (SIGINT, SIGTERM, SIGHUP) ended it, the exit code 128 + the signal. A SetupError raised while starting
     passes through once every process is stopped."""
     catch_stop_signals()
     stopped: int | None = None

@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import address
+from agent.config import address, seconds, whole
+from agent.constants import INT64_MAX
 
 HOST_KINDS = ("kill", "hang", "notice", "metadata", "sidecar-restart")
 """Faults aimed at one host, ``KIND:SLICE.HOST@STEP``. kill: SIGKILL the host; hang: SIGSTOP it;
@@ -160,29 +161,6 @@ def check_flags(ns: argparse.Namespace) -> None:
         raise ValueError("--baseline-window applies only with --no-sidecar")
 
 
-def _int_at_least(lo: int):
-    def conv(v: str) -> int:
-        try:
-            i = int(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {v!r}") from None
-        if i < lo:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}, got {v!r}")
-        return i
-
-    return conv
-
-
-def _seconds(v: str) -> float:
-    try:
-        f = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {v!r}") from None
-    if f < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {v!r}")
-    return f
-
-
 MC_KINDS = ("kill", "hang", "notice", "metadata")
 """Faults of ``--mode multi-controller``."""
 MC_DEFAULT_FAULTS = ("kill:1.0@40",)
@@ -199,32 +177,34 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         + ", ".join(MC_KINDS)
         + f" (default {' '.join(MC_DEFAULT_FAULTS)})",
     )
-    p.add_argument("--slices", type=_int_at_least(1), default=4, help="slices in the simulated job (default 4)")
-    p.add_argument("--hosts-per-slice", type=_int_at_least(1), default=1, help="hosts per slice (default 1)")
-    p.add_argument("--devices-per-slice", type=_int_at_least(1), default=2, help="CPU devices per slice (default 2)")
-    p.add_argument("--steps", type=_int_at_least(2), default=200, help="training steps (default 200)")
-    p.add_argument("--step-seconds", type=_seconds, default=0.05, help="pad each step to this long (default 0.05)")
-    p.add_argument("--checkpoint-period", type=_int_at_least(1), default=50, help="periodic Orbax save every N steps")
+    p.add_argument("--slices", type=whole(1), default=4, help="slices in the simulated job (default 4)")
+    p.add_argument("--hosts-per-slice", type=whole(1), default=1, help="hosts per slice (default 1)")
+    p.add_argument("--devices-per-slice", type=whole(1), default=2, help="CPU devices per slice (default 2)")
+    p.add_argument("--steps", type=whole(2, INT64_MAX), default=200, help="training steps (default 200)")
+    p.add_argument(
+        "--step-seconds", type=seconds(zero_ok=True), default=0.05, help="pad each step to this long (default 0.05)"
+    )
+    p.add_argument("--checkpoint-period", type=whole(1), default=50, help="periodic Orbax save every N steps")
     p.add_argument(
         "--min-slices",
-        type=int,
+        type=whole(-1),
         default=None,
         action=Given,
         help="elastic_min_slice_count: -1 waits for all slices, k continues on >= k "
         f"(default {DEFAULT_MIN_SLICES}, or --slices when fewer)",
     )
-    p.add_argument("--timeout", type=_seconds, default=60.0, help="elastic_timeout_seconds (default 60)")
-    p.add_argument("--max-retries", type=_int_at_least(1), default=10, help="elastic_max_retries (default 10)")
+    p.add_argument("--timeout", type=seconds(), default=60.0, help="elastic_timeout_seconds (default 60)")
+    p.add_argument("--max-retries", type=whole(1), default=10, help="elastic_max_retries (default 10)")
     p.add_argument(
         "--replacement-delay",
-        type=_seconds,
+        type=seconds(zero_ok=True),
         default=5.0,
         help="seconds until the stand-in provisioner recreates a lost slice (default 5)",
     )
     p.add_argument("--no-replacement", action="store_true", help="never recreate lost slices")
     p.add_argument(
         "--notice-deadline",
-        type=_seconds,
+        type=seconds(zero_ok=True),
         default=4.0,
         help="seconds from a notice or metadata fault until its host dies (default 4)",
     )
@@ -256,7 +236,7 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--baseline-window",
-        type=_seconds,
+        type=seconds(zero_ok=True),
         default=60.0,
         action=Given,
         help="with --no-sidecar: how long after the fault to wait for every trainer process to be gone (default 60)",
@@ -291,7 +271,7 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-format", choices=["json", "console"], default="json", help="sidecar log format")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
-    p.add_argument("--run-timeout", type=_seconds, default=600.0, help="give up on the whole demo after this long")
+    p.add_argument("--run-timeout", type=seconds(), default=600.0, help="give up on the whole demo after this long")
     p.add_argument(
         "--admin-address",
         type=address,

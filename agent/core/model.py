@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from agent.constants import EXIT_RESTART
+from agent.constants import EXIT_RESTART, INT32_MAX, INT32_MIN
 
 HostKey = tuple[int, int]
 """(slice, host) of a worker sidecar."""
@@ -294,7 +295,15 @@ class Policy:
     as one trainer (:mod:`agent.trainer_group`)."""
 
     def __post_init__(self) -> None:
-        for name in ("flush_timeout_seconds", "hang_step_factor", "hang_min_seconds"):
+        # First, every field a number the checks below can compare: NaN fails no comparison
+        # (``nan <= 0`` is false), and a count must fit the wire's int32 fields (protos/).
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "float" and not (isinstance(v, (int, float)) and math.isfinite(v)):
+                raise ValueError(f"{f.name} must be a finite number, got {v!r}")
+            if f.type == "int" and not (isinstance(v, int) and INT32_MIN <= v <= INT32_MAX):
+                raise ValueError(f"{f.name} must be a whole number from {INT32_MIN} to {INT32_MAX}, got {v!r}")
+        for name in ("flush_timeout_seconds", "hang_step_factor", "hang_min_seconds", "start_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.flap_losses < 1:
@@ -304,8 +313,11 @@ class Policy:
                 f"flap_window_seconds and unnamed_error_wait_seconds must be >= 0, got "
                 f"{self.flap_window_seconds} and {self.unnamed_error_wait_seconds}"
             )
-        if self.settle_seconds < 0:
-            raise ValueError(f"settle_seconds must be >= 0, got {self.settle_seconds}")
+        if self.settle_seconds < 0 or self.rejoin_grace_seconds < 0:
+            raise ValueError(
+                f"settle_seconds and rejoin_grace_seconds must be >= 0, got {self.settle_seconds} and "
+                f"{self.rejoin_grace_seconds}"
+            )
         if self.num_slices < 1:
             raise ValueError(f"num_slices must be >= 1, got {self.num_slices}")
         if self.hosts_per_slice < 1:

@@ -1,14 +1,27 @@
-"""A coordinator stopped while workers are connected says so in one line, not with tracebacks."""
+"""A coordinator stops cleanly: workers connected say so in one line, not with tracebacks; a full,
+read-only or vanished state directory at exit is logged, and the exit code stays the one the run earned."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import fcntl
+import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from agent import constants as C
+from agent.config import CoordinatorConfig
+from agent.coordinator import Coordinator
+from agent.core.model import ExitCoordinator, Policy
 from bench.common import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,3 +66,96 @@ def test_sigterm_with_workers_connected_prints_no_cancelled_error_traceback(tmp_
     text = out.read_text()
     assert "coordinator stopping" in text
     assert "CancelledError" not in text and "Traceback" not in text, text[-3000:]
+
+
+# -- a broken state directory at exit -------------------------------------------------------------------
+
+
+class _FailingJournal(io.StringIO):
+    """A journal whose directory went read-only: every flush, the last one at close included, fails."""
+
+    def __init__(self, err: int) -> None:
+        super().__init__()
+        self.err = err
+
+    def flush(self) -> None:
+        raise OSError(self.err, os.strerror(self.err))
+
+    def close(self) -> None:
+        super().close()
+        raise OSError(self.err, os.strerror(self.err))
+
+
+def _config(state_dir: Path) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        job="shutdown-job",
+        listen="127.0.0.1:0",
+        policy=Policy(num_slices=2),
+        heartbeat_interval=0.25,
+        heartbeat_timeout=1.2,
+        state_file=state_dir / "state.json",
+        journal=state_dir / "journal.jsonl",
+        state_dir=state_dir,
+        log_format="json",
+        log_level="warning",
+        admin_listen=None,
+        http_listen=None,
+    )
+
+
+async def _completes_with(coord: Coordinator, break_it: Callable[[Coordinator], None]) -> int:
+    """Run ``coord``, break its state directory, then let it exit as after a completed job."""
+    run = asyncio.create_task(coord.run())
+    while not coord.serving:
+        assert not run.done(), run.result()
+        await asyncio.sleep(0.01)
+    break_it(coord)
+    coord._execute(ExitCoordinator(C.EXIT_OK, "job completed"))  # noqa: SLF001  (what the core decides at the end)
+    return await asyncio.wait_for(run, 30)
+
+
+def _journal_failures(coord: Coordinator) -> float:
+    return coord.metrics.registry.get_sample_value("elastic_sidecar_journal_write_failures_total") or 0.0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: ENOSPC)")
+async def test_a_full_state_directory_at_exit_keeps_the_exit_code_the_job_earned(tmp_path: Path) -> None:
+    """Writes to /dev/full fail with ENOSPC (man 4 full): the journal's buffered last line fails
+    again when it is closed at shutdown, which must not turn a completed job into exit 1."""
+    coord = Coordinator(_config(tmp_path))
+
+    def fill(c: Coordinator) -> None:
+        assert c._journal is not None  # noqa: SLF001
+        c._journal.close()  # noqa: SLF001
+        c._journal = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115, SLF001
+        c._append_journal("a decision\n")  # noqa: SLF001  (fails and is counted; the line stays buffered)
+
+    assert await _completes_with(coord, fill) == C.EXIT_OK
+    assert _journal_failures(coord) >= 2  # the append, then the close
+    assert coord._journal is None and coord._lock_fd is None  # noqa: SLF001
+
+
+async def test_a_read_only_state_directory_at_exit_keeps_the_exit_code_the_job_earned(tmp_path: Path) -> None:
+    """EROFS injected (chmod does not stop root): the journal's close fails, the lock is still released."""
+    coord = Coordinator(_config(tmp_path))
+
+    def read_only(c: Coordinator) -> None:
+        assert c._journal is not None  # noqa: SLF001
+        c._journal.close()  # noqa: SLF001
+        c._journal = _FailingJournal(errno.EROFS)  # noqa: SLF001
+
+    assert await _completes_with(coord, read_only) == C.EXIT_OK
+    assert _journal_failures(coord) == 1
+    assert coord._lock_fd is None  # noqa: SLF001
+    fd = os.open(tmp_path / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: a next coordinator is not kept waiting
+    finally:
+        os.close(fd)
+
+
+async def test_a_vanished_state_directory_at_exit_keeps_the_exit_code_the_job_earned(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    coord = Coordinator(_config(state_dir))
+    assert await _completes_with(coord, lambda c: shutil.rmtree(state_dir)) == C.EXIT_OK
+    assert not state_dir.exists()

@@ -7,19 +7,23 @@ checked is its exit code, what it printed, and which of its processes are left.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import termios
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from simjob.demo_common import SetupError, resolve_faults
+from simjob.demo_common import SetupError, prepare_workdir, resolve_faults
 from simjob.options import DEFAULT_FAULTS, FAULT_KINDS, add_demo_args
 
 pytestmark = pytest.mark.e2e
@@ -105,11 +109,13 @@ def test_a_child_that_exits_with_an_error_ends_the_demo_with_its_error_line(tmp_
     assert took < 200, took  # far from the 600 s --run-timeout
 
 
-@pytest.mark.parametrize(("sig", "code", "group"), [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)])
+@pytest.mark.parametrize(
+    ("sig", "code", "group"), [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False), (signal.SIGHUP, 129, False)]
+)
 def test_a_stop_signal_while_training_stops_every_process(
     tmp_path: Path, sig: signal.Signals, code: int, group: bool
 ) -> None:
-    """Ctrl-C (SIGINT to the demo's process group) or SIGTERM to the demo alone: every process
+    """Ctrl-C (SIGINT to the demo's process group), SIGTERM or SIGHUP to the demo alone: every process
     the demo started is gone when it exits, and it exits 128 + the signal.
 
     On the way, a periodic checkpoint the trainer saved counts as committed once Orbax committed it
@@ -178,6 +184,141 @@ def test_a_stop_signal_while_training_stops_every_process(
     time.sleep(0.5)
     left = [pid for pid in children if _alive(pid)]
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+
+
+def test_its_terminal_closing_stops_every_process(tmp_path: Path) -> None:
+    """The demo's terminal goes away (a closed window, a dropped ssh session): the kernel hangs the
+    terminal up and sends SIGHUP to its controlling process, the demo, whose writes to it now fail.
+    Its children, in process groups of their own, get no SIGHUP: the demo must stop them (exit 129)."""
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:  # runs after setsid (start_new_session): the pty becomes ours
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [*DEMO, "--workdir", str(tmp_path / "job"), "--no-faults", "--steps", "100000", "--run-timeout", "600"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=controlling_terminal,  # noqa: PLW1509  (the test's own process is single-threaded here)
+    )
+    os.close(slave)
+    out = bytearray()
+    stop_reading = threading.Event()
+
+    def read_terminal() -> None:  # a terminal nobody reads fills up and blocks the demo's prints
+        while not stop_reading.is_set():
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    out.extend(os.read(master, 65536))
+                except OSError:
+                    return
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    children: set[int] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and len(children) < 10:
+            time.sleep(0.5)
+            children = _descendants(proc.pid)
+        assert proc.poll() is None and len(children) >= 10, (children, out.decode(errors="replace"))
+        children = _descendants(proc.pid)
+        stop_reading.set()
+        reader.join()
+        os.close(master)  # the last close of the master side hangs the terminal up
+        master = -1
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the demo had not exited 60 s after its terminal hung up\n{out.decode(errors='replace')}")
+    finally:
+        if master >= 0:
+            stop_reading.set()
+            reader.join()
+            os.close(master)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in children:  # in process groups of their own: not reached by the group's SIGKILL
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    left: dict[int, bytes] = {}
+    for pid in children:
+        try:
+            if _alive(pid):
+                left[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass  # gone meanwhile
+    assert code == 128 + signal.SIGHUP, (code, out.decode(errors="replace"), left)
+    assert not left, left
+
+
+def test_a_work_directory_in_use_by_a_running_demo_is_refused_before_anything_in_it_is_touched(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "job"
+    first = subprocess.Popen(
+        [*DEMO, "--workdir", str(work), "--no-faults", "--steps", "100000", "--run-timeout", "600", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and first.poll() is None and len(_descendants(first.pid)) < 10:
+            time.sleep(0.5)
+        assert first.poll() is None, first.communicate()[0]
+        token = (work / "peer-token").read_bytes()
+        logs = sorted(p.name for p in (work / "logs").iterdir())
+        t0 = time.monotonic()
+        second = subprocess.run(
+            [*DEMO, "--workdir", str(work), "--no-faults"], capture_output=True, text=True, timeout=60
+        )
+        took = time.monotonic() - t0
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"--workdir {work} is in use by a running demo (pid {first.pid})" in second.stderr, second.stderr
+        assert took < 30, took
+        assert (work / "peer-token").read_bytes() == token
+        assert sorted(p.name for p in (work / "logs").iterdir()) == logs
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        try:
+            first.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.communicate(timeout=30)
+    assert first.returncode == 128 + signal.SIGTERM
+
+
+def test_the_work_directory_lock_goes_with_the_process_that_held_it(tmp_path: Path) -> None:
+    """flock(2) locks go when their holder dies, even by SIGKILL: no stale lock to clean up."""
+    work = tmp_path / "job"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, argparse; from simjob.demo_common import prepare_workdir; "
+            f"prepare_workdir(argparse.Namespace(workdir={str(work)!r}), 'x'); print('held', flush=True); "
+            "time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(SetupError, match=f"in use by a running demo \\(pid {holder.pid}\\)"):
+            prepare_workdir(argparse.Namespace(workdir=work), "x")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert prepare_workdir(argparse.Namespace(workdir=work), "x") == work.resolve()
+    with pytest.raises(SetupError, match="in use"):  # a second open file description, even in one process
+        prepare_workdir(argparse.Namespace(workdir=work), "x")
 
 
 @pytest.mark.parametrize(
