@@ -149,7 +149,7 @@ def test_the_sweep_finds_the_numeric_flags_of_every_command() -> None:
         "demo --min-slices",
     ):
         assert expected in found, sorted(found)
-    assert {f.path[0] for f in FLAGS} == {"coordinator", "worker", "admin", "inject", "demo"}
+    assert {f.path[0] for f in FLAGS} == {"coordinator", "worker", "admin", "inject", "demo", "drill"}
 
 
 def test_every_command_line_built_by_the_sweep_parses_with_good_values() -> None:
