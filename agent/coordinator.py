@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import fcntl
 import gc
 import itertools
@@ -143,6 +144,8 @@ DECISIONS_WEDGED_SECONDS = 10.0
 """Events waiting and nothing decided for this long (or twice --durability-bound, if longer): the
 decision loop is wedged; readiness and gRPC health say so (see _check_decisions)."""
 PROBE_TIMEOUT_SECONDS = 0.3
+DISPLACED_KEPT = 4
+"""Incarnations remembered per host as taken over by a newer sidecar (more than two claimants is rare)."""
 """How long the coordinator's own check of a host's Pathways worker may take."""
 GROUP_COMMIT_MAX = 1024
 """Most events decided before one state write (write-ahead still holds: all are durable before any acts)."""
@@ -188,6 +191,15 @@ class _Conn:
     """This Join stream's number (a worker's registrations are numbered in order): every
     observation about it (its end, a check of its host, a health report) names it, and the
     core drops one about a registration that has since been replaced."""
+    first_seen: int = 0
+    """The registration at which this incarnation first registered: of two live sidecars claiming one
+    host, the one first seen later (the newer process) speaks for it."""
+    who: str = ""
+    """Pod, node and peer address of the sidecar, for operators (a duplicate's warning names both)."""
+    replaced_by: str = ""
+    """Why a newer sidecar ended this stream: the ALREADY_EXISTS status the older one gets."""
+    judged: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the verdict on this registration's end (away or lost) has been submitted."""
 
 
 def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
@@ -303,6 +315,11 @@ class Coordinator:
         self._probing: set[int] = set()
         """Registrations whose away host is being watched (:meth:`watch_away`)."""
         self._registrations = itertools.count(1)
+        self._displaced: dict[tuple[int, int], dict[str, tuple[int, str]]] = {}
+        """Per host, incarnations a newer live sidecar took the host over from: (first seen, who).
+        Refused while the newer one is live; one back after it went is flapping."""
+        self._judging: dict[tuple[int, int], _Conn] = {}
+        """Per host, a registration whose end is being judged (its host checked) right now."""
         self._stream_copies: collections.deque[tuple[_Conn, Any]] = collections.deque()
         """Worker commands waiting for their stream (oldest first): see STREAM_COPIES_PER_PASS."""
         self._stream_copies_due = asyncio.Event()
@@ -1271,13 +1288,20 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             )
             return
         key = (ident.slice, ident.host)
+        peer = context.peer()
         conn = _Conn(
             incarnation=ident.incarnation,
             health_address=reg.health_address,
             health_check=reg.health_check,
             token=new_token() if self.c.datagram_port else b"",
             registration=next(self.c._registrations),
+            who=f"pod {ident.pod or '?'} on node {ident.node or '?'} at {peer}",
         )
+        conn.first_seen = conn.registration
+        refused = await self._one_voice(key, ident, conn, peer)
+        if refused:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, refused)
+            return
         old = self.c.workers.get(key)
         self.c.workers[key] = conn
         self.c.gc_freezer.registered()
@@ -1297,7 +1321,6 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             )
         )
         cause = "stream_closed"
-        peer = context.peer()
         tasks: tuple[asyncio.Task[Any], ...] = ()
         try:
             # The reply is written inside the try: a worker gone while it is written (this handler is then
@@ -1341,7 +1364,89 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             self.c.gc_freezer.ended()
             self.c.metrics.workers.set(len(self.c.workers))
             if cause not in ("replaced", "fenced"):
+                self.c._judging[key] = conn
                 asyncio.get_running_loop().create_task(self._ended(ident, conn, cause, peer))
+        if cause == "replaced" and conn.replaced_by:
+            # A newer sidecar claims this host: say so, so that this one backs off instead of taking it back.
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, conn.replaced_by)
+
+    async def _one_voice(self, key: tuple[int, int], ident: peer_pb2.HostIdentity, conn: _Conn, peer: str) -> str:
+        """Of two sidecar processes claiming one host, the one first seen later speaks for it.
+
+        Returns why ``conn`` is refused (an older claimant while the newer is live), or "" to go on.
+        A newer claimant takes over from a live older one without a loss of the host: the core is
+        told only of the new registration (decide: a second sidecar is no loss). Only when the older
+        one had gone silent is its host checked first, as when a stream ends: a replacement pod that
+        registers before its predecessor's silence was judged is then still a lost host.
+        """
+        c = self.c
+        cur = c.workers.get(key)
+        displaced = c._displaced.get(key, {})
+        mine = displaced.get(ident.incarnation)
+        if mine is not None:
+            conn.first_seen = mine[0]
+        if cur is not None and cur.incarnation != ident.incarnation and not cur.closed.is_set():
+            if conn.first_seen < cur.first_seen:
+                c.metrics.duplicate_hosts.labels("refused").inc()
+                why = (
+                    f"host {key[0]}.{key[1]} is claimed by a newer live sidecar (incarnation {cur.incarnation}, "
+                    f"{cur.who}); this older one (incarnation {ident.incarnation}, {conn.who}) is refused while "
+                    "that one is live: two sidecars claim one host (a stale pod, or a manifest mistake)"
+                )
+                log.warning(
+                    "two sidecars claim one host: refused the older one",
+                    slice=key[0],
+                    host=key[1],
+                    refused=f"{ident.incarnation} ({conn.who})",
+                    live=f"{cur.incarnation} ({cur.who})",
+                )
+                return why
+            c.metrics.duplicate_hosts.labels("took_over").inc()
+            log.warning(
+                "two sidecars claim one host: the newer one speaks for it, the older one is refused while it is "
+                "live (no loss of the host)",
+                slice=key[0],
+                host=key[1],
+                newer=f"{ident.incarnation} ({conn.who})",
+                older=f"{cur.incarnation} ({cur.who})",
+            )
+            cur.replaced_by = (
+                f"host {key[0]}.{key[1]} is now claimed by a newer sidecar (incarnation {ident.incarnation}, "
+                f"{conn.who}); this one (incarnation {cur.incarnation}) is refused while that one is live"
+            )
+            kept = dict(displaced)
+            kept[cur.incarnation] = (cur.first_seen, cur.who)
+            kept.pop(ident.incarnation, None)
+            c._displaced[key] = dict(sorted(kept.items(), key=lambda kv: kv[1][0])[-DISPLACED_KEPT:])
+            silent = time.monotonic() - max(cur.last_seen, c.loop_resumed_at)
+            if silent > 2 * c.cfg.heartbeat_interval and (cur.health_check or "grpc") == "grpc":
+                ok, detail = await c.probe_host(key, cur, peer)
+                if not ok:
+                    log.warning("host check failed", slice=key[0], host=key[1], cause="replaced", detail=detail)
+                    c.submit(
+                        WorkerLost(key[0], key[1], cur.incarnation, "replaced_host_down", silent, cur.registration)
+                    )
+            return ""
+        if mine is not None:
+            # Back once the newer one went (its stream ended): the same two processes take turns.
+            del displaced[ident.incarnation]
+            if not displaced:
+                del c._displaced[key]
+            c.metrics.duplicate_hosts.labels("returned").inc()
+            log.warning(
+                "two sidecars claim one host and are flapping: an older one is back after the newer one's stream ended",
+                slice=key[0],
+                host=key[1],
+                returned=f"{ident.incarnation} ({conn.who})",
+                others="; ".join(f"{inc} ({who})" for inc, (_, who) in displaced.items()) or "?",
+            )
+        judging = c._judging.get(key)
+        if judging is not None and judging.incarnation != ident.incarnation:
+            # The previous registration's end is being judged (its host checked): let that verdict reach the
+            # core first, or it would be about a replaced registration and dropped.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(judging.judged.wait(), PROBE_TIMEOUT_SECONDS * 4)
+        return ""
 
     async def _ended(self, ident: peer_pb2.HostIdentity, conn: _Conn, cause: str, peer: str) -> None:
         """A worker's stream ended: a lost host, or only its sidecar (the host still answers)."""
@@ -1360,17 +1465,23 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         # could mask the hang. Every result names this registration: if the worker
         # registered again meanwhile, the core drops it (see HostRecord.registration).
         blind = cause == "heartbeat_timeout" and (conn.health_check or "grpc") != "grpc"
-        ok, detail = (False, "") if blind else await self.c.probe_host(key, conn, peer)
+        try:
+            ok, detail = (False, "") if blind else await self.c.probe_host(key, conn, peer)
+            if ok:
+                away = WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}", conn.registration)
+                self.c.submit(away)
+            else:
+                silent = time.monotonic() - (conn.replied_at if conn.last_seen == conn.credited else conn.last_seen)
+                if detail:
+                    log.warning("host check failed", slice=ident.slice, host=ident.host, cause=cause, detail=detail)
+                lost = WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent, conn.registration)
+                self.c.submit(lost)
+        finally:
+            conn.judged.set()
+            if self.c._judging.get(key) is conn:
+                del self.c._judging[key]
         if ok:
-            away = WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}", conn.registration)
-            self.c.submit(away)
             await self.c.watch_away(key, conn, peer)
-        else:
-            silent = time.monotonic() - (conn.replied_at if conn.last_seen == conn.credited else conn.last_seen)
-            if detail:
-                log.warning("host check failed", slice=ident.slice, host=ident.host, cause=cause, detail=detail)
-            lost = WorkerLost(ident.slice, ident.host, ident.incarnation, cause, silent, conn.registration)
-            self.c.submit(lost)
 
     async def _read(self, context: grpc.aio.ServicerContext, ident: peer_pb2.HostIdentity, conn: _Conn) -> str:
         # No read deadline here: lateness is judged by Coordinator.check_liveness
@@ -1462,15 +1573,25 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
         if refused:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
             return
+        old = self.c.trainer_conns.get(index)
+        if old is not None and not old.closed.is_set():
+            # One trainer process, one link. A second live link for it is a second trainer for this job (two
+            # launches, a stale pod): letting each replace the other had them evict each other in a loop.
+            # The link that is live keeps the job; a restarted trainer's old link is gone first (its process
+            # ended, the stream with it; the transport keepalive finds a silent one), so its new one gets in.
+            self.c.metrics.duplicate_trainer_links.inc()
+            why = (
+                f"a trainer link for process {index} of job {self.c.cfg.job!r} is already attached "
+                f"({old.who or '?'}); this second one ({context.peer()}) is refused: is a second trainer running "
+                "against this sidecar?"
+            )
+            log.warning("second trainer link refused", process_index=index, live=old.who, refused=context.peer())
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, why)
+            return
         # Headers now: the trainer counts its link as up once the sidecar has accepted it.
         await context.send_initial_metadata(())
-        conn = _Conn()
-        # Only a later link of the same process replaces a link (its epoch was checked above).
-        old = self.c.trainer_conns.get(index)
+        conn = _Conn(who=f"{hello.host or 'trainer'} at {context.peer()}")
         self.c.trainer_conns[index] = conn
-        if old is not None:
-            old.cause = "replaced"
-            old.closed.set()
         settings = None
         if hello.has_elastic_settings:
             settings = TrainerSettings(

@@ -119,6 +119,19 @@ class Metrics(ServerMetrics):
             f"{PREFIX}_goodput_ratio", "Reported step time over wall time since the first step", registry=r
         )
         self.workers = Gauge(f"{PREFIX}_workers_connected", "Worker sidecars with an open stream", registry=r)
+        self.duplicate_hosts = Counter(
+            f"{PREFIX}_duplicate_host_registrations_total",
+            "Registrations of a host that another live sidecar process already claimed: took_over (the newer "
+            "one speaks for the host), refused (an older one while the newer is live), returned (an older one "
+            "back once the newer went: the two are flapping)",
+            ["outcome"],
+            registry=r,
+        )
+        self.duplicate_trainer_links = Counter(
+            f"{PREFIX}_duplicate_trainer_links_total",
+            "Trainer links refused because a live link of the same trainer process was already attached",
+            registry=r,
+        )
         self.heartbeat_datagrams = Counter(
             f"{PREFIX}_heartbeat_datagrams_total",
             "Worker heartbeat datagrams: accepted, refused (unknown registration, wrong token, not parsable), or "

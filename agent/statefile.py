@@ -57,6 +57,7 @@ INTENT_FIELDS = (
     "active",
     "hosts",
     "slice_errors",
+    "trainer_errors",
     "lost_incarnations",
     "drains",
     "planned",
@@ -128,6 +129,7 @@ def _head(state: State, epoch: int, restart_attempt: int, off: float) -> dict[st
         # after a restart the hosts still awaited would otherwise be a second copy of the host list.
         "expected_rejoin": [list(k) for k in state.expected_rejoin.missing_from(state.hosts)],
         "slice_errors": {str(s): _wall(v, off) for s, v in sorted(state.slice_errors.items())},
+        "trainer_errors": {str(s): _wall(v, off) for s, v in sorted(state.trainer_errors.items())},
         "lost_incarnations": [[s, h, inc] for (s, h), inc in sorted(state.lost_incarnations.items())],
         "drains": {str(s): _drain_record(d, off) for s, d in sorted(state.drains.items())},
         "planned": {str(s): _drain_record(d, off) for s, d in sorted(state.planned.items())},
@@ -536,6 +538,7 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
         (int(s), int(h)) for s, h in raw.get("expected_rejoin", []) if in_job(int(s), int(h))
     )
     errors = {int(s): _mono(v, off) for s, v in (raw.get("slice_errors") or {}).items() if in_job(int(s))}
+    named = {int(s): _mono(v, off) for s, v in (raw.get("trainer_errors") or {}).items() if in_job(int(s))}
     drains = {int(s): _drain(d, off, now) for s, d in (raw.get("drains") or {}).items() if in_job(int(s))}
     planned = {int(s): _drain(d, off, now) for s, d in (raw.get("planned") or {}).items() if in_job(int(s))}
     trainer = TrainerView(
@@ -558,6 +561,7 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
         # incarnation is known; they count only once it has.
         hosts=_frozen(hosts),
         slice_errors=_frozen({s: t for s, t in errors.items() if t is not None}),
+        trainer_errors=_frozen({s: t for s, t in named.items() if t is not None}),
         lost_incarnations=_frozen(
             {(int(s), int(h)): str(inc) for s, h, inc in raw.get("lost_incarnations", []) if in_job(int(s), int(h))}
         ),

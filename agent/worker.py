@@ -39,6 +39,9 @@ from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 log = logmod.get("worker")
 SUPERSEDED_RETRY_MAX_SECONDS = 5.0
 """Longest wait between tries while only a superseded coordinator answers."""
+DUPLICATE_RETRY_MAX_SECONDS = 10.0
+"""Longest wait between tries while another live sidecar speaks for this host: this one stands by, and
+takes over only once the other's stream has ended."""
 HEALTH_STABLE_SECONDS = 1.0
 """How long a local worker must stay healthy after a failure before it counts again."""
 
@@ -407,6 +410,17 @@ class Worker:
                     self.metrics.reconnects.inc()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, SUPERSEDED_RETRY_MAX_SECONDS)
+                    continue
+                if code == grpc.StatusCode.ALREADY_EXISTS:
+                    # Another sidecar process claims this host (a stale pod beside its replacement, a manifest
+                    # mistake) and the coordinator lets the newer one speak for it. Not a failure of the job:
+                    # stand by with backoff, and take over if that one goes.
+                    delay = max(delay, 1.0)
+                    log.warning("another sidecar speaks for this host; standing by", detail=detail, retry_in=delay)
+                    self._note("Refused", f"another sidecar speaks for this host: {detail}")
+                    self.metrics.reconnects.inc()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, DUPLICATE_RETRY_MAX_SECONDS)
                     continue
                 if code == grpc.StatusCode.UNIMPLEMENTED and not misdirected:
                     # Something answers there, but not the Peer service: another port of the

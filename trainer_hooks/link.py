@@ -43,6 +43,8 @@ _OPTIONS = [
 _CLOSE = object()
 SETTLE_SECONDS = 0.3
 """A stream still open this long on a ready channel counts as accepted by the sidecar."""
+REFUSED_RETRY_SECONDS = 2.0
+"""Wait before trying again after the sidecar refused the link because another trainer's link is attached."""
 _SERVICE = trainer_pb2.DESCRIPTOR.services_by_name["TrainerLink"].full_name
 
 
@@ -274,6 +276,7 @@ class SidecarLink:
                 self._stream += 1
                 stream = self._stream
             error = ""
+            refused = False
             try:
                 metadata = self._metadata()
             except (OSError, ValueError) as e:
@@ -304,6 +307,16 @@ class SidecarLink:
                     if code == grpc.StatusCode.UNIMPLEMENTED and not self.wrong_service:
                         self.wrong_service = wrong_service_error(self.address, details)
                         print(f"trainer_hooks: {self.wrong_service}", file=sys.stderr, flush=True)
+                    if code == grpc.StatusCode.ALREADY_EXISTS:
+                        # Another trainer's link holds this job at the sidecar: try again only slowly (it may
+                        # be this trainer's own old link, about to go), and say so each time.
+                        refused = True
+                        print(
+                            f"trainer_hooks: the sidecar at {self.address} refused this trainer's link: {details} "
+                            f"(retrying in {REFUSED_RETRY_SECONDS:g} s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             self._set_down(stream, error)
             if self._closed.is_set():
                 return
@@ -311,5 +324,8 @@ class SidecarLink:
             # blocked on the old one.
             self._q = queue.SimpleQueue()
             q.put(_CLOSE)
+            if refused:
+                self._closed.wait(REFUSED_RETRY_SECONDS)
+                continue
             time.sleep(delay)
             delay = min(delay * 2, 1.0)

@@ -69,10 +69,16 @@ Membership and the coordinator's own failures (issue "never make a failure worse
   incarnation, or the very process declared lost coming back (a hung host
   that woke up) unless it is flapping: a host declared lost ``flap_losses``
   times within ``flap_window_seconds`` repairs nothing by coming back, only a
-  new incarnation does. A new incarnation over a live record is the loss of
-  the old one, except after a coordinator restart on the same node (the
-  sidecar restarted while nobody watched; it registers only once its host's
-  Pathways worker serves).
+  new incarnation does. A slice the trainer named in a slice error needs every
+  one of its hosts registered after the error and settled: the trainer does
+  not say which host failed, so one host lost and back proves nothing of the others.
+* One host, one voice: a new incarnation over a live record is a second sidecar
+  claiming the host (a stale pod beside its replacement), not a loss: the newer
+  registration speaks for the host (the coordinator refuses the older one while
+  the newer is live, and checks the host itself first when the older had gone
+  silent). The incarnation it took over from coming back is reported as
+  flapping. Only after a coordinator restart, from another node, is a new
+  incarnation the loss of the old one: nobody could check the old host.
 * After a coordinator restart (:mod:`agent.statefile`) the hosts it knew get
   ``rejoin_grace_seconds`` in every phase before anyone is judged, counted
   from the newest re-registration while they keep coming back (a storm of
@@ -274,6 +280,8 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
     errors = state.slice_errors
     settle = state.policy.settle_seconds <= 0
     reg = ev.registration
+    # The incarnation this one took over from, back again: two sidecars claim the host.
+    flap = old is not None and old.incarnation != ev.incarnation and old.rival == ev.incarnation
     if old is not None and old.incarnation == ev.incarnation:
         # The same process again (a stream blip, a coordinator restart): neither
         # a repair nor a loss. It keeps its registration time.
@@ -283,7 +291,13 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         # Its sidecar restarted while the host's Pathways worker kept answering:
         # the same host, so no loss and no repair.
         record = replace(
-            old, incarnation=ev.incarnation, node=ev.node, node_pool=ev.node_pool, away_since=None, registration=reg
+            old,
+            incarnation=ev.incarnation,
+            node=ev.node,
+            node_pool=ev.node_pool,
+            away_since=None,
+            registration=reg,
+            rival=old.incarnation,
         )
         what = f"sidecar restarted (was incarnation {old.incarnation}; the host stayed up)"
     elif old is not None and key in state.expected_rejoin and ev.node and ev.node == old.node:
@@ -291,7 +305,13 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         # saw the old one go, and the new one registers only once its host's Pathways worker
         # serves, so the host stayed; a sidecar restart is no loss (a different node would be).
         record = replace(
-            old, incarnation=ev.incarnation, node_pool=ev.node_pool, away_since=None, healthy=True, registration=reg
+            old,
+            incarnation=ev.incarnation,
+            node_pool=ev.node_pool,
+            away_since=None,
+            healthy=True,
+            registration=reg,
+            rival=old.incarnation,
         )
         what = f"sidecar restarted while the coordinator was down (was incarnation {old.incarnation}; same node)"
     elif state.lost_incarnations.get(key) == ev.incarnation:
@@ -300,7 +320,7 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         # settle_seconds, like a replacement, unless it is flapping.
         losses = _recent_losses(state, key, now)
         if len(losses) >= state.policy.flap_losses:
-            mark = state.slice_errors.get(ev.slice, now)
+            mark = min(state.slice_errors.get(ev.slice, now), state.trainer_errors.get(ev.slice, now))
             record = HostRecord(ev.incarnation, ev.node, ev.node_pool, mark - 1.0, True, now, settle, None, reg)
             what = (
                 f"came back after it was declared lost {len(losses)} times in "
@@ -309,17 +329,51 @@ def _worker_joined(state: State, ev: WorkerJoined, now: float) -> Decision:
         else:
             record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle, None, reg)
             what = "came back after it was declared lost (repairs its slice once healthy for the settle time)"
+    elif old is not None and key in state.expected_rejoin:
+        # A restarted coordinator's record, and a new sidecar on another node: nobody could check the
+        # old host (this coordinator was down when it went), and a pod on another node is what a
+        # replacement of a lost host looks like. Count the old one as lost until the new one settles.
+        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle, None, reg)
+        errs = dict(errors)
+        errs[ev.slice] = now - 1e-6
+        errors = _frozen(errs)
+        what = f"replaced live incarnation {old.incarnation} on another node (the old one counts as lost)"
+    elif old is not None and (ev.slice in errors or ev.slice in state.trainer_errors or ev.slice in state.drains):
+        # The slice is out already (an error or a drain not yet repaired): a new sidecar for one of its
+        # hosts is what a replacement looks like, and it costs nothing, so it may repair the slice once
+        # settled, as any host registered after the mark.
+        record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle, None, reg, old.incarnation)
+        what = f"replaced incarnation {old.incarnation} while its slice was out (repairs it once settled)"
+    elif old is not None:
+        # A second sidecar claims a host whose sidecar is live: the newer registration speaks for the
+        # host (the source ended the older one's stream and refuses it while this one is live). Nobody
+        # saw the host fail, and a lost host is a failed check of the host itself, never a second
+        # process registering: no loss, no repair (it keeps its registration time).
+        healthy = old.healthy
+        record = replace(
+            old,
+            incarnation=ev.incarnation,
+            node=ev.node,
+            node_pool=ev.node_pool,
+            away_since=None,
+            healthy=True,
+            healthy_since=old.healthy_since if healthy else now,
+            settled=old.settled if healthy else settle,
+            registration=reg,
+            rival=old.incarnation,
+        )
+        what = (
+            f"claimed by a second sidecar, incarnation {ev.incarnation} on {ev.node or '?'}, while incarnation "
+            f"{old.incarnation} on {old.node or '?'} was live: the newer one speaks for the host (no loss)"
+        )
     else:
         record = HostRecord(ev.incarnation, ev.node, ev.node_pool, now, True, now, settle, None, reg)
         what = "registered"
-        if old is not None:
-            # A new incarnation while the old one was still on record: the old
-            # process (or its host) is gone, which is a loss of that slice
-            # until the new one has settled.
-            errs = dict(errors)
-            errs[ev.slice] = now - 1e-6
-            errors = _frozen(errs)
-            what = f"replaced live incarnation {old.incarnation} (the old one counts as lost)"
+    if flap and old is not None:
+        what += (
+            f"; flapping: incarnation {ev.incarnation} was replaced by {old.incarnation} and is back "
+            "(two sidecars claim this host)"
+        )
     lost = state.lost_incarnations
     if key in lost and lost[key] != ev.incarnation:
         lost = _frozen({k: v for k, v in lost.items() if k != key})
@@ -512,13 +566,14 @@ def _trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision
 
 def _trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Decision:
     errors = dict(state.slice_errors)
+    by_trainer = dict(state.trainer_errors)
     named = ev.slices & state.policy.all_slices
     if ev.generation >= state.generation:
         # An older report may predate a replacement that already registered;
         # the trainer will see the newer command and report again if need be.
         for s in named:
-            errors[s] = now
-    new = replace(state, slice_errors=_frozen(errors))
+            errors[s] = by_trainer[s] = now
+    new = replace(state, slice_errors=_frozen(errors), trainer_errors=_frozen(by_trainer))
     reason = f"trainer reported slice loss {_fmt(named) if named else '(slices unknown)'} at step {ev.step}: {ev.message[:120]}"
     if state.policy.multi_controller and state.phase in (Phase.RUNNING, Phase.HOLDING):
         return _fail(new, f"{reason}{_MC_CANNOT_SHRINK}")
@@ -858,7 +913,7 @@ def _settle(state: State, now: float) -> State:
     and a host that registered before a mark never repairs it. Looking at every
     host at every event made each of 10,000 registrations walk 10,000 hosts.
     """
-    marked = state.slice_errors.keys() | state.drains.keys()
+    marked = state.slice_errors.keys() | state.trainer_errors.keys() | state.drains.keys()
     if not marked:
         return state
     wait = state.policy.settle_seconds
@@ -1155,8 +1210,19 @@ def _forget_repaired(state: State) -> State:
         # mass loss (every slice marked) cost slices x hosts (a restart storm at 10,000 hosts stalled for 40 s).
         return any(r.registered_at > mark and r.settled for r in state.hosts.slice_records(s).values())
 
+    def whole(s: int, mark: float) -> bool:
+        # A slice the trainer named: it did not say which host failed, so every host must be new since.
+        of = state.hosts.slice_records(s)
+        hosts = [of.get(h) for h in range(state.policy.hosts_per_slice)]
+        return all(r is not None and r.registered_at > mark and r.settled for r in hosts)
+
     drains = {s: d for s, d in state.drains.items() if not repaired(s, d.since)}
     errors = {s: t for s, t in state.slice_errors.items() if not repaired(s, t)}
-    if len(drains) == len(state.drains) and len(errors) == len(state.slice_errors):
+    named = {s: t for s, t in state.trainer_errors.items() if not whole(s, t)}
+    if (len(drains), len(errors), len(named)) == (
+        len(state.drains),
+        len(state.slice_errors),
+        len(state.trainer_errors),
+    ):
         return state
-    return replace(state, drains=_frozen(drains), slice_errors=_frozen(errors))
+    return replace(state, drains=_frozen(drains), slice_errors=_frozen(errors), trainer_errors=_frozen(named))

@@ -413,6 +413,9 @@ class HostRecord:
     registration: int = 0
     """Which registration (one Join stream; the coordinator numbers them) this record is:
     an observation about another one (an older stream's end, its probe result) is stale."""
+    rival: str = ""
+    """The incarnation this one took the host over from without a loss (a sidecar restart, or a second
+    sidecar claiming the host): that incarnation registering again means two sidecars are flapping."""
 
 
 @dataclass(frozen=True)
@@ -471,7 +474,10 @@ class State:
     unnamed_error_until: float | None = None
     """A slice error named no slice: no resume on unchanged slices before this time."""
     slice_errors: Mapping[int, float] = field(default_factory=_frozen)
-    """Slice -> when the trainer reported it lost; cleared by a replacement host."""
+    """Slice -> when the trainer reported it lost or a host of it was lost; cleared by a replacement host."""
+    trainer_errors: Mapping[int, float] = field(default_factory=_frozen)
+    """Slice -> when the trainer named it in a slice error. The trainer does not say which host failed,
+    so this mark is cleared only once every host of the slice has registered since and settled."""
     drains: Mapping[int, Drain] = field(default_factory=_frozen)
     """Slices excluded by a notice or an operator; a replacement host lifts it."""
     planned: Mapping[int, Drain] = field(default_factory=_frozen)
@@ -507,6 +513,7 @@ class State:
         An error is repaired by a host that registered after it and has settled
         (``settle_seconds`` registered and healthy: see :func:`settled`); a
         reconnect of the same process keeps its registration time, so it repairs nothing.
+        An error the trainer named needs every host of the slice so repaired.
         """
         of = self.hosts.slice_records(s)
         records = [of.get(h) for h in range(self.policy.hosts_per_slice)]
@@ -515,7 +522,8 @@ class State:
         for mark in (self.slice_errors.get(s), getattr(self.drains.get(s), "since", None)):
             if mark is not None and not any(r is not None and r.registered_at > mark and r.settled for r in records):
                 return False
-        return True
+        named = self.trainer_errors.get(s)
+        return named is None or all(r is not None and r.registered_at > named and r.settled for r in records)
 
     @functools.cached_property
     def _up(self) -> frozenset[int]:
@@ -556,7 +564,11 @@ class State:
             if slices is None:
                 return
             more.update(slices)
-        for a, b in ((parent.slice_errors, self.slice_errors), (parent.drains, self.drains)):
+        for a, b in (
+            (parent.slice_errors, self.slice_errors),
+            (parent.trainer_errors, self.trainer_errors),
+            (parent.drains, self.drains),
+        ):
             if a is not b:
                 more.update(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         object.__setattr__(self, "_up_seed", (up, dirty | more))

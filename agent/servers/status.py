@@ -35,7 +35,7 @@ def slice_state(s: State, i: int) -> tuple[str, str]:
             parts.append(f"host(s) {','.join(map(str, missing))} not registered")
         if sick:
             parts.append(f"host(s) {','.join(map(str, sick))} unhealthy")
-        if not parts and i in s.slice_errors:
+        if not parts and (i in s.slice_errors or i in s.trainer_errors):
             parts.append("the trainer reported it lost; waiting for a replacement")
         if not parts and drain is not None:
             parts.append(f"drained ({drain.kind}); waiting for a replacement")

@@ -872,3 +872,10 @@ async def test_a_wedged_decision_loop_is_not_ready_and_not_serving(
     finally:
         gate.set()
         await coord.stop(grace=0.1)
+
+
+def test_a_slice_the_trainer_named_stays_marked_across_a_restart(tmp_path: Path) -> None:
+    st = saved_state(Phase.WAITING, slice_errors=_frozen({1: 60.0}), trainer_errors=_frozen({1: 55.0}))
+    r = roundtrip(tmp_path, st, now=500.0)
+    assert dict(r.trainer_errors) == {1: pytest.approx(55.0)}
+    assert statefile.intent_changed(st, replace(st, trainer_errors=_frozen({})))

@@ -389,7 +389,10 @@ class World:
             elif self.last_resume is not None and self.last_resume.generation > self.resume_acked:
                 self.ack_resume(self.last_resume)
             elif st_.phase == Phase.RUNNING:
-                break
+                # A grow that waited for the resume's acknowledgement starts at the next tick.
+                self.apply(Tick(), 0.0)
+                if self.state.phase == Phase.RUNNING:
+                    break
             else:
                 self.apply(Tick(), 1.0)
         self.tick_past_deadline()
@@ -754,7 +757,9 @@ class FaithfulWorld(World):
         (delivered after the first round) marked lost.
         """
         for _ in range(2):
-            self.apply(Tick(), 1.0)
+            # A slice error that named no slice keeps unchanged slices held this long (a second sidecar
+            # registering is no change: only a replacement after a loss is).
+            self.apply(Tick(), max(1.0, self.state.policy.unnamed_error_wait_seconds))
             for s in range(self.state.policy.num_slices):
                 for h in range(self.state.policy.hosts_per_slice):
                     self.apply(WorkerJoined(s, h, self.fresh(s, h)))
