@@ -45,7 +45,11 @@ States and transitions::
   now drains its slice at the step boundary with a flush; one announced for
   later is planned for its start minus ``notice_lead_seconds`` and begins on
   the Tick that reaches it; a newer notice moves the plan, a completed or
-  cancelled one lifts the drain or the plan.
+  cancelled one lifts the drain or the plan. A notice must be current: one
+  whose disruption was to be over ``NOTICE_STALE_SECONDS`` ago while its
+  node's hosts are up and healthy is ignored, and a notice's drain of hosts
+  still up and healthy that long after is lifted. An operator's
+  ``undrain --force`` lifts any drain.
 * Terminal failure: the trainer is told to abort with exit code 42 (xpk
   restarts on it) after flushing, and the coordinator exits 42 too. The Orbax
   directory keeps the last committed checkpoint for the restart to restore.
@@ -165,6 +169,16 @@ MC_NOTICE_EXIT_MARGIN = 5.0
 """Multi-controller: seconds before an announced node goes at which a held job stops waiting for a
 cancellation and restarts (every process exits 42 itself, not with its host)."""
 _MC_CANNOT_SHRINK = "; a multi-controller job cannot continue without it: restart (the JobSet restarts on 42)"
+NOTICE_STALE_SECONDS = 600.0
+"""Seconds past an announced disruption's end after which a node still up and healthy has come through it.
+
+The end is the window's end where the notice gives one (GCE ``windowEndTime``: "the time by which the
+maintenance disruption will be completed", Compute Engine API ``UpcomingMaintenance``), else when the node
+was to go (a preemption's 30 s, a host maintenance's 60 s: FACTS section 4). A node up and healthy that long
+after it either was never disrupted or already came back, so a notice that old is logged and counted
+(``events_ignored_total{reason="stale"}``), not acted on, and a notice's drain of such a node is lifted. The
+margin covers clock skew, a window that runs over, and a replaced host's sidecar registering (which lifts the
+drain itself); Pub/Sub redelivers for days (its retention), so a bound is what keeps a replayed notice out."""
 
 
 def _fmt(slices: frozenset[int] | set[int]) -> str:
@@ -645,6 +659,9 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     state, began = _begin_planned(state, now)
     if began:
         why = f"{why}; {began}" if why else began
+    state, lifted = _lift_overdue(state, now)
+    if lifted:
+        why = f"{why}; {lifted}" if why else lifted
     p = state.policy
     up = state.up_slices()
     prefix = f"{why}; " if why else ""
@@ -973,6 +990,7 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
     node is still up): drain at the step boundary with a flush. Due later: plan
     the drain for ``starts_at - notice_lead_seconds``; a newer notice for the
     same slice moves that plan, a cleared one (completed, cancelled) lifts it.
+    Over for longer than ``NOTICE_STALE_SECONDS`` while the hosts are healthy: ignored.
     """
     what = ev.node or ev.node_pool or (f"slice {ev.slice}" if ev.slice is not None else "?")
     label = f"{ev.kind} for {what} from {ev.source}"
@@ -987,6 +1005,15 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
             return Decision(state, (), f"{label} ignored: older than a notice already handled", outcome="out_of_order")
         times[key] = ev.event_time
     state = replace(state, notice_times=_frozen(times))
+    end = _notice_end(ev.ends_at, ev.deadline, ev.starts_at)
+    if not ev.cleared and end is not None and now - end > NOTICE_STALE_SECONDS and _hosts_healthy(state, slices):
+        return Decision(
+            state,
+            (),
+            f"{label} ignored: the disruption was to be over {now - end:.0f} s ago (more than "
+            f"{NOTICE_STALE_SECONDS:g} s) and the hosts of slice(s) {_fmt(slices)} are up and healthy",
+            outcome="stale",
+        )
     drains, planned = dict(state.drains), dict(state.planned)
     if ev.cleared:
         lifted = {s for s in slices if s in drains and drains[s].source != "operator"}
@@ -1016,7 +1043,9 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
         if not changed and not moved_out:
             return Decision(state, (), f"{label}: drain of {_fmt(slices)} already planned", outcome="duplicate")
         for s in slices:
-            planned[s] = Drain(begin, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at)
+            planned[s] = Drain(
+                begin, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at, ev.ends_at
+            )
         for s in moved_out:
             del drains[s]
         note = f"; drain of {_fmt(moved_out)} lifted until then" if moved_out else ""
@@ -1036,7 +1065,7 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
             outcome="duplicate",
         )
     for s in new:
-        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at)
+        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at, ev.ends_at)
     if ev.starts_at is not None and ev.starts_at <= now:
         left = f" (its window began {now - ev.starts_at:.0f} s ago; the node is still up)"
     elif ev.deadline is not None:
@@ -1061,6 +1090,50 @@ def _begin_planned(state: State, now: float) -> tuple[State, str]:
     when = f", {starts - now:.0f} s before the window starts" if starts is not None else ""
     return replace(state, drains=_frozen(drains), planned=_frozen(planned)), (
         f"planned drain of slice(s) {_fmt(set(due))} begins{when}"
+    )
+
+
+def _notice_end(ends_at: float | None, deadline: float | None, starts_at: float | None) -> float | None:
+    """When an announced disruption is over: its window's end, else when the node was to go (never before
+    the window starts)."""
+    if ends_at is not None:
+        return ends_at
+    known = [t for t in (deadline, starts_at) if t is not None]
+    return max(known) if known else None
+
+
+def _hosts_healthy(state: State, slices: Iterable[int]) -> bool:
+    """Every host of each of ``slices`` registered and healthy (at least one slice)."""
+    seen = False
+    for s in slices:
+        of = state.hosts.slice_records(s)
+        if any((r := of.get(h)) is None or not r.healthy for h in range(state.policy.hosts_per_slice)):
+            return False
+        seen = True
+    return seen
+
+
+def _lift_overdue(state: State, now: float) -> tuple[State, str]:
+    """Lift notice drains whose disruption was to be over ``NOTICE_STALE_SECONDS`` ago while the hosts stayed up.
+
+    Such a disruption did not happen to this node (or is long over): keeping the slice out would cost it for
+    good, since no cancellation and no replacement will come.
+    """
+    overdue = {
+        s: end
+        for s, d in state.drains.items()
+        if d.source != "operator"
+        and (end := _notice_end(d.ends_at, d.deadline, d.starts_at)) is not None
+        and now - end > NOTICE_STALE_SECONDS
+        and _hosts_healthy(state, (s,))
+    }
+    if not overdue:
+        return state, ""
+    drains = {s: d for s, d in state.drains.items() if s not in overdue}
+    ago = max(now - end for end in overdue.values())
+    return replace(state, drains=_frozen(drains)), (
+        f"notice drain of slice(s) {_fmt(set(overdue))} lifted: the disruption was to be over up to {ago:.0f} s "
+        f"ago (more than {NOTICE_STALE_SECONDS:g} s) and every host of it is still up and healthy"
     )
 
 
@@ -1111,23 +1184,34 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
             drains[s] = Drain(now, "operator_drain", "operator", ev.reason)
             return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; draining slice {s}")
         case "undrain":
-            # Undo an operator drain: the slice counts again, and the job grows back onto it
-            # once its hosts are up, as onto any returned slice. A notice's drain is the
-            # notice's to lift (its cancellation, or the host replaced).
+            # Undo a drain: the slice counts again, and the job grows back onto it once its
+            # hosts are up, as onto any returned slice. A notice's drain is the notice's to
+            # lift (its cancellation, its window long over, the host replaced) unless the
+            # operator forces it: a notice can be wrong, and nothing else would lift it.
             s = ev.slice
             if s is None or s not in state.policy.all_slices:
                 return refuse(f"slice {s} is not in this job (slices 0..{state.policy.num_slices - 1})")
             d = state.drains.get(s)
-            if d is None:
+            plan = state.planned.get(s) if ev.force else None
+            if d is None and plan is None:
                 return refuse(f"slice {s} is not drained")
-            if d.source != "operator":
+            if d is not None and d.source != "operator" and not ev.force:
                 return refuse(
                     f"slice {s} was drained by a {d.kind} notice ({d.source}), not by an operator; that drain lifts "
-                    "when the notice is cancelled or the host is replaced"
+                    "when the notice is cancelled, its window is long over or the host is replaced; "
+                    "undrain --force lifts it now"
                 )
-            drains = dict(state.drains)
-            del drains[s]
-            return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; slice {s} no longer drained")
+            drains, planned = dict(state.drains), dict(state.planned)
+            drains.pop(s, None)
+            planned.pop(s, None)
+            forced = [
+                f"the {what} from a {x.kind} notice ({x.source})"
+                for x, what in ((d, "drain"), (plan, "planned drain"))
+                if x is not None and x.source != "operator"
+            ]
+            note = f"; forced: {' and '.join(forced)} lifted" if forced else ""
+            new_state = replace(state, drains=_frozen(drains), planned=_frozen(planned))
+            return _evaluate(new_state, now, f"{why}; slice {s} no longer drained{note}")
         case "checkpoint":
             if not state.trainer.attached:
                 return refuse("no trainer is attached")
