@@ -86,8 +86,9 @@ Membership and the coordinator's own failures (issue "never make a failure worse
   that is held (waiting with it, above its generation) instead of starting over.
 * Nothing waits for ever: RUNNING with no step report for ``hang_step_factor``
   times the median step (at least ``hang_min_seconds``) is a suspected hang
-  (a hold with flush, as a failure); a trainer link gone longer than the start
-  timeout fails the job; a flushing hold is acknowledged within
+  (a hold with flush, as a failure), and so is a trainer that was stepping and
+  lost its link, counted from the later of its last step and the link's loss;
+  a trainer link gone longer than the start timeout fails the job, holding too; a flushing hold is acknowledged within
   ``elastic_timeout_seconds + flush_timeout_seconds``; a second loss while held
   without a flush re-plans with one when the survivors cannot go on.
 * The policy is the trainer's flags at start and is fixed from then on; an
@@ -737,13 +738,9 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
             return Decision(again, (ResumeTrainer(g, active, _source(t, active), reason),), reason)
         if up - state.active and t.attached:
             return _start_hold(state, now, f"{prefix}slice(s) {_fmt(up - state.active)} back; growing", failure=False)
-        if not t.attached and t.detached_since is not None:
-            detached_for = now - t.detached_since
-            limit = max(p.start_timeout_seconds, p.elastic_timeout_seconds)
-            if detached_for >= limit:
-                return _fail(
-                    state, f"{prefix}the trainer's link has been gone for {detached_for:.0f} s (limit {limit:g} s)"
-                )
+        gone = _link_gone_too_long(state, now)
+        if gone:
+            return _fail(state, f"{prefix}{gone}")
         hang = _suspected_hang(state, now)
         if hang and p.multi_controller:
             return _fail(state, f"{prefix}{hang}{_MC_CANNOT_SHRINK}")
@@ -755,6 +752,10 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         if state.deadline is not None and now >= state.deadline:
             limit = p.elastic_timeout_seconds + (p.flush_timeout_seconds if state.hold_flush else 0.0)
             return _fail(state, f"{prefix}trainer did not acknowledge the hold within {limit:g} s")
+        # A hold for a trainer whose link is gone (suspected hung) ends no later than that link's own limit.
+        gone = _link_gone_too_long(state, now)
+        if gone:
+            return _fail(state, f"{prefix}{gone}")
         newly_down = (p.all_slices - up) - state.hold_down
         if p.multi_controller and newly_down - _draining(state):
             # A process may now be blocked in a collective instead of reaching the boundary.
@@ -853,18 +854,45 @@ def _announced_until(state: State, missing: frozenset[int], now: float) -> float
     return until if until > now else None
 
 
+def _link_gone_too_long(state: State, now: float) -> str:
+    """Why the trainer's link has been gone too long (the start timeout: a trainer process may be
+    restarting), or ""."""
+    t, p = state.trainer, state.policy
+    if t.attached or t.detached_since is None:
+        return ""
+    detached_for = now - t.detached_since
+    limit = max(p.start_timeout_seconds, p.elastic_timeout_seconds)
+    if detached_for < limit:
+        return ""
+    return f"the trainer's link has been gone for {detached_for:.0f} s (limit {limit:g} s)"
+
+
 def _suspected_hang(state: State, now: float) -> str:
-    """Why the trainer looks hung (RUNNING, attached, no step report for long), or ""."""
+    """Why the trainer looks hung (RUNNING, no step report for long), or "".
+
+    A trainer that was stepping and then lost its link is judged by the same limit, counted from the later
+    of its last step and the link's loss (a reattach window of one limit): a frozen process's link drops
+    once its keepalives go unanswered, and the start timeout (meant for a process starting up) would leave
+    it unjudged for ten minutes. A link that comes back within the window (a blip, a coordinator restart)
+    costs nothing; past it the hold waits for the trainer, sent again when it re-attaches.
+    """
     t = state.trainer
-    if not t.attached or t.last_step_at is None or not t.step_seconds:
+    if t.last_step_at is None or not t.step_seconds or (not t.attached and t.detached_since is None):
         return ""
     ordered = sorted(t.step_seconds)
     median = ordered[len(ordered) // 2]
     limit = max(state.policy.hang_min_seconds, state.policy.hang_step_factor * median)
     silent = now - t.last_step_at
-    if silent < limit:
+    if t.attached or t.detached_since is None:
+        if silent < limit:
+            return ""
+        return f"no step report for {silent:.0f} s (median step {median:.3g} s, limit {limit:g} s): suspected hang"
+    if now - max(t.last_step_at, t.detached_since) < limit:
         return ""
-    return f"no step report for {silent:.0f} s (median step {median:.3g} s, limit {limit:g} s): suspected hang"
+    return (
+        f"the trainer's link has been gone for {now - t.detached_since:.0f} s and no step report for {silent:.0f} s "
+        f"(median step {median:.3g} s, limit {limit:g} s from the later): suspected hang"
+    )
 
 
 def _settle(state: State, now: float) -> State:
