@@ -5,6 +5,7 @@
     elastic-sidecar admin events --backlog 50 --follow  # the decisions, with their reasons
     elastic-sidecar admin drain 2 --reason "bad ICI link on slice 2"
     elastic-sidecar admin undrain 2 --reason "link replaced"   # undo an operator drain
+    elastic-sidecar admin undrain 1 --force --reason "stale notice"   # any drain, a notice's too
     elastic-sidecar admin checkpoint                    # flush now; prints the committed step
     elastic-sidecar admin hold --reason "node pool upgrade"
     elastic-sidecar admin resume --reason "upgrade done"
@@ -130,10 +131,15 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
     ud = cmd(
         "undrain",
         "undo an operator drain: the slice counts again and training grows back onto it once its hosts are up "
-        "(a drain started by a maintenance notice lifts with the notice, not with undrain)",
+        "(a drain started by a maintenance notice lifts with the notice, or with --force)",
     )
     ud.add_argument("slice", type=nonneg_int, help="slice index")
     ud.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
+    ud.add_argument(
+        "--force",
+        action="store_true",
+        help="lift a drain a notice started too (and a drain planned for the slice): for a notice known to be wrong",
+    )
     ab = cmd("abort", "stop the job: the trainer flushes and exits 3 (stop) or 42 (--restart: xpk restarts it)")
     ab.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     ab.add_argument("--restart", action="store_true", help="exit 42 so xpk restarts the job from its checkpoint")
@@ -298,7 +304,7 @@ def _drain(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> i
 
 
 def _undrain(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
-    req = admin_pb2.UndrainSliceRequest(slice=ns.slice, reason=ns.reason)
+    req = admin_pb2.UndrainSliceRequest(slice=ns.slice, reason=ns.reason, force=ns.force)
     return _reply(ns, stub.UndrainSlice(req, metadata=md, timeout=_timeout(ns)))
 
 

@@ -1120,6 +1120,7 @@ class Coordinator:
             cleared=ev.cleared,
             reason=ev.summary,
             starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
+            ends_at=clock(ev.end),
         )
         if ev.delivery_seconds is not None:
             self.metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))

@@ -242,6 +242,7 @@ def _drain_record(d: Drain, off: float) -> dict[str, Any]:
         "deadline": _wall(d.deadline, off),
         "node": d.node,
         "starts_at": _wall(d.starts_at, off),
+        "ends_at": _wall(d.ends_at, off),
     }
 
 
@@ -254,6 +255,7 @@ def _drain(d: Mapping[str, Any], off: float, now: float) -> Drain:
         deadline=_mono(d.get("deadline"), off),
         node=str(d.get("node", "")),
         starts_at=_mono(d.get("starts_at"), off),
+        ends_at=_mono(d.get("ends_at"), off),
     )
 
 

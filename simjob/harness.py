@@ -200,6 +200,23 @@ class Job:
                 "terminateOnHostMaintenance", self.node(s, h), project=DEMO_PROJECT, zone=DEMO_ZONE
             )
             self.publisher.publish(self.topic, data, **attrs).result(timeout=30)
+        elif kind == "stale-notice":
+            from datetime import UTC, datetime, timedelta
+
+            from simjob.notice_samples import gce_system_event
+
+            start = datetime.now(UTC) - timedelta(days=2)
+            data, attrs = gce_system_event(
+                "upcomingMaintenance",
+                self.node(s, h),
+                project=DEMO_PROJECT,
+                zone=DEMO_ZONE,
+                timestamp=start - timedelta(hours=1),
+                window_start=start,
+                window_end=start + timedelta(hours=1),
+                maintenance_status="ONGOING",
+            )
+            self.publisher.publish(self.topic, data, **attrs).result(timeout=30)
         else:
             import urllib.request
 
@@ -592,7 +609,7 @@ class Demo:
         if kube_demo.wanted(self.ns):
             self.kube = kube_demo.DemoKubeAPI(self, DEMO_JOB)
         kinds = {f.kind for f in self.pending}
-        if "notice" in kinds:
+        if kinds & {"notice", "stale-notice"}:
             from simjob.pubsub_emulator import EmulatorFailed, EmulatorMissing
 
             self.say("  starting the Pub/Sub emulator for notice faults")
@@ -624,6 +641,10 @@ class Demo:
             job.announce(f.kind, f.slice, f.host)
             self.deaths.append((time.monotonic() + self.ns.notice_deadline, f))
             what = f"announced: host {f.slice}.{f.host} goes in {self.ns.notice_deadline:g} s"
+        elif f.kind == "stale-notice":
+            assert f.slice is not None and f.host is not None
+            job.announce(f.kind, f.slice, f.host)
+            what = f"a maintenance notice two days old for host {f.slice}.{f.host}'s node; the host stays up"
         elif f.kind in ("kill", "hang"):
             assert f.slice is not None and f.host is not None
             job.hosts[(f.slice, f.host)].signal(signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)

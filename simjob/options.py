@@ -10,12 +10,14 @@ from pathlib import Path
 from agent.config import address, seconds, whole
 from agent.constants import INT64_MAX
 
-HOST_KINDS = ("kill", "hang", "notice", "metadata", "sidecar-restart")
+HOST_KINDS = ("kill", "hang", "notice", "metadata", "sidecar-restart", "stale-notice")
 """Faults aimed at one host, ``KIND:SLICE.HOST@STEP``. kill: SIGKILL the host; hang: SIGSTOP it;
 notice: publish a GCE terminateOnHostMaintenance log entry for its node through Pub/Sub, then
 kill it at the deadline; metadata: flip its stand-in metadata server to
 TERMINATE_ON_HOST_MAINTENANCE, then kill it at the deadline; sidecar-restart: SIGKILL that host's
-worker sidecar alone (its Pathways worker stays healthy) and start a new one."""
+worker sidecar alone (its Pathways worker stays healthy) and start a new one; stale-notice: publish
+a GCE upcomingMaintenance entry for its node whose window ended two days ago (a replayed or late
+notice), and leave the host up."""
 JOB_KINDS = ("coordinator-restart", "coordinator-stall", "trainer-kill")
 """Faults aimed at the job's own processes. ``coordinator-restart@STEP``: SIGKILL the coordinator,
 start it again on the same state location; ``coordinator-stall:SECONDS@STEP``: SIGSTOP it, SIGCONT

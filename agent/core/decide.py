@@ -45,7 +45,11 @@ States and transitions::
   now drains its slice at the step boundary with a flush; one announced for
   later is planned for its start minus ``notice_lead_seconds`` and begins on
   the Tick that reaches it; a newer notice moves the plan, a completed or
-  cancelled one lifts the drain or the plan.
+  cancelled one lifts the drain or the plan. A notice must be current: one
+  whose disruption was to be over ``NOTICE_STALE_SECONDS`` ago while its
+  node's hosts are up and healthy is ignored, and a notice's drain of hosts
+  still up and healthy that long after is lifted. An operator's
+  ``undrain --force`` lifts any drain.
 * Terminal failure: the trainer is told to abort with exit code 42 (xpk
   restarts on it) after flushing, and the coordinator exits 42 too. The Orbax
   directory keeps the last committed checkpoint for the restart to restore.
@@ -88,8 +92,9 @@ Membership and the coordinator's own failures (issue "never make a failure worse
   that is held (waiting with it, above its generation) instead of starting over.
 * Nothing waits for ever: RUNNING with no step report for ``hang_step_factor``
   times the median step (at least ``hang_min_seconds``) is a suspected hang
-  (a hold with flush, as a failure); a trainer link gone longer than the start
-  timeout fails the job; a flushing hold is acknowledged within
+  (a hold with flush, as a failure), and so is a trainer that was stepping and
+  lost its link, counted from the later of its last step and the link's loss;
+  a trainer link gone longer than the start timeout fails the job, holding too; a flushing hold is acknowledged within
   ``elastic_timeout_seconds + flush_timeout_seconds``; a second loss while held
   without a flush re-plans with one when the survivors cannot go on.
 * The policy is the trainer's flags at start and is fixed from then on; an
@@ -171,6 +176,16 @@ MC_NOTICE_EXIT_MARGIN = 5.0
 """Multi-controller: seconds before an announced node goes at which a held job stops waiting for a
 cancellation and restarts (every process exits 42 itself, not with its host)."""
 _MC_CANNOT_SHRINK = "; a multi-controller job cannot continue without it: restart (the JobSet restarts on 42)"
+NOTICE_STALE_SECONDS = 600.0
+"""Seconds past an announced disruption's end after which a node still up and healthy has come through it.
+
+The end is the window's end where the notice gives one (GCE ``windowEndTime``: "the time by which the
+maintenance disruption will be completed", Compute Engine API ``UpcomingMaintenance``), else when the node
+was to go (a preemption's 30 s, a host maintenance's 60 s: FACTS section 4). A node up and healthy that long
+after it either was never disrupted or already came back, so a notice that old is logged and counted
+(``events_ignored_total{reason="stale"}``), not acted on, and a notice's drain of such a node is lifted. The
+margin covers clock skew, a window that runs over, and a replaced host's sidecar registering (which lifts the
+drain itself); Pub/Sub redelivers for days (its retention), so a bound is what keeps a replayed notice out."""
 
 
 def _fmt(slices: frozenset[int] | set[int]) -> str:
@@ -700,6 +715,9 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
     state, began = _begin_planned(state, now)
     if began:
         why = f"{why}; {began}" if why else began
+    state, lifted = _lift_overdue(state, now)
+    if lifted:
+        why = f"{why}; {lifted}" if why else lifted
     p = state.policy
     up = state.up_slices()
     prefix = f"{why}; " if why else ""
@@ -775,13 +793,9 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
             return Decision(again, (ResumeTrainer(g, active, _source(t, active), reason),), reason)
         if up - state.active and t.attached:
             return _start_hold(state, now, f"{prefix}slice(s) {_fmt(up - state.active)} back; growing", failure=False)
-        if not t.attached and t.detached_since is not None:
-            detached_for = now - t.detached_since
-            limit = max(p.start_timeout_seconds, p.elastic_timeout_seconds)
-            if detached_for >= limit:
-                return _fail(
-                    state, f"{prefix}the trainer's link has been gone for {detached_for:.0f} s (limit {limit:g} s)"
-                )
+        gone = _link_gone_too_long(state, now)
+        if gone:
+            return _fail(state, f"{prefix}{gone}")
         hang = _suspected_hang(state, now)
         if hang and p.multi_controller:
             return _fail(state, f"{prefix}{hang}{_MC_CANNOT_SHRINK}")
@@ -793,6 +807,10 @@ def _evaluate(state: State, now: float, why: str) -> Decision:
         if state.deadline is not None and now >= state.deadline:
             limit = p.elastic_timeout_seconds + (p.flush_timeout_seconds if state.hold_flush else 0.0)
             return _fail(state, f"{prefix}trainer did not acknowledge the hold within {limit:g} s")
+        # A hold for a trainer whose link is gone (suspected hung) ends no later than that link's own limit.
+        gone = _link_gone_too_long(state, now)
+        if gone:
+            return _fail(state, f"{prefix}{gone}")
         newly_down = (p.all_slices - up) - state.hold_down
         if p.multi_controller and newly_down - _draining(state):
             # A process may now be blocked in a collective instead of reaching the boundary.
@@ -891,18 +909,45 @@ def _announced_until(state: State, missing: frozenset[int], now: float) -> float
     return until if until > now else None
 
 
+def _link_gone_too_long(state: State, now: float) -> str:
+    """Why the trainer's link has been gone too long (the start timeout: a trainer process may be
+    restarting), or ""."""
+    t, p = state.trainer, state.policy
+    if t.attached or t.detached_since is None:
+        return ""
+    detached_for = now - t.detached_since
+    limit = max(p.start_timeout_seconds, p.elastic_timeout_seconds)
+    if detached_for < limit:
+        return ""
+    return f"the trainer's link has been gone for {detached_for:.0f} s (limit {limit:g} s)"
+
+
 def _suspected_hang(state: State, now: float) -> str:
-    """Why the trainer looks hung (RUNNING, attached, no step report for long), or ""."""
+    """Why the trainer looks hung (RUNNING, no step report for long), or "".
+
+    A trainer that was stepping and then lost its link is judged by the same limit, counted from the later
+    of its last step and the link's loss (a reattach window of one limit): a frozen process's link drops
+    once its keepalives go unanswered, and the start timeout (meant for a process starting up) would leave
+    it unjudged for ten minutes. A link that comes back within the window (a blip, a coordinator restart)
+    costs nothing; past it the hold waits for the trainer, sent again when it re-attaches.
+    """
     t = state.trainer
-    if not t.attached or t.last_step_at is None or not t.step_seconds:
+    if t.last_step_at is None or not t.step_seconds or (not t.attached and t.detached_since is None):
         return ""
     ordered = sorted(t.step_seconds)
     median = ordered[len(ordered) // 2]
     limit = max(state.policy.hang_min_seconds, state.policy.hang_step_factor * median)
     silent = now - t.last_step_at
-    if silent < limit:
+    if t.attached or t.detached_since is None:
+        if silent < limit:
+            return ""
+        return f"no step report for {silent:.0f} s (median step {median:.3g} s, limit {limit:g} s): suspected hang"
+    if now - max(t.last_step_at, t.detached_since) < limit:
         return ""
-    return f"no step report for {silent:.0f} s (median step {median:.3g} s, limit {limit:g} s): suspected hang"
+    return (
+        f"the trainer's link has been gone for {now - t.detached_since:.0f} s and no step report for {silent:.0f} s "
+        f"(median step {median:.3g} s, limit {limit:g} s from the later): suspected hang"
+    )
 
 
 def _settle(state: State, now: float) -> State:
@@ -1028,6 +1073,7 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
     node is still up): drain at the step boundary with a flush. Due later: plan
     the drain for ``starts_at - notice_lead_seconds``; a newer notice for the
     same slice moves that plan, a cleared one (completed, cancelled) lifts it.
+    Over for longer than ``NOTICE_STALE_SECONDS`` while the hosts are healthy: ignored.
     """
     what = ev.node or ev.node_pool or (f"slice {ev.slice}" if ev.slice is not None else "?")
     label = f"{ev.kind} for {what} from {ev.source}"
@@ -1042,6 +1088,15 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
             return Decision(state, (), f"{label} ignored: older than a notice already handled", outcome="out_of_order")
         times[key] = ev.event_time
     state = replace(state, notice_times=_frozen(times))
+    end = _notice_end(ev.ends_at, ev.deadline, ev.starts_at)
+    if not ev.cleared and end is not None and now - end > NOTICE_STALE_SECONDS and _hosts_healthy(state, slices):
+        return Decision(
+            state,
+            (),
+            f"{label} ignored: the disruption was to be over {now - end:.0f} s ago (more than "
+            f"{NOTICE_STALE_SECONDS:g} s) and the hosts of slice(s) {_fmt(slices)} are up and healthy",
+            outcome="stale",
+        )
     drains, planned = dict(state.drains), dict(state.planned)
     if ev.cleared:
         lifted = {s for s in slices if s in drains and drains[s].source != "operator"}
@@ -1071,7 +1126,9 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
         if not changed and not moved_out:
             return Decision(state, (), f"{label}: drain of {_fmt(slices)} already planned", outcome="duplicate")
         for s in slices:
-            planned[s] = Drain(begin, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at)
+            planned[s] = Drain(
+                begin, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at, ev.ends_at
+            )
         for s in moved_out:
             del drains[s]
         note = f"; drain of {_fmt(moved_out)} lifted until then" if moved_out else ""
@@ -1091,7 +1148,7 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
             outcome="duplicate",
         )
     for s in new:
-        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at)
+        drains[s] = Drain(now, ev.kind, ev.source, ev.reason or label, ev.deadline, ev.node, ev.starts_at, ev.ends_at)
     if ev.starts_at is not None and ev.starts_at <= now:
         left = f" (its window began {now - ev.starts_at:.0f} s ago; the node is still up)"
     elif ev.deadline is not None:
@@ -1116,6 +1173,50 @@ def _begin_planned(state: State, now: float) -> tuple[State, str]:
     when = f", {starts - now:.0f} s before the window starts" if starts is not None else ""
     return replace(state, drains=_frozen(drains), planned=_frozen(planned)), (
         f"planned drain of slice(s) {_fmt(set(due))} begins{when}"
+    )
+
+
+def _notice_end(ends_at: float | None, deadline: float | None, starts_at: float | None) -> float | None:
+    """When an announced disruption is over: its window's end, else when the node was to go (never before
+    the window starts)."""
+    if ends_at is not None:
+        return ends_at
+    known = [t for t in (deadline, starts_at) if t is not None]
+    return max(known) if known else None
+
+
+def _hosts_healthy(state: State, slices: Iterable[int]) -> bool:
+    """Every host of each of ``slices`` registered and healthy (at least one slice)."""
+    seen = False
+    for s in slices:
+        of = state.hosts.slice_records(s)
+        if any((r := of.get(h)) is None or not r.healthy for h in range(state.policy.hosts_per_slice)):
+            return False
+        seen = True
+    return seen
+
+
+def _lift_overdue(state: State, now: float) -> tuple[State, str]:
+    """Lift notice drains whose disruption was to be over ``NOTICE_STALE_SECONDS`` ago while the hosts stayed up.
+
+    Such a disruption did not happen to this node (or is long over): keeping the slice out would cost it for
+    good, since no cancellation and no replacement will come.
+    """
+    overdue = {
+        s: end
+        for s, d in state.drains.items()
+        if d.source != "operator"
+        and (end := _notice_end(d.ends_at, d.deadline, d.starts_at)) is not None
+        and now - end > NOTICE_STALE_SECONDS
+        and _hosts_healthy(state, (s,))
+    }
+    if not overdue:
+        return state, ""
+    drains = {s: d for s, d in state.drains.items() if s not in overdue}
+    ago = max(now - end for end in overdue.values())
+    return replace(state, drains=_frozen(drains)), (
+        f"notice drain of slice(s) {_fmt(set(overdue))} lifted: the disruption was to be over up to {ago:.0f} s "
+        f"ago (more than {NOTICE_STALE_SECONDS:g} s) and every host of it is still up and healthy"
     )
 
 
@@ -1166,23 +1267,34 @@ def _operator(state: State, ev: OperatorCommand, now: float) -> Decision:
             drains[s] = Drain(now, "operator_drain", "operator", ev.reason)
             return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; draining slice {s}")
         case "undrain":
-            # Undo an operator drain: the slice counts again, and the job grows back onto it
-            # once its hosts are up, as onto any returned slice. A notice's drain is the
-            # notice's to lift (its cancellation, or the host replaced).
+            # Undo a drain: the slice counts again, and the job grows back onto it once its
+            # hosts are up, as onto any returned slice. A notice's drain is the notice's to
+            # lift (its cancellation, its window long over, the host replaced) unless the
+            # operator forces it: a notice can be wrong, and nothing else would lift it.
             s = ev.slice
             if s is None or s not in state.policy.all_slices:
                 return refuse(f"slice {s} is not in this job (slices 0..{state.policy.num_slices - 1})")
             d = state.drains.get(s)
-            if d is None:
+            plan = state.planned.get(s) if ev.force else None
+            if d is None and plan is None:
                 return refuse(f"slice {s} is not drained")
-            if d.source != "operator":
+            if d is not None and d.source != "operator" and not ev.force:
                 return refuse(
                     f"slice {s} was drained by a {d.kind} notice ({d.source}), not by an operator; that drain lifts "
-                    "when the notice is cancelled or the host is replaced"
+                    "when the notice is cancelled, its window is long over or the host is replaced; "
+                    "undrain --force lifts it now"
                 )
-            drains = dict(state.drains)
-            del drains[s]
-            return _evaluate(replace(state, drains=_frozen(drains)), now, f"{why}; slice {s} no longer drained")
+            drains, planned = dict(state.drains), dict(state.planned)
+            drains.pop(s, None)
+            planned.pop(s, None)
+            forced = [
+                f"the {what} from a {x.kind} notice ({x.source})"
+                for x, what in ((d, "drain"), (plan, "planned drain"))
+                if x is not None and x.source != "operator"
+            ]
+            note = f"; forced: {' and '.join(forced)} lifted" if forced else ""
+            new_state = replace(state, drains=_frozen(drains), planned=_frozen(planned))
+            return _evaluate(new_state, now, f"{why}; slice {s} no longer drained{note}")
         case "checkpoint":
             if not state.trainer.attached:
                 return refuse("no trainer is attached")

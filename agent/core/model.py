@@ -455,6 +455,8 @@ class Drain:
     node: str = ""
     starts_at: float | None = None
     """When the announced disruption begins (decision clock), if the notice said."""
+    ends_at: float | None = None
+    """When the announced disruption is over (decision clock), if the notice said: its window's end."""
 
 
 @dataclass(frozen=True)
@@ -746,16 +748,20 @@ class NodeNotice:
     """When a scheduled disruption begins (decision clock). Later than
     ``now + notice_lead_seconds``: the drain is planned for ``starts_at - lead``;
     otherwise, or None (imminent, in progress), the slice drains now."""
+    ends_at: float | None = None
+    """When the disruption's window ends (decision clock; GCE ``windowEndTime``), if the source says."""
 
 
 @dataclass(frozen=True)
 class OperatorCommand:
-    """An admin call: hold, resume, drain, undrain (an operator drain undone), checkpoint or abort."""
+    """An admin call: hold, resume, drain, undrain (a drain undone), checkpoint or abort."""
 
     kind: str
     reason: str
     slice: int | None = None
     restart: bool = False
+    force: bool = False
+    """undrain: lift a drain a notice started too, not only an operator's."""
 
 
 @dataclass(frozen=True)

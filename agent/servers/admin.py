@@ -127,10 +127,12 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
         return await self._slice_command(context, "DrainSlice", "drain", request.slice, request.reason)
 
     async def UndrainSlice(self, request: admin_pb2.UndrainSliceRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        return await self._slice_command(context, "UndrainSlice", "undrain", request.slice, request.reason)
+        return await self._slice_command(
+            context, "UndrainSlice", "undrain", request.slice, request.reason, force=request.force
+        )
 
     async def _slice_command(
-        self, context: grpc.aio.ServicerContext, rpc: str, kind: str, slice_index: int, reason: str
+        self, context: grpc.aio.ServicerContext, rpc: str, kind: str, slice_index: int, reason: str, force: bool = False
     ) -> Any:
         """An operator command naming one slice (drain, undrain): the slice must be one of the job's."""
         n = self.c.state.policy.num_slices
@@ -140,7 +142,7 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
                 f"slice {slice_index} is out of range: this job has slices 0..{n - 1}",
             )
         await self._check_reason(context, reason)
-        ev = OperatorCommand(kind, reason.strip(), slice=slice_index)
+        ev = OperatorCommand(kind, reason.strip(), slice=slice_index, force=force)
         return (await self._command(context, rpc, ev))[1]
 
     async def Abort(self, request: admin_pb2.AbortRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

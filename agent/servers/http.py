@@ -69,6 +69,14 @@ _server_log.addFilter(_NotHttp1())
 Checks = dict[str, bool]
 Reasons = dict[str, str]
 
+IDLE_TIMEOUT_SECONDS = 75.0
+"""How long a connection may sit without a complete request before it is closed: idle between requests, or
+silent in the middle of one (a half-sent request would otherwise hold its socket for ever). aiohttp's
+``keepalive_timeout`` (passed through ``web.AppRunner``'s keyword arguments to its ``RequestHandler``, "number
+of seconds before closing an idle keep-alive connection") does both: from aiohttp 3.14 the timer is armed
+when the connection opens and is not put back by bytes of an unfinished request (aio-libs/aiohttp#13681).
+Longer than a Prometheus scrape interval of a minute, so that scrapes keep reusing their connection."""
+
 
 @dataclass
 class HttpServer:
@@ -135,10 +143,13 @@ async def start_http_server(
     ready: Callable[[], Checks],
     registry: CollectorRegistry,
     reasons: Callable[[], Reasons] | None = None,
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS,
 ) -> HttpServer:
     """Serve on ``listen``; OSError when the address cannot be bound (fatal at start-up, as for the admin API)."""
     app = build_app(status=status, ready=ready, registry=registry, reasons=reasons)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_server_log)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, logger=_server_log, keepalive_timeout=idle_timeout
+    )
     await runner.setup()
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")

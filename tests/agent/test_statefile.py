@@ -97,7 +97,15 @@ def test_everything_that_carries_intent_survives(tmp_path: Path) -> None:
     drain = Drain(
         since=50.0, kind="terminate_on_host_maintenance", source="pubsub", reason="r", deadline=90.0, node="n"
     )
-    later = Drain(since=5000.0, kind="upcomingMaintenance", source="pubsub", reason="w", node="m", starts_at=5120.0)
+    later = Drain(
+        since=5000.0,
+        kind="upcomingMaintenance",
+        source="pubsub",
+        reason="w",
+        node="m",
+        starts_at=5120.0,
+        ends_at=8720.0,
+    )
     st = saved_state(
         Phase.WAITING,
         operator_hold=True,

@@ -49,7 +49,7 @@ from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 
 from agent import statefile
-from agent.core.decide import _settle, decide
+from agent.core.decide import _lift_overdue, _settle, decide
 from agent.core.model import (
     AbortTrainer,
     Decision,
@@ -166,7 +166,7 @@ OPS = st.one_of(
     ),
     st.tuples(
         st.just("operator"),
-        st.sampled_from(["hold", "resume", "resume", "drain", "checkpoint", "abort", "bogus"]),
+        st.sampled_from(["hold", "resume", "resume", "drain", "undrain", "checkpoint", "abort", "bogus"]),
         st.integers(-1, 4),
         st.booleans(),
         DT,
@@ -352,7 +352,8 @@ class World:
             _, what, sl, restart, dt = op
             if what == "abort" and sl != 0:
                 what = "checkpoint"  # keep aborts rare
-            self.apply(OperatorCommand(what, "test", slice=sl, restart=restart), dt)
+            # ``restart`` doubles as undrain's ``force`` (lift a notice's drain too).
+            self.apply(OperatorCommand(what, "test", slice=sl, restart=restart, force=restart), dt)
         elif kind == "tick":
             self.apply(Tick(), op[1])
         else:  # pragma: no cover
@@ -416,10 +417,13 @@ def check_step(before: State, event, now: float, d: Decision) -> None:
     # The up slices carried over from earlier states (State.carry_up) are what every host says.
     assert up_after == after.up_slices_afresh(), "carried-over up slices differ from the hosts'"
     assert before.up_slices() == before.up_slices_afresh()
-    # Time alone brings a replacement host up once it has settled.
-    up_before = _settle(before, now).up_slices()
+    # Time alone brings a replacement host up once it has settled, and lifts a notice's drain of hosts
+    # still up long after the disruption was to be over.
+    up_before = _lift_overdue(_settle(before, now), now)[0].up_slices()
     brought_up: frozenset[int] = frozenset()
     if isinstance(event, WorkerJoined) or isinstance(event, WorkerHealth) and event.healthy:
+        brought_up = frozenset({event.slice})
+    if isinstance(event, OperatorCommand) and event.kind == "undrain" and event.slice is not None:
         brought_up = frozenset({event.slice})
     if isinstance(event, NodeNotice) and event.cleared:
         brought_up = before.policy.all_slices
@@ -468,11 +472,12 @@ def assert_healed(w: World) -> None:
 
 def assert_nothing_waits_forever(w: World) -> None:
     """Only time passes (nobody acknowledges, nothing comes back): every wait ends."""
-    for _ in range(3):
+    # Four: time itself may start one more hold (a notice's drain lifted long after its window: a grow).
+    for _ in range(4):
         w.tick_past_deadline()
     if w.state.operator_hold and w.state.phase == Phase.WAITING:
         return  # an operator's hold lasts until an operator resumes, by design
-    assert w.state.phase in (Phase.RUNNING, Phase.FAILED, Phase.COMPLETED), f"{w.state.phase} after three timeouts"
+    assert w.state.phase in (Phase.RUNNING, Phase.FAILED, Phase.COMPLETED), f"{w.state.phase} after four timeouts"
 
 
 def heal_and_check(w: World, check, heal: bool = True) -> None:

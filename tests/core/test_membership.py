@@ -196,6 +196,32 @@ def test_a_trainer_gone_for_good_fails_the_job() -> None:
     assert d.state.phase == Phase.FAILED and d.state.exit_code == 42
 
 
+def test_a_frozen_trainer_whose_link_dropped_is_judged_by_the_hang_rule_not_the_start_timeout() -> None:
+    policy = Policy(num_slices=2, hang_min_seconds=10.0, start_timeout_seconds=600, elastic_timeout_seconds=30)
+    job = Job(policy)
+    job.start()
+    job.feed(TrainerDetached(), dt=4.0)  # keepalives unanswered: the link drops 4 s after the last step
+    assert not holds(job.feed(Tick(), dt=9.0))  # 9 s since the link dropped: within the reattach window
+    d = job.feed(Tick(), dt=2.0)
+    (hold,) = holds(d)
+    assert hold.flush and "link has been gone for 11 s" in d.reason and "suspected hang" in d.reason, d.reason
+    assert d.state.phase == Phase.HOLDING and d.state.retries_used == 1
+    # The hold waits for it no longer than the link's own limit (not the hold's 30 + 600 s).
+    assert job.feed(Tick(), dt=600 - 11 - 1.0).state.phase == Phase.HOLDING
+    d = job.feed(Tick(), dt=1.5)
+    assert d.state.phase == Phase.FAILED and "link has been gone" in d.reason and d.state.exit_code == 42
+
+
+def test_a_trainer_link_back_within_the_reattach_window_costs_nothing() -> None:
+    job = Job(Policy(num_slices=2, hang_min_seconds=10.0))
+    job.start()
+    job.feed(TrainerDetached(), dt=1.0)
+    job.feed(TrainerAttached(job.state.generation, 5, frozenset({0, 1})), dt=8.0)
+    job.feed(TrainerStepped(6, job.state.generation, 0.5), dt=0.5)
+    assert not holds(job.feed(Tick(), dt=5.0)) and job.state.retries_used == 0
+    assert job.state.phase == Phase.RUNNING
+
+
 def test_a_second_loss_while_held_without_flush_flushes() -> None:
     job = Job(Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=0.0))
     job.start()

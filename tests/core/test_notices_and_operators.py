@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.core.decide import decide
+from agent.core.decide import NOTICE_STALE_SECONDS, decide
 from agent.core.model import (
     AbortTrainer,
     Decision,
@@ -20,6 +20,7 @@ from agent.core.model import (
     TrainerAttached,
     TrainerHeld,
     TrainerResumed,
+    WorkerHealth,
     WorkerJoined,
     WorkerLost,
     initial_state,
@@ -262,6 +263,95 @@ def test_operator_undrain_undoes_an_operator_drain_only() -> None:
     assert 3 in job.state.drains
     d = job.step(OperatorCommand("undrain", "x", slice=3))
     assert d.rejected and "notice" in d.rejected and 3 in job.state.drains
+
+
+TWO_DAYS = 2 * 86400.0
+
+
+def test_a_two_day_old_maintenance_notice_for_a_healthy_node_is_ignored_as_stale() -> None:
+    job = Job()
+    # A GCE upcomingMaintenance entry whose window (start and end) lies two days back, and an imminent one
+    # whose stop was due two days ago: both for nodes whose hosts are registered and healthy.
+    d = job.notice(node="node-1", starts_at=job.now - TWO_DAYS, ends_at=job.now - TWO_DAYS + 3600.0, event_time=1.0)
+    assert d.outcome == "stale" and d.actions == (), d.reason
+    assert "ignored" in d.reason and "node-1" in d.reason
+    d = job.notice(node="node-2", deadline=job.now - TWO_DAYS, event_time=1.0)
+    assert d.outcome == "stale" and d.actions == (), d.reason
+    assert job.state.drains == {} and job.state.planned == {} and job.state.phase == Phase.RUNNING
+    assert job.state.active == frozenset(range(4))
+
+
+def test_a_notice_just_inside_the_bound_still_drains() -> None:
+    job = Job()
+    d = job.notice(node="node-1", ends_at=job.now - NOTICE_STALE_SECONDS + 5.0, deadline=job.now - 3000.0)
+    assert not d.outcome and _one(d, HoldTrainer).down_slices == frozenset({1}), d.reason
+    # A window still to come is as it was: planned, then drained.
+    job = scheduled_job()
+    d = job.notice(node="node-2", starts_at=job.now + 900.0, ends_at=job.now + 4500.0, event_time=1.0)
+    assert not d.outcome and 2 in job.state.planned
+
+
+def test_a_stale_notice_for_an_unhealthy_node_still_drains() -> None:
+    job = Job()
+    job.step(WorkerHealth(1, 0, "a1", False, "pathways worker down"))
+    d = job.notice(node="node-1", deadline=job.now - TWO_DAYS, event_time=1.0)
+    assert d.outcome != "stale" and 1 in job.state.drains, d.reason
+
+
+def _drained_and_held(job: Job, node: str, s: int, end: float) -> None:
+    hold = _one(job.notice(node=node, deadline=end - 60.0, ends_at=end), HoldTrainer)
+    job.step(TrainerHeld(hold.generation, 7, 7))
+    assert s in job.state.drains and s not in job.state.active
+
+
+def test_a_notice_drain_of_a_healthy_node_lifts_after_its_window_and_the_grace() -> None:
+    job = Job()
+    end = job.now + 60.0
+    _drained_and_held(job, "node-1", 1, end)
+    d = job.step(Tick(), dt=end + NOTICE_STALE_SECONDS - 1.0 - job.now)
+    assert d.actions == () and 1 in job.state.drains
+    d = job.step(Tick(), dt=2.0)
+    assert 1 not in job.state.drains and "lifted" in d.reason and "still up and healthy" in d.reason, d.reason
+    hold = _one(d, HoldTrainer)  # grows back onto slice 1: no flush, no retry
+    assert hold.flush is False and job.state.retries_used == 0
+    resume = _one(job.step(TrainerHeld(hold.generation, 8, 8)), ResumeTrainer)
+    assert resume.active == frozenset(range(4))
+
+
+def test_a_notice_drain_of_an_unhealthy_or_gone_node_is_not_lifted() -> None:
+    job = Job()
+    end = job.now + 60.0
+    _drained_and_held(job, "node-1", 1, end)
+    _drained_and_held(job, "node-2", 2, end)
+    job.step(WorkerHealth(1, 0, "a1", False, "pathways worker down"))
+    job.step(WorkerLost(2, 0, "a2", "stream_closed"))
+    job.step(Tick(), dt=end + 2 * NOTICE_STALE_SECONDS - job.now)
+    assert {1, 2} <= set(job.state.drains) and job.state.active == frozenset({0, 3})
+
+
+def test_an_operator_drain_is_never_lifted_by_time() -> None:
+    job = Job()
+    hold = _one(job.step(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer)
+    job.step(TrainerHeld(hold.generation, 5, 5))
+    job.step(Tick(), dt=10 * NOTICE_STALE_SECONDS)
+    assert 1 in job.state.drains
+
+
+def test_undrain_force_lifts_a_notice_drain_and_plain_undrain_points_to_it() -> None:
+    job = Job()
+    _drained_and_held(job, "node-3", 3, job.now + 86400.0)
+    d = job.step(OperatorCommand("undrain", "notice is wrong", slice=3))
+    assert d.rejected and "notice" in d.rejected and "--force" in d.rejected and 3 in job.state.drains
+    d = job.step(OperatorCommand("undrain", "notice is wrong", slice=3, force=True))
+    assert not d.rejected and 3 not in job.state.drains, d.reason
+    assert "notice is wrong" in d.reason and "forced" in d.reason
+    assert _one(d, HoldTrainer).flush is False  # grows back onto slice 3
+    # A planned drain goes too (else it would begin later), and --force on nothing is still refused.
+    job = scheduled_job()
+    job.notice(node="node-2", starts_at=job.now + 900.0, event_time=1.0)
+    d = job.step(OperatorCommand("undrain", "x", slice=2, force=True))
+    assert not d.rejected and job.state.planned == {} and "planned drain" in d.reason
+    assert "not drained" in job.step(OperatorCommand("undrain", "x", slice=1, force=True)).rejected
 
 
 def test_operator_abort_stops_or_restarts() -> None:

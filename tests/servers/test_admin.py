@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.auth import BearerToken
 from agent.config import WorkerConfig
-from agent.core.model import Phase, WorkerLost
+from agent.core.model import NodeNotice, Phase, WorkerLost
 from agent.servers.admin import READ_ONLY
 from agent.worker import Worker
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc, peer_pb2_grpc
@@ -192,6 +192,28 @@ async def test_hold_then_resume_and_drain(job: Job, admin_token: BearerToken) ->
     assert notice.deadline_unix == 0.0
     assert counter(job, "elastic_sidecar_events_total", source="operator", kind="OperatorCommand") == 4
     assert counter(job, "elastic_sidecar_recoveries_total") == 2
+
+
+async def test_undrain_of_a_notice_drain_needs_force(job: Job, admin_token: BearerToken) -> None:
+    await job.running()
+    d = await job.coord.request(NodeNotice("upcomingMaintenance", "pubsub", node="node-1", deadline=1e12))
+    assert 1 in d.state.drains, d.reason
+    md = admin_token.metadata()
+    ch, s = stub(job)
+    async with ch:
+        code, detail = await call_code(
+            s.UndrainSlice(admin_pb2.UndrainSliceRequest(slice=1, reason="notice is wrong"), metadata=md)
+        )
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "--force" in detail, detail
+        assert 1 in job.coord.state.drains
+        with structlog.testing.capture_logs() as logs:
+            reply = await s.UndrainSlice(
+                admin_pb2.UndrainSliceRequest(slice=1, reason="notice is wrong", force=True), metadata=md
+            )
+    assert "slice 1 no longer drained" in reply.reason and "forced" in reply.reason, reply.reason
+    assert 1 not in job.coord.state.drains
+    # The operator's reason is in the coordinator's log of the decision.
+    assert any("operator undrain: notice is wrong" in r["event"] and "forced" in r["event"] for r in logs), logs
 
 
 async def test_abort_stops_the_coordinator_with_the_requested_code(job: Job, admin_token: BearerToken) -> None:

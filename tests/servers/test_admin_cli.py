@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.core.model import Phase
+from agent.core.model import NodeNotice, Phase
 from tests.servers.conftest import Job, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,6 +102,17 @@ async def test_token_from_env_and_commands_round_trip(job: Job, tmp_path: Path) 
     assert code == 0, err
     assert json.loads(out)["phase"] == "running"
     print(f"\nadmin CLI checkpoint round trip (process start to exit): {round_trip:.3f} s")
+
+
+async def test_undrain_force_lifts_a_notice_drain(job: Job, tmp_path: Path) -> None:
+    await job.running()
+    await job.coord.request(NodeNotice("upcomingMaintenance", "pubsub", node="node-2", deadline=1e12))
+    code, _, err = await cli(job, tmp_path, "undrain", "2", "--reason", "stale notice")
+    assert code == 1 and "--force" in err, err
+    code, out, err = await cli(job, tmp_path, "undrain", "2", "--force", "--reason", "stale notice")
+    assert code == 0, err
+    assert "operator undrain: stale notice; slice 2 no longer drained; forced" in out, out
+    assert 2 not in job.coord.state.drains
 
 
 async def test_events_backlog_and_follow(job: Job, tmp_path: Path) -> None:

@@ -255,3 +255,36 @@ async def test_an_address_in_use_stops_the_coordinator_with_exit_2(server: str) 
     (line,) = [r for r in logs if r["event"] == "coordinator could not start"]
     assert f"could not listen on {taken}" in line["error"]
     assert not coord.serving
+
+
+async def test_a_half_sent_or_silent_connection_is_closed_after_the_idle_timeout() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from agent.servers.http import start_http_server
+
+    server = await start_http_server(
+        "127.0.0.1:0", status=dict, ready=lambda: {"ok": True}, registry=CollectorRegistry(), idle_timeout=0.5
+    )
+    try:
+
+        async def closed_by_the_server(first: bytes) -> bytes:
+            """Send ``first``, then nothing: what the server sends before it closes the connection."""
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            try:
+                writer.write(first)
+                await writer.drain()
+                # Far longer than the idle timeout: without it the read would wait for ever.
+                return await asyncio.wait_for(reader.read(), 30.0)
+            finally:
+                writer.close()
+
+        # Headers begun, never finished; a connection that never sends a byte: both closed, no answer.
+        assert await closed_by_the_server(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ") == b""
+        assert await closed_by_the_server(b"") == b""
+        # A whole request is answered, and a half-sent one after it on the same connection is dropped too.
+        got = await closed_by_the_server(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /metr")
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"ok\n"), got
+        status, _, body = await get(f"http://127.0.0.1:{server.port}/healthz")
+        assert (status, body) == (200, "ok\n")
+    finally:
+        await server.stop()

@@ -165,12 +165,14 @@ class DrainSliceRequest(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class UndrainSliceRequest(_message.Message):
-    __slots__ = ("slice", "reason")
+    __slots__ = ("slice", "reason", "force")
     SLICE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     slice: int
     reason: str
-    def __init__(self, slice: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, slice: _Optional[int] = ..., reason: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("reason", "restart")
