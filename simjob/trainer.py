@@ -39,6 +39,47 @@ def _slices_named(err: BaseException) -> set[int]:
     return {int(m) for m in re.findall(r"slice (\d+)", str(err))}
 
 
+def surviving(state: Any, slice_of: Any, exclude: frozenset[int]) -> Any | None:
+    """``state`` on the slices not in ``exclude``: a lost slice's shards are never read.
+
+    ``state``: arrays on one mesh whose ``replica`` axis holds one replica per slice; ``slice_of``:
+    device -> slice. pathwaysutils splits the arrays into one replica per slice and joins the
+    survivors', without a copy (the calls Orbax's ``Snapshotter.load`` makes). None when no slice
+    of it survives.
+    """
+    import jax
+    from pathwaysutils.experimental import concatenate_by_mesh_axis, split_by_mesh_axis
+
+    mesh = jax.tree_util.tree_leaves(state)[0].sharding.mesh
+    slices = [slice_of(row.flat[0]) for row in mesh.devices]
+    replicas = split_by_mesh_axis.split_by_mesh_axis(state, "replica")
+    keep = [r for s, r in zip(slices, replicas, strict=True) if s not in exclude]
+    return concatenate_by_mesh_axis.concatenate_by_mesh_axis(keep, "replica") if keep else None
+
+
+def lose_replicas(snapshots: Snapshots, devices: set[int]) -> None:
+    """Stand-in for Pathways: a lost host's pinned host memory goes with it.
+
+    On the CPU the replicas of the newest snapshot held on ``devices`` (ids) would stay readable,
+    even once a replacement is up. So they are freed, and Orbax's load finds them unreadable as on
+    Pathways (its probe, ``jax.block_until_ready``, raises for a deleted array) and rebuilds the
+    state from the other replicas.
+    """
+    import jax
+
+    snap = snapshots.snapshotter
+    if snap is None:
+        return
+    snapshots.join()
+    with snap._lock:
+        latest = snap._latest_snapshot
+    for replica in latest[0] if latest is not None else []:
+        arrays = [x for x in jax.tree_util.tree_leaves(replica) if isinstance(x, jax.Array)]
+        if any(d.id in devices for x in arrays for d in x.devices()):
+            for x in arrays:
+                x.delete()
+
+
 class EventLog:
     def __init__(self, path: Path) -> None:
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
@@ -388,24 +429,8 @@ class Trainer:
         return nbytes_per_replica(self.state) * max(1, layout.replicas)
 
     def _lose_replicas(self, slices: frozenset[int]) -> None:
-        """Stand-in for Pathways: a lost slice's pinned host memory goes with its hosts.
-
-        On the CPU that slice's replica of the newest snapshot would stay readable, even once a
-        replacement is up. So it is freed here, and Orbax's load finds it unreadable as on Pathways
-        (its probe, ``jax.block_until_ready``, raises for a deleted array) and rebuilds from the others.
-        """
-        snap = self.snapshots.snapshotter
-        if snap is None or not slices:
-            return
-        self.snapshots.join()
-        devices = {d.id for s in slices for d in self.slice_devices[s]}
-        with snap._lock:
-            latest = snap._latest_snapshot
-        for replica in latest[0] if latest is not None else []:
-            arrays = [x for x in self.jax.tree_util.tree_leaves(replica) if isinstance(x, self.jax.Array)]
-            if any(d.id in devices for x in arrays for d in x.devices()):
-                for x in arrays:
-                    x.delete()
+        if slices:
+            lose_replicas(self.snapshots, {d.id for s in slices for d in self.slice_devices[s]})
 
     def _drop_snapshots(self, committed: int) -> None:
         """Auto turned snapshots off: once a committed checkpoint is at least as new as the last snapshot,
@@ -457,25 +482,12 @@ class Trainer:
         )
 
     def _from_live(self, exclude: frozenset[int]) -> Any | None:
-        """The live state on the current mesh, from the replicas of the slices not in ``exclude``.
-
-        pathwaysutils splits the old mesh's arrays into one replica per slice and joins the survivors'
-        (no copy; the calls Orbax's ``Snapshotter.load`` makes), so a lost slice's shards are never read.
-        None when the state was donated into a step that failed, or no slice of it survives.
-        """
-        from pathwaysutils.experimental import concatenate_by_mesh_axis, split_by_mesh_axis
-
+        """The live state on the current mesh from the slices not in ``exclude`` (:func:`surviving`)."""
         state = self.state
         if state is None or any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(state)):
-            return None
-        old = self.jax.tree_util.tree_leaves(state)[0].sharding.mesh
-        slices = [self.device_slice[row[0].id] for row in old.devices]
-        replicas = split_by_mesh_axis.split_by_mesh_axis(state, "replica")
-        keep = [r for s, r in zip(slices, replicas, strict=True) if s not in exclude]
-        if not keep:
-            return None
-        survivors = concatenate_by_mesh_axis.concatenate_by_mesh_axis(keep, "replica")
-        return self.jax.device_put(survivors, self._shardings(self.mesh))
+            return None  # donated into a step that failed
+        survivors = surviving(state, lambda d: self.device_slice[d.id], exclude)
+        return None if survivors is None else self.jax.device_put(survivors, self._shardings(self.mesh))
 
     def _from_snapshot(self, mesh: Any, exclude: frozenset[int]) -> tuple[Any, int] | None:
         """The newest snapshot on ``mesh`` and its step, from the replicas of the slices not in ``exclude``
