@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from simjob.strategies.common import PlainTrainer, Strategy, add_strategy_args, parse_trainer_args, run_strategy
+from simjob.trainer import _slices_named
 from trainer_hooks.maxtext.snapshot import DATA_NONE, state_layout
 
 DEFAULT_POLL_INTERVAL = 10.0
@@ -83,8 +84,9 @@ class SnapshotTrainer(PlainTrainer):
     def train(self, step: int, boundary: Any = None) -> int:
         try:
             return super().train(step, boundary)
-        except self.jax.errors.JaxRuntimeError:
-            self._lost |= self.runtime.lost_slices() & set(self.active)  # the slices the step failed on
+        except self.jax.errors.JaxRuntimeError as e:
+            # The slices the step failed on: their replicas are gone even if replaced before the re-run.
+            self._lost |= (self.runtime.lost_slices() & set(self.active)) | _slices_named(e)
             raise
 
     def snapshot(self, step: int) -> None:
