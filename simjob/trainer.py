@@ -25,20 +25,59 @@ from typing import Any
 
 from simjob.commits import PeriodicCommits
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
-from trainer_hooks.maxtext.host_copy import live_shards, put_shards
 from trainer_hooks.maxtext.interval import SnapshotInterval
-from trainer_hooks.maxtext.snapshot import Snapshot, snapshot_every_arg
-from trainer_hooks.maxtext.snapshot import take as take_snapshot
+from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, snapshot_every_arg, state_layout
 from trainer_hooks.orbax_flush import OrbaxFlusher
 
 SNAPSHOT_REPORT_EVERY = 50
-"""Snapshots between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
+"""Snapshots handed over between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
 
 
 def _slices_named(err: BaseException) -> set[int]:
     import re
 
     return {int(m) for m in re.findall(r"slice (\d+)", str(err))}
+
+
+def surviving(state: Any, slice_of: Any, exclude: frozenset[int]) -> Any | None:
+    """``state`` on the slices not in ``exclude``: a lost slice's shards are never read.
+
+    ``state``: arrays on one mesh whose ``replica`` axis holds one replica per slice; ``slice_of``:
+    device -> slice. pathwaysutils splits the arrays into one replica per slice and joins the
+    survivors', without a copy (the calls Orbax's ``Snapshotter.load`` makes). None when no slice
+    of it survives.
+    """
+    import jax
+    from pathwaysutils.experimental import concatenate_by_mesh_axis, split_by_mesh_axis
+
+    mesh = jax.tree_util.tree_leaves(state)[0].sharding.mesh
+    slices = [slice_of(row.flat[0]) for row in mesh.devices]
+    replicas = split_by_mesh_axis.split_by_mesh_axis(state, "replica")
+    keep = [r for s, r in zip(slices, replicas, strict=True) if s not in exclude]
+    return concatenate_by_mesh_axis.concatenate_by_mesh_axis(keep, "replica") if keep else None
+
+
+def lose_replicas(snapshots: Snapshots, devices: set[int]) -> None:
+    """Stand-in for Pathways: a lost host's pinned host memory goes with it.
+
+    On the CPU the replicas of the newest snapshot held on ``devices`` (ids) would stay readable,
+    even once a replacement is up. So they are freed, and Orbax's load finds them unreadable as on
+    Pathways (its probe, ``jax.block_until_ready``, raises for a deleted array) and rebuilds the
+    state from the other replicas.
+    """
+    import jax
+
+    snap = snapshots.snapshotter
+    if snap is None:
+        return
+    snapshots.join()
+    with snap._lock:
+        latest = snap._latest_snapshot
+    for replica in latest[0] if latest is not None else []:
+        arrays = [x for x in jax.tree_util.tree_leaves(replica) if isinstance(x, jax.Array)]
+        if any(d.id in devices for x in arrays for d in x.devices()):
+            for x in arrays:
+                x.delete()
 
 
 class EventLog:
@@ -89,12 +128,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=snapshot_every_arg,
         default=1,
         metavar="STEPS|auto",
-        help="with --donate and a sidecar: copy the state to host memory, one copy per slice, before every "
-        "STEPS-th step, so a failed step resumes from the surviving slices' copies (the newest one newer than "
-        "the last committed checkpoint) instead of the last checkpoint; 0: no snapshots; 'auto': the MaxText "
-        "hook's default, an interval measured to keep the snapshots within 1.5%% of the step time, none at all "
-        "when that interval reaches --checkpoint-period (trainer_hooks.maxtext.interval). Default 1 (at most "
-        "the step in flight is lost): the demo's state is small, so a copy every step costs microseconds",
+        help="with --donate and a sidecar: hand the state to Orbax's Snapshotter (a copy in pinned host "
+        "memory beside each slice's shards, as the MaxText hook does) before every STEPS-th step, so a failed "
+        "step resumes from the surviving slices' replicas (the newest snapshot at least as new as the last "
+        "committed checkpoint) instead of the last checkpoint; 0: no snapshots; 'auto': the MaxText hook's "
+        "default, an interval measured to keep the snapshots within 1.5%% of the step time, none at all when "
+        "that interval reaches --checkpoint-period (trainer_hooks.maxtext.interval). Default 1 (at most the "
+        "step in flight is lost): the demo's state is small",
     )
     ap.add_argument("--events", type=Path, default=None)
     ap.add_argument(
@@ -164,8 +204,9 @@ class Trainer:
             ),
         )
         self.state: dict[str, Any] | None = None
-        self.host_snapshot: Snapshot | None = None
-        """With --donate: the state before the newest step that may consume it, per slice (see ``_snapshot``)."""
+        self.snapshots = Snapshots()
+        """With --donate: Orbax's Snapshotter and its newest snapshot, the state before a step that consumes it
+        (see ``_snapshot``); it outlives the meshes, as the MaxText hook's outlives MaxText's attempts."""
         self._snap_seconds: list[float] = []
         self._seen_lost: frozenset[int] = frozenset()
         self.mesh = None
@@ -173,8 +214,6 @@ class Trainer:
         self._compiled: dict[tuple[int, ...], tuple[Any, Any, Any]] = {}
         """Slices -> (mesh, step function, batch sharding): each mesh's step is traced and compiled once,
         so growing back onto a mesh seen before (the 4-slice one of the start) costs no recompile."""
-        self._spare_snapshot: Snapshot | None = None
-        """A snapshot no longer valid (dropped at a rebuild) whose host buffers the next one writes over."""
         self.interval = SnapshotInterval(ns.snapshot_every, ceiling=ns.checkpoint_period)
         """When to snapshot: every ``--snapshot-every`` steps, or by measurement (``auto``)."""
         self._slot: tuple[float, bool, bool] | None = None
@@ -310,7 +349,7 @@ class Trainer:
 
     # -- state movement ----------------------------------------------------------
 
-    def _host_copy(self, exclude: frozenset[int]) -> Any | None:
+    def _gather(self, exclude: frozenset[int]) -> Any | None:
         """The state assembled from replicas on slices not in ``exclude`` (None if incomplete)."""
         np = self.np
 
@@ -342,62 +381,66 @@ class Trainer:
             return None
 
     def _snapshot(self, step: int) -> bool:
-        """Before a step that donates the state: a host copy of it per slice when one is due, unless one of
-        ``step`` exists. Returns whether one was taken.
+        """Before a step that donates the state: hand it to Orbax's Snapshotter when one is due, as the MaxText
+        hook does (:mod:`trainer_hooks.maxtext.snapshot`). Returns whether a save was handed over.
 
-        On TPU each host would keep its own shards (pinned host memory); a lost slice's copies are
-        never read (:meth:`Snapshot.assemble` excludes them).
+        The copy runs on after this returns, beside the step. A save still copying makes this one skip,
+        never wait. A copy that fails (a slice lost meanwhile) keeps the previous snapshot.
         """
-        if not (self.ns.donate and self.ns.snapshot_every != 0 and self.session is not None):
+        snaps = self.snapshots
+        if not (self.ns.donate and self.ns.snapshot_every != 0 and self.session is not None and snaps.usable):
             return False
-        priming = False
-        if self.interval.auto:
-            # While the process holds no snapshot buffers (its first boundary, the warm-up step): one copy,
-            # so that the buffers are allocated before anything is measured (a copy into fresh memory costs several
-            # times one into pages in use: 2.2 s against 0.05 s a GiB here), as a trainer reserves its
-            # snapshot memory at start. Not one of auto's measured saves.
-            priming = self.host_snapshot is None and self._spare_snapshot is None and not self.interval.off
-            due = priming or self.interval.due(step)
-        else:
-            due = step % self.ns.snapshot_every == 0
-        if not due or (self.host_snapshot is not None and self.host_snapshot.step == step):
+        failed = snaps.check_pending()
+        if failed is not None:
+            self.events("snapshot_failed", {"step": failed, "error": "the copy to pinned host memory failed"})
+        if not self.interval.due(step) or snaps.latest_step() == step:
             return False
-        reuse, self.host_snapshot = self.host_snapshot or self._spare_snapshot, None  # its buffers are written over
-        self._spare_snapshot = None
+        t0 = time.monotonic()
         try:
-            snap = take_snapshot(
-                self.state,
-                step,
-                lambda dev: self.device_slice[dev.id],
-                reuse=reuse,
-                exclude=self.runtime.lost_slices() | self._seen_lost,
-            )
+            saved = snaps.save(step, self.state, DATA_NONE)
         except self.jax.errors.JaxRuntimeError as e:
             if not is_slice_down(e):
                 raise
-            # A slice was lost while its shards were being copied: no snapshot of this step, so if
-            # the step consumes the state and fails, the job resumes from its last checkpoint.
+            # A slice lost before the copy started: if the step consumes the state and fails, the
+            # previous snapshot (or the last checkpoint) stands in.
+            snaps.failed += 1
+            self.events("snapshot_failed", {"step": step, "error": str(e)[:200]})
             return False
-        self.host_snapshot = snap
-        self._snap_seconds.append(snap.seconds)
+        if not saved:
+            every = self.interval.skipped()
+            if every is not None:
+                self._interval_event(every)
+            return False
+        self._snap_seconds.append(time.monotonic() - t0)
         if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
             xs = sorted(self._snap_seconds)
             self.events(
                 "snapshot_stats",
-                {"step": step, "count": len(xs), "median_seconds": xs[len(xs) // 2], "bytes": snap.nbytes},
+                {"step": step, "count": len(xs), "median_seconds": xs[len(xs) // 2], "bytes": self._snapshot_bytes()},
             )
             self._snap_seconds = []
-        return not priming
+        return True
+
+    def _snapshot_bytes(self) -> int:
+        """Host memory the newest snapshot holds: one replica of the state per slice it was taken on."""
+        layout = self.snapshots.layout
+        if self.state is None or layout is None or self.snapshots.latest_step() is None:
+            return 0
+        return nbytes_per_replica(self.state) * max(1, layout.replicas)
+
+    def _lose_replicas(self, slices: frozenset[int]) -> None:
+        if slices:
+            lose_replicas(self.snapshots, {d.id for s in slices for d in self.slice_devices[s]})
 
     def _drop_snapshots(self, committed: int) -> None:
         """Auto turned snapshots off: once a committed checkpoint is at least as new as the last snapshot,
         nothing restores from it (the ladder never takes an older step than the newest committed), so its
-        host buffers (a copy of the state per slice) are freed rather than held for the process's life."""
-        if self.host_snapshot is not None and self.host_snapshot.step > committed:
+        pinned host memory (a copy of the state per slice) is freed rather than held for the process's life."""
+        held = self.snapshots.latest_step()
+        if held is None or held > committed:
             return
-        if self.host_snapshot is not None or self._spare_snapshot is not None:
-            self.host_snapshot = self._spare_snapshot = None
-            self.events("snapshot_buffers_freed", {"committed_step": committed})
+        self.snapshots.forget()
+        self.events("snapshot_buffers_freed", {"committed_step": committed})
 
     def _slot_ended(self, now: float) -> None:
         """Feed ``auto`` the slot that ends at ``now`` (the next boundary); log a changed interval."""
@@ -407,54 +450,80 @@ class Trainer:
         self._slot = None
         every = self.interval.slot(now - started, saved=saved, counted=counted)
         if every is not None:
-            iv = self.interval
-            self.events(
-                "snapshot_every",
-                {
-                    "every": every,
-                    "off": iv.off,
-                    "overhead_fraction": iv.last_fraction,
-                    "step_seconds_baseline": iv.baseline,
-                    "budget": iv.snapshot_budget,
-                    "ceiling": iv.ceiling,
-                },
-            )
+            self._interval_event(every)
 
-    def _from_snapshot(self, exclude: frozenset[int], step: int) -> Any | None:
-        """The snapshot of ``step`` assembled from slices not in ``exclude`` (None if there is none or a shard is lost)."""
-        if self.host_snapshot is None or self.host_snapshot.step != step:
+    def _interval_event(self, every: int) -> None:
+        iv = self.interval
+        self.events(
+            "snapshot_every",
+            {
+                "every": every,
+                "off": iv.off,
+                "overhead_fraction": iv.last_fraction,
+                "step_seconds_baseline": iv.baseline,
+                "budget": iv.snapshot_budget,
+                "ceiling": iv.ceiling,
+            },
+        )
+
+    def _survivors_mesh(self, exclude: frozenset[int]) -> Any | None:
+        """The current mesh less the slices in ``exclude`` (None when none is left)."""
+        from jax.sharding import Mesh
+
+        keep = [s for s in self.active if s not in exclude]
+        return Mesh(self.np.array([self.slice_devices[s] for s in keep]), ("replica", "model")) if keep else None
+
+    def _abstract(self, mesh: Any) -> Any:
+        """The state's shapes on ``mesh``'s shardings: what Orbax restores or loads onto."""
+        return self.jax.tree_util.tree_map(
+            lambda x, sh: self.jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+            self._init_params(abstract=True),
+            self._shardings(mesh),
+        )
+
+    def _from_live(self, exclude: frozenset[int]) -> Any | None:
+        """The live state on the current mesh from the slices not in ``exclude`` (:func:`surviving`)."""
+        state = self.state
+        if state is None or any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(state)):
+            return None  # donated into a step that failed
+        survivors = surviving(state, lambda d: self.device_slice[d.id], exclude)
+        return None if survivors is None else self.jax.device_put(survivors, self._shardings(self.mesh))
+
+    def _from_snapshot(self, mesh: Any, exclude: frozenset[int]) -> tuple[Any, int] | None:
+        """The newest snapshot on ``mesh`` and its step, from the replicas of the slices not in ``exclude``
+        (Orbax's load ladder: the replicas still readable, else an error, here None)."""
+        if self.snapshots.snapshotter is None:
             return None
-        return self.host_snapshot.assemble(exclude)
-
-    def _slice_of(self, device: Any) -> int:
-        return self.device_slice[device.id]
-
-    def _place(self, source: Any, exclude: frozenset[int]) -> Any | None:
-        """The state on the current mesh from ``source`` (the live state's shards on slices not in
-        ``exclude``, or a :class:`Snapshot`), shard by shard (``host_copy.put_shards``): a surviving
-        slice keeps its own buffers or restores its own copy, and only what the new mesh lacks (a
-        replacement slice's shards) is copied across. None when some shard has no surviving copy."""
-        shardings = self._shardings(self.mesh)
+        self._lose_replicas(exclude)
         try:
-            if isinstance(source, Snapshot):
-                state = source.put(shardings, exclude, self._slice_of)
-            else:
-                state = put_shards(*source, shardings, self._slice_of)
-            if state is not None:
-                # Ready before the step that donates it, and before the next snapshot writes over the
-                # host buffers (the spare snapshot's) that it may still be reading.
-                self.jax.block_until_ready(state)
+            restored = self.snapshots.load(self._abstract(mesh))
+        except (RuntimeError, ValueError) as e:  # JaxRuntimeError is a RuntimeError
+            if isinstance(e, self.jax.errors.JaxRuntimeError) and not is_slice_down(e):
+                raise
+            return None
+        return restored.state, restored.step
+
+    def _placed(self, place: Any) -> Any | None:
+        """``place()``, ready (before the step that donates it); None when a copy it reads was on a slice
+        lost meanwhile: the ladder's next rung then."""
+        try:
+            out = place()
+            if out is not None:
+                self.jax.block_until_ready(out)
         except self.jax.errors.JaxRuntimeError as e:
             if not is_slice_down(e):
                 raise
-            return None  # a copy on a slice lost meanwhile: the next source, else the checkpoint
-        return state
+            return None
+        return out
 
     def _save_args(self, step: int, down: frozenset[int]) -> tuple[Any, int]:
         exclude = down | self.runtime.lost_slices() | self._seen_lost
-        host = self._host_copy(exclude)
-        if host is None:
-            host = self._from_snapshot(exclude, step)  # the state was donated into a step that failed
+        host: Any = self._gather(exclude)
+        if host is None and self.snapshots.newest_step() == step:
+            # The state was donated into a step that failed: the snapshot taken before it stands in.
+            mesh = self._survivors_mesh(exclude)
+            got = self._from_snapshot(mesh, exclude) if mesh is not None else None
+            host = got[0] if got is not None else None
         if host is None:
             raise RuntimeError(f"cannot flush step {step}: no surviving replica of the state")
         nbytes = sum(int(x.nbytes) for x in self.jax.tree_util.tree_leaves(host))
@@ -464,11 +533,7 @@ class Trainer:
         step = self.manager.latest_step()
         if step is None:
             return self.jax.device_put(self._init_params(), self._shardings(mesh)), 0, "fresh"
-        abstract = self.jax.tree_util.tree_map(
-            lambda x, sh: self.jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-            self._init_params(abstract=True),
-            self._shardings(mesh),
-        )
+        abstract = self._abstract(mesh)
         out = self.manager.restore(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardRestore(abstract)))
         return out["state"], int(step), "checkpoint"
 
@@ -483,53 +548,46 @@ class Trainer:
             missing = sorted(set(d.active_slices) - self.runtime.available_slices())
             err = self.jax.errors.JaxRuntimeError(f"DATA_LOSS: slices {missing} have no Pathways worker")
             return self._apply(self.session.slice_error(step, err, missing), step)
-        sources: list[Any] = []
-        """What the new mesh's state may be built from, in order: the live state's shards, the snapshot's copies."""
         exclude: frozenset[int] = frozenset()
         if d.source == "memory":
             # A slice lost since this mesh was built holds no replica, even if its
             # replacement is already up again.
             exclude = d.down_slices | self.runtime.lost_slices() | self._seen_lost
-        if d.source == "memory" and self.state is not None:
-            if not any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(self.state)):
-                sources.append(live_shards(self.state, self._slice_of, exclude))
-            if self.host_snapshot is not None and self.host_snapshot.step == step:
-                # Donated into the step that failed: the snapshot taken before that step stands in.
-                sources.append(self.host_snapshot)
-        # A snapshot from before ``step`` (auto, or an interval above 1): the ladder's next rung.
-        older = self.host_snapshot if d.source == "memory" else None
-        if older is not None and older.step >= step:
-            older = None
+        snap_step = self.snapshots.newest_step() if d.source == "memory" else None
         self._seen_lost = frozenset()
         self._slot = None
         self.interval.new_attempt()
-        # No longer a snapshot (its lost slices' copies must not outlive this rebuild: the next boundary
-        # takes one), but its buffers are kept for that one to write over instead of allocating afresh.
-        # Only the surviving slices' buffers get reused (``take`` skips lost slices); a replacement
-        # slice's copies are allocated afresh, as a replacement host's memory would be.
-        if self.host_snapshot is not None:
-            self._spare_snapshot, self.host_snapshot = self.host_snapshot, None
-        if self.interval.off:
-            # ``auto`` took no more snapshots in this process: nothing will write into these buffers.
-            self._spare_snapshot = None
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         t_mesh = time.monotonic()
         self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
         t_place = time.monotonic()
-        state = next((x for x in (self._place(src, exclude) for src in sources) if x is not None), None)
-        waited = 0.0
-        if state is None:
+        # The restore ladder, as the MaxText hook's: the live state's surviving replicas; else (donated into
+        # the step that failed) the newest snapshot when it is at least as new as the newest committed
+        # checkpoint, never an older step than that (its batches come again from its step, so the data
+        # consumed is an uninterrupted run's); else the checkpoint.
+        state = self._placed(lambda: self._from_live(exclude)) if d.source == "memory" else None
+        waited: float | None = None
+        if state is None and snap_step != step:
+            # A periodic save in flight may commit a step newer than the snapshot: wait for it to know.
             tw = time.monotonic()
             self.manager.wait_until_finished()
             waited = time.monotonic() - tw
-        if state is None and older is not None and older.step >= (self.manager.latest_step() or 0):
-            # The restore ladder, as the MaxText hook's: the newest snapshot when it is at least as new as the
-            # newest committed checkpoint (never an older step than that); its batches come again from its
-            # step, so the data consumed is an uninterrupted run's.
-            state = self._place(older, exclude)
-            if state is not None:
-                step = older.step
+            if snap_step is not None and snap_step < (self.manager.latest_step() or 0):
+                snap_step = None
+        loaded = None
+        if state is None and snap_step is not None:
+            loaded = self._placed(lambda: self._from_snapshot(self.mesh, exclude))
+        if loaded is not None:
+            state, step = loaded
+        if state is None and waited is None:
+            tw = time.monotonic()
+            self.manager.wait_until_finished()
+            waited = time.monotonic() - tw
+        if loaded is None or self.interval.off:
+            # Not what this mesh restored (a lost slice's replica must not outlive the rebuild: the next
+            # boundary takes a new one), or ``auto`` takes no more: its pinned host memory is freed.
+            self.snapshots.forget()
         t_restore = time.monotonic()
         if state is not None:
             self.state, restored_from = state, "memory"
@@ -537,6 +595,8 @@ class Trainer:
             self.state = None  # the old mesh's state, replaced by the checkpoint: not held while that is read
             self.state, step, restored_from = self._restore(self.mesh)
         self.active = d.active_slices
+        if self.ns.donate and self.ns.snapshot_every != 0:
+            self.snapshots.configure(state_layout(self.mesh, self.state, self.slice_devices))
         dt = time.monotonic() - t0
         self.session.resumed(d, step, restored_from, dt)
         self.events(
@@ -549,9 +609,9 @@ class Trainer:
                 "rebuild_seconds": dt,
                 # Of which waiting for a periodic save in flight, to know the newest committed step
                 # (none when the live state or the failed step's own snapshot stood in).
-                "checkpoint_wait_seconds": round(waited, 4),
+                "checkpoint_wait_seconds": round(waited or 0.0, 4),
                 # Host memory this process still holds for snapshots (none once ``auto`` took no more).
-                "snapshot_buffers_bytes": sum(x.nbytes for x in (self.host_snapshot, self._spare_snapshot) if x),
+                "snapshot_buffers_bytes": self._snapshot_bytes(),
                 # Where the rest went: Pathways' devices up, the mesh and its step (compiled on a mesh's
                 # first use), placing the state from memory (and the wait above), the checkpoint restore.
                 "phase_seconds": {
@@ -616,8 +676,9 @@ class Trainer:
                     "step": step,
                     "seconds": dt,
                     # What the boundary before the step took: the hooks' check and the fault stand-in,
-                    # then the in-memory snapshot (a resume's first step shows where its time goes).
+                    # then handing the state to the Snapshotter (its copy runs on beside the step).
                     "boundary_seconds": round(ts - tb, 4),
+                    "snapshot": saved,
                     "snapshot_seconds": round(t0 - ts, 4),
                     "loss": loss_v,
                     "slices": list(self.active),
@@ -625,7 +686,7 @@ class Trainer:
                 },
             )
             if step % ns.checkpoint_period == 0:
-                host = self._host_copy(self.runtime.lost_slices())
+                host = self._gather(self.runtime.lost_slices())
                 if host is not None:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
                     self.events("checkpoint_started", {"step": step})
@@ -635,7 +696,7 @@ class Trainer:
         self.manager.wait_until_finished()
         self.manager.reload()
         if step not in self.manager.all_steps():
-            host = self._host_copy(self.runtime.lost_slices())
+            host = self._gather(self.runtime.lost_slices())
             if host is not None:
                 self.manager.save(
                     step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True

@@ -32,11 +32,13 @@ import time
 from typing import Any
 
 from simjob.strategies.common import PlainTrainer, Strategy, add_strategy_args, parse_trainer_args, run_strategy
+from simjob.trainer import _slices_named
+from trainer_hooks.maxtext.snapshot import DATA_NONE, state_layout
 
 DEFAULT_POLL_INTERVAL = 10.0
+"""pathwaysutils' default (and MaxText's): slices are re-probed every 10 s."""
 SNAPSHOT_REPORT_EVERY = 50
 """Steps between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
-"""pathwaysutils' default (and MaxText's): slices are re-probed every 10 s."""
 
 
 class CheckpointRewind(Strategy):
@@ -57,23 +59,45 @@ class CheckpointRewind(Strategy):
 
 
 class SnapshotTrainer(PlainTrainer):
-    """The plain trainer plus an in-memory snapshot of the state before every step.
+    """The plain trainer plus an in-memory snapshot of the state before every step, through Orbax's
+    Snapshotter as the sidecar's example trainer and the MaxText hook take theirs.
 
-    The copy is taken before the step because the step may consume (donate) its input state, as
+    The snapshot is taken before the step because the step may consume (donate) its input state, as
     MaxText's does: after a failed step only the snapshot is left. A rewind restores whichever is
-    newer, the snapshot or the last committed checkpoint, onto the new mesh.
+    newer, the snapshot or the last committed checkpoint, onto the new mesh, from the replicas of the
+    slices that survived.
     """
 
     def __init__(self, ns: argparse.Namespace, events: Any) -> None:  # noqa: D107
         super().__init__(ns, events)
-        self.snap: tuple[int, Any] | None = None
         self._snap_seconds: list[float] = []
+        self._lost: frozenset[int] = frozenset()
+        """Slices lost since the snapshot's mesh was built: their replicas are gone even once replaced."""
+
+    def build(self, slices: list[int] | tuple[int, ...], generation: int, reason: str) -> int:
+        self._lost |= self.runtime.lost_slices()
+        step = super().build(slices, generation, reason)
+        self._lost = frozenset()
+        self.snapshots.configure(state_layout(self.mesh, self.state, self.slice_devices))
+        return step
+
+    def train(self, step: int, boundary: Any = None) -> int:
+        try:
+            return super().train(step, boundary)
+        except self.jax.errors.JaxRuntimeError as e:
+            # The slices the step failed on: their replicas are gone even if replaced before the re-run.
+            self._lost |= (self.runtime.lost_slices() & set(self.active)) | _slices_named(e)
+            raise
 
     def snapshot(self, step: int) -> None:
+        self._lost |= self.runtime.lost_slices()
+        if not self.snapshots.usable or self.snapshots.latest_step() == step:
+            return
         t0 = time.monotonic()
-        host = self._host_copy(self.runtime.lost_slices())
-        if host is not None:
-            self.snap = (step, host)
+        try:
+            self.snapshots.save(step, self.state, DATA_NONE)
+        except self.jax.errors.JaxRuntimeError:
+            return  # a slice already lost: the step fails next, and the previous snapshot stands in
         self._snap_seconds.append(time.monotonic() - t0)
         if len(self._snap_seconds) >= SNAPSHOT_REPORT_EVERY:
             xs = sorted(self._snap_seconds)
@@ -82,9 +106,12 @@ class SnapshotTrainer(PlainTrainer):
 
     def _restore(self, mesh: Any) -> tuple[Any, int, str]:
         ck = self.manager.latest_step()
-        if self.snap is not None and (ck is None or self.snap[0] > ck):
-            step, host = self.snap
-            return self.jax.device_put(host, self._shardings(mesh)), step, "memory_snapshot"
+        snap = self.snapshots.newest_step()
+        if snap is not None and (ck is None or snap > ck):
+            got = self._from_snapshot(mesh, self._lost | self.runtime.lost_slices())
+            if got is not None:
+                return got[0], got[1], "memory_snapshot"
+        self.snapshots.forget()  # older than the checkpoint, or unreadable: its pinned host memory is freed
         return super()._restore(mesh)
 
 

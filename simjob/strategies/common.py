@@ -110,7 +110,7 @@ class PlainTrainer(sim_trainer.Trainer):
             dt = time.monotonic() - t0
             self.events("step", {"step": step, "seconds": dt, "loss": loss_v, "slices": list(self.active)})
             if step % ns.checkpoint_period == 0:
-                host = self._host_copy(self.runtime.lost_slices())
+                host = self._gather(self.runtime.lost_slices())
                 if host is not None:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)))
                     self.events("checkpoint_started", {"step": step})
@@ -119,7 +119,7 @@ class PlainTrainer(sim_trainer.Trainer):
     def finish(self, step: int) -> None:
         self.manager.wait_until_finished()
         if step not in self.manager.all_steps(read=True):
-            host = self._host_copy(self.runtime.lost_slices())
+            host = self._gather(self.runtime.lost_slices())
             if host is not None:
                 self.manager.save(
                     step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(host)), force=True

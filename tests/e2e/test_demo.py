@@ -212,8 +212,8 @@ def test_a_donated_state_resumes_from_an_older_snapshot_newer_than_the_last_chec
 
 def test_auto_stops_snapshots_that_would_need_the_checkpoint_period_and_frees_their_buffers(tmp_path: Path) -> None:
     """A state whose copy costs most of a step (512 MiB against a 50 ms step here) asks ``auto`` for an
-    interval past the checkpoint period: after the probe round the trainer takes no more snapshots and,
-    once a checkpoint at least as new as the last one commits, frees their buffers."""
+    interval past the checkpoint period: after the probe round the trainer hands no more snapshots to the
+    Snapshotter and, once a checkpoint at least as new as the last one commits, frees their memory."""
     rc, s, out = run_demo(
         tmp_path,
         "--steps",
@@ -231,9 +231,8 @@ def test_auto_stops_snapshots_that_would_need_the_checkpoint_period_and_frees_th
     chosen = [e for e in events if e["kind"] == "snapshot_every"]
     assert chosen and chosen[-1]["every"] == 0 and chosen[-1]["off"] and chosen[-1]["ceiling"] == 20, chosen
     off_at = chosen[-1]["t"]
-    # A copy of 512 MiB takes 25 ms or more; the boundary without one well under 10 ms.
-    copies = [e for e in events if e["kind"] == "step" and e["snapshot_seconds"] > 0.01]
-    assert len(copies) >= 1 + 3, "the warm-up's copy and at least the probe round's three"
+    copies = [e for e in events if e["kind"] == "step" and e["snapshot"]]
+    assert len(copies) >= 3, "at least the probe round's three"
     assert all(e["t"] <= off_at for e in copies), "no snapshot after auto turned them off"
     freed = [e for e in events if e["kind"] == "snapshot_buffers_freed"]
     assert len(freed) == 1 and freed[0]["t"] > off_at, freed

@@ -1,5 +1,7 @@
-"""The example trainer's NumPy host copies (trainer_hooks/maxtext/host_copy.py) on real JAX CPU devices, and the
-hook's snapshot interval setting (trainer_hooks/maxtext/snapshot.py; its Orbax snapshots are tested in tests/maxtext)."""
+"""The example trainer's snapshots on real JAX CPU devices: Orbax's ``Snapshotter`` through the MaxText hook's
+adapter (trainer_hooks/maxtext/snapshot.py ``Snapshots``), the CPU stand-in for a lost slice's pinned host
+memory and the live state's rebuild from the surviving slices (simjob/trainer.py), and the hook's snapshot
+interval setting. The hook's own use of the Snapshotter is tested in tests/maxtext."""
 
 from __future__ import annotations
 
@@ -14,55 +16,98 @@ import pytest
 from trainer_hooks.maxtext.snapshot import AUTO, ENV_SNAPSHOT_EVERY, snapshot_every_from_env
 
 pytest.importorskip("jax")
+pytest.importorskip("pathwaysutils")
 
-# Four CPU devices as two slices ({0, 1} and {2, 3}); the state is sharded within a slice and
-# replicated across slices, as MaxText's data axis over DCN does. Runs in its own process: the
-# device count is fixed when JAX starts.
-SCRIPT = textwrap.dedent(
+# Shared by the scripts: CPU devices in slices of two, a mesh over some slices with the replica axis
+# first (MaxText's data axis over DCN), the state sharded within a slice and replicated across slices.
+COMMON = """
+import json
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from simjob.trainer import lose_replicas, surviving
+from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, state_layout
+
+devs = np.array(jax.devices()).reshape(-1, 2)
+slice_of = lambda d: d.id // 2
+slice_map = {s: list(row) for s, row in enumerate(devs)}
+mesh = lambda slices: Mesh(devs[list(slices)], ("replica", "model"))
+same = lambda x, y: bool(np.array_equal(np.asarray(x), y))
+
+def lost(slices):
+    return {d.id for s in slices for d in slice_map[s]}
+
+def abstract(tree, m, specs):
+    return jax.tree.map(
+        lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(m, spec))
+        if hasattr(x, "shape") else x,
+        tree, specs,
+    )
+
+def load(snaps, m, specs, like):
+    try:
+        r = snaps.load(abstract(like, m, specs))
+    except RuntimeError as e:
+        return str(e)
+    return r
+"""
+
+# Four CPU devices as two slices ({0, 1} and {2, 3}).
+SCRIPT = COMMON + textwrap.dedent(
     """
-    import json
-    import jax, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from trainer_hooks.maxtext.host_copy import take
-
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("replica", "model"))
     w = np.arange(64.0, dtype=np.float32).reshape(8, 8)
     keys = jax.random.split(jax.random.key(7), 4)
     key_data = np.array(jax.random.key_data(keys))
-    state = {
-        "w": jax.device_put(w, NamedSharding(mesh, P(None, "model"))),
-        "rng": jax.device_put(keys, NamedSharding(mesh, P())),
-        "step": 5,
-    }
-    slice_of = lambda d: d.id // 2
-    snap = take(state, 5, slice_of)
-    # what donation does to the state after the snapshot
-    for x in jax.tree_util.tree_leaves(state):
-        if isinstance(x, jax.Array):
-            x.delete()
-    out = {"nbytes": snap.nbytes, "step": snap.step}
-    for lost in ([], [0], [1], [0, 1]):
-        got = snap.assemble(lost)
-        if got is None:
-            out[str(lost)] = None
-            continue
-        out[str(lost)] = {
-            "w": bool(np.array_equal(np.asarray(got["w"]), w)),
-            "rng": bool(np.array_equal(np.asarray(jax.random.key_data(got["rng"])), key_data)),
-            "step": got["step"],
+    specs = {"w": P(None, "model"), "rng": P(), "step": None}
+    def state():
+        return {
+            "w": jax.device_put(w, NamedSharding(mesh([0, 1]), specs["w"])),
+            "rng": jax.device_put(jax.random.split(jax.random.key(7), 4), NamedSharding(mesh([0, 1]), P())),
+            "step": 5,
         }
-    # a leaf sharded across the slices has no whole copy on either one alone
-    across = {"v": jax.device_put(w, NamedSharding(mesh, P("replica", "model")))}
-    out["across_lost_1"] = take(across, 1, slice_of).assemble([1]) is None
-    # reuse: the next snapshot writes into the previous one's buffers and holds the new values
-    first = take({"w": jax.device_put(w, NamedSharding(mesh, P(None, "model")))}, 1, slice_of)
-    second = take({"w": jax.device_put(w + 1, NamedSharding(mesh, P(None, "model")))}, 2, slice_of, reuse=first)
-    bufs = lambda snap: [c for copies in snap.leaves[0].shards.values() for c in copies.values()]
-    out["reuse_same_buffers"] = all(a is b for a, b in zip(bufs(first), bufs(second), strict=True))
-    out["reuse_values"] = bool(np.array_equal(second.assemble([])["w"], w + 1))
-    # exclude: a known-lost slice's shards are not read, and only the other slice's copies rebuild it
-    part = take({"w": jax.device_put(w, NamedSharding(mesh, P(None, "model")))}, 3, slice_of, exclude=[1])
-    out["exclude"] = [part.nbytes, part.assemble([0]) is None, bool(np.array_equal(part.assemble([1])["w"], w))]
+    out = {}
+    for gone in ([], [0], [1], [0, 1]):
+        st = state()
+        snaps = Snapshots()
+        snaps.configure(state_layout(mesh([0, 1]), st, slice_map))
+        snaps.save(5, st, DATA_NONE)
+        snaps.join()
+        held = snaps.snapshotter._latest_snapshot[0]
+        if gone == []:
+            out["layout"] = [snaps.layout.usable, snaps.layout.axis, snaps.layout.replicas]
+            out["replicas"] = [sorted({slice_of(d) for x in jax.tree.leaves(r) if isinstance(x, jax.Array)
+                                       for d in x.devices()}) for r in held]
+            out["memory_kinds"] = sorted({x.sharding.memory_kind for r in held for x in jax.tree.leaves(r)
+                                          if isinstance(x, jax.Array)})
+            out["nbytes"] = [sum(x.nbytes for r in held for x in jax.tree.leaves(r)
+                                 if isinstance(x, jax.Array) and x.dtype == np.float32), nbytes_per_replica(st)]
+        for x in jax.tree.leaves(st):  # what donation does to the state after the snapshot
+            if isinstance(x, jax.Array):
+                x.delete()
+        lose_replicas(snaps, lost(gone))
+        keep = [s for s in (0, 1) if s not in gone] or [0]
+        got = load(snaps, mesh(keep), specs, state())
+        if isinstance(got, str):
+            out[str(gone)] = got
+            continue
+        g = got.state
+        out[str(gone)] = {
+            "step": got.step,
+            "w": same(g["w"], w),
+            "rng": bool(np.array_equal(np.asarray(jax.random.key_data(g["rng"])), key_data)),
+            "leaf": g["step"],
+            "devices": sorted(d.id for d in g["w"].devices()),
+        }
+    # a leaf sharded across the slices: no slice holds a whole replica, so the layout refuses snapshots
+    across = {"v": jax.device_put(w, NamedSharding(mesh([0, 1]), P("replica", "model")))}
+    out["across"] = state_layout(mesh([0, 1]), across, slice_map).why
+    # a newer snapshot replaces the older one and holds the new values
+    snaps = Snapshots()
+    snaps.configure(state_layout(mesh([0, 1]), state(), slice_map))
+    snaps.save(1, {"w": jax.device_put(w, NamedSharding(mesh([0, 1]), specs["w"]))}, DATA_NONE)
+    snaps.join()
+    snaps.save(2, {"w": jax.device_put(w + 1, NamedSharding(mesh([0, 1]), specs["w"]))}, DATA_NONE)
+    r = load(snaps, mesh([0, 1]), {"w": specs["w"]}, {"w": jax.numpy.zeros((8, 8), np.float32)})
+    out["newer"] = [r.step, same(r.state["w"], w + 1)]
     print(json.dumps(out))
     """
 )
@@ -76,16 +121,19 @@ def run_on_cpu_devices(script: str, devices: int) -> dict[str, object]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_snapshot_is_rebuilt_from_the_surviving_slices_copies_only() -> None:
+def test_a_snapshot_is_rebuilt_from_the_surviving_slices_replicas_only() -> None:
     out = run_on_cpu_devices(SCRIPT, 4)
-    whole = {"w": True, "rng": True, "step": 5}
-    assert out["[]"] == out["[0]"] == out["[1]"] == whole
-    assert out["[0, 1]"] is None, "with every slice lost there is nothing to rebuild from"
-    assert out["across_lost_1"] is True
-    # one copy per slice: 2 x (8x8 float32 + 4 uint32 key pairs)
-    assert out["nbytes"] == 2 * (64 * 4 + 4 * 2 * 4)
-    assert out["reuse_same_buffers"] and out["reuse_values"]
-    assert out["exclude"] == [64 * 4, True, True]
+    assert out["layout"] == [True, "replica", 2]
+    # Orbax's copies: pinned host memory, one replica on each slice's own devices.
+    assert out["replicas"] == [[0], [1]] and out["memory_kinds"] == ["pinned_host"]
+    assert out["nbytes"] == [2 * 64 * 4, 64 * 4], "one replica of the 8x8 float32 leaf per slice"
+    whole = {"step": 5, "w": True, "rng": True, "leaf": 5}
+    assert {k: out["[]"][k] for k in whole} == whole and out["[]"]["devices"] == [0, 1, 2, 3]
+    assert {k: out["[0]"][k] for k in whole} == whole and out["[0]"]["devices"] == [2, 3]
+    assert {k: out["[1]"][k] for k in whole} == whole and out["[1]"]["devices"] == [0, 1]
+    assert out["[0, 1]"] == "No active replicas found.", "with every slice lost there is nothing to rebuild from"
+    assert "sharded along 'replica'" in out["across"]
+    assert out["newer"] == [2, True]
 
 
 @pytest.mark.parametrize(
@@ -102,67 +150,64 @@ def test_a_bad_interval_is_a_clear_error_naming_it(value: str) -> None:
 
 
 # Six CPU devices as three slices ({0, 1}, {2, 3}, {4, 5}); a rebuild onto a mesh of fewer or more slices.
-PUT_SCRIPT = textwrap.dedent(
+PUT_SCRIPT = COMMON + textwrap.dedent(
     """
-    import json
-    import jax, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from trainer_hooks.maxtext.host_copy import live_shards, put_shards, take
-
-    devs = np.array(jax.devices()).reshape(3, 2)
-    slice_of = lambda d: d.id // 2
-    mesh = lambda slices: Mesh(devs[list(slices)], ("replica", "model"))
-    spec = {"w": P(None, "model"), "b": P("model"), "step": None}
-    sh = lambda m: {k: NamedSharding(m, v) for k, v in spec.items() if v is not None} | {"step": None}
+    spec = {"w": P(None, "model"), "b": P("model")}
+    sh = lambda m: {k: NamedSharding(m, v) for k, v in spec.items()}
     w = np.arange(96.0, dtype=np.float32).reshape(8, 12)
     b = np.arange(4.0, dtype=np.float32)
-    state = {"w": jax.device_put(w, sh(mesh([0, 1, 2]))["w"]), "b": jax.device_put(b, sh(mesh([0, 1, 2]))["b"]), "step": 7}
+    state = {"w": jax.device_put(w, sh(mesh([0, 1, 2]))["w"]), "b": jax.device_put(b, sh(mesh([0, 1, 2]))["b"])}
     ptr = lambda arr: {s.device.id: s.data.unsafe_buffer_pointer() for s in arr.addressable_shards}
-    same = lambda x, y: bool(np.array_equal(np.asarray(x), y))
     out = {}
 
-    # shrink from the live state (slice 2 lost): the survivors keep their own buffers
-    small = put_shards(*live_shards(state, slice_of, exclude=[2]), {**sh(mesh([0, 1])), "step": None}, slice_of)
-    out["shrink_values"] = [same(small["w"], w), same(small["b"], b), small["step"]]
-    before, after = ptr(state["w"]), ptr(small["w"])
-    out["shrink_reused"] = sorted(after) == [0, 1, 2, 3] and all(after[d] == before[d] for d in after)
+    # a slice's shards, once it is lost, are never read: here they are freed first, and the rebuild still works
+    before = ptr(state["w"])
+    small = surviving(state, slice_of, frozenset({2}))
+    out["shrink_devices"] = sorted(d.id for d in small["w"].devices())
+    out["shrink_reused"] = all(ptr(small["w"])[d] == before[d] for d in (0, 1, 2, 3))
+    small = jax.device_put(small, sh(mesh([0, 1])))
+    out["shrink_values"] = [same(small["w"], w), same(small["b"], b)]
 
-    # grow back: slice 2 (its shards were never in the 2-slice state) gets copies, the others keep theirs
-    big = put_shards(*live_shards(small, slice_of), {**sh(mesh([0, 1, 2])), "step": None}, slice_of)
-    grown = ptr(big["w"])
-    out["grow_values"] = [same(big["w"], w), same(big["b"], b)]
-    out["grow_reused"] = [all(grown[d] == after[d] for d in (0, 1, 2, 3)), all(grown[d] not in after.values() for d in (4, 5))]
+    # grow back: slice 2 gets copies from the survivors
+    big = jax.device_put(surviving(small, slice_of, frozenset()), sh(mesh([0, 1, 2])))
+    out["grow_values"] = [same(big["w"], w), same(big["b"], b), sorted(d.id for d in big["w"].devices())]
+    out["none_left"] = surviving(big, slice_of, frozenset({0, 1, 2})) is None
 
-    # from a snapshot, with slice 1 lost: copies (never the host buffers themselves), each from its own slice
-    snap = take(state, 7, slice_of)
-    for x in (state["w"], state["b"]):
+    # from a snapshot, with slice 1 lost, onto slices 0 and 2
+    snaps = Snapshots()
+    snaps.configure(state_layout(mesh([0, 1, 2]), big, slice_map))
+    snaps.save(7, big, DATA_NONE)
+    snaps.join()
+    for x in jax.tree.leaves(big):
         x.delete()  # donated into a step that failed
-    host = [c.ctypes.data for copies in snap.leaves[2].shards.values() for c in copies.values()]
-    got = snap.put({**sh(mesh([0, 2])), "step": None}, [1], slice_of)
-    jax.block_until_ready(got)
-    out["snap_not_aliased"] = not set(ptr(got["w"]).values()) & set(host)
-    for copies in snap.leaves[2].shards.values():  # the next snapshot writes over the host buffers
-        for c in copies.values():
-            c.fill(0)
-    # read through a computation on the devices (np.asarray of the array itself would cache its value)
-    out["snap_values"] = [same(got["w"] + 0, w), same(got["b"] + 0, b), got["step"]]
-
-    # no surviving copy, or a layout whose shards match no copy: None (the caller restores a checkpoint)
-    out["all_lost"] = snap.put({**sh(mesh([0])), "step": None}, [0, 1, 2], slice_of) is None
-    rows = {"w": NamedSharding(mesh([0]), P("model", None)), "b": NamedSharding(mesh([0]), P("model")), "step": None}
-    out["other_layout"] = put_shards(*live_shards(got, slice_of), rows, slice_of) is None
+    lose_replicas(snaps, lost([1]))
+    got = load(snaps, mesh([0, 2]), spec, {"w": w, "b": b})
+    jax.block_until_ready(got.state)
+    out["snap_step"] = got.step
+    # the restored state does not share the snapshot's pinned host memory: freeing it changes nothing
+    snaps.forget()
+    out["snap_values"] = [same(got.state["w"] + 0, w), same(got.state["b"] + 0, b), snaps.latest_step()]
+    # a layout other than the snapshot's (rows instead of columns): Orbax reshards onto it
+    snaps.save(8, got.state, DATA_NONE)
+    snaps.join()
+    rows = load(snaps, mesh([0]), {"w": P("model", None), "b": P("model")}, {"w": w, "b": b})
+    out["other_layout"] = [rows.step, same(rows.state["w"], w), str(rows.state["w"].sharding.spec)]
+    # every slice's replica lost: nothing to load (the trainer restores its checkpoint)
+    lose_replicas(snaps, lost([0, 2]))
+    out["all_lost"] = load(snaps, mesh([1]), spec, {"w": w, "b": b})
     print(json.dumps(out))
     """
 )
 
 
-def test_a_rebuild_keeps_what_each_slice_holds_and_copies_only_what_the_new_mesh_lacks() -> None:
+def test_a_rebuild_reads_only_the_surviving_slices_and_lands_on_the_new_mesh() -> None:
     out = run_on_cpu_devices(PUT_SCRIPT, 6)
-    assert out["shrink_values"] == [True, True, 7]
-    assert out["shrink_reused"] is True, "a surviving slice's shards were copied instead of kept"
-    assert out["grow_values"] == [True, True]
-    assert out["grow_reused"] == [True, True], "the survivors' buffers kept, the new slice's freshly copied"
-    assert out["snap_values"] == [True, True, 7], "the state changed when the host copies were written over"
-    assert out["snap_not_aliased"] is True, "a device buffer is the snapshot's host buffer itself"
-    assert out["all_lost"] is True
-    assert out["other_layout"] is True
+    assert out["shrink_devices"] == [0, 1, 2, 3]
+    assert out["shrink_reused"] is True, "dropping a lost slice's replica copied the survivors' shards"
+    assert out["shrink_values"] == [True, True]
+    assert out["grow_values"] == [True, True, [0, 1, 2, 3, 4, 5]]
+    assert out["none_left"] is True
+    assert out["snap_step"] == 7
+    assert out["snap_values"] == [True, True, None], "the state changed when the snapshot was freed"
+    assert out["other_layout"] == [8, True, "P('model', None)"]
+    assert out["all_lost"] == "No active replicas found."

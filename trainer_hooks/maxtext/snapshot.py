@@ -41,10 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_hooks.maxtext.host_copy import Snapshot, take
-
-__all__ = ["AUTO", "ENV_SNAPSHOT_EVERY", "Layout", "Restored", "Snapshot", "SnapshotUnavailable", "Snapshots", "take"]
-"""``Snapshot`` and ``take``: the example trainer's NumPy host copies (:mod:`.host_copy`), not the hook's."""
+__all__ = ["AUTO", "ENV_SNAPSHOT_EVERY", "Layout", "Restored", "SnapshotUnavailable", "Snapshots"]
 
 ENV_SNAPSHOT_EVERY = "ELASTIC_SIDECAR_SNAPSHOT_EVERY"
 """Steps between snapshots: a whole number (0: none), or ``auto`` (the default). Read by the hook at start."""
