@@ -257,8 +257,8 @@ class Policy:
     elastic_max_retries: int = 10
     rejoin_grace_seconds: float = 10.0
     """After a coordinator restart, how long known hosts get to re-register: counted from the restart,
-    and again from each awaited host's re-registration while they keep coming back (decide's
-    ``_rejoin_deadline_after``)."""
+    and again from each awaited host's re-registration while they keep coming back
+    (:func:`agent.core.membership.rejoin_deadline_after`)."""
     start_timeout_seconds: float = 600.0
     """How long a fresh job waits for its slices and trainer to come up (at least
     ``elastic_timeout_seconds``): process and pod start-up is not a slice wait."""

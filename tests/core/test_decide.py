@@ -10,7 +10,6 @@ from agent.constants import EXIT_RESTART
 from agent.core.decide import decide
 from agent.core.model import (
     AbortTrainer,
-    Decision,
     ExitCoordinator,
     HoldTrainer,
     HostRecord,
@@ -36,69 +35,7 @@ from agent.core.model import (
     _frozen,
     initial_state,
 )
-from agent.core.model import (
-    Policy as _Policy,
-)
-
-
-def Policy(**kw) -> _Policy:  # noqa: N802
-    """The policy under test, with no settle period: these tests check other
-    rules; the settle period has its own tests (test_membership.py)."""
-    kw.setdefault("settle_seconds", 0.0)
-    return _Policy(**kw)
-
-
-class Job:
-    """Feeds events into ``decide`` at a controllable clock and keeps the state."""
-
-    def __init__(self, policy: Policy, now: float = 0.0) -> None:
-        self.now = now
-        self.state = initial_state(policy, now)
-        self.decisions: list[Decision] = []
-
-    def feed(self, event, *, dt: float = 0.0) -> Decision:
-        self.now += dt
-        d = decide(self.state, event, self.now)
-        assert isinstance(d.reason, str) and d.reason.strip(), f"empty reason for {event!r}"
-        self.state = d.state
-        self.decisions.append(d)
-        return d
-
-    def join_all(self, inc: str = "a") -> Decision:
-        p = self.state.policy
-        d = None
-        for s in range(p.num_slices):
-            for h in range(p.hosts_per_slice):
-                d = self.feed(WorkerJoined(s, h, f"{inc}{s}.{h}"))
-        assert d is not None
-        return d
-
-    def start(self) -> Decision:
-        """All hosts up, trainer attached, start acknowledged: RUNNING."""
-        self.join_all()
-        d = self.feed(TrainerAttached(generation=0, step_in_memory=-1))
-        (resume,) = of(d, ResumeTrainer)
-        self.feed(TrainerResumed(resume.generation, 0, resume.active, "checkpoint"))
-        self.feed(TrainerStepped(10, resume.generation), dt=1.0)
-        assert self.state.phase == Phase.RUNNING
-        return d
-
-    def ack_hold(self, d: Decision, *, step: int = 10, committed: int = -1) -> Decision:
-        (hold,) = of(d, HoldTrainer)
-        return self.feed(TrainerHeld(hold.generation, step, committed), dt=0.5)
-
-    def ack_resume(self, d: Decision, *, step: int = 10) -> Decision:
-        (resume,) = of(d, ResumeTrainer)
-        return self.feed(TrainerResumed(resume.generation, step, resume.active, str(resume.source)), dt=0.5)
-
-
-def of(d: Decision, kind: type) -> list:
-    return [a for a in d.actions if isinstance(a, kind)]
-
-
-def kinds(d: Decision) -> list[type]:
-    return [type(a) for a in d.actions]
-
+from tests.core.driver import Job, Policy, kinds, of
 
 # --------------------------------------------------------------------------
 # start

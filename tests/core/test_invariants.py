@@ -49,7 +49,9 @@ from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 
 from agent import statefile
-from agent.core.decide import _lift_overdue, _settle, decide
+from agent.core.decide import decide
+from agent.core.drains import lift_overdue as _lift_overdue
+from agent.core.membership import settle as _settle
 from agent.core.model import (
     AbortTrainer,
     Decision,

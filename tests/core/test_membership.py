@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 
-from agent.core.decide import decide
 from agent.core.model import (
     HoldTrainer,
     OperatorCommand,
@@ -31,30 +30,14 @@ from agent.core.model import (
     WorkerLost,
     initial_state,
 )
+from tests.core.driver import Job as _Job
 
 
-class Job:
-    def __init__(self, policy: Policy) -> None:
-        self.now = 0.0
-        self.state = initial_state(policy, 0.0)
+class Job(_Job):
+    """Membership tests start with five timed steps, so the hang rule has a median."""
 
-    def feed(self, ev, dt: float = 0.0):  # noqa: ANN001, ANN201
-        self.now += dt
-        d = decide(self.state, ev, self.now)
-        self.state = d.state
-        return d
-
-    def start(self) -> None:
-        p = self.state.policy
-        for s in range(p.num_slices):
-            for h in range(p.hosts_per_slice):
-                self.feed(WorkerJoined(s, h, f"a{s}.{h}"))
-        d = self.feed(TrainerAttached(0, -1))
-        (r,) = [a for a in d.actions if isinstance(a, ResumeTrainer)]
-        self.feed(TrainerResumed(r.generation, 0, r.active, "checkpoint"))
-        for step in range(1, 6):
-            self.feed(TrainerStepped(step, r.generation, 0.5), dt=0.5)
-        assert self.state.phase == Phase.RUNNING
+    def start(self) -> None:  # type: ignore[override]
+        super().start(timed_steps=5)
 
 
 def holds(d) -> list[HoldTrainer]:  # noqa: ANN001
@@ -346,7 +329,7 @@ def test_registering_looks_again_only_at_the_joining_slice(monkeypatch: pytest.M
     """Each registration re-judges its own slice, not every slice (State.carry_up): 10,000 took minutes."""
     from agent.core import model as modelmod
     from agent.core.decide import decide as decide_
-    from agent.core.model import Policy, WorkerJoined, WorkerLost, initial_state
+    from agent.core.model import Policy, WorkerJoined, WorkerLost
 
     slices, hosts = 40, 3
     calls: list[int] = []

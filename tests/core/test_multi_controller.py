@@ -19,7 +19,7 @@ from agent.core.model import (
     TrainerStepped,
     WorkerLost,
 )
-from tests.core.test_decide import Job, Policy, of
+from tests.core.driver import Job, Policy, of
 
 
 def mc_job(**kw) -> Job:

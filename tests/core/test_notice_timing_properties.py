@@ -15,21 +15,19 @@ from dataclasses import replace
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
-from agent.core.decide import decide
 from agent.core.model import (
+    Decision,
     HoldTrainer,
     NodeNotice,
     Phase,
     Policy,
-    ResumeTrainer,
     State,
     Tick,
-    TrainerAttached,
     TrainerHeld,
     TrainerResumed,
     WorkerJoined,
-    initial_state,
 )
+from tests.core.driver import Job
 from tests.core.test_invariants import PROPERTY, check_step
 
 N = 4
@@ -63,22 +61,14 @@ ops = st.lists(
     min_slices=2,
 )
 def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> None:
-    now = 0.0
-    state: State = initial_state(
-        Policy(num_slices=N, elastic_min_slice_count=min_slices, notice_lead_seconds=LEAD), now
-    )
-    last: list[object] = []
     failed_because: list[str] = []
 
-    def step(ev: object, dt: float = 0.01) -> None:
-        nonlocal now, state
-        now += dt
-        d = decide(state, ev, now)  # type: ignore[arg-type]
+    def check(before: State, ev: object, now: float, d: Decision) -> None:
         note(f"t={now:.2f} {ev!r} -> {d.reason}")
-        lifted = isinstance(ev, NodeNotice) and bool(set(state.drains) - set(d.state.drains))
+        lifted = isinstance(ev, NodeNotice) and bool(set(before.drains) - set(d.state.drains))
         # A window moved later lifts the drain it began: for check_step that brings slices up, as a clear does.
-        check_step(state, replace(ev, cleared=True) if lifted else ev, now, d)  # type: ignore[type-var]
-        before, state = state, d.state
+        check_step(before, replace(ev, cleared=True) if lifted else ev, now, d)  # type: ignore[type-var]
+        state = d.state
         assert state.retries_used == 0 and not state.slice_errors, "a notice counted as a failure"
         # Once the job has ended (e.g. the elastic timeout ran out while a drained slice stayed away)
         # nothing begins any more; its planned drains stay recorded, nothing acts on them.
@@ -95,45 +85,52 @@ def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> No
             )
             if leaving:
                 assert a.flush, f"a drain held without a flush: {a}"
-        last[:] = list(d.actions)
         if state.phase == Phase.FAILED and before.phase != Phase.FAILED:
             failed_because.append(d.reason)
 
+    policy = Policy(num_slices=N, elastic_min_slice_count=min_slices, notice_lead_seconds=LEAD)
+    job = Job(policy, dt=0.01, check=check)
     for s in range(N):
-        step(WorkerJoined(s, 0, f"i{s}", node=f"n{s}", node_pool=f"p{s}"))
-    step(TrainerAttached(0, -1))
-    resume = next(a for a in last if isinstance(a, ResumeTrainer))
-    step(TrainerResumed(resume.generation, 0, resume.active, "fresh"))
+        job.feed(WorkerJoined(s, 0, f"i{s}", node=f"n{s}", node_pool=f"p{s}"))
+    job.attach_and_start("fresh")
     event_time = 0.0
     for kind, s, x in ops:
         event_time += 1.0
         if kind == "scheduled":
-            step(NodeNotice("upcomingMaintenance", "pubsub", node=f"n{s}", starts_at=now + x, event_time=event_time))
+            job.feed(
+                NodeNotice("upcomingMaintenance", "pubsub", node=f"n{s}", starts_at=job.now + x, event_time=event_time)
+            )
         elif kind == "now":
-            step(NodeNotice("preempted", "pubsub", node=f"n{s}", event_time=event_time))
+            job.feed(NodeNotice("preempted", "pubsub", node=f"n{s}", event_time=event_time))
         elif kind == "cleared":
-            step(NodeNotice("completed", "pubsub", node=f"n{s}", cleared=True, event_time=event_time))
+            job.feed(NodeNotice("completed", "pubsub", node=f"n{s}", cleared=True, event_time=event_time))
         elif kind == "tick":
-            step(Tick(), x)
-        elif state.phase == Phase.HOLDING:
-            step(TrainerHeld(state.generation, 1, 1))
-        elif state.trainer.resume_pending:
-            step(TrainerResumed(state.generation, 1, state.active, "memory"))
+            job.feed(Tick(), x)
+        else:
+            _acknowledge(job)
     if failed_because:
         # The one way notices may end a job: a drain left fewer than elastic_min_slice_count
         # slices for longer than elastic_timeout_seconds (MaxText's own rule; no retry spent).
-        assert "slices up after" in failed_because[0] and f"minimum {state.policy.min_slices}" in failed_because[0]
+        assert "slices up after" in failed_because[0] and f"minimum {job.state.policy.min_slices}" in failed_because[0]
         return
     # Every window ends: the job runs on every slice again, with nothing spent.
     for s in range(N):
         event_time += 1.0
-        step(NodeNotice("completed", "pubsub", node=f"n{s}", cleared=True, event_time=event_time))
+        job.feed(NodeNotice("completed", "pubsub", node=f"n{s}", cleared=True, event_time=event_time))
     for _ in range(6):
-        if state.phase == Phase.HOLDING:
-            step(TrainerHeld(state.generation, 1, 1))
-        elif state.trainer.resume_pending:
-            step(TrainerResumed(state.generation, 1, state.active, "memory"))
-        else:
-            step(Tick(), 1.0)
+        if not _acknowledge(job):
+            job.feed(Tick(), 1.0)
+    state = job.state
     assert state.phase == Phase.RUNNING and state.active == frozenset(range(N)), (state.phase, state.active)
     assert not state.drains and not state.planned
+
+
+def _acknowledge(job: Job) -> bool:
+    """The trainer acknowledges the pending hold or resume, if any."""
+    if job.state.phase == Phase.HOLDING:
+        job.feed(TrainerHeld(job.state.generation, 1, 1))
+    elif job.state.trainer.resume_pending:
+        job.feed(TrainerResumed(job.state.generation, 1, job.state.active, "memory"))
+    else:
+        return False
+    return True

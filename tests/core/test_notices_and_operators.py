@@ -4,94 +4,58 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.core.decide import NOTICE_STALE_SECONDS, decide
+from agent.core.decide import NOTICE_STALE_SECONDS
 from agent.core.model import (
     AbortTrainer,
-    Decision,
     ExitCoordinator,
     FlushTrainer,
     HoldTrainer,
-    NodeNotice,
     OperatorCommand,
     Phase,
     ResumeTrainer,
-    State,
     Tick,
-    TrainerAttached,
     TrainerHeld,
-    TrainerResumed,
     WorkerHealth,
     WorkerJoined,
     WorkerLost,
-    initial_state,
 )
-from agent.core.model import (
-    Policy as _Policy,
-)
+from tests.core.driver import Job as _Job
+from tests.core.driver import Policy, one
 
 
-def Policy(**kw) -> _Policy:  # noqa: N802
-    """The policy under test, with no settle period: these tests check other
-    rules; the settle period has its own tests (test_membership.py)."""
-    kw.setdefault("settle_seconds", 0.0)
-    return _Policy(**kw)
-
-
-class Job:
-    """A running job of ``n`` one-host slices, nodes named node-S, pools pool-S."""
+class Job(_Job):
+    """A running job of ``n`` one-host slices, nodes named node-S, pools pool-S/2; 0.1 s per event."""
 
     def __init__(self, n: int = 4, min_slices: int = 2, retries: int = 10) -> None:
-        self.now = 0.0
-        self.state: State = initial_state(
-            Policy(num_slices=n, elastic_min_slice_count=min_slices, elastic_max_retries=retries), 0.0
-        )
-        for s in range(n):
-            self.step(WorkerJoined(s, 0, f"a{s}", node=f"node-{s}", node_pool=f"pool-{s // 2}"))
-        d = self.step(TrainerAttached(0, -1))
-        resume = _one(d, ResumeTrainer)
-        self.step(TrainerResumed(resume.generation, 0, resume.active, "fresh"))
-
-    def step(self, ev: object, dt: float = 0.1) -> Decision:
-        self.now += dt
-        d = decide(self.state, ev, self.now)  # type: ignore[arg-type]
-        self.state = d.state
-        return d
-
-    def notice(self, **kw: object) -> Decision:
-        kw.setdefault("deadline", self.now + 60.0)
-        return self.step(NodeNotice(kind="terminate_on_host_maintenance", source="pubsub", **kw))  # type: ignore[arg-type]
-
-
-def _one(d: Decision, kind: type) -> object:
-    found = [a for a in d.actions if isinstance(a, kind)]
-    assert len(found) == 1, (kind.__name__, d.actions, d.reason)
-    return found[0]
+        super().__init__(Policy(num_slices=n, elastic_min_slice_count=min_slices, elastic_max_retries=retries), dt=0.1)
+        self.join_all(nodes=True)
+        self.attach_and_start("fresh")
 
 
 def test_notice_drains_the_slice_with_a_flush_and_no_retry() -> None:
     job = Job(min_slices=2)
     d = job.notice(node="node-1")
-    hold = _one(d, HoldTrainer)
+    hold = one(d, HoldTrainer)
     assert hold.flush and 1 in hold.down_slices
     assert job.state.retries_used == 0 and job.state.phase == Phase.HOLDING
-    d = job.step(TrainerHeld(hold.generation, 40, 40))
-    resume = _one(d, ResumeTrainer)
+    d = job.feed(TrainerHeld(hold.generation, 40, 40))
+    resume = one(d, ResumeTrainer)
     assert resume.active == frozenset({0, 2, 3}) and str(resume.source) == "memory"
 
 
 def test_notice_with_all_slices_required_waits_for_the_replacement() -> None:
     job = Job(min_slices=-1)
-    hold = _one(job.notice(node="node-2"), HoldTrainer)
-    d = job.step(TrainerHeld(hold.generation, 10, 10))
+    hold = one(job.notice(node="node-2"), HoldTrainer)
+    d = job.feed(TrainerHeld(hold.generation, 10, 10))
     assert d.actions == () and job.state.phase == Phase.WAITING
-    d = job.step(WorkerJoined(2, 0, "b2", node="node-2-new"))
-    assert _one(d, ResumeTrainer).active == frozenset(range(4))
+    d = job.feed(WorkerJoined(2, 0, "b2", node="node-2-new"))
+    assert one(d, ResumeTrainer).active == frozenset(range(4))
 
 
 def test_notice_past_its_deadline_while_the_node_is_up_is_a_drain_with_flush_not_a_failure() -> None:
     job = Job()
     d = job.notice(node="node-1", deadline=job.now - 1.0)
-    hold = _one(d, HoldTrainer)
+    hold = one(d, HoldTrainer)
     assert hold.flush and 1 in hold.down_slices
     assert job.state.retries_used == 0 and job.state.slice_errors == {}
 
@@ -99,7 +63,7 @@ def test_notice_past_its_deadline_while_the_node_is_up_is_a_drain_with_flush_not
 def test_notice_after_its_window_began_is_a_drain_with_flush() -> None:
     job = Job()
     d = job.notice(node="node-2", starts_at=job.now - 30.0)
-    hold = _one(d, HoldTrainer)
+    hold = one(d, HoldTrainer)
     assert hold.flush and hold.down_slices == frozenset({2})
     assert job.state.retries_used == 0 and "began 30 s ago" in d.reason
 
@@ -117,10 +81,10 @@ def test_scheduled_window_drains_at_its_start_minus_the_lead_time() -> None:
     assert d.actions == () and job.state.phase == Phase.RUNNING
     assert job.state.planned[1].since == start - 120.0 and 1 not in job.state.drains
     assert "draining slice(s) [1] in 880 s" in d.reason
-    d = job.step(Tick(), dt=start - 120.0 - job.now - 0.5)  # not yet
+    d = job.feed(Tick(), dt=start - 120.0 - job.now - 0.5)  # not yet
     assert d.actions == () and 1 in job.state.planned
-    d = job.step(Tick(), dt=1.0)  # now: the drain begins before the window
-    hold = _one(d, HoldTrainer)
+    d = job.feed(Tick(), dt=1.0)  # now: the drain begins before the window
+    hold = one(d, HoldTrainer)
     assert hold.flush and hold.down_slices == frozenset({1}) and job.now < start
     assert job.state.retries_used == 0 and 1 not in job.state.planned and 1 in job.state.drains
 
@@ -131,7 +95,7 @@ def test_a_moved_window_moves_the_planned_drain() -> None:
     first = job.state.planned[3].since
     d = job.notice(node="node-3", starts_at=job.now + 5000.0, event_time=2.0)
     assert d.actions == () and job.state.planned[3].since > first + 4000
-    d = job.step(Tick(), dt=first - job.now + 1.0)  # the old time passes: nothing
+    d = job.feed(Tick(), dt=first - job.now + 1.0)  # the old time passes: nothing
     assert d.actions == () and job.state.phase == Phase.RUNNING
 
 
@@ -147,25 +111,25 @@ def test_a_cancelled_window_lifts_the_plan() -> None:
     job.notice(node="node-1", starts_at=job.now + 900.0, event_time=1.0)
     d = job.notice(node="node-1", cleared=True, event_time=2.0)
     assert d.actions == () and job.state.planned == {} and "cancelled" in d.reason
-    assert job.step(Tick(), dt=2000.0).actions == ()
+    assert job.feed(Tick(), dt=2000.0).actions == ()
 
 
 def test_a_window_moved_after_its_drain_began_lifts_the_drain_until_the_new_time() -> None:
     job = scheduled_job(lead=100.0)
     job.notice(node="node-1", starts_at=job.now + 150.0, event_time=1.0)
-    hold = _one(job.step(Tick(), dt=60.0), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 9, 9))
+    hold = one(job.feed(Tick(), dt=60.0), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 9, 9))
     assert 1 not in job.state.active
     d = job.notice(node="node-1", starts_at=job.now + 86400.0, event_time=2.0)
     assert 1 not in job.state.drains and 1 in job.state.planned
-    assert _one(d, HoldTrainer).flush is False  # growing back onto the slice
+    assert one(d, HoldTrainer).flush is False  # growing back onto the slice
 
 
 def test_a_completed_window_clears_the_drain() -> None:
     job = scheduled_job(lead=100.0)
     job.notice(node="node-2", starts_at=job.now + 101.0, event_time=1.0)
-    hold = _one(job.step(Tick(), dt=2.0), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 3, 3))
+    hold = one(job.feed(Tick(), dt=2.0), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 3, 3))
     d = job.notice(node="node-2", cleared=True, event_time=3.0)
     assert 2 not in job.state.drains and "lifted" in d.reason
     assert job.state.retries_used == 0
@@ -182,12 +146,12 @@ def test_a_notice_never_adds_slice_errors() -> None:
 
 def test_cleared_notice_lifts_the_drain_and_grows_back() -> None:
     job = Job()
-    hold = _one(job.notice(node="node-3", event_time=100.0), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 5, 5))
+    hold = one(job.notice(node="node-3", event_time=100.0), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 5, 5))
     assert 3 not in job.state.active
     d = job.notice(node="node-3", cleared=True, event_time=101.0)
     assert 3 not in job.state.drains
-    assert _one(d, HoldTrainer).flush is False  # growing back loses nothing, no flush needed
+    assert one(d, HoldTrainer).flush is False  # growing back loses nothing, no flush needed
 
 
 def test_foreign_duplicate_and_out_of_order_notices_are_set_aside() -> None:
@@ -202,66 +166,66 @@ def test_foreign_duplicate_and_out_of_order_notices_are_set_aside() -> None:
 def test_node_pool_upgrade_drains_every_slice_of_the_pool() -> None:
     job = Job(min_slices=1)
     d = job.notice(node_pool="pool-1")
-    assert _one(d, HoldTrainer).down_slices == frozenset({2, 3})
+    assert one(d, HoldTrainer).down_slices == frozenset({2, 3})
 
 
 def test_operator_hold_stays_held_until_an_operator_resumes() -> None:
     job = Job()
-    hold = _one(job.step(OperatorCommand("hold", "maintenance window")), HoldTrainer)
+    hold = one(job.feed(OperatorCommand("hold", "maintenance window")), HoldTrainer)
     assert hold.flush and job.state.operator_hold
-    d = job.step(TrainerHeld(hold.generation, 7, 7))
+    d = job.feed(TrainerHeld(hold.generation, 7, 7))
     assert d.actions == () and job.state.phase == Phase.WAITING
-    d = job.step(OperatorCommand("resume", "done"), dt=1000.0)  # no timeout while an operator holds
-    assert _one(d, ResumeTrainer).active == frozenset(range(4))
+    d = job.feed(OperatorCommand("resume", "done"), dt=1000.0)  # no timeout while an operator holds
+    assert one(d, ResumeTrainer).active == frozenset(range(4))
 
 
 def test_an_operator_hold_during_a_failure_hold_tells_the_held_trainer_so() -> None:
     # Held for a lost slice and waiting for it: the trainer bounds that wait (no decision for
     # elastic_timeout_seconds and a grace ends it); an operator hold has no bound, so the trainer must hear of it.
     job = Job(min_slices=4)
-    fail = _one(job.step(WorkerLost(1, 0, "a1", "stream_closed")), HoldTrainer)
-    job.step(TrainerHeld(fail.generation, 7, 7))
+    fail = one(job.feed(WorkerLost(1, 0, "a1", "stream_closed")), HoldTrainer)
+    job.feed(TrainerHeld(fail.generation, 7, 7))
     assert job.state.phase == Phase.WAITING
-    d = job.step(OperatorCommand("hold", "investigating"))
-    again = _one(d, HoldTrainer)
+    d = job.feed(OperatorCommand("hold", "investigating"))
+    again = one(d, HoldTrainer)
     assert again.generation == fail.generation and not again.flush
     assert again.reason.startswith("operator hold") and again.down_slices == job.state.hold_down
     assert job.state.operator_hold and job.state.deadline is None
     # Its acknowledgement changes nothing; the operator's resume decides.
-    assert job.step(TrainerHeld(fail.generation, 7, 7)).actions == ()
+    assert job.feed(TrainerHeld(fail.generation, 7, 7)).actions == ()
     assert job.state.phase == Phase.WAITING and job.state.operator_hold
 
 
 def test_operator_resume_while_running_is_refused() -> None:
     job = Job()
     before = job.state
-    d = job.step(OperatorCommand("resume", "why not"))
+    d = job.feed(OperatorCommand("resume", "why not"))
     assert d.rejected and "running" in d.rejected and job.state == before
 
 
 def test_operator_drain_checkpoint_and_bad_slice() -> None:
     job = Job()
-    assert _one(job.step(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer).flush
-    assert "slice 9" in job.step(OperatorCommand("drain", "x", slice=9)).rejected
-    flush = _one(job.step(OperatorCommand("checkpoint", "before upgrade")), FlushTrainer)
+    assert one(job.feed(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer).flush
+    assert "slice 9" in job.feed(OperatorCommand("drain", "x", slice=9)).rejected
+    flush = one(job.feed(OperatorCommand("checkpoint", "before upgrade")), FlushTrainer)
     assert flush.generation == job.state.generation
 
 
 def test_operator_undrain_undoes_an_operator_drain_only() -> None:
     job = Job()
-    assert "not drained" in job.step(OperatorCommand("undrain", "x", slice=1)).rejected
-    hold = _one(job.step(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 5, 5))
+    assert "not drained" in job.feed(OperatorCommand("undrain", "x", slice=1)).rejected
+    hold = one(job.feed(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 5, 5))
     assert 1 not in job.state.active and 1 in job.state.drains
-    d = job.step(OperatorCommand("undrain", "HBM replaced", slice=1))
+    d = job.feed(OperatorCommand("undrain", "HBM replaced", slice=1))
     assert not d.rejected and 1 not in job.state.drains, d.reason
-    assert _one(d, HoldTrainer).flush is False  # grows back onto slice 1, as onto a returned slice
-    assert "slice 9" in job.step(OperatorCommand("undrain", "x", slice=9)).rejected
+    assert one(d, HoldTrainer).flush is False  # grows back onto slice 1, as onto a returned slice
+    assert "slice 9" in job.feed(OperatorCommand("undrain", "x", slice=9)).rejected
     # A notice's drain is the notice's to lift.
     job = Job()
     job.notice(node="node-3", event_time=100.0)
     assert 3 in job.state.drains
-    d = job.step(OperatorCommand("undrain", "x", slice=3))
+    d = job.feed(OperatorCommand("undrain", "x", slice=3))
     assert d.rejected and "notice" in d.rejected and 3 in job.state.drains
 
 
@@ -284,7 +248,7 @@ def test_a_two_day_old_maintenance_notice_for_a_healthy_node_is_ignored_as_stale
 def test_a_notice_just_inside_the_bound_still_drains() -> None:
     job = Job()
     d = job.notice(node="node-1", ends_at=job.now - NOTICE_STALE_SECONDS + 5.0, deadline=job.now - 3000.0)
-    assert not d.outcome and _one(d, HoldTrainer).down_slices == frozenset({1}), d.reason
+    assert not d.outcome and one(d, HoldTrainer).down_slices == frozenset({1}), d.reason
     # A window still to come is as it was: planned, then drained.
     job = scheduled_job()
     d = job.notice(node="node-2", starts_at=job.now + 900.0, ends_at=job.now + 4500.0, event_time=1.0)
@@ -293,14 +257,14 @@ def test_a_notice_just_inside_the_bound_still_drains() -> None:
 
 def test_a_stale_notice_for_an_unhealthy_node_still_drains() -> None:
     job = Job()
-    job.step(WorkerHealth(1, 0, "a1", False, "pathways worker down"))
+    job.feed(WorkerHealth(1, 0, "a1", False, "pathways worker down"))
     d = job.notice(node="node-1", deadline=job.now - TWO_DAYS, event_time=1.0)
     assert d.outcome != "stale" and 1 in job.state.drains, d.reason
 
 
 def _drained_and_held(job: Job, node: str, s: int, end: float) -> None:
-    hold = _one(job.notice(node=node, deadline=end - 60.0, ends_at=end), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 7, 7))
+    hold = one(job.notice(node=node, deadline=end - 60.0, ends_at=end), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 7, 7))
     assert s in job.state.drains and s not in job.state.active
 
 
@@ -308,13 +272,13 @@ def test_a_notice_drain_of_a_healthy_node_lifts_after_its_window_and_the_grace()
     job = Job()
     end = job.now + 60.0
     _drained_and_held(job, "node-1", 1, end)
-    d = job.step(Tick(), dt=end + NOTICE_STALE_SECONDS - 1.0 - job.now)
+    d = job.feed(Tick(), dt=end + NOTICE_STALE_SECONDS - 1.0 - job.now)
     assert d.actions == () and 1 in job.state.drains
-    d = job.step(Tick(), dt=2.0)
+    d = job.feed(Tick(), dt=2.0)
     assert 1 not in job.state.drains and "lifted" in d.reason and "still up and healthy" in d.reason, d.reason
-    hold = _one(d, HoldTrainer)  # grows back onto slice 1: no flush, no retry
+    hold = one(d, HoldTrainer)  # grows back onto slice 1: no flush, no retry
     assert hold.flush is False and job.state.retries_used == 0
-    resume = _one(job.step(TrainerHeld(hold.generation, 8, 8)), ResumeTrainer)
+    resume = one(job.feed(TrainerHeld(hold.generation, 8, 8)), ResumeTrainer)
     assert resume.active == frozenset(range(4))
 
 
@@ -323,62 +287,62 @@ def test_a_notice_drain_of_an_unhealthy_or_gone_node_is_not_lifted() -> None:
     end = job.now + 60.0
     _drained_and_held(job, "node-1", 1, end)
     _drained_and_held(job, "node-2", 2, end)
-    job.step(WorkerHealth(1, 0, "a1", False, "pathways worker down"))
-    job.step(WorkerLost(2, 0, "a2", "stream_closed"))
-    job.step(Tick(), dt=end + 2 * NOTICE_STALE_SECONDS - job.now)
+    job.feed(WorkerHealth(1, 0, "a1", False, "pathways worker down"))
+    job.feed(WorkerLost(2, 0, "a2", "stream_closed"))
+    job.feed(Tick(), dt=end + 2 * NOTICE_STALE_SECONDS - job.now)
     assert {1, 2} <= set(job.state.drains) and job.state.active == frozenset({0, 3})
 
 
 def test_an_operator_drain_is_never_lifted_by_time() -> None:
     job = Job()
-    hold = _one(job.step(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 5, 5))
-    job.step(Tick(), dt=10 * NOTICE_STALE_SECONDS)
+    hold = one(job.feed(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 5, 5))
+    job.feed(Tick(), dt=10 * NOTICE_STALE_SECONDS)
     assert 1 in job.state.drains
 
 
 def test_undrain_force_lifts_a_notice_drain_and_plain_undrain_points_to_it() -> None:
     job = Job()
     _drained_and_held(job, "node-3", 3, job.now + 86400.0)
-    d = job.step(OperatorCommand("undrain", "notice is wrong", slice=3))
+    d = job.feed(OperatorCommand("undrain", "notice is wrong", slice=3))
     assert d.rejected and "notice" in d.rejected and "--force" in d.rejected and 3 in job.state.drains
-    d = job.step(OperatorCommand("undrain", "notice is wrong", slice=3, force=True))
+    d = job.feed(OperatorCommand("undrain", "notice is wrong", slice=3, force=True))
     assert not d.rejected and 3 not in job.state.drains, d.reason
     assert "notice is wrong" in d.reason and "forced" in d.reason
-    assert _one(d, HoldTrainer).flush is False  # grows back onto slice 3
+    assert one(d, HoldTrainer).flush is False  # grows back onto slice 3
     # A planned drain goes too (else it would begin later), and --force on nothing is still refused.
     job = scheduled_job()
     job.notice(node="node-2", starts_at=job.now + 900.0, event_time=1.0)
-    d = job.step(OperatorCommand("undrain", "x", slice=2, force=True))
+    d = job.feed(OperatorCommand("undrain", "x", slice=2, force=True))
     assert not d.rejected and job.state.planned == {} and "planned drain" in d.reason
-    assert "not drained" in job.step(OperatorCommand("undrain", "x", slice=1, force=True)).rejected
+    assert "not drained" in job.feed(OperatorCommand("undrain", "x", slice=1, force=True)).rejected
 
 
 def test_operator_abort_stops_or_restarts() -> None:
     job = Job()
-    d = job.step(OperatorCommand("abort", "bad run"))
-    assert _one(d, AbortTrainer).exit_code == 3 and ExitCoordinator(3, "operator abort: bad run") in d.actions
+    d = job.feed(OperatorCommand("abort", "bad run"))
+    assert one(d, AbortTrainer).exit_code == 3 and ExitCoordinator(3, "operator abort: bad run") in d.actions
     job = Job()
-    d = job.step(OperatorCommand("abort", "restart please", restart=True))
-    assert _one(d, AbortTrainer).exit_code == 42
-    assert job.step(OperatorCommand("hold", "too late")).rejected
+    d = job.feed(OperatorCommand("abort", "restart please", restart=True))
+    assert one(d, AbortTrainer).exit_code == 42
+    assert job.feed(OperatorCommand("hold", "too late")).rejected
 
 
 def test_a_replaced_slice_can_be_drained_again_and_its_loss_is_a_failure() -> None:
     job = Job(min_slices=2)
-    hold = _one(job.notice(node="node-1"), HoldTrainer)
-    job.step(TrainerHeld(hold.generation, 5, 5))
-    hold = _one(job.step(WorkerJoined(1, 0, "b1", node="node-1b")), HoldTrainer)  # replacement: grow back
+    hold = one(job.notice(node="node-1"), HoldTrainer)
+    job.feed(TrainerHeld(hold.generation, 5, 5))
+    hold = one(job.feed(WorkerJoined(1, 0, "b1", node="node-1b")), HoldTrainer)  # replacement: grow back
     assert 1 not in job.state.drains
-    job.step(TrainerHeld(hold.generation, 6, 6))
+    job.feed(TrainerHeld(hold.generation, 6, 6))
     assert 1 in job.state.active
-    again = _one(job.notice(node="node-1b"), HoldTrainer)
+    again = one(job.notice(node="node-1b"), HoldTrainer)
     assert 1 in again.down_slices and job.state.drains[1].node == "node-1b"
 
 
 def test_a_second_notice_while_a_hold_is_pending_also_flushes() -> None:
     job = Job(min_slices=1)
-    first = _one(job.notice(node="node-1"), HoldTrainer)
+    first = one(job.notice(node="node-1"), HoldTrainer)
     assert first.flush and job.state.phase == Phase.HOLDING
-    second = _one(job.notice(node="node-2"), HoldTrainer)  # before the trainer acknowledged the first
+    second = one(job.notice(node="node-2"), HoldTrainer)  # before the trainer acknowledged the first
     assert second.flush and second.down_slices == frozenset({1, 2}) and job.state.retries_used == 0

@@ -18,7 +18,7 @@ from agent.core.model import (
     WorkerJoined,
     WorkerLost,
 )
-from tests.core.test_decide import Job, of
+from tests.core.driver import Job, of
 
 
 def running(policy: Policy) -> Job:
