@@ -580,55 +580,14 @@ class CoordinatorConfig:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
-        try:
-            policy = Policy(
-                num_slices=int(ns.num_slices),
-                hosts_per_slice=int(ns.hosts_per_slice),
-                elastic_min_slice_count=int(ns.elastic_min_slice_count),
-                elastic_timeout_seconds=float(ns.elastic_timeout_seconds),
-                elastic_max_retries=int(ns.elastic_max_retries),
-                rejoin_grace_seconds=float(ns.rejoin_grace),
-                flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
-                settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
-                notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
-                trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
-            )
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
+        policy = _policy(ns)
         sub = getattr(ns, "pubsub_subscription", None)
         if sub and not (sub.startswith("projects/") and "/subscriptions/" in sub):
             raise ConfigError(f"--pubsub-subscription must look like projects/P/subscriptions/S, got {sub!r}")
-        hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
-        if hbt <= hb:
-            raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
-        first_hbt = getattr(ns, "first_heartbeat_timeout", None)
-        if first_hbt is not None and float(first_hbt) < hbt:
-            raise ConfigError(
-                f"--first-heartbeat-timeout ({float(first_hbt):g}) must not be shorter than --heartbeat-timeout "
-                f"({hbt:g})"
-            )
-        admin_listen = getattr(ns, "admin_listen", None)
-        admin_token = _token(ns, "admin_token_file")
-        if admin_listen is not None and admin_token is None and not is_loopback(admin_listen):
-            raise ConfigError(
-                f"--admin-listen {admin_listen} is not a loopback address: give --admin-token-file too "
-                "(and --tls-cert-file/--tls-key-file), or keep it on 127.0.0.1"
-            )
-        trainer_listen = getattr(ns, "trainer_listen", None) or f"127.0.0.1:{C.TRAINER_PORT}"
-        trainer_token = _token(ns, "trainer_token_file")
-        if trainer_token is None and not is_loopback(trainer_listen):
-            raise ConfigError(
-                f"--trainer-listen {trainer_listen} is not a loopback address: give --trainer-token-file too, or "
-                "keep the trainer link on 127.0.0.1 (the trainer runs in the coordinator's pod)"
-            )
-        if trainer_listen == ns.listen:
-            raise ConfigError(f"--trainer-listen and --listen are both {trainer_listen}: give them different ports")
-        state_dir = Path(ns.state_dir) if getattr(ns, "state_dir", None) else None
-        state_file = Path(ns.state_file) if ns.state_file else None
-        journal = Path(ns.journal) if ns.journal else None
-        if state_dir is not None:
-            state_file = state_file or state_dir / "state.json"
-            journal = journal or state_dir / "journal.jsonl"
+        hb, hbt, first_hbt = _heartbeats(ns)
+        admin_listen, admin_token = _admin_listener(ns)
+        trainer_listen, trainer_token = _trainer_listener(ns)
+        state_dir, state_file, journal = _state_paths(ns)
         tls_cert, tls_key = _tls(ns)
         return cls(
             job=ns.job,
@@ -636,7 +595,7 @@ class CoordinatorConfig:
             policy=policy,
             heartbeat_interval=hb,
             heartbeat_timeout=hbt,
-            first_heartbeat_timeout=None if first_hbt is None else float(first_hbt),
+            first_heartbeat_timeout=first_hbt,
             heartbeat_datagrams=bool(getattr(ns, "heartbeat_datagrams", True)),
             gc_freeze=bool(getattr(ns, "gc_freeze", True)),
             state_file=state_file,
@@ -660,6 +619,72 @@ class CoordinatorConfig:
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
+
+
+def _policy(ns: argparse.Namespace) -> Policy:
+    try:
+        return Policy(
+            num_slices=int(ns.num_slices),
+            hosts_per_slice=int(ns.hosts_per_slice),
+            elastic_min_slice_count=int(ns.elastic_min_slice_count),
+            elastic_timeout_seconds=float(ns.elastic_timeout_seconds),
+            elastic_max_retries=int(ns.elastic_max_retries),
+            rejoin_grace_seconds=float(ns.rejoin_grace),
+            flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
+            settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
+            notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
+            trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _heartbeats(ns: argparse.Namespace) -> tuple[float, float, float | None]:
+    """The heartbeat interval, timeout and first-heartbeat timeout, each checked against the others."""
+    hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
+    if hbt <= hb:
+        raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
+    first_hbt = getattr(ns, "first_heartbeat_timeout", None)
+    if first_hbt is not None and float(first_hbt) < hbt:
+        raise ConfigError(
+            f"--first-heartbeat-timeout ({float(first_hbt):g}) must not be shorter than --heartbeat-timeout ({hbt:g})"
+        )
+    return hb, hbt, None if first_hbt is None else float(first_hbt)
+
+
+def _admin_listener(ns: argparse.Namespace) -> tuple[str | None, BearerToken | None]:
+    admin_listen = getattr(ns, "admin_listen", None)
+    admin_token = _token(ns, "admin_token_file")
+    if admin_listen is not None and admin_token is None and not is_loopback(admin_listen):
+        raise ConfigError(
+            f"--admin-listen {admin_listen} is not a loopback address: give --admin-token-file too "
+            "(and --tls-cert-file/--tls-key-file), or keep it on 127.0.0.1"
+        )
+    return admin_listen, admin_token
+
+
+def _trainer_listener(ns: argparse.Namespace) -> tuple[str, BearerToken | None]:
+    trainer_listen = getattr(ns, "trainer_listen", None) or f"127.0.0.1:{C.TRAINER_PORT}"
+    trainer_token = _token(ns, "trainer_token_file")
+    if trainer_token is None and not is_loopback(trainer_listen):
+        raise ConfigError(
+            f"--trainer-listen {trainer_listen} is not a loopback address: give --trainer-token-file too, or "
+            "keep the trainer link on 127.0.0.1 (the trainer runs in the coordinator's pod)"
+        )
+    if trainer_listen == ns.listen:
+        raise ConfigError(f"--trainer-listen and --listen are both {trainer_listen}: give them different ports")
+    return trainer_listen, trainer_token
+
+
+def _state_paths(ns: argparse.Namespace) -> tuple[Path | None, Path | None, Path | None]:
+    """--state-dir, and the state file and journal: given alone, or inside --state-dir."""
+    state_dir = Path(ns.state_dir) if getattr(ns, "state_dir", None) else None
+    state_file = Path(ns.state_file) if ns.state_file else None
+    journal = Path(ns.journal) if ns.journal else None
+    if state_dir is not None:
+        state_file = state_file or state_dir / "state.json"
+        journal = journal or state_dir / "journal.jsonl"
+    return state_dir, state_file, journal
 
 
 def _token(ns: argparse.Namespace, attr: str) -> BearerToken | None:
