@@ -133,15 +133,47 @@ def on_off(value: str) -> bool:
     return value == "on"
 
 
-def _add(p: argparse.ArgumentParser, flag: str, *, default: object = None, **kw: object) -> None:
-    env = _env(flag, None)
-    d = env if env is not None else default
-    conv = kw.get("type")
-    if env is not None and callable(conv):
-        # argparse converts a string default with the flag's type and reports a bad one as the
-        # flag's error (exit 2): say that the value came from the environment.
-        kw["type"] = _from_env(conv, env, "ES_" + flag.lstrip("-").replace("-", "_").upper())
-    p.add_argument(flag, default=d, **kw)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class Flag:
+    """One daemon flag: argparse is built from it, and so is docs/flags.md (:func:`flags_markdown`).
+
+    Its environment variable is ``ES_<NAME>``; a value set there becomes the flag's default.
+    """
+
+    name: str
+    help: str | None = None
+    default: object = None
+    type: Callable[[str], object] | None = None
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    """Required unless its environment variable is set."""
+    repeated: bool = False
+    """Repeatable (``action="append"``); its environment variable is read by :func:`project_list`."""
+    default_at_start: Callable[[], object] | None = None
+    """A default read from the pod's environment when the parser is built."""
+    shown_default: str | None = None
+    """How docs/flags.md shows a default that is not a plain value."""
+
+    @property
+    def env(self) -> str:
+        return "ES_" + self.name.lstrip("-").replace("-", "_").upper()
+
+    def add_to(self, p: argparse.ArgumentParser) -> None:
+        if self.repeated:
+            p.add_argument(self.name, action="append", default=None, help=self.help)
+            return
+        env = os.environ.get(self.env)
+        default = self.default_at_start() if self.default_at_start else self.default
+        kw: dict[str, object] = {"help": self.help}
+        if self.choices:
+            kw["choices"] = list(self.choices)
+        if self.type is not None:
+            # argparse converts a string default with the flag's type and reports a bad one as the
+            # flag's error (exit 2): say that the value came from the environment.
+            kw["type"] = self.type if env is None else _from_env(self.type, env, self.env)
+        if self.required:
+            kw["required"] = env is None
+        p.add_argument(self.name, default=env if env is not None else default, **kw)  # type: ignore[arg-type]
 
 
 def _from_env(conv: Callable[[str], object], env: str, var: str) -> Callable[[str], object]:
@@ -169,339 +201,336 @@ def _in_cluster_api() -> str | None:
     return f"https://{host}:{port or 443}"
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    _add(p, "--job", default="elastic-job", help="JobSet name; peers of another job are refused (env ES_JOB)")
-    _add(p, "--log-format", default="json", choices=["json", "console"], help="json: Cloud Logging lines (default)")
-    _add(p, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+COMMON_FLAGS: tuple[Flag, ...] = (
+    Flag("--job", "JobSet name; peers of another job are refused (env ES_JOB)", "elastic-job"),
+    Flag("--log-format", "json: Cloud Logging lines (default)", "json", choices=("json", "console")),
+    Flag("--log-level", None, "info", choices=("debug", "info", "warning", "error")),
+)
 
 
-def add_coordinator_args(p: argparse.ArgumentParser) -> None:
-    add_common(p)
-    _add(
-        p,
+def _http_listen(default: str | None) -> Flag:
+    return Flag(
+        "--http-listen",
+        f"HTTP: /healthz /readyz /metrics /status and the status page (the manifests use 0.0.0.0:{C.HTTP_PORT}); "
+        f"'none' turns it off (default {default or 'none'})",
+        default,
+        listen_address,
+    )
+
+
+COORDINATOR_FLAGS: tuple[Flag, ...] = (
+    *COMMON_FLAGS,
+    Flag(
         "--listen",
-        default=f"127.0.0.1:{C.COORDINATOR_PORT}",
-        type=address,
-        help=f"peer gRPC address: worker sidecars register here (default 127.0.0.1:{C.COORDINATOR_PORT}; "
+        f"peer gRPC address: worker sidecars register here (default 127.0.0.1:{C.COORDINATOR_PORT}; "
         f"the manifests use 0.0.0.0:{C.COORDINATOR_PORT} with --peer-token-file)",
-    )
-    _add(
-        p,
+        f"127.0.0.1:{C.COORDINATOR_PORT}",
+        address,
+    ),
+    Flag(
         "--trainer-listen",
-        default=f"127.0.0.1:{C.TRAINER_PORT}",
-        type=address,
-        help=f"gRPC address of the trainer link (default 127.0.0.1:{C.TRAINER_PORT}: the trainer runs in the same "
+        f"gRPC address of the trainer link (default 127.0.0.1:{C.TRAINER_PORT}: the trainer runs in the same "
         "pod). A non-loopback address needs --trainer-token-file",
-    )
-    _add(
-        p,
+        f"127.0.0.1:{C.TRAINER_PORT}",
+        address,
+    ),
+    Flag(
         "--trainer-token-file",
-        default=None,
-        help="file holding the token the trainer hooks must present (they read ELASTIC_SIDECAR_TOKEN_FILE); "
+        "file holding the token the trainer hooks must present (they read ELASTIC_SIDECAR_TOKEN_FILE); "
         "none: the trainer link is not authenticated, so it must stay on loopback",
-    )
-    _add(p, "--num-slices", type=whole(1), required=_env("--num-slices", None) is None, help="slices in the job")
-    _add(p, "--hosts-per-slice", default=1, type=whole(1), help="TPU hosts (worker sidecars) per slice")
-    _add(
-        p,
+    ),
+    Flag("--num-slices", "slices in the job", type=whole(1), required=True),
+    Flag("--hosts-per-slice", "TPU hosts (worker sidecars) per slice", 1, whole(1)),
+    Flag(
         "--elastic-min-slice-count",
-        default=-1,
-        type=whole(-1),
-        help="MaxText's flag: -1 waits for all slices, k continues on >= k (default -1)",
-    )
-    _add(
-        p,
+        "MaxText's flag: -1 waits for all slices, k continues on >= k (default -1)",
+        -1,
+        whole(-1),
+    ),
+    Flag(
         "--elastic-timeout-seconds",
-        default=300.0,
-        type=positive_float,
-        help="MaxText's flag: longest wait for enough slices (default 300)",
-    )
-    _add(
-        p,
+        "MaxText's flag: longest wait for enough slices (default 300)",
+        300.0,
+        positive_float,
+    ),
+    Flag(
         "--elastic-max-retries",
-        default=10,
-        type=whole(1),
-        help="MaxText's flag, read by its name: recoveries from failures allowed (N + 1 attempts; default 10)",
-    )
-    _add(
-        p,
+        "MaxText's flag, read by its name: recoveries from failures allowed (N + 1 attempts; default 10)",
+        10,
+        whole(1),
+    ),
+    Flag(
         "--heartbeat-interval",
-        default=C.HEARTBEAT_INTERVAL_SECONDS,
-        type=positive_float,
-        help=f"seconds between worker heartbeats (default {C.HEARTBEAT_INTERVAL_SECONDS})",
-    )
-    _add(
-        p,
+        f"seconds between worker heartbeats (default {C.HEARTBEAT_INTERVAL_SECONDS})",
+        C.HEARTBEAT_INTERVAL_SECONDS,
+        positive_float,
+    ),
+    Flag(
         "--heartbeat-timeout",
-        default=C.HEARTBEAT_TIMEOUT_SECONDS,
-        type=positive_float,
-        help=f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})",
-    )
-    _add(
-        p,
+        f"a worker silent this long is lost (default {C.HEARTBEAT_TIMEOUT_SECONDS})",
+        C.HEARTBEAT_TIMEOUT_SECONDS,
+        positive_float,
+    ),
+    Flag(
         "--first-heartbeat-timeout",
-        default=None,
-        type=positive_float,
-        help="a worker that has just registered may stay silent this long after the coordinator wrote its "
+        "a worker that has just registered may stay silent this long after the coordinator wrote its "
         "registration reply before it is lost; from its first message on, --heartbeat-timeout applies "
         f"(default {C.FIRST_HEARTBEAT_TIMEOUT_FACTOR:g} x --heartbeat-timeout: a reply can take over a second "
         "to reach a worker while thousands re-register after a coordinator restart)",
-    )
-    _add(
-        p,
+        type=positive_float,
+        shown_default=f"{C.FIRST_HEARTBEAT_TIMEOUT_FACTOR:g} x --heartbeat-timeout",
+    ),
+    Flag(
         "--heartbeat-datagrams",
-        default="on" if C.HEARTBEAT_DATAGRAMS else "off",
-        type=on_off,
-        help="on (default): workers send heartbeats as UDP datagrams to the --listen port, which costs the "
+        "on (default): workers send heartbeats as UDP datagrams to the --listen port, which costs the "
         "coordinator far less CPU than stream messages; a worker whose datagrams do not arrive keeps "
         "heartbeating on its stream. off: heartbeats only on the streams",
-    )
-    _add(
-        p,
+        "on" if C.HEARTBEAT_DATAGRAMS else "off",
+        on_off,
+    ),
+    Flag(
         "--gc-freeze",
-        default="on",
-        type=on_off,
-        help="on (default): every 256 registrations, the coordinator freezes Python's garbage collector's "
+        "on (default): every 256 registrations, the coordinator freezes Python's garbage collector's "
         "objects (gc.freeze) so that its registered workers are not walked by every full collection (without "
         "it, stalls of up to 1.5 s while 19,000 workers register after a restart); once a quarter of the "
         "frozen workers have left and streams stopped ending for 5 s, it unfreezes, collects once and "
         "freezes again. off: the collector as Python has it",
-    )
-    _add(
-        p,
+        "on",
+        on_off,
+    ),
+    Flag(
         "--rejoin-grace",
-        default=10.0,
-        type=positive_float,
-        help="after a coordinator restart, seconds known hosts get to re-register (default 10), counted again "
+        "after a coordinator restart, seconds known hosts get to re-register (default 10), counted again "
         "from each host that re-registers while they keep coming back: a host is judged lost only this long "
         "after the restart and after the newest re-registration",
-    )
-    _add(
-        p,
+        10.0,
+        positive_float,
+    ),
+    Flag(
         "--state-dir",
-        type=Path,
-        default=None,
-        help="where the coordinator keeps what must survive its restart: state.json (written before any action "
+        "where the coordinator keeps what must survive its restart: state.json (written before any action "
         "of a decision runs), journal.jsonl and a lock that keeps a second coordinator out (default: none)",
-    )
-    _add(p, "--state-file", type=Path, default=None, help="the state file alone, outside --state-dir")
-    _add(p, "--journal", type=Path, default=None, help="append every decision as a JSON line here")
-    _add(
-        p,
+        type=Path,
+    ),
+    Flag("--state-file", "the state file alone, outside --state-dir", type=Path),
+    Flag("--journal", "append every decision as a JSON line here", type=Path),
+    Flag(
         "--journal-max-bytes",
-        default=16 * 1024 * 1024,
-        type=whole(0, C.INT64_MAX),
-        help="rotate the journal to journal.jsonl.1 past this size, keeping one old file (default 16 MiB)",
-    )
-    _add(
-        p,
+        "rotate the journal to journal.jsonl.1 past this size, keeping one old file (default 16 MiB)",
+        16 * 1024 * 1024,
+        whole(0, C.INT64_MAX),
+    ),
+    Flag(
         "--durability-bound",
-        default=2.0,
-        type=positive_float,
-        help="seconds a decision waits for its state write to succeed before it is carried out from memory "
+        "seconds a decision waits for its state write to succeed before it is carried out from memory "
         "anyway, flagged not durable (default 2)",
-    )
-    _add(
-        p,
+        2.0,
+        positive_float,
+    ),
+    Flag(
         "--restart-attempt",
-        default=0,
-        type=nonneg_int,
-        help="the JobSet restart attempt (label jobset.sigs.k8s.io/restart-attempt, env ES_RESTART_ATTEMPT): a "
+        "the JobSet restart attempt (label jobset.sigs.k8s.io/restart-attempt, env ES_RESTART_ATTEMPT): a "
         "state file from an earlier attempt does not make this one failed (default 0)",
-    )
-    _add(
-        p,
+        0,
+        nonneg_int,
+    ),
+    Flag(
         "--flush-timeout-seconds",
-        default=600.0,
-        type=positive_float,
-        help="how long a flush may take; a hold that flushes is acknowledged within elastic_timeout_seconds plus "
+        "how long a flush may take; a hold that flushes is acknowledged within elastic_timeout_seconds plus "
         "this (default 600)",
-    )
-    _add(
-        p,
+        600.0,
+        positive_float,
+    ),
+    Flag(
         "--settle-seconds",
-        default=1.0,
-        type=nonneg_float,
-        help="a lost slice's replacement counts once it has stayed registered and healthy this long (default 1)",
-    )
-    _add(
-        p,
+        "a lost slice's replacement counts once it has stayed registered and healthy this long (default 1)",
+        1.0,
+        nonneg_float,
+    ),
+    Flag(
         "--pubsub-subscription",
-        default=None,
-        help="projects/P/subscriptions/S to pull GKE and Cloud Logging notices from (none: no Pub/Sub intake)",
-    )
-    _add(p, "--cluster-name", default=None, help="only GKE notices for this cluster count (default: any)")
-    p.add_argument(
+        "projects/P/subscriptions/S to pull GKE and Cloud Logging notices from (none: no Pub/Sub intake)",
+    ),
+    Flag("--cluster-name", "only GKE notices for this cluster count (default: any)"),
+    Flag(
         "--pubsub-project",
-        action="append",
-        default=None,
-        help="only notices for these projects count: a project id (GCE log entries carry it), repeatable or "
+        "only notices for these projects count: a project id (GCE log entries carry it), repeatable or "
         "comma-separated (env ES_PUBSUB_PROJECT); with neither this nor --pubsub-project-number, any project",
-    )
-    p.add_argument(
+        repeated=True,
+    ),
+    Flag(
         "--pubsub-project-number",
-        action="append",
-        default=None,
-        help="the project number too (GKE cluster notifications carry it), repeatable or comma-separated "
+        "the project number too (GKE cluster notifications carry it), repeatable or comma-separated "
         "(env ES_PUBSUB_PROJECT_NUMBER)",
-    )
-    _add(
-        p,
+        repeated=True,
+    ),
+    Flag(
         "--notice-lead-seconds",
-        default=120.0,
-        type=nonneg_float,
-        help="drain a slice this long before an announced maintenance window starts: a step and a flush (default 120)",
-    )
-    _add(
-        p,
+        "drain a slice this long before an announced maintenance window starts: a step and a flush (default 120)",
+        120.0,
+        nonneg_float,
+    ),
+    Flag(
         "--trainer-processes",
-        default=1,
-        type=nonneg_int,
-        help="JAX processes of the trainer (env ES_TRAINER_PROCESSES). 1: one trainer process (Pathways, one host). "
+        "JAX processes of the trainer (env ES_TRAINER_PROCESSES). 1: one trainer process (Pathways, one host). "
         "N > 1: multi-controller JAX, one process per host joined by jax.distributed; each attaches with its "
         "process index, holds happen at one agreed step in every process, and a lost host ends the attempt "
         "with exit 42 (after a collective flush when the loss was announced) instead of shrinking (default 1)",
-    )
-    _add(
-        p,
+        1,
+        nonneg_int,
+    ),
+    Flag(
         "--admin-listen",
-        default=f"127.0.0.1:{C.ADMIN_PORT}",
-        type=listen_address,
-        help=f"admin gRPC API (`elastic-sidecar admin`); 'none' turns it off (default 127.0.0.1:{C.ADMIN_PORT}). "
+        f"admin gRPC API (`elastic-sidecar admin`); 'none' turns it off (default 127.0.0.1:{C.ADMIN_PORT}). "
         "A non-loopback address needs --admin-token-file",
-    )
-    _add(
-        p,
+        f"127.0.0.1:{C.ADMIN_PORT}",
+        listen_address,
+    ),
+    Flag(
         "--admin-token-file",
-        default=None,
-        help="file holding the admin API's bearer token (a mounted Secret); none: admin calls are not authenticated",
-    )
-    _add(
-        p,
+        "file holding the admin API's bearer token (a mounted Secret); none: admin calls are not authenticated",
+    ),
+    Flag(
         "--peer-token-file",
-        default=None,
-        help="file holding the token worker sidecars must present on Join; none: registrations are not authenticated",
-    )
-    _add(
-        p,
-        "--tls-cert-file",
-        default=None,
-        help="PEM certificate chain: serve the admin API over TLS (with --tls-key-file)",
-    )
-    _add(p, "--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
-    _add_http(p)
+        "file holding the token worker sidecars must present on Join; none: registrations are not authenticated",
+    ),
+    Flag("--tls-cert-file", "PEM certificate chain: serve the admin API over TLS (with --tls-key-file)"),
+    Flag("--tls-key-file", "PEM private key of --tls-cert-file"),
+    _http_listen(f"127.0.0.1:{C.HTTP_PORT}"),
+)
 
-
-def _add_http(p: argparse.ArgumentParser, default: str | None = f"127.0.0.1:{C.HTTP_PORT}") -> None:
-    _add(
-        p,
-        "--http-listen",
-        default=default,
+WORKER_FLAGS: tuple[Flag, ...] = (
+    *COMMON_FLAGS,
+    Flag("--coordinator", "coordinator HOST:PORT", f"127.0.0.1:{C.COORDINATOR_PORT}", address),
+    Flag("--slice", "this host's slice (JobSet job-index; env ES_SLICE)", type=nonneg_int, required=True),
+    Flag("--host", "host index within the slice (JOB_COMPLETION_INDEX)", 0, nonneg_int),
+    Flag(
+        "--node",
+        "Kubernetes node name (env ES_NODE or NODE_NAME)",
+        default_at_start=lambda: os.environ.get("NODE_NAME", ""),
+        shown_default="$NODE_NAME",
+    ),
+    Flag("--node-pool", "the node's GKE node pool (empty: see --node-pool-source)", ""),
+    Flag(
+        "--node-pool-source",
+        "where to learn the node pool when --node-pool is empty: kubernetes reads the node's "
+        "cloud.google.com/gke-nodepool label through the Kubernetes API (RBAC: get nodes); default none",
+        "none",
+        choices=("none", "kubernetes"),
+    ),
+    Flag(
+        "--node-watch-seconds",
+        "with --node-pool-source kubernetes: poll the node's GKE maintenance label and taints "
+        "(cloud.google.com/scheduled-maintenance-time, impending-node-termination, maintenance-window-started) "
+        "this often; 0 turns it off (default 30)",
+        30.0,
+        nonneg_float,
+    ),
+    Flag(
+        "--kubernetes-api",
+        "Kubernetes API base URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+        default_at_start=_in_cluster_api,
+        shown_default="https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT",
+    ),
+    Flag(
+        "--kubernetes-token-file",
+        "bearer token for the Kubernetes API (default: the pod's service account token)",
+        SERVICE_ACCOUNT_DIR + "/token",
+    ),
+    Flag(
+        "--kubernetes-ca-file",
+        "CA bundle of the Kubernetes API (default: the pod's service account CA)",
+        SERVICE_ACCOUNT_DIR + "/ca.crt",
+    ),
+    Flag(
+        "--pod",
+        "pod name, for operators",
+        default_at_start=lambda: os.environ.get("POD_NAME", ""),
+        shown_default="$POD_NAME",
+    ),
+    Flag(
+        "--health-target",
+        "local Pathways worker to watch with grpc.health.v1 (HOST:PORT); none = always healthy",
         type=listen_address,
-        help=f"HTTP: /healthz /readyz /metrics /status and the status page (the manifests use 0.0.0.0:{C.HTTP_PORT}); "
-        f"'none' turns it off (default {default or 'none'})",
-    )
+    ),
+    Flag(
+        "--health-check",
+        "grpc: grpc.health.v1 Watch; tcp: a TCP connect (no health service served)",
+        "grpc",
+        choices=("grpc", "tcp"),
+    ),
+    Flag(
+        "--metadata-url",
+        "GCE metadata server base, e.g. http://metadata.google.internal/computeMetadata/v1 (none: not watched)",
+    ),
+    Flag(
+        "--maintenance-notice-seconds",
+        "notice a maintenance event gives before the host goes (default 60)",
+        60.0,
+        positive_float,
+    ),
+    Flag(
+        "--preemption-notice-seconds",
+        "notice a preemption gives before the host goes (default 30)",
+        30.0,
+        positive_float,
+    ),
+    Flag(
+        "--peer-token-file",
+        "file holding the token to present to the coordinator on Join (the coordinator's --peer-token-file)",
+    ),
+    # Off unless asked for: several worker sidecars often share one machine's loopback
+    # (the demo, tests); the manifests turn it on for kubelet probes and Prometheus.
+    _http_listen(None),
+    Flag(
+        "--admin-listen",
+        "read-only admin gRPC API of this worker (GetStatus, WatchEvents; no token); default none: off",
+        type=listen_address,
+    ),
+)
+
+
+def add_flags(p: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:
+    for flag in flags:
+        flag.add_to(p)
+
+
+def add_coordinator_args(p: argparse.ArgumentParser) -> None:
+    add_flags(p, COORDINATOR_FLAGS)
 
 
 def add_worker_args(p: argparse.ArgumentParser) -> None:
-    add_common(p)
-    _add(p, "--coordinator", default=f"127.0.0.1:{C.COORDINATOR_PORT}", type=address, help="coordinator HOST:PORT")
-    _add(
-        p,
-        "--slice",
-        type=nonneg_int,
-        required=_env("--slice", None) is None,
-        help="this host's slice (JobSet job-index; env ES_SLICE)",
-    )
-    _add(p, "--host", type=nonneg_int, default=0, help="host index within the slice (JOB_COMPLETION_INDEX)")
-    _add(p, "--node", default=os.environ.get("NODE_NAME", ""), help="Kubernetes node name (env ES_NODE or NODE_NAME)")
-    _add(p, "--node-pool", default="", help="the node's GKE node pool (empty: see --node-pool-source)")
-    _add(
-        p,
-        "--node-pool-source",
-        default="none",
-        choices=["none", "kubernetes"],
-        help="where to learn the node pool when --node-pool is empty: kubernetes reads the node's "
-        "cloud.google.com/gke-nodepool label through the Kubernetes API (RBAC: get nodes); default none",
-    )
-    _add(
-        p,
-        "--node-watch-seconds",
-        default=30.0,
-        type=nonneg_float,
-        help="with --node-pool-source kubernetes: poll the node's GKE maintenance label and taints "
-        "(cloud.google.com/scheduled-maintenance-time, impending-node-termination, maintenance-window-started) "
-        "this often; 0 turns it off (default 30)",
-    )
-    _add(
-        p,
-        "--kubernetes-api",
-        default=_in_cluster_api(),
-        help="Kubernetes API base URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
-    )
-    _add(
-        p,
-        "--kubernetes-token-file",
-        default=SERVICE_ACCOUNT_DIR + "/token",
-        help="bearer token for the Kubernetes API (default: the pod's service account token)",
-    )
-    _add(
-        p,
-        "--kubernetes-ca-file",
-        default=SERVICE_ACCOUNT_DIR + "/ca.crt",
-        help="CA bundle of the Kubernetes API (default: the pod's service account CA)",
-    )
-    _add(p, "--pod", default=os.environ.get("POD_NAME", ""), help="pod name, for operators")
-    _add(
-        p,
-        "--health-target",
-        default=None,
-        type=listen_address,
-        help="local Pathways worker to watch with grpc.health.v1 (HOST:PORT); none = always healthy",
-    )
-    _add(
-        p,
-        "--health-check",
-        default="grpc",
-        choices=["grpc", "tcp"],
-        help="grpc: grpc.health.v1 Watch; tcp: a TCP connect (no health service served)",
-    )
-    _add(
-        p,
-        "--metadata-url",
-        default=None,
-        help="GCE metadata server base, e.g. http://metadata.google.internal/computeMetadata/v1 (none: not watched)",
-    )
-    _add(
-        p,
-        "--maintenance-notice-seconds",
-        default=60.0,
-        type=positive_float,
-        help="notice a maintenance event gives before the host goes (default 60)",
-    )
-    _add(
-        p,
-        "--preemption-notice-seconds",
-        default=30.0,
-        type=positive_float,
-        help="notice a preemption gives before the host goes (default 30)",
-    )
-    _add(
-        p,
-        "--peer-token-file",
-        default=None,
-        help="file holding the token to present to the coordinator on Join (the coordinator's --peer-token-file)",
-    )
-    # Off unless asked for: several worker sidecars often share one machine's loopback
-    # (the demo, tests); the manifests turn it on for kubelet probes and Prometheus.
-    _add_http(p, default=None)
-    _add(
-        p,
-        "--admin-listen",
-        default=None,
-        type=listen_address,
-        help="read-only admin gRPC API of this worker (GetStatus, WatchEvents; no token); default none: off",
-    )
+    add_flags(p, WORKER_FLAGS)
+
+
+def _shown_default(flag: Flag) -> str:
+    if flag.shown_default is not None:
+        return flag.shown_default
+    if flag.default is None or flag.default == "":
+        return "none"
+    if isinstance(flag.default, float) and flag.default.is_integer():
+        return str(int(flag.default))
+    return str(flag.default)
+
+
+def flags_markdown() -> str:
+    """docs/flags.md: every flag of both roles with its environment variable and default."""
+    out = [
+        "# Flags of the two daemon roles",
+        "",
+        "Generated from the flag table in `agent/config.py` (`python -m agent.config > docs/flags.md`);",
+        "a test checks that this file matches it. A flag on the command line wins over its `ES_` variable.",
+    ]
+    for role, flags in (("coordinator", COORDINATOR_FLAGS), ("worker", WORKER_FLAGS)):
+        out += ["", f"## `elastic-sidecar {role}`", "", "| flag | env | default | what |", "| --- | --- | --- | --- |"]
+        for f in flags:
+            what = f.help or ""
+            if f.choices:
+                what = f"{what} (one of: {', '.join(f.choices)})".lstrip()
+            cell = what.replace("|", "\\|")
+            default = "required" if f.required else f"`{_shown_default(f)}`"
+            out.append(f"| `{f.name}` | `{f.env}` | {default} | {cell} |")
+    return "\n".join(out) + "\n"
 
 
 @dataclass(frozen=True)
@@ -551,55 +580,14 @@ class CoordinatorConfig:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
-        try:
-            policy = Policy(
-                num_slices=int(ns.num_slices),
-                hosts_per_slice=int(ns.hosts_per_slice),
-                elastic_min_slice_count=int(ns.elastic_min_slice_count),
-                elastic_timeout_seconds=float(ns.elastic_timeout_seconds),
-                elastic_max_retries=int(ns.elastic_max_retries),
-                rejoin_grace_seconds=float(ns.rejoin_grace),
-                flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
-                settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
-                notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
-                trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
-            )
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
+        policy = _policy(ns)
         sub = getattr(ns, "pubsub_subscription", None)
         if sub and not (sub.startswith("projects/") and "/subscriptions/" in sub):
             raise ConfigError(f"--pubsub-subscription must look like projects/P/subscriptions/S, got {sub!r}")
-        hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
-        if hbt <= hb:
-            raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
-        first_hbt = getattr(ns, "first_heartbeat_timeout", None)
-        if first_hbt is not None and float(first_hbt) < hbt:
-            raise ConfigError(
-                f"--first-heartbeat-timeout ({float(first_hbt):g}) must not be shorter than --heartbeat-timeout "
-                f"({hbt:g})"
-            )
-        admin_listen = getattr(ns, "admin_listen", None)
-        admin_token = _token(ns, "admin_token_file")
-        if admin_listen is not None and admin_token is None and not is_loopback(admin_listen):
-            raise ConfigError(
-                f"--admin-listen {admin_listen} is not a loopback address: give --admin-token-file too "
-                "(and --tls-cert-file/--tls-key-file), or keep it on 127.0.0.1"
-            )
-        trainer_listen = getattr(ns, "trainer_listen", None) or f"127.0.0.1:{C.TRAINER_PORT}"
-        trainer_token = _token(ns, "trainer_token_file")
-        if trainer_token is None and not is_loopback(trainer_listen):
-            raise ConfigError(
-                f"--trainer-listen {trainer_listen} is not a loopback address: give --trainer-token-file too, or "
-                "keep the trainer link on 127.0.0.1 (the trainer runs in the coordinator's pod)"
-            )
-        if trainer_listen == ns.listen:
-            raise ConfigError(f"--trainer-listen and --listen are both {trainer_listen}: give them different ports")
-        state_dir = Path(ns.state_dir) if getattr(ns, "state_dir", None) else None
-        state_file = Path(ns.state_file) if ns.state_file else None
-        journal = Path(ns.journal) if ns.journal else None
-        if state_dir is not None:
-            state_file = state_file or state_dir / "state.json"
-            journal = journal or state_dir / "journal.jsonl"
+        hb, hbt, first_hbt = _heartbeats(ns)
+        admin_listen, admin_token = _admin_listener(ns)
+        trainer_listen, trainer_token = _trainer_listener(ns)
+        state_dir, state_file, journal = _state_paths(ns)
         tls_cert, tls_key = _tls(ns)
         return cls(
             job=ns.job,
@@ -607,7 +595,7 @@ class CoordinatorConfig:
             policy=policy,
             heartbeat_interval=hb,
             heartbeat_timeout=hbt,
-            first_heartbeat_timeout=None if first_hbt is None else float(first_hbt),
+            first_heartbeat_timeout=first_hbt,
             heartbeat_datagrams=bool(getattr(ns, "heartbeat_datagrams", True)),
             gc_freeze=bool(getattr(ns, "gc_freeze", True)),
             state_file=state_file,
@@ -631,6 +619,72 @@ class CoordinatorConfig:
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
+
+
+def _policy(ns: argparse.Namespace) -> Policy:
+    try:
+        return Policy(
+            num_slices=int(ns.num_slices),
+            hosts_per_slice=int(ns.hosts_per_slice),
+            elastic_min_slice_count=int(ns.elastic_min_slice_count),
+            elastic_timeout_seconds=float(ns.elastic_timeout_seconds),
+            elastic_max_retries=int(ns.elastic_max_retries),
+            rejoin_grace_seconds=float(ns.rejoin_grace),
+            flush_timeout_seconds=float(getattr(ns, "flush_timeout_seconds", 600.0)),
+            settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
+            notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
+            trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _heartbeats(ns: argparse.Namespace) -> tuple[float, float, float | None]:
+    """The heartbeat interval, timeout and first-heartbeat timeout, each checked against the others."""
+    hb, hbt = float(ns.heartbeat_interval), float(ns.heartbeat_timeout)
+    if hbt <= hb:
+        raise ConfigError(f"--heartbeat-timeout ({hbt:g}) must be larger than --heartbeat-interval ({hb:g})")
+    first_hbt = getattr(ns, "first_heartbeat_timeout", None)
+    if first_hbt is not None and float(first_hbt) < hbt:
+        raise ConfigError(
+            f"--first-heartbeat-timeout ({float(first_hbt):g}) must not be shorter than --heartbeat-timeout ({hbt:g})"
+        )
+    return hb, hbt, None if first_hbt is None else float(first_hbt)
+
+
+def _admin_listener(ns: argparse.Namespace) -> tuple[str | None, BearerToken | None]:
+    admin_listen = getattr(ns, "admin_listen", None)
+    admin_token = _token(ns, "admin_token_file")
+    if admin_listen is not None and admin_token is None and not is_loopback(admin_listen):
+        raise ConfigError(
+            f"--admin-listen {admin_listen} is not a loopback address: give --admin-token-file too "
+            "(and --tls-cert-file/--tls-key-file), or keep it on 127.0.0.1"
+        )
+    return admin_listen, admin_token
+
+
+def _trainer_listener(ns: argparse.Namespace) -> tuple[str, BearerToken | None]:
+    trainer_listen = getattr(ns, "trainer_listen", None) or f"127.0.0.1:{C.TRAINER_PORT}"
+    trainer_token = _token(ns, "trainer_token_file")
+    if trainer_token is None and not is_loopback(trainer_listen):
+        raise ConfigError(
+            f"--trainer-listen {trainer_listen} is not a loopback address: give --trainer-token-file too, or "
+            "keep the trainer link on 127.0.0.1 (the trainer runs in the coordinator's pod)"
+        )
+    if trainer_listen == ns.listen:
+        raise ConfigError(f"--trainer-listen and --listen are both {trainer_listen}: give them different ports")
+    return trainer_listen, trainer_token
+
+
+def _state_paths(ns: argparse.Namespace) -> tuple[Path | None, Path | None, Path | None]:
+    """--state-dir, and the state file and journal: given alone, or inside --state-dir."""
+    state_dir = Path(ns.state_dir) if getattr(ns, "state_dir", None) else None
+    state_file = Path(ns.state_file) if ns.state_file else None
+    journal = Path(ns.journal) if ns.journal else None
+    if state_dir is not None:
+        state_file = state_file or state_dir / "state.json"
+        journal = journal or state_dir / "journal.jsonl"
+    return state_dir, state_file, journal
 
 
 def _token(ns: argparse.Namespace, attr: str) -> BearerToken | None:
@@ -720,3 +774,7 @@ class WorkerConfig:
             kubernetes_ca_file=getattr(ns, "kubernetes_ca_file", None),
             node_watch_seconds=float(getattr(ns, "node_watch_seconds", 30.0)),
         )
+
+
+if __name__ == "__main__":
+    print(flags_markdown(), end="")

@@ -35,6 +35,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,77 +121,94 @@ def judge(
     resumed without the slice. Grown back: it resumed on the slice again, with every slice it had.
     Lost steps: for each resume, how far it went back from the furthest step the job had reached.
     """
-    at: dict[str, float | None] = dict.fromkeys(PHASES)
-    high = start.last_step
-    lost = 0
+    tally = _tally(start, events)
+    at = tally.at
+    at["replacement_running"] = replacement_running_at
+    phases = {f"{k}_seconds": None if v is None else round(max(0.0, v - start.deleted_at), 3) for k, v in at.items()}
+    restarts = None if jobset_restarts_now is None else max(0, jobset_restarts_now - start.jobset_restarts)
+    lost_steps = tally.lost if at["detected"] is not None else None
+    report = Report("incomplete", "", phases, lost_steps, tally.restored_from, restarts, tally.resumes)
+    report.verdict, report.why = _verdict(tally, restarts, max_lost_steps)
+    return report
+
+
+@dataclass
+class _Tally:
+    """What :func:`judge` reads from the decisions, one after another."""
+
+    high: int
+    """The furthest step the job had reached."""
+    at: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(PHASES))
+    lost: int = 0
     restored_from: str | None = None
-    resumes: list[dict[str, Any]] = []
-    failed = ""
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    failed: str = ""
+
+
+def _tally(start: Start, events: list[dict[str, Any]]) -> _Tally:
+    tally = _Tally(high=start.last_step)
     for ev in events:
         if "trigger" not in ev:
             if int(ev.get("generation", -1)) == start.generation:
-                high = max(high, int(ev["last_step"]))
+                tally.high = max(tally.high, int(ev["last_step"]))
             continue
         t = float(ev.get("time_unix", 0.0))
         if t < start.deleted_at - CLOCK_SLACK:
             continue
-        gen, phase, trigger, reason = (
-            int(ev.get("generation", 0)),
-            ev.get("phase", ""),
-            ev.get("trigger", ""),
-            ev.get("reason", ""),
-        )
-        if at["detected"] is None:
-            if gen > start.generation or (gen == start.generation and phase not in ("running", "starting", "")):
-                at["detected"] = t
-            else:
+        if tally.at["detected"] is None:
+            if not _starts_a_recovery(start, ev):
                 continue
-        if phase == "failed" and not failed:
-            failed = reason
-        if trigger == "TrainerHeld" and (m := _HELD.match(reason)):
-            high = max(high, int(m["step"]))
-            if at["held"] is None:
-                at["held"] = t
-        elif trigger == "TrainerResumed" and (m := _RESUMED.match(reason)):
-            step, source = int(m["step"]), m["source"]
-            active = set(ev.get("active_slices", []))
-            lost += max(0, high - step)
-            high = max(high, step)
-            restored_from = restored_from or source
-            resumes.append(
-                {
-                    "seconds": round(t - start.deleted_at, 3),
-                    "step": step,
-                    "slices": sorted(active),
-                    "restored_from": source,
-                }
-            )
-            if start.slice not in active and at["resumed"] is None:
-                at["resumed"] = t
-            elif start.slice in active and active >= set(start.active) and at["grown_back"] is None:
-                at["grown_back"] = t
-    at["replacement_running"] = replacement_running_at
-    phases = {f"{k}_seconds": None if v is None else round(max(0.0, v - start.deleted_at), 3) for k, v in at.items()}
-    restarts = None if jobset_restarts_now is None else max(0, jobset_restarts_now - start.jobset_restarts)
-    lost_steps = lost if at["detected"] is not None else None
-    report = Report("incomplete", "", phases, lost_steps, restored_from, restarts, resumes)
-    if restarts:
-        report.verdict, report.why = "lost", f"the JobSet restarted {restarts} time(s): every pod was recreated"
-    elif lost > max_lost_steps:
-        report.verdict, report.why = "lost", f"{lost} steps lost (at most {max_lost_steps} holds the state)"
-    elif failed:
-        report.verdict, report.why = "lost", f"the job failed: {failed}"
-    elif at["detected"] is None:
-        report.why = "the coordinator made no decision about the loss"
-    elif at["grown_back"] is None or replacement_running_at is None:
-        missing = [k for k in ("replacement_running", "grown_back") if at[k] is None]
-        report.why = "not seen: " + ", ".join(missing).replace("_", " ")
-    else:
-        report.verdict = "held"
-        report.why = (
-            f"{lost} step(s) lost, restored from {restored_from}, no JobSet restart, grown back onto the replacement"
+            tally.at["detected"] = t
+        _count(tally, start, ev, t)
+    return tally
+
+
+def _starts_a_recovery(start: Start, ev: dict[str, Any]) -> bool:
+    gen, phase = int(ev.get("generation", 0)), ev.get("phase", "")
+    return gen > start.generation or (gen == start.generation and phase not in ("running", "starting", ""))
+
+
+def _count(tally: _Tally, start: Start, ev: dict[str, Any], t: float) -> None:
+    """One decision after the loss was detected: a failure, a hold or a resume."""
+    trigger, reason = ev.get("trigger", ""), ev.get("reason", "")
+    if ev.get("phase", "") == "failed" and not tally.failed:
+        tally.failed = reason
+    if trigger == "TrainerHeld" and (m := _HELD.match(reason)):
+        tally.high = max(tally.high, int(m["step"]))
+        if tally.at["held"] is None:
+            tally.at["held"] = t
+    elif trigger == "TrainerResumed" and (m := _RESUMED.match(reason)):
+        step, source = int(m["step"]), m["source"]
+        active = set(ev.get("active_slices", []))
+        tally.lost += max(0, tally.high - step)
+        tally.high = max(tally.high, step)
+        tally.restored_from = tally.restored_from or source
+        tally.resumes.append(
+            {"seconds": round(t - start.deleted_at, 3), "step": step, "slices": sorted(active), "restored_from": source}
         )
-    return report
+        if start.slice not in active and tally.at["resumed"] is None:
+            tally.at["resumed"] = t
+        elif start.slice in active and active >= set(start.active) and tally.at["grown_back"] is None:
+            tally.at["grown_back"] = t
+
+
+def _verdict(tally: _Tally, restarts: int | None, max_lost_steps: int) -> tuple[str, str]:
+    """The verdict and why, once ``tally.at`` holds every phase (the replacement's too)."""
+    at, lost = tally.at, tally.lost
+    if restarts:
+        return "lost", f"the JobSet restarted {restarts} time(s): every pod was recreated"
+    if lost > max_lost_steps:
+        return "lost", f"{lost} steps lost (at most {max_lost_steps} holds the state)"
+    if tally.failed:
+        return "lost", f"the job failed: {tally.failed}"
+    if at["detected"] is None:
+        return "incomplete", "the coordinator made no decision about the loss"
+    if at["grown_back"] is None or at["replacement_running"] is None:
+        missing = [k for k in ("replacement_running", "grown_back") if at[k] is None]
+        return "incomplete", "not seen: " + ", ".join(missing).replace("_", " ")
+    return "held", (
+        f"{lost} step(s) lost, restored from {tally.restored_from}, no JobSet restart, grown back onto the replacement"
+    )
 
 
 # -- the Kubernetes side ------------------------------------------------------------------
@@ -450,137 +468,78 @@ def add_drill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON here ('-': stdout)")
 
 
+@dataclass
+class _Drill:
+    """What one drill holds open: the admin API, the Kubernetes client and the decision stream."""
+
+    ns: argparse.Namespace
+    channel: grpc.Channel
+    md: Any
+    deadline: float
+    say: Callable[[str], None]
+    stub: Any = None
+    cluster: Cluster | None = None
+    follower: Decisions | None = None
+
+    def left(self) -> float:
+        """The timeout of one call: at most CALL_TIMEOUT, never past the drill's deadline (nor zero)."""
+        return max(0.1, min(CALL_TIMEOUT, self.deadline - time.monotonic()))
+
+    def close(self) -> None:
+        _close(self.follower, self.cluster, self.channel)
+
+
+@dataclass(frozen=True)
+class _Deleted:
+    """The pod the drill deleted, and the job as it stood then."""
+
+    start: Start
+    pod: str
+    uid: str
+    index: str | None
+
+
+@dataclass
+class _Seen:
+    """What the drill has seen since the deletion."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    replacement: tuple[str, float] | None = None
+    """The replacement pod's name and when it was first seen running."""
+    restarts_now: int | None = None
+    interrupted: bool = False
+
+    def report(self, start: Start, max_lost_steps: int) -> Report:
+        running_at = self.replacement[1] if self.replacement else None
+        return judge(start, self.events, running_at, self.restarts_now, max_lost_steps=max_lost_steps)
+
+
 def run(ns: argparse.Namespace) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if ns.json == "-" else (lambda m: print(m, flush=True))
-    deadline = time.monotonic() + ns.timeout
-
-    def left() -> float:
-        return max(0.1, min(CALL_TIMEOUT, deadline - time.monotonic()))
-
     try:
         channel, md = admin_channel(ns)
     except ConfigError as e:
         return _usage(str(e))
-    cluster: Cluster | None = None
-    follower: Decisions | None = None
+    d = _Drill(ns, channel, md, time.monotonic() + ns.timeout, say)
     try:
-        from protos.elastic_sidecar.v1 import admin_pb2_grpc
-
-        stub = admin_pb2_grpc.AdminStub(channel)
-        cluster = Cluster(ns)
-        try:
-            restarts0 = cluster.jobset_restarts(ns.jobset, left())
-        except cluster.errors as e:
-            raise DrillError(
-                _api_problem(e, f"jobset {ns.jobset} in namespace {cluster.namespace}", "get jobsets")
-            ) from None
-        st = _status(stub, md, left())
-        if not 0 <= ns.slice < len(st.slices):
-            raise DrillError(f"--slice {ns.slice}: job {st.job} has slices 0..{len(st.slices) - 1}")
-        if st.phase != "running" or ns.slice not in st.active_slices:
-            raise DrillError(
-                f"job {st.job} is {st.phase} on slices {list(st.active_slices)}: the drill starts from a job that "
-                f"trains on slice {ns.slice} (see elastic-sidecar admin status)"
-            )
-        try:
-            pods = cluster.slice_pods(ns.jobset, ns.slice, ns.replicated_job, left())
-        except cluster.errors as e:
-            raise DrillError(_api_problem(e, f"pods of jobset {ns.jobset}", "list pods")) from None
-        pod = choose_pod(pods, ns, cluster.namespace)
-        st = _wait_for_a_step(stub, md, st, deadline, say)
-        follower = Decisions(stub, md)
-        follower.open(left())
-        follower.start()
-        st = _status(stub, md, left())
-        active0 = tuple(st.active_slices)
-        name, uid, index = pod.metadata.name, pod.metadata.uid, completion_index(pod)
-        say(
-            f"drill: deleting pod {name} (slice {ns.slice}, host {index}) of jobset {ns.jobset} in {cluster.namespace}; "
-            f"job at step {st.last_step}, generation {st.generation}, slices {list(active0)}"
-        )
-        deleted_at = time.time()
-        try:
-            cluster.delete(name, left())
-        except cluster.errors as e:
-            raise DrillError(_api_problem(e, f"pod {name}", "delete pods")) from None
+        deleted = _delete_a_pod(d)
     except DrillError as e:
-        _close(follower, cluster, channel)
+        d.close()
         return _usage(str(e))
     except grpc.RpcError as e:
-        _close(follower, cluster, channel)
+        d.close()
         return _usage(f"admin API at {ns.admin_address}: {e.code().name}: {e.details()}")  # type: ignore[attr-defined]
-    start = Start(ns.slice, deleted_at, st.generation, active0, st.last_step, restarts0)
-    events: list[dict[str, Any]] = []
-    replacement: tuple[str, float] | None = None
-    restarts_now: int | None = restarts0
-    shown: set[str] = set()
-    interrupted = False
+    seen = _Seen(restarts_now=deleted.start.jobset_restarts)
     try:
-        while time.monotonic() < deadline:
-            while True:
-                try:
-                    events.append(follower.events.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                s = _status(stub, md, left())
-                events.append({"last_step": int(s.last_step), "generation": int(s.generation)})
-                terminal = s.phase in ("failed", "completed")
-            except grpc.RpcError:
-                terminal = False  # a coordinator restarting: the stream watches again
-            if replacement is None:
-                try:
-                    for p in cluster.slice_pods(ns.jobset, ns.slice, ns.replicated_job, left()):
-                        if p.metadata.uid != uid and completion_index(p) == index and running(p):
-                            replacement = (p.metadata.name, time.time())
-                except cluster.errors:
-                    pass  # a blip of the API server; the next round asks again
-            try:
-                restarts_now = cluster.jobset_restarts(ns.jobset, left())
-            except cluster.errors:
-                pass
-            report = judge(
-                start, events, replacement[1] if replacement else None, restarts_now, max_lost_steps=ns.max_lost_steps
-            )
-            for k, v in report.phases.items():
-                if v is not None and k not in shown:
-                    shown.add(k)
-                    say(f"  +{v:8.3f}s  {k.removesuffix('_seconds').replace('_', ' ')}")
-            if (
-                report.verdict == "lost"
-                or terminal
-                or (report.phases["grown_back_seconds"] is not None and replacement is not None)
-            ):
-                break
-            time.sleep(POLL_SECONDS)
+        _watch(d, deleted, seen)
     except KeyboardInterrupt:
-        interrupted = True
+        seen.interrupted = True
     finally:
-        _close(follower, cluster, channel)
-    report = judge(
-        start, events, replacement[1] if replacement else None, restarts_now, max_lost_steps=ns.max_lost_steps
-    )
-    if report.verdict == "incomplete" and not interrupted and time.monotonic() >= deadline:
+        d.close()
+    report = seen.report(deleted.start, ns.max_lost_steps)
+    if report.verdict == "incomplete" and not seen.interrupted and time.monotonic() >= d.deadline:
         report.why = f"--timeout {ns.timeout:g} s passed; {report.why}"
-    doc = {
-        "verdict": report.verdict,
-        "why": report.why,
-        "exit_code": report.exit_code,
-        **{k: v for k, v in asdict(report).items() if k not in ("verdict", "why")},
-        "jobset": ns.jobset,
-        "namespace": ns.namespace or (cluster.namespace if cluster else None),
-        "slice": ns.slice,
-        "pod": name,
-        "pod_uid": uid,
-        "replacement_pod": replacement[0] if replacement else None,
-        "deleted_at_unix": deleted_at,
-        "step_at_deletion": st.last_step,
-        "decisions": [
-            {"seconds": round(e["time_unix"] - deleted_at, 3), "trigger": e["trigger"], "reason": e["reason"]}
-            for e in events
-            if "trigger" in e
-        ],
-    }
+    doc = _document(d, deleted, seen, report)
     say(render(doc))
     if ns.json:
         text = json.dumps(doc, indent=2)
@@ -589,7 +548,126 @@ def run(ns: argparse.Namespace) -> int:
         else:
             Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
             Path(ns.json).write_text(text + "\n")
-    return 130 if interrupted else report.exit_code
+    return 130 if seen.interrupted else report.exit_code
+
+
+def _delete_a_pod(d: _Drill) -> _Deleted:
+    """Check that the job trains on the slice, wait for a step, follow the decisions, delete the pod."""
+    from protos.elastic_sidecar.v1 import admin_pb2_grpc
+
+    ns = d.ns
+    d.stub = stub = admin_pb2_grpc.AdminStub(d.channel)
+    d.cluster = cluster = Cluster(ns)
+    try:
+        restarts0 = cluster.jobset_restarts(ns.jobset, d.left())
+    except cluster.errors as e:
+        raise DrillError(
+            _api_problem(e, f"jobset {ns.jobset} in namespace {cluster.namespace}", "get jobsets")
+        ) from None
+    st = _status(stub, d.md, d.left())
+    if not 0 <= ns.slice < len(st.slices):
+        raise DrillError(f"--slice {ns.slice}: job {st.job} has slices 0..{len(st.slices) - 1}")
+    if st.phase != "running" or ns.slice not in st.active_slices:
+        raise DrillError(
+            f"job {st.job} is {st.phase} on slices {list(st.active_slices)}: the drill starts from a job that "
+            f"trains on slice {ns.slice} (see elastic-sidecar admin status)"
+        )
+    try:
+        pods = cluster.slice_pods(ns.jobset, ns.slice, ns.replicated_job, d.left())
+    except cluster.errors as e:
+        raise DrillError(_api_problem(e, f"pods of jobset {ns.jobset}", "list pods")) from None
+    pod = choose_pod(pods, ns, cluster.namespace)
+    st = _wait_for_a_step(stub, d.md, st, d.deadline, d.say)
+    d.follower = Decisions(stub, d.md)
+    d.follower.open(d.left())
+    d.follower.start()
+    st = _status(stub, d.md, d.left())
+    active0 = tuple(st.active_slices)
+    name, uid, index = pod.metadata.name, pod.metadata.uid, completion_index(pod)
+    d.say(
+        f"drill: deleting pod {name} (slice {ns.slice}, host {index}) of jobset {ns.jobset} in {cluster.namespace}; "
+        f"job at step {st.last_step}, generation {st.generation}, slices {list(active0)}"
+    )
+    deleted_at = time.time()
+    try:
+        cluster.delete(name, d.left())
+    except cluster.errors as e:
+        raise DrillError(_api_problem(e, f"pod {name}", "delete pods")) from None
+    start = Start(ns.slice, deleted_at, st.generation, active0, st.last_step, restarts0)
+    return _Deleted(start, name, uid, index)
+
+
+def _watch(d: _Drill, deleted: _Deleted, seen: _Seen) -> None:
+    """Poll until a verdict, the job's end or the deadline, printing each phase once it is reached."""
+    shown: set[str] = set()
+    while time.monotonic() < d.deadline:
+        terminal = _poll(d, deleted, seen)
+        report = seen.report(deleted.start, d.ns.max_lost_steps)
+        for k, v in report.phases.items():
+            if v is not None and k not in shown:
+                shown.add(k)
+                d.say(f"  +{v:8.3f}s  {k.removesuffix('_seconds').replace('_', ' ')}")
+        if (
+            report.verdict == "lost"
+            or terminal
+            or (report.phases["grown_back_seconds"] is not None and seen.replacement is not None)
+        ):
+            break
+        time.sleep(POLL_SECONDS)
+
+
+def _poll(d: _Drill, deleted: _Deleted, seen: _Seen) -> bool:
+    """One round: new decisions, a status reading, the replacement pod, the JobSet's restarts.
+    Whether the job has ended (failed or completed)."""
+    ns, cluster, follower = d.ns, d.cluster, d.follower
+    assert cluster is not None and follower is not None  # set by _delete_a_pod
+    while True:
+        try:
+            seen.events.append(follower.events.get_nowait())
+        except queue.Empty:
+            break
+    try:
+        s = _status(d.stub, d.md, d.left())
+        seen.events.append({"last_step": int(s.last_step), "generation": int(s.generation)})
+        terminal = s.phase in ("failed", "completed")
+    except grpc.RpcError:
+        terminal = False  # a coordinator restarting: the stream watches again
+    if seen.replacement is None:
+        try:
+            for p in cluster.slice_pods(ns.jobset, ns.slice, ns.replicated_job, d.left()):
+                if p.metadata.uid != deleted.uid and completion_index(p) == deleted.index and running(p):
+                    seen.replacement = (p.metadata.name, time.time())
+        except cluster.errors:
+            pass  # a blip of the API server; the next round asks again
+    try:
+        seen.restarts_now = cluster.jobset_restarts(ns.jobset, d.left())
+    except cluster.errors:
+        pass
+    return terminal
+
+
+def _document(d: _Drill, deleted: _Deleted, seen: _Seen, report: Report) -> dict[str, Any]:
+    """The report as printed by :func:`render` and written by --json."""
+    deleted_at = deleted.start.deleted_at
+    return {
+        "verdict": report.verdict,
+        "why": report.why,
+        "exit_code": report.exit_code,
+        **{k: v for k, v in asdict(report).items() if k not in ("verdict", "why")},
+        "jobset": d.ns.jobset,
+        "namespace": d.ns.namespace or (d.cluster.namespace if d.cluster else None),
+        "slice": d.ns.slice,
+        "pod": deleted.pod,
+        "pod_uid": deleted.uid,
+        "replacement_pod": seen.replacement[0] if seen.replacement else None,
+        "deleted_at_unix": deleted_at,
+        "step_at_deletion": deleted.start.last_step,
+        "decisions": [
+            {"seconds": round(e["time_unix"] - deleted_at, 3), "trigger": e["trigger"], "reason": e["reason"]}
+            for e in seen.events
+            if "trigger" in e
+        ],
+    }
 
 
 def render(doc: dict[str, Any]) -> str:

@@ -7,18 +7,13 @@ coordinator keeps about 100 tracked objects for each registered worker for as lo
 stays (its ``Join`` stream's tasks, futures and contexts, and grpc.aio's call objects), so a
 registration storm, every worker at once after a coordinator restart, grows that generation a
 quarter at a time and pays a dozen full collections of an ever larger heap, each holding the event
-loop. Measured with ``python -m bench scale --scenarios coordinator_restart`` at 10,000 workers
-(two diagnostic runs on a dirty tree, commit 0b1aa38 plus a counter): 11 full collections, 3.1 s together, the longest 0.6 s;
-they grow with the workers (about a second each at 19,000).
+loop longer as the workers grow (``python -m bench scale --scenarios coordinator_restart`` shows it).
 
 What. Every :data:`FREEZE_EVERY_REGISTRATIONS` registrations (checked on the coordinator's tick),
 collect the two young generations (the recent registrations' cyclic garbage) and ``gc.freeze()``
 what is left: https://docs.python.org/3.12/library/gc.html#gc.freeze moves every tracked object to
-a permanent generation that later collections ignore. That is a list splice, not a walk. The same
-two runs with it: 1 full collection of 0.012 s, 0.02-0.03 s spent freezing, registration
-12.3/11.8 s against 14.0/14.8 s. At 0dff455, 3 restart runs a size with and without it: at 19,000
-workers no stall while the workers registered against 24 of 0.55-1.54 s in 6 coordinators (README,
-"When the sidecar itself fails").
+a permanent generation that later collections ignore. That is a list splice, not a walk, and the
+registration storm then runs without those stalls (README, "When the sidecar itself fails").
 
 What it costs. Reference counting still frees a frozen object that is no longer used: a worker that
 leaves gives its memory back as before. Only garbage *in a reference cycle* is left to the

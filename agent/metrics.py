@@ -85,7 +85,17 @@ class Metrics(ServerMetrics):
 
     def __init__(self, role: str = "coordinator") -> None:
         super().__init__(role)
-        r = self.registry
+        self._decision_metrics(self.registry)
+        self._link_metrics(self.registry)
+        self._pubsub_metrics(self.registry)
+        self._durability_metrics(self.registry)
+        self._hold_started: float | None = None
+        self._hold_cause = ""
+        self._step_seconds = 0.0
+        self._first_step_at: float | None = None
+
+    def _decision_metrics(self, r: CollectorRegistry) -> None:
+        """What the decision core did and what recoveries cost."""
         self.events = Counter(
             f"{PREFIX}_events_total", "Events the decision core handled", ["source", "kind"], registry=r
         )
@@ -118,6 +128,9 @@ class Metrics(ServerMetrics):
         self.goodput = Gauge(
             f"{PREFIX}_goodput_ratio", "Reported step time over wall time since the first step", registry=r
         )
+
+    def _link_metrics(self, r: CollectorRegistry) -> None:
+        """The links to the workers and the trainer."""
         self.workers = Gauge(f"{PREFIX}_workers_connected", "Worker sidecars with an open stream", registry=r)
         self.duplicate_hosts = Counter(
             f"{PREFIX}_duplicate_host_registrations_total",
@@ -148,6 +161,9 @@ class Metrics(ServerMetrics):
             ["result"],
             registry=r,
         )
+
+    def _pubsub_metrics(self, r: CollectorRegistry) -> None:
+        """The Pub/Sub intake of notices."""
         self.messages_received = Counter(
             f"{PREFIX}_pubsub_messages_received_total", "Pub/Sub messages received (redeliveries included)", registry=r
         )
@@ -175,6 +191,9 @@ class Metrics(ServerMetrics):
         self.pubsub_streaming = Gauge(
             f"{PREFIX}_pubsub_streaming", "1 while the Pub/Sub intake's stream is open", registry=r
         )
+
+    def _durability_metrics(self, r: CollectorRegistry) -> None:
+        """The process itself: its limits, state file, journal, event loop and epoch."""
         self.open_files_limit = Gauge(
             f"{PREFIX}_open_files_limit",
             "The process's open-file limit (RLIMIT_NOFILE soft, raised to the hard limit at start): one a worker",
@@ -204,10 +223,6 @@ class Metrics(ServerMetrics):
         self.fenced = Gauge(
             f"{PREFIX}_coordinator_fenced", "1 when a newer coordinator has superseded this one", registry=r
         )
-        self._hold_started: float | None = None
-        self._hold_cause = ""
-        self._step_seconds = 0.0
-        self._first_step_at: float | None = None
 
     def observe(self, ev: Event, d: Decision, before: State, now: float) -> None:
         """Account for one decision (called by the coordinator's loop)."""

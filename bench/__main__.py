@@ -257,6 +257,34 @@ def recovery_of(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+# The recovery options, by their attribute on the parsed arguments: goodput measures its inputs with
+# the recovery benchmark, so it takes the same ones. RECOVERY_ONLY go to the recovery benchmark alone.
+RECOVERY_OPTIONS = (
+    "strategies",
+    "delays",
+    "checkpoint_periods",
+    "realistic_checkpoint_period",
+    "realistic_delay",
+    "seed",
+    "state_mib",
+    "snapshot_every",
+    "local_checkpoint_period",
+    "poll_interval",
+    "maxtext_model",
+    "maxtext_min_slices",
+)
+RECOVERY_ONLY = ("faults", "sweep_faults", "sweep_strategies", "sweep", "fault_free_runs", "fault_free_steps")
+
+
+def recovery_options(ns: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments both :func:`bench.recovery.run` and :func:`bench.goodput.run` take."""
+    opts = {opt: getattr(ns, opt) for opt in RECOVERY_OPTIONS}
+    opts["trainers"] = ["example", "maxtext"] if ns.trainer == "all" else [ns.trainer]
+    opts["runs"] = ns.repeats
+    opts["donate"] = False if ns.no_donate else None
+    return opts
+
+
 def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One benchmark; ``done``: the raw results of the benchmarks this invocation already ran."""
     wd = ns.workdir / name if ns.workdir else None
@@ -275,52 +303,14 @@ def run_one(name: str, ns: argparse.Namespace, done: dict[str, dict[str, Any]] |
             recovery_result=rec,
             recovery_source=source,
             workdir=wd,
-            trainers=["example", "maxtext"] if ns.trainer == "all" else [ns.trainer],
-            strategies=ns.strategies,
-            delays=ns.delays,
-            checkpoint_periods=ns.checkpoint_periods,
-            realistic_checkpoint_period=ns.realistic_checkpoint_period,
-            realistic_delay=ns.realistic_delay,
-            runs=ns.repeats,
-            seed=ns.seed,
-            state_mib=ns.state_mib,
-            donate=False if ns.no_donate else None,
-            snapshot_every=ns.snapshot_every,
-            local_checkpoint_period=ns.local_checkpoint_period,
-            poll_interval=ns.poll_interval,
-            maxtext_model=ns.maxtext_model,
-            maxtext_min_slices=ns.maxtext_min_slices,
+            **recovery_options(ns),
             **({"fault_free_runs": ns.fault_free_runs} if ns.fault_free_runs else {}),
         )
     if name == "recovery":
         from bench import recovery
 
-        return recovery.run(
-            quick=ns.quick,
-            workdir=wd,
-            keep=wd is not None,
-            trainers=["example", "maxtext"] if ns.trainer == "all" else [ns.trainer],
-            strategies=ns.strategies,
-            faults=ns.faults,
-            delays=ns.delays,
-            checkpoint_periods=ns.checkpoint_periods,
-            realistic_checkpoint_period=ns.realistic_checkpoint_period,
-            realistic_delay=ns.realistic_delay,
-            sweep_faults=ns.sweep_faults,
-            sweep_strategies=ns.sweep_strategies,
-            sweep=ns.sweep,
-            fault_free_runs=ns.fault_free_runs,
-            fault_free_steps=ns.fault_free_steps,
-            runs=ns.repeats,
-            seed=ns.seed,
-            state_mib=ns.state_mib,
-            donate=False if ns.no_donate else None,
-            snapshot_every=ns.snapshot_every,
-            local_checkpoint_period=ns.local_checkpoint_period,
-            poll_interval=ns.poll_interval,
-            maxtext_model=ns.maxtext_model,
-            maxtext_min_slices=ns.maxtext_min_slices,
-        )
+        only = {opt: getattr(ns, opt) for opt in RECOVERY_ONLY}
+        return recovery.run(quick=ns.quick, workdir=wd, keep=wd is not None, **recovery_options(ns), **only)
     if name == "step_overhead":
         from bench import step_overhead
 

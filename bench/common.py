@@ -444,11 +444,11 @@ def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -
     ``recovery_s``) it keeps no work but the steps it computes again, which only stand in for the
     executions the fault wasted, and the one new step that ends it. So a fault costs at least
     ``recovery_s`` less one step, at any rate, give or take how much faster the steps computed again
-    ran than the rate: allowed for as :data:`STALL_RATE_SLACK` of their time (the fault-free runs'
-    rates spread 9-11% at cedddd8). A cost below that says the rate it was taken against
+    ran than the rate: allowed for as :data:`STALL_RATE_SLACK` of their time (the spread of the
+    fault-free runs' rates). A cost below that says the rate it was taken against
     (the run's own pre-fault rate with ``own_rate``, else the fault-free runs') is not the rate the run
     went on at: the machine's drift between runs, or a pre-fault window that holds a cost paid once at
-    the start. Seen at cedddd8: the sidecar's own-rate costs of 0.5-1.5 s in runs that stalled 3.6-4.0 s.
+    the start.
     MaxText's rows (a local cost, bench/recovery_maxtext.py) are not judged here."""
     if row.get("fault_cost_method") == "local":
         return None

@@ -14,8 +14,8 @@ each timed on its own:
   release the GIL), then the directory;
 * ``raw_pieces``: each leaf cut into 32 MiB pieces, a file each, written and
   fsynced by 16 threads, then the directory (what ``orbax_fast``'s data files
-  let TensorStore do: without it, Orbax beat the "raw" writer by 1.1-1.4x at
-  1 GiB in an experiment at b18bdec);
+  let TensorStore do: without it, Orbax beat the "raw" writer, which was then
+  not the fastest way to write);
 * ``raw``: the fair raw writer, per run the fastest of ``raw_single``,
   ``raw_threads`` and ``raw_pieces``, plus that run's ``device_to_host`` (Orbax
   starts from the device too);
@@ -248,8 +248,8 @@ def one_flush(method: str, state: dict[str, Any], root: Path, step: int, manager
 def make_flusher(method: str, ckdir: Path, holder: dict[str, Any]) -> Any:
     """An OrbaxFlusher whose ``make_args`` hands Orbax ``holder["state"]``, the JAX arrays on the device, as
     the trainers do (``simjob.mc_trainer``, MaxText's checkpoint manager): Orbax makes the
-    device-to-host copy itself, inside the timed flush. (Copying to NumPy first, as this bench did
-    up to 4fa2252, adds a second copy and Orbax's slower NumPy path: a trainer never flushes that way.)"""
+    device-to-host copy itself, inside the timed flush. (Copying to NumPy first, as this bench once did,
+    adds a second copy and Orbax's slower NumPy path: a trainer never flushes that way.)"""
     import orbax.checkpoint as ocp
 
     from trainer_hooks.orbax_flush import (

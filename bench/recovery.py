@@ -276,8 +276,8 @@ def post_fault_seconds(cfg: Config, strategy: str, period: int, step_s: float, d
 
     The rewinding baselines train on the surviving slices until their poll sees the replacement,
     and those steps are shorter on the CPU (fewer devices to run): they get :data:`SURVIVOR_PACE`
-    times as many, or a run can end before the poll brings the replacement in (seen:
-    local_checkpoint_rewind and memory_snapshot at period 20, delay 10 s, at 4fa2252).
+    times as many, or a run can end before the poll brings the replacement in (as local_checkpoint_rewind
+    and memory_snapshot did at short checkpoint periods).
     """
     wait = 0.0 if strategy == "full_restart" else delay
     total = wait + margin_seconds(cfg, strategy, period, step_s)

@@ -66,9 +66,9 @@ window from the last step completed before the fault to the step
 every slice (``T`` its seconds, ``W`` the new steps kept in it), ``s0`` the
 same run's own step time over the checkpoint period before the fault. Beside
 it rows keep the whole-run measure, ``T - W / r0`` over the whole run against
-the median rate ``r0`` of the same strategy's fault-free runs: on this VM those
-rates differ by up to 15% between runs, which over a 3,400-step run moved the
-whole-run cost by more than the fault's (ea4f932); the local window's error
+the median rate ``r0`` of the same strategy's fault-free runs: on a shared VM those
+rates differ between runs, which over a long run can move the whole-run cost by
+more than the fault's; the local window's error
 grows only with the work in it. Lost steps (completed steps run
 again, over every rewind), recovery (fault to the first completed step past those completed at
 the fault) and the same from the replacement. Each step event names the devices
@@ -165,8 +165,7 @@ phase (:func:`analyse`), and the training before it is done once per period, not
 GROW_TAIL_STEPS = 2000
 """The same when the job continues on the survivor (``min_slices`` 1): it must still be running when the
 replacement comes, pathwaysutils' monitor (10 s poll) sees it and the job is back on both slices.
-A step on one CPU slice takes about 0.02 s here, so 2,000 steps take about 40 s, and the job was back on
-both slices 16-20 s after the fault in the runs at fa918ad (10 s delay); a run that ends before it is back
+These steps leave time for that on the CPU; a run that ends before it is back
 on every slice is a failed run (:func:`analyse`)."""
 SLICES = 4
 """The job's slices: 8 CPU devices in 4 slices of 2 (:data:`simjob.maxtext.job.MULTI_SLICES`), each with its
@@ -397,7 +396,7 @@ def analyse(
     # steps past both the fault and the return to every slice, less the work done in that window at this
     # run's own step time just before the fault (over `reference_steps` steps: one checkpoint period holds
     # exactly one periodic save, as the run's long-term step time does). The whole-run measure above
-    # compares with other processes' rates, which differ by up to 15% between runs here (ea4f932); the
+    # compares with other processes' rates, which differ between runs on a shared VM; the
     # error of this one grows with the window's work, not with the run's length.
     done_before = [e for e in done if e["t"] <= ft]
     pre = {e["step"]: e["t"] for e in done_before}
@@ -978,9 +977,8 @@ def run(
             log(f"recovery maxtext: {no_start[period]}")
     for rep in range(runs):
         # Each round runs the strategies in an order rotated by the round. With one order, plain MaxText
-        # (full_restart) always ran first, and its steady step read 11-20% slower than the rewind's and
-        # the sidecar's at 3d67d6a (8.9% than the rewind's at df2b13d), which no strategy can be: whatever
-        # the position costs (not established), it now falls on every strategy in turn.
+        # (full_restart) always ran first, and its steady step read slower than the others', which no
+        # strategy can be: whatever the position costs (not established), it now falls on every strategy in turn.
         order = rotated(ours, rep)
         for period in [p for p in periods if p in starts]:
             job = jobs[period]

@@ -945,8 +945,8 @@ def row_key(r: dict[str, Any]) -> list[str]:
 
 
 def maxtext_steps(s: dict[str, Any], mx: dict[str, Any]) -> str:
-    """How long a MaxText run was: from its pre-trained checkpoint to its fault and a tail (since 52cbd5f),
-    or, for earlier runs, the steps every run had."""
+    """How long a MaxText run was: from its pre-trained checkpoint to its fault and a tail
+    (a run that records ``start_label``), or, for earlier runs, the steps every run had."""
     if mx.get("start_label"):
         return (
             "each run restores a checkpoint of the job trained to step "

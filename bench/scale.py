@@ -134,13 +134,10 @@ JOB = "bench-scale"
 PER_GENERATOR = 2500
 REGISTRATION_RATE = 0.0
 """Registrations each load generator starts per second at most, 0: unpaced (the default; a job's
-pods can all start at once). Before d9a35d9, unpaced, the generators (four processes on one core)
-registered about 300 a second and 10,000-worker runs collapsed, so runs were paced at 25 a second
-per generator. The 10,000-worker runs that lost workers before d9a35d9 were, in the four diagnostic runs
-that looked, the generators' own doing: their heaps' full collections stopped their heartbeat
-clocks, and a fan-out's datagrams read in one go held back a just-registered worker's first
-heartbeat (see scale_loadgen). One unpaced 10,000-worker run after those fixes (dirty tree, at
-c8c4b87 with this rate set to 0) was valid: registered in 38.08 s, 0.3696 cores, fan-out p99 0.3312 s."""
+pods can all start at once). Large unpaced runs once lost workers, but by the generators' own doing:
+their heaps' full collections stopped their heartbeat clocks, and a fan-out's datagrams read in one go
+held back a just-registered worker's first heartbeat (see scale_loadgen). Pacing is for a machine
+whose generators still cannot keep up."""
 HOSTS_PER_SLICE = 100
 RUNS = 3
 """Runs of each size (``--repeats``); a row stands for all of them."""

@@ -368,9 +368,9 @@ class CoordinatorGate:
     coordinator is down counts the try as failed and backs off as before. Only retries ask (never
     a first registration), and a probe runs only while some worker is retrying.
 
-    Not enough on its own: one diagnostic 10,000-worker restart run with this gate and the clock
-    process (3795ca9 + docs, 2026-12-03) still saw the first re-registration 31 s after the restarted
-    coordinator's first log line, and re-registered hosts lost within about 3 s. The causes were the
+    Not enough on its own: with this gate and the clock process, a large restart run still saw the
+    first re-registration long after the restarted coordinator's first log line, and re-registered
+    hosts lost within seconds. The causes were the
     generators' own: every retry of a process set up its connection at once (see FakeWorker._session)
     and hosts re-registered while their process was still behind (see LoadGen._watch_lag).
     """

@@ -3,10 +3,9 @@
 Issue 23's target is that being protected costs at most 2% of a step. The
 recovery benchmark reads each strategy's steady step time from its faulted
 runs, one strategy after another, minutes apart. On this machine (a VM with 2
-virtual CPUs) that cannot resolve 2%: plain MaxText's own steady step at
-period 10,000 (cf473e1) read 37.7-56.8 ms over its five runs, and a rerun of
-the same code measured 10-36% of the CPUs' time as *steal* (the hypervisor
-running something else, ``/proc/stat``) in some minutes and none in others.
+virtual CPUs) that cannot resolve 2%: plain MaxText's own steady step varies
+more than that between runs, and part of the CPUs' time goes to *steal* (the
+hypervisor running something else, ``/proc/stat``) in some minutes and none in others.
 
 So this benchmark measures the overhead on its own, in rounds. Each round
 runs, back to back and fault-free, from step 0, the same number of steps of
@@ -44,8 +43,8 @@ then again with the CPUs swapped; a round's overhead is the geometric mean of
 the two same-time ratios (:func:`swapped_pair`). The idea: runs minutes apart
 inherit the machine's drift between those minutes, two runs side by side
 share it, and swapping the CPUs cancels one CPU being slower than the other.
-On this VM it did not resolve 2% either (docs/maxtext.md, the run at
-fdd34ef): each CPU's speed drifts on its own. A step on one CPU is not a step
+On this VM it did not resolve 2% either (docs/maxtext.md): each CPU's speed
+drifts on its own. A step on one CPU is not a step
 on two: the figure is the overhead at that width.
 """
 

@@ -68,11 +68,9 @@ FAST_FLUSH_DATA_FILE_BYTES = 32 * 2**20
 """The OCDBT data file size a fast flush asks for (``ocdbt_target_data_file_size``; Orbax 0.12.8's default is
 2 GiB on a local file system and 400 MiB on GCS, MaxText's ``checkpoint_storage_target_data_file_size_bytes``
 2 GiB; https://google.github.io/tensorstore/kvstore/ocdbt/index.html, ``target_data_file_size``). With 2 GiB
-files a host's shards go to disk in a file or two, with 32 MiB files in many, written side by side: on
-this project's 2-core VM, uncompressed Orbax went from 0.47-0.50 of the fastest raw write + fsync to
-0.86-1.01 with this and :func:`fast_flush_manager_options` (``python -m bench flush`` at 9f786e7, its
-``orbax_fast``; docs/benchmarks.md). The cost is file count: a host writing 3.3 GB (a 70B model's fp32
-weights and Adam moments over 256 hosts) makes about 100 files a flush instead of 2."""
+files a host's shards go to disk in a file or two, with 32 MiB files in many, written side by side,
+which brings uncompressed Orbax close to a raw write + fsync (``python -m bench flush``, its ``orbax_fast``
+row; docs/benchmarks.md). The cost is file count: a flush writes a file per 32 MiB of a host's shards instead of one or two."""
 
 
 def fast_flush_manager_options(**options: Any) -> Any:

@@ -178,6 +178,7 @@ class ElasticSettings:
 
 
 _SOURCE_NAMES = {trainer_pb2.Resume.MEMORY: "memory", trainer_pb2.Resume.CHECKPOINT: "checkpoint"}
+_CommandBody = trainer_pb2.Hold | trainer_pb2.Resume | trainer_pb2.Flush | trainer_pb2.Abort
 
 
 class ElasticSession:
@@ -280,28 +281,7 @@ class ElasticSession:
         holder: list[ElasticSession] = []
 
         def hello() -> trainer_pb2.TrainerHello:
-            s = holder[0]
-            h = trainer_pb2.TrainerHello(
-                job=job,
-                step_in_memory=s.step,
-                generation=s.generation,
-                active_slices=list(s.active_slices),
-                total_steps=total_steps,
-                epoch=s.epoch,
-                epoch_coordinator=s.epoch_coordinator,
-                epoch_proof=s.epoch_proof,
-                committed_step=s.committed_step,
-                held=s.held,
-                process_index=process_index,
-                process_count=process_count,
-                host=host,
-            )
-            if settings is not None:
-                h.has_elastic_settings = True
-                h.elastic_min_slice_count = settings.elastic_min_slice_count
-                h.elastic_timeout_seconds = settings.elastic_timeout_seconds
-                h.elastic_max_retries = settings.elastic_max_retries
-            return h
+            return holder[0]._hello(job, total_steps, settings, process_index, process_count, host)
 
         if token is None and token_file is None:
             token_file = os.environ.get(ENV_TOKEN_FILE, "").strip() or None
@@ -330,6 +310,38 @@ class ElasticSession:
             session._start_watchdog(float(abort_grace_seconds or 0.0), exit)
         session._link.start()
         return session
+
+    def _hello(
+        self,
+        job: str,
+        total_steps: int,
+        settings: ElasticSettings | None,
+        process_index: int,
+        process_count: int,
+        host: str,
+    ) -> trainer_pb2.TrainerHello:
+        """What the link sends at every (re)connection: who this trainer is and where it stands."""
+        h = trainer_pb2.TrainerHello(
+            job=job,
+            step_in_memory=self.step,
+            generation=self.generation,
+            active_slices=list(self.active_slices),
+            total_steps=total_steps,
+            epoch=self.epoch,
+            epoch_coordinator=self.epoch_coordinator,
+            epoch_proof=self.epoch_proof,
+            committed_step=self.committed_step,
+            held=self.held,
+            process_index=process_index,
+            process_count=process_count,
+            host=host,
+        )
+        if settings is not None:
+            h.has_elastic_settings = True
+            h.elastic_min_slice_count = settings.elastic_min_slice_count
+            h.elastic_timeout_seconds = settings.elastic_timeout_seconds
+            h.elastic_max_retries = settings.elastic_max_retries
+        return h
 
     # -- the per-step path -----------------------------------------------------
 
@@ -598,89 +610,14 @@ class ElasticSession:
             self._on_event("unknown_command", {"epoch": cmd.epoch})
             return None
         body = getattr(cmd, kind)
-        if cmd.epoch < self.epoch:
-            self._on_event(
-                "fenced", {"kind": kind, "epoch": cmd.epoch, "current_epoch": self.epoch, "generation": body.generation}
-            )
-            return None
-        if cmd.epoch > self.epoch or not self.epoch_proof:
-            self.epoch_coordinator, self.epoch_proof = cmd.epoch_coordinator, cmd.epoch_proof
-        self.epoch = cmd.epoch
-        if body.generation < self.generation or body.generation <= newer_than and kind != "abort":
-            self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
+        if not self._admit(cmd, kind, body, newer_than):
             return None
         if kind == "hold":
-            if at_boundary and body.at_step > step and not self.held:
-                # Not there yet: every process of a multi-controller job stops at
-                # the same boundary, so train on until step at_step is complete.
-                self._deferred = cmd
-                self._on_event("hold_deferred", {"generation": body.generation, "step": step, "at_step": body.at_step})
-                return None
-            self._deferred = None
-            self.generation = body.generation
-            self._hold_reason = body.reason
-            self._down = self._down | frozenset(body.down_slices)
-            t0 = time.monotonic()
-            nbytes, error = self._do_flush(step) if body.flush else (0, "")
-            flush_s = time.monotonic() - t0
-            self._send(
-                trainer_pb2.TrainerMessage(
-                    held=trainer_pb2.HeldAck(
-                        generation=body.generation,
-                        step=step,
-                        committed_step=self.committed_step,
-                        flush_seconds=flush_s,
-                        flush_bytes=nbytes,
-                        flush_error=error,
-                    )
-                )
-            )
-            self._on_event(
-                "held",
-                {
-                    "generation": body.generation,
-                    "step": step,
-                    "flush": body.flush,
-                    "reason": body.reason,
-                    "flush_error": error,
-                },
-            )
-            return self._wait_for_resume(step)
+            return self._on_hold(cmd, body, step, at_boundary)
         if kind == "resume":
-            ack = self._resumed_ack
-            if (
-                not self.held
-                and ack is not None
-                and body.generation == ack.generation
-                and tuple(sorted(body.active_slices)) == self._resumed_for
-            ):
-                # The same resume again (a restarted coordinator repeating what it did not see
-                # acknowledged): the mesh already runs; acknowledge again instead of rebuilding.
-                self._send(trainer_pb2.TrainerMessage(resumed=ack))
-                self._on_event("duplicate_resume", {"generation": body.generation, "slices": list(ack.active_slices)})
-                return None
-            self.generation = body.generation
-            return Directive(
-                body.generation,
-                tuple(body.active_slices),
-                _SOURCE_NAMES.get(body.source, "checkpoint"),
-                body.reason,
-                self._down,
-            )
+            return self._on_resume(body)
         if kind == "flush":
-            t0 = time.monotonic()
-            nbytes, error = self._do_flush(step)
-            self._send(
-                trainer_pb2.TrainerMessage(
-                    flushed=trainer_pb2.FlushedAck(
-                        generation=body.generation,
-                        committed_step=self.committed_step,
-                        flush_seconds=time.monotonic() - t0,
-                        flush_bytes=nbytes,
-                        flush_error=error,
-                    )
-                )
-            )
+            self._on_flush(body, step)
             return None
         if kind == "abort":
             # Not in a multi-controller job: a save there is collective and would
@@ -690,6 +627,98 @@ class ElasticSession:
             self._link.flush_outbox()
             raise AbortTraining(body.exit_code, body.reason, self.committed_step)
         return None
+
+    def _admit(self, cmd: trainer_pb2.SidecarCommand, kind: str, body: _CommandBody, newer_than: int) -> bool:
+        """Whether a command is current: not from a fenced coordinator, not of an older generation."""
+        if cmd.epoch < self.epoch:
+            self._on_event(
+                "fenced", {"kind": kind, "epoch": cmd.epoch, "current_epoch": self.epoch, "generation": body.generation}
+            )
+            return False
+        if cmd.epoch > self.epoch or not self.epoch_proof:
+            self.epoch_coordinator, self.epoch_proof = cmd.epoch_coordinator, cmd.epoch_proof
+        self.epoch = cmd.epoch
+        if body.generation < self.generation or body.generation <= newer_than and kind != "abort":
+            self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
+            return False
+        return True
+
+    def _on_hold(
+        self, cmd: trainer_pb2.SidecarCommand, body: trainer_pb2.Hold, step: int, at_boundary: bool
+    ) -> Directive | None:
+        if at_boundary and body.at_step > step and not self.held:
+            # Not there yet: every process of a multi-controller job stops at
+            # the same boundary, so train on until step at_step is complete.
+            self._deferred = cmd
+            self._on_event("hold_deferred", {"generation": body.generation, "step": step, "at_step": body.at_step})
+            return None
+        self._deferred = None
+        self.generation = body.generation
+        self._hold_reason = body.reason
+        self._down = self._down | frozenset(body.down_slices)
+        t0 = time.monotonic()
+        nbytes, error = self._do_flush(step) if body.flush else (0, "")
+        flush_s = time.monotonic() - t0
+        self._send(
+            trainer_pb2.TrainerMessage(
+                held=trainer_pb2.HeldAck(
+                    generation=body.generation,
+                    step=step,
+                    committed_step=self.committed_step,
+                    flush_seconds=flush_s,
+                    flush_bytes=nbytes,
+                    flush_error=error,
+                )
+            )
+        )
+        self._on_event(
+            "held",
+            {
+                "generation": body.generation,
+                "step": step,
+                "flush": body.flush,
+                "reason": body.reason,
+                "flush_error": error,
+            },
+        )
+        return self._wait_for_resume(step)
+
+    def _on_resume(self, body: trainer_pb2.Resume) -> Directive | None:
+        ack = self._resumed_ack
+        if (
+            not self.held
+            and ack is not None
+            and body.generation == ack.generation
+            and tuple(sorted(body.active_slices)) == self._resumed_for
+        ):
+            # The same resume again (a restarted coordinator repeating what it did not see
+            # acknowledged): the mesh already runs; acknowledge again instead of rebuilding.
+            self._send(trainer_pb2.TrainerMessage(resumed=ack))
+            self._on_event("duplicate_resume", {"generation": body.generation, "slices": list(ack.active_slices)})
+            return None
+        self.generation = body.generation
+        return Directive(
+            body.generation,
+            tuple(body.active_slices),
+            _SOURCE_NAMES.get(body.source, "checkpoint"),
+            body.reason,
+            self._down,
+        )
+
+    def _on_flush(self, body: trainer_pb2.Flush, step: int) -> None:
+        t0 = time.monotonic()
+        nbytes, error = self._do_flush(step)
+        self._send(
+            trainer_pb2.TrainerMessage(
+                flushed=trainer_pb2.FlushedAck(
+                    generation=body.generation,
+                    committed_step=self.committed_step,
+                    flush_seconds=time.monotonic() - t0,
+                    flush_bytes=nbytes,
+                    flush_error=error,
+                )
+            )
+        )
 
     def _start_watchdog(self, grace: float, exit: Callable[[int], object]) -> None:
         """Start the abort watchdog now: at abort time the interpreter may already be shutting

@@ -262,12 +262,8 @@ def parse(
 # --------------------------------------------------------------------------
 
 
-def _from_gke_notification(attrs: Mapping[str, Any], publish_time: datetime | None) -> NodeEvent:
-    type_url = _attr(attrs, "type_url", required=True)
-    m = _GKE_TYPE_URL.fullmatch(type_url)
-    if m is None:
-        raise _Reject("unknown_type", f"type_url {type_url!r} is not a GKE cluster notification type")
-    type_name = m.group(1)
+def _gke_payload(attrs: Mapping[str, Any], type_name: str) -> dict[str, Any]:
+    """The notification's ``payload`` attribute: a JSON object."""
     raw = _attr(attrs, "payload", required=True)
     try:
         payload = json.loads(raw)
@@ -275,6 +271,16 @@ def _from_gke_notification(attrs: Mapping[str, Any], publish_time: datetime | No
         raise _Reject("not_json", f"payload attribute of {type_name} is not JSON: {e}") from None
     if not isinstance(payload, dict):
         raise _Reject("bad_field", f"payload of {type_name} must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def _from_gke_notification(attrs: Mapping[str, Any], publish_time: datetime | None) -> NodeEvent:
+    type_url = _attr(attrs, "type_url", required=True)
+    m = _GKE_TYPE_URL.fullmatch(type_url)
+    if m is None:
+        raise _Reject("unknown_type", f"type_url {type_url!r} is not a GKE cluster notification type")
+    type_name = m.group(1)
+    payload = _gke_payload(attrs, type_name)
     cluster = _attr(attrs, "cluster_name")
     location = _attr(attrs, "cluster_location")
     project = _attr(attrs, "project_id")
@@ -486,38 +492,14 @@ def _gce_system_event(
     status_msg = status.get("message") if isinstance(status, dict) else None
     status_msg = status_msg if isinstance(status_msg, str) else ""
     short = method.rsplit(".", 1)[-1]
-    start = end = None
-    mtype = ""
-    can_reschedule: bool | None = None
     fixed = GCE_METHODS[method]
     if fixed is None:  # upcomingMaintenance / upcomingInfraMaintenance
-        md = _obj(proto, "metadata", "protoPayload", required=False)
-        nested = md.get("upcomingMaintenance")
-        if isinstance(nested, dict):  # the Compute API's UpcomingMaintenance object, if a sink nests it
-            md = nested
-        maint_status = _field(md, "maintenanceStatus", "protoPayload.metadata")
-        mtype = _field(md, "type", "protoPayload.metadata")
-        start = _time_field(md, "windowStartTime", "protoPayload.metadata")
-        end = _time_field(md, "windowEndTime", "protoPayload.metadata")
-        cr = md.get("canReschedule")
-        can_reschedule = cr if isinstance(cr, bool) else None
-        if MAINTENANCE_COMPLETED_TEXT.lower() in status_msg.lower():
-            kind = Kind.COMPLETED
-        elif maint_status:
-            kind = GCE_MAINTENANCE_STATUS.get(maint_status.upper(), Kind.SCHEDULED)
-        else:
-            kind = Kind.SCHEDULED
-        if kind is Kind.SCHEDULED and start is None:
-            # Pending with no window: all we know is that it is coming; treat it like the
-            # metadata server's notice (about 60 s).
-            kind = Kind.IMMINENT
-            start = _plus(event_time, timedelta(seconds=60))
+        kind, start, end, mtype, can_reschedule = _upcoming_maintenance(proto, status_msg, event_time)
         key = f"maintenance:{node}"
     else:
-        kind = fixed
+        kind, end, mtype, can_reschedule = fixed, None, "", None
         notice = DEFAULT_NOTICE.get(method)
-        if notice is not None:
-            start = _plus(event_time, notice)
+        start = _plus(event_time, notice) if notice is not None else None
         key = f"vm:{node}"
     said = f' ("{status_msg[:160]}")' if status_msg else ""
     window = ""
@@ -543,6 +525,34 @@ def _gce_system_event(
         maintenance_type=mtype,
         can_reschedule=can_reschedule,
     )
+
+
+def _upcoming_maintenance(
+    proto: dict[str, Any], status_msg: str, event_time: datetime | None
+) -> tuple[Kind, datetime | None, datetime | None, str, bool | None]:
+    """The kind, window, maintenance type and canReschedule of an upcoming-maintenance entry."""
+    md = _obj(proto, "metadata", "protoPayload", required=False)
+    nested = md.get("upcomingMaintenance")
+    if isinstance(nested, dict):  # the Compute API's UpcomingMaintenance object, if a sink nests it
+        md = nested
+    maint_status = _field(md, "maintenanceStatus", "protoPayload.metadata")
+    mtype = _field(md, "type", "protoPayload.metadata")
+    start = _time_field(md, "windowStartTime", "protoPayload.metadata")
+    end = _time_field(md, "windowEndTime", "protoPayload.metadata")
+    cr = md.get("canReschedule")
+    can_reschedule = cr if isinstance(cr, bool) else None
+    if MAINTENANCE_COMPLETED_TEXT.lower() in status_msg.lower():
+        kind = Kind.COMPLETED
+    elif maint_status:
+        kind = GCE_MAINTENANCE_STATUS.get(maint_status.upper(), Kind.SCHEDULED)
+    else:
+        kind = Kind.SCHEDULED
+    if kind is Kind.SCHEDULED and start is None:
+        # Pending with no window: all we know is that it is coming; treat it like the
+        # metadata server's notice (about 60 s).
+        kind = Kind.IMMINENT
+        start = _plus(event_time, timedelta(seconds=60))
+    return kind, start, end, mtype, can_reschedule
 
 
 def _k8s_node_event(

@@ -62,11 +62,9 @@ PAUSE_SECONDS = 0.01
 1.2 s timeout."""
 RECV_BUFFER_BYTES = 64 * 1024 * 1024
 """Socket receive buffer asked for (the kernel caps it at net.core.rmem_max; deploy/gke/node-system-config.yaml
-raises that to this): room for an event-loop stall's worth of heartbeats at 10,000 workers and more. With
-4 MiB the scale benchmark's 10,000-worker runs lost 37,928 and 48,689 datagrams each on this socket (3d1ac57),
-while the coordinator used 0.26 cores. With 32 MiB its 19,000-worker runs (7ce1941) lost 4,300-6,964 each
-while the workers registered: Python's full garbage collections then stall the loop 0.5-1.1 s (76,000
-heartbeats a second), and 64 MiB holds about twice what 32 did. The kernel charges each datagram's
+raises that to this): room for an event-loop stall's worth of heartbeats at tens of thousands of workers,
+such as a full garbage collection while every worker registers after a restart (the scale benchmark in
+docs/benchmarks.md reports the drops on this socket). The kernel charges each datagram's
 bookkeeping too, not just its 40 bytes (socket(7), SO_RCVBUF), so a buffer holds far fewer heartbeats than
 its size over 40."""
 TOKEN_BYTES = 16

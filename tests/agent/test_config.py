@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -328,3 +329,24 @@ def test_the_first_heartbeat_timeout_defaults_to_three_heartbeat_timeouts_and_ca
         CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2", "--first-heartbeat-timeout", "0.5"))
     monkeypatch.setenv("ES_FIRST_HEARTBEAT_TIMEOUT", "4.5")
     assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices", "2")).first_heartbeat_seconds == 4.5
+
+
+def test_flags_doc_is_generated_from_the_flag_table() -> None:
+    """docs/flags.md is made from agent.config's table: regenerate it with `python -m agent.config`."""
+    from agent.config import COORDINATOR_FLAGS, WORKER_FLAGS, flags_markdown
+
+    doc = (REPO / "docs" / "flags.md").read_text()
+    assert doc == flags_markdown(), "docs/flags.md is stale: run `python -m agent.config > docs/flags.md`"
+    for flag in (*COORDINATOR_FLAGS, *WORKER_FLAGS):
+        assert f"| `{flag.name}` | `{flag.env}` |" in doc
+
+
+def test_every_parser_flag_comes_from_the_table() -> None:
+    """The parsers hold exactly the table's flags, so the generated doc lists every one."""
+    from agent.config import COORDINATOR_FLAGS, WORKER_FLAGS
+
+    parser = build_parser()
+    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for role, table in (("coordinator", COORDINATOR_FLAGS), ("worker", WORKER_FLAGS)):
+        options = [o for a in subs.choices[role]._actions for o in a.option_strings if o not in ("-h", "--help")]
+        assert options == [f.name for f in table]

@@ -397,3 +397,26 @@ def test_state_cost_measures_a_full_job_and_refuses_sizes_it_cannot_fill(capsys:
     with pytest.raises(SystemExit):
         state_cost.main(["--hosts", "2050"])
     assert "multiple of 100" in capsys.readouterr().err
+
+
+def test_recovery_options_reach_recovery_and_goodput_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recovery options go to both benchmarks from one list: a value given once reaches each run."""
+    from bench import goodput
+    from bench.__main__ import build_parser, run_one
+
+    calls: dict[str, dict[str, Any]] = {}
+    monkeypatch.setattr(recovery, "run", lambda **kw: calls.setdefault("recovery", kw))
+    monkeypatch.setattr(goodput, "run", lambda **kw: calls.setdefault("goodput", kw))
+    given = ["--strategies", "sidecar", "--delays", "5", "--seed", "7", "--repeats", "2", "--state-mib", "64"]
+    given += ["--no-donate", "--poll-interval", "3", "--trainer", "example", "--faults", "kill"]
+    given += ["--fault-free-runs", "4"]
+    for name in ("recovery", "goodput"):
+        run_one(name, build_parser().parse_args([name, *given]))
+    shared = {"strategies": ["sidecar"], "delays": [5.0], "seed": 7, "runs": 2, "state_mib": 64, "donate": False}
+    shared |= {"poll_interval": 3.0, "trainers": ["example"], "fault_free_runs": 4}
+    for name in ("recovery", "goodput"):
+        assert shared.items() <= calls[name].items(), (name, calls[name])
+    assert calls["recovery"]["faults"] == ["kill"] and "faults" not in calls["goodput"]
+    assert set(calls["goodput"]) - {"quick", "sched", "recovery_result", "recovery_source", "workdir"} < set(
+        calls["recovery"]
+    )

@@ -218,7 +218,7 @@ def test_a_row_invalid_only_against_the_reference_rate_counts_on_its_own_rate() 
 
 
 def test_a_row_valid_against_the_reference_rate_with_an_own_rate_cost_below_zero_counts_at_the_reference() -> None:
-    # The sidecar at f7ec1cc: its pre-fault windows held auto's probe, one run's own-rate cost read -0.41 s.
+    # A sidecar row whose pre-fault windows held auto's probe: one run's own-rate cost reads below zero.
     row = rec("sidecar", "kill", 5.28, 0.1, own=1.63, fault_cost_own_rate_runs=5)
     key = ("trainer", "strategy", "fault", "checkpoint_period", "replacement_delay")
     runs = [{**{k: row[k] for k in key}, "fault_cost_own_rate_s": c} for c in (6.21, 1.63, -0.41, 5.52, 0.51)]
@@ -279,7 +279,7 @@ def test_goodput_reads_a_recovery_result_or_the_recovery_section_of_a_combined_f
 
 
 def test_a_cost_below_the_runs_own_stall_is_no_basis_for_the_verdicts_or_goodput() -> None:
-    # The sidecar at cedddd8 (kill, period 50, delay 10 s): each run's stall (fault to its first new step)
+    # A recorded sidecar row (kill, period 50, delay 10 s): each run's stall (fault to its first new step)
     # and its cost against its own pre-fault rate and against the fault-free runs' rate.
     from bench.common import cost_below_stall, own_rate_invalid
     from bench.report import sections, targets

@@ -895,7 +895,7 @@ def test_a_baseline_invalid_by_its_fault_costs_sign_is_bounded_by_its_step_overh
     assert v.verdict == "not met" and "local_checkpoint_rewind >= 98.75 s" in v.measured, v
     assert "step overhead 2.93% (checkpoint_rewind, no more work a step than plain MaxText, reads 1.90%)" in v.basis
     # MaxText's rewind reading more than 2% slower than plain MaxText, whose work a step it does: the step times
-    # drifted, and the sidecar's 2.93% is not judged either (at c13e8e2 it was, at the rewind's +2.11%).
+    # drifted, and the sidecar's 2.93% is not judged either.
     rows[-3]["step_overhead_fraction_median"] = 0.021
     v = {v.target: v for v in targets(sections(data))}["period cost, MaxText, period 10000"]
     assert v.verdict == "not measured" and "checkpoint_rewind +2.10% against plain MaxText, though" in v.basis, v

@@ -65,7 +65,7 @@ TARGET = 0.02
 BUDGET = 0.015
 """Steady step overhead that ``auto`` keeps the hook and its snapshots within: :data:`TARGET` less a quarter
 for what the windows cannot see, being in the baseline as well (the sidecar daemon's CPU and the link's thread
-on a shared host: at 2% the recovery benchmark read 3.24% at dde1ef2, the hook's own figure about 2%)."""
+on a shared host, which the recovery benchmark counts and the hook's own windows do not)."""
 WARMUP_SLOTS = 3
 BASELINE_SLOTS = 8
 ROUND_WINDOWS = 3
