@@ -147,4 +147,3 @@ def test_job_process_faults_are_injected_in_order_and_reported(tmp_path: Path) -
     assert s["faults"][0]["detection_source"] in ("TrainerDetached", None), s["faults"][0]
     for key in ("detection_seconds", "hold_seconds", "recovery_seconds", "stall_seconds", "lost_steps"):
         assert all(key in f for f in s["faults"]), key
-

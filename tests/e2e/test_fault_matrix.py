@@ -1224,7 +1224,11 @@ def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path) -
 
 def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
     """The trainer names a slice, not a host: one host of it lost and back proves nothing of the other,
-    so the slice returns only with its replacement (every host new)."""
+    so the slice returns only with its replacement (every host new).
+
+    The coordinator's heartbeat timeout is 3 s here so that the trainer's report (its step fails
+    within about 1.5 s) is decided first, as the case this row is about: a report that arrives after
+    the coordinator's own hold carries an older generation and is set aside (agent.core.decide)."""
     with scenario(
         outcomes,
         tmp_path,
@@ -1233,34 +1237,39 @@ def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], t
         "--hosts-per-slice",
         "2",
         "--replacement-delay",
-        "8",
-        steps=150,
-        how="4 slices of 2 hosts: host 1.1 (sidecar and Pathways worker) SIGSTOPped at step 15 and continued "
-        "3 s later; slice 1 recreated (both hosts) 8 s after the hang",
+        "9",
+        "--coordinator-arg=--heartbeat-timeout=3",
+        steps=160,
+        how="4 slices of 2 hosts, heartbeat timeout 3 s: host 1.1 (sidecar and Pathways worker) SIGSTOPped at "
+        "step 15, so the trainer names slice 1, and continued 4.5 s later; slice 1 recreated (both hosts) 9 s "
+        "after the hang",
     ) as sc:
         sc.until_step(15)
         sc.fault("hang:1.1@15")
         job = sc.demo.job  # type: ignore[union-attr]
-        back = time.monotonic() + 3.0
-        sc.until("3 s of the hang", lambda: time.monotonic() >= back, timeout=30.0)
+        back = time.monotonic() + 4.5
+        sc.until("4.5 s of the hang", lambda: time.monotonic() >= back, timeout=30.0)
         job.hosts[(1, 1)].signal(signal.SIGCONT)
         t_back = time.time()
         sc.until("slice 1's replacement", lambda: job.hosts[(1, 0)].generation > 0, timeout=30.0)
         t_new = time.time()
         sc.finish()
         sc.check()
+        journal = sc.journal()
+        first = next((j["reason"] for j in journal if _acts(j, "HoldTrainer")), "")
+        assert first.startswith("trainer reported slice loss [1]"), f"the trainer did not name slice 1 first: {first}"
+        came = [
+            j["reason"]
+            for j in journal
+            if "host 1.1" in j["reason"] and "came back after it was declared lost" in j["reason"] and j["time"] < t_new
+        ]
+        sc.notes["coordinator_said"] = came[0] if came else None
+        assert came, "host 1.1 was not declared lost and back before slice 1's replacement"
         steps = [e for e in sc.events() if e["kind"] == "step"]
         early = [e for e in steps if t_back <= e["t"] < t_new and 1 in e["slices"]]
         sc.notes["steps_without_slice_1_before_its_replacement"] = sum(
             1 for e in steps if t_back <= e["t"] < t_new and 1 not in e["slices"]
         )
-        came = [
-            j["reason"]
-            for j in sc.journal()
-            if "host 1.1" in j["reason"] and "came back after it was declared lost" in j["reason"] and j["time"] < t_new
-        ]
-        sc.notes["coordinator_said"] = came[0] if came else None
-        assert came, "host 1.1 was not declared lost and back before slice 1's replacement"
         assert not early, f"slice 1 came back before its replacement, with only host 1.1 back: {early[0]}"
         sc.retries(1)
         assert len(steps[-1]["slices"]) == 4, f"the job did not grow back onto the replaced slice: {steps[-1]}"
