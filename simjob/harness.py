@@ -608,7 +608,8 @@ class Demo:
 
         if kube_demo.wanted(self.ns):
             self.kube = kube_demo.DemoKubeAPI(self, DEMO_JOB)
-        kinds = {f.kind for f in self.pending}
+        # The faults to put in, and those named on the command line that a caller puts in itself (inject).
+        kinds = {f.kind for f in [*self.pending, *(getattr(self.ns, "fault", None) or [])]}
         if kinds & {"notice", "stale-notice"}:
             from simjob.pubsub_emulator import EmulatorFailed, EmulatorMissing
 

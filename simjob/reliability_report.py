@@ -43,8 +43,13 @@ Some rows check more: no shrink (every step ran on all 4 slices), the retries sp
 "recovery N of M"), the coordinator saying that its state writes fail, the older of two
 coordinators saying it is fenced, the coordinator saying it ignored an epoch claimed without a
 valid proof (and not fenced), a paused sidecar's host found up by the coordinator's own check, the
-job growing back to 4 slices after a restart across a clock step. A fault that kills no host
-(a pause, a partition, a restart, a lying peer, a clock step) must cost no retry."""
+job growing back to 4 slices after a restart across a clock step, the coordinator reporting two
+sidecars for one host, setting a stale notice aside without a hold, and saying that its journal's
+last lines were lost at a shutdown on a full disk, a second trainer link refused (ALREADY_EXISTS)
+while the trainer keeps its own, a slice of 2 hosts the trainer named staying out until it is
+replaced though one host came back. A fault that kills no host (a pause, a partition, a restart,
+a lying peer, a clock step, a second sidecar or trainer link, a stale notice, a full disk) must
+cost no retry."""
 
 
 def _num(values: list[Any], unit: str = "") -> str:
@@ -157,6 +162,7 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
                 "streams_cut",
                 "restored_from",
                 "trainer_exit_after_kill_seconds",
+                "steps_without_slice_1_before_its_replacement",
             )
             and v is not None
         }
@@ -177,10 +183,11 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
         "",
         "Without `--runslow` the default test run leaves out the rarer variants (the coordinator killed "
         "without its state file in the starting, holding, waiting and failed phases, and with it while "
-        "waiting for a slice that never returns). The ENOSPC row mounts a 1 MiB tmpfs for the coordinator's state directory: it needs root (or "
-        "CAP_SYS_ADMIN) and fails, saying so, without. Single faults can be replayed with the demo: "
+        "waiting for a slice that never returns). The two ENOSPC rows mount a 1 MiB tmpfs for the coordinator's state "
+        "directory: they need root (or CAP_SYS_ADMIN) and fail, saying so, without. The stale-notice row needs the "
+        "Pub/Sub emulator (and Java). Single faults can be replayed with the demo: "
         "`elastic-sidecar demo --fault coordinator-restart@40`, `--fault coordinator-stall:3@40`, "
-        "`--fault sidecar-restart:1.0@40`, `--fault trainer-kill@40`.",
+        "`--fault sidecar-restart:1.0@40`, `--fault trainer-kill@40`, `--fault stale-notice:1.0@40`.",
         "",
     ]
     return "\n".join(out)

@@ -147,30 +147,3 @@ def test_job_process_faults_are_injected_in_order_and_reported(tmp_path: Path) -
     assert s["faults"][0]["detection_source"] in ("TrainerDetached", None), s["faults"][0]
     for key in ("detection_seconds", "hold_seconds", "recovery_seconds", "stall_seconds", "lost_steps"):
         assert all(key in f for f in s["faults"]), key
-
-
-@pytest.mark.e2e
-def test_a_two_day_old_maintenance_notice_for_a_live_node_drains_nothing(tmp_path: Path) -> None:
-    """The notice goes through the Pub/Sub emulator to the coordinator, which sets it aside as stale: no hold,
-    every step on 4 slices, the run completes."""
-    summary = tmp_path / "summary.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "agent", "demo", "--workdir", str(tmp_path / "job"), "--summary-json", str(summary)]
-        + ["--slices", "4", "--steps", "60", "--step-seconds", "0.1", "--checkpoint-period", "20"]
-        + ["--timeout", "20", "--run-timeout", "150", "--fault", "stale-notice:1.0@15"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    s = json.loads(summary.read_text())
-    assert [f["fault"] for f in s["faults"]] == ["stale-notice:1.0@15"], out[-4000:]
-    journal = [json.loads(x) for x in (tmp_path / "job" / "journal.jsonl").read_text().splitlines() if x]
-    stale = [j for j in journal if "ignored: the disruption was to be over" in j["reason"]]
-    assert len(stale) == 1 and "gke-demo-slice1-host0" in stale[0]["reason"], [j["reason"] for j in journal]
-    after = [j for j in journal if j["time"] >= s["faults"][0]["time"]]
-    assert not any(a["type"] == "HoldTrainer" for j in after for a in j["actions"]), [j["reason"] for j in after]
-    tev = [json.loads(x) for x in (tmp_path / "job" / "trainer-events.jsonl").read_text().splitlines() if x]
-    steps = [e for e in tev if e["kind"] == "step"]
-    assert max(e["step"] for e in steps) == 60 and all(len(e["slices"]) == 4 for e in steps), steps[-3:]

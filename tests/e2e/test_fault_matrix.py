@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -39,7 +40,8 @@ from typing import Any
 
 import pytest
 
-from simjob.harness import Demo, free_port
+from simjob.demo_common import PY, flags
+from simjob.harness import DEMO_JOB, Demo, free_port
 from simjob.options import RESTART_DELAY, add_demo_args, parse_fault
 
 pytestmark = pytest.mark.e2e
@@ -151,6 +153,8 @@ class Scenario:
     restarts_coordinator: bool = False
     steps: int = STEPS
     how: str = ""
+    planned: list[str] = field(default_factory=list)
+    """Faults the demo puts in itself at their step, as given to ``elastic-sidecar demo --fault``."""
     demo: Demo | None = None
     ckpt: CheckpointWatch | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -193,7 +197,7 @@ class Scenario:
         workdir = Path(ns.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         self.lines: list[str] = []
-        self.demo = Demo(ns, workdir, [], self.lines.append)
+        self.demo = Demo(ns, workdir, [parse_fault(f) for f in self.planned], self.lines.append)
         self.ckpt = CheckpointWatch(workdir / "checkpoints")
         self.demo.start()
         self.ckpt.start()
@@ -269,14 +273,17 @@ class Scenario:
         try:
             ended = demo.run(timeout=timeout)
             self.notes["run_ended"] = ended
-            if ended and self.expect == "exit42" and demo.job.coordinator is not None and not demo.coordinator_down:
-                # The trainer is gone; a live coordinator must follow within the timeout.
+            if ended and demo.job.coordinator is not None and not demo.coordinator_down:
+                # The trainer is gone; a live coordinator must follow within the timeout (a decision it
+                # cannot make durable waits --durability-bound first).
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     demo.job.coordinator.wait(self.timeout + SETTLE)
             self.t_end = time.time()
         finally:
             self.summary = demo.finish()
             self.ckpt.stop()
+        if self.t_fault is None and demo.records:
+            self.t_fault = demo.records[0].time  # a planned fault: when the demo put it in
         return self.summary
 
     # -- the promises -------------------------------------------------------------------
@@ -1051,3 +1058,218 @@ def test_host_partitioned(outcomes: list[dict[str, Any]], tmp_path: Path) -> Non
         sc.check()
         sc.no_shrink()
         sc.retries(0)
+
+
+# ---------------------------------------------------------------------------
+# one host, one voice; notices must be current; clean exits; a slice back only whole (issue 56)
+# ---------------------------------------------------------------------------
+
+BESIDE_SECONDS = 8.0
+"""How long the second worker sidecar for one host runs beside the first."""
+
+
+def test_a_second_sidecar_for_one_host(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Two sidecar processes claim one host (a stale pod beside its replacement, a manifest mistake): the
+    newer one speaks for the host, the older one is refused and stands by; no recovery, no shrink."""
+    with scenario(
+        outcomes,
+        tmp_path,
+        "duplicate-sidecar",
+        f"a second worker sidecar for host 1.0 beside the first for {BESIDE_SECONDS:g} s",
+        steps=130,
+        how="at step 15 a second `agent worker` for slice 1 host 0 (another pod and node, the same Pathways "
+        f"worker) starts, and is killed {BESIDE_SECONDS:g} s later",
+    ) as sc:
+        sc.until_step(15)
+        sc.mark_fault()
+        job = sc.demo.job  # type: ignore[union-attr]
+        cmd = [PY, "-m", "agent", "worker"] + flags(
+            job=DEMO_JOB,
+            coordinator=job.coord_addr,
+            slice=1,
+            host=0,
+            node="gke-demo-slice1-host0-stale",
+            node_pool="demo-pool-1",
+            pod=f"{DEMO_JOB}-worker-1-0-stale",
+            health_target=f"127.0.0.1:{job.pw_ports[(1, 0)]}",
+            log_format="json",
+            peer_token_file=job.peer_token_file,
+            http_listen="none",
+        )
+        log = (job.logs / "host-1.0-second.log").open("wb")
+        second = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=job.env)
+        try:
+            end = time.monotonic() + BESIDE_SECONDS
+            sc.until("the second sidecar's time", lambda: time.monotonic() >= end, timeout=BESIDE_SECONDS + 30)
+            assert second.poll() is None, "the second sidecar exited"
+        finally:
+            second.kill()
+            second.wait()
+            log.close()
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+        said = [_said(ln) for ln in (job.logs / "coordinator.log").read_text().splitlines()]
+        sc.notes["coordinator_said"] = next((ln for ln in said if "two sidecars claim one host" in ln), None)
+        assert sc.notes["coordinator_said"], "the coordinator never reported the two sidecars"
+
+
+STALE_REASON = "ignored: the disruption was to be over"
+"""What the coordinator's journal says of a notice whose window ended long ago (agent.core.decide)."""
+
+
+def test_a_two_day_old_notice_for_a_live_node(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Put in by the demo itself, as `elastic-sidecar demo --fault stale-notice:1.0@15` does."""
+    with scenario(
+        outcomes,
+        tmp_path,
+        "stale-notice",
+        "a maintenance notice two days old for a live node",
+        "--fault",
+        "stale-notice:1.0@15",  # starts the Pub/Sub emulator
+        planned=["stale-notice:1.0@15"],
+        steps=80,
+        how="stale-notice:1.0@15: a GCE upcomingMaintenance entry whose window ended two days ago, for host "
+        "1.0's node, through the Pub/Sub emulator; the host stays up",
+    ) as sc:
+        sc.until_step(15)
+        sc.until(
+            "the coordinator to set the notice aside",
+            lambda: any(STALE_REASON in j["reason"] for j in sc.journal()),
+            timeout=30.0,
+        )
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+        journal = sc.journal()
+        stale = [j["reason"] for j in journal if STALE_REASON in j["reason"]]
+        sc.notes["coordinator_said"] = stale[0] if stale else None
+        assert len(stale) == 1 and "gke-demo-slice1-host0" in stale[0], stale
+        assert sc.t_fault is not None
+        held = [j["reason"] for j in journal if j["time"] >= sc.t_fault and _acts(j, "HoldTrainer")]
+        assert not held, f"the stale notice held the trainer: {held}"
+
+
+def _acts(entry: dict[str, Any], kind: str) -> bool:
+    return any(a.get("type") == kind for a in entry.get("actions", []))
+
+
+def test_state_dir_full_at_exit(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    state_dir = tmp_path / "state-tmpfs"
+    _mount_tmpfs(state_dir, "1m")
+    try:
+        with scenario(
+            outcomes,
+            tmp_path,
+            "state-dir-full-at-exit",
+            "the coordinator's state directory full when the job completes",
+            "--state-dir",
+            str(state_dir),
+            how=f"state dir on a 1 MiB tmpfs, filled up at step 20 of {STEPS} and left full: the coordinator's "
+            "last decisions and the journal's close at exit meet ENOSPC",
+        ) as sc:
+            sc.until_step(20)
+            sc.mark_fault()
+            _fill(state_dir)
+            sc.finish()
+            sc.check()  # the coordinator exits 0, the code the completed job earned
+            sc.no_shrink()
+            log = (sc.demo.workdir / "logs" / "coordinator.log").read_text()  # type: ignore[union-attr]
+            said = [_said(ln) for ln in log.splitlines() if "could not be flushed at shutdown" in ln]
+            sc.notes["coordinator_said"] = said[0] if said else None
+            assert said, "the coordinator did not say its journal's last lines were lost at shutdown"
+            assert "Traceback" not in log, log[-3000:]
+    finally:
+        subprocess.run(["umount", "-l", str(state_dir)], check=False)
+
+
+def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """A second trainer process for the job (a stale pod, a second launch) connects with the job's name."""
+    from protos.elastic_sidecar.v1 import trainer_pb2
+    from trainer_hooks.link import SidecarLink
+
+    with scenario(
+        outcomes,
+        tmp_path,
+        "second-trainer-link",
+        "a second trainer link for the job, for 5 s",
+        steps=90,
+        how="at step 15 a second trainer link (trainer_hooks' SidecarLink with the job's name) connects to "
+        "the coordinator's trainer listener and keeps trying for 5 s",
+    ) as sc:
+        sc.until_step(15)
+        sc.mark_fault()
+        assert sc.t_fault is not None
+        job = sc.demo.job  # type: ignore[union-attr]
+        link = SidecarLink(job.trainer_addr, lambda: trainer_pb2.TrainerHello(job=DEMO_JOB, step_in_memory=-1))
+        link.start()
+        try:
+            end = time.monotonic() + 5.0
+            sc.until("5 s of the second link", lambda: time.monotonic() >= end, timeout=30.0)
+            attached, said = link.connected.is_set(), link.last_error
+        finally:
+            link.close()
+        sc.finish()
+        sc.check()
+        sc.no_shrink()
+        sc.retries(0)
+        sc.notes["second_said"] = said
+        assert not attached and "ALREADY_EXISTS" in said, f"the second link: attached {attached}, said {said!r}"
+        # The job's own trainer kept its link: no attach decided after the second link came.
+        again = [j["reason"] for j in sc.journal() if j["time"] >= sc.t_fault and "trainer attached" in j["reason"]]
+        assert not again, f"the trainer attached again after the second link came: {again}"
+
+
+def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+    """The trainer names a slice, not a host: one host of it lost and back proves nothing of the other,
+    so the slice returns only with its replacement (every host new).
+
+    The coordinator's heartbeat timeout is 3 s here so that the trainer's report (its step fails
+    within about 1.5 s) is decided first, as the case this row is about: a report that arrives after
+    the coordinator's own hold carries an older generation and is set aside (agent.core.decide)."""
+    with scenario(
+        outcomes,
+        tmp_path,
+        "two-host-slice-one-host-back",
+        "in a slice of 2 hosts one host hangs and comes back; the slice returns only when replaced",
+        "--hosts-per-slice",
+        "2",
+        "--replacement-delay",
+        "9",
+        "--coordinator-arg=--heartbeat-timeout=3",
+        steps=160,
+        how="4 slices of 2 hosts, heartbeat timeout 3 s: host 1.1 (sidecar and Pathways worker) SIGSTOPped at "
+        "step 15, so the trainer names slice 1, and continued 4.5 s later; slice 1 recreated (both hosts) 9 s "
+        "after the hang",
+    ) as sc:
+        sc.until_step(15)
+        sc.fault("hang:1.1@15")
+        job = sc.demo.job  # type: ignore[union-attr]
+        back = time.monotonic() + 4.5
+        sc.until("4.5 s of the hang", lambda: time.monotonic() >= back, timeout=30.0)
+        job.hosts[(1, 1)].signal(signal.SIGCONT)
+        t_back = time.time()
+        sc.until("slice 1's replacement", lambda: job.hosts[(1, 0)].generation > 0, timeout=30.0)
+        t_new = time.time()
+        sc.finish()
+        sc.check()
+        journal = sc.journal()
+        first = next((j["reason"] for j in journal if _acts(j, "HoldTrainer")), "")
+        assert first.startswith("trainer reported slice loss [1]"), f"the trainer did not name slice 1 first: {first}"
+        came = [
+            j["reason"]
+            for j in journal
+            if "host 1.1" in j["reason"] and "came back after it was declared lost" in j["reason"] and j["time"] < t_new
+        ]
+        sc.notes["coordinator_said"] = came[0] if came else None
+        assert came, "host 1.1 was not declared lost and back before slice 1's replacement"
+        steps = [e for e in sc.events() if e["kind"] == "step"]
+        early = [e for e in steps if t_back <= e["t"] < t_new and 1 in e["slices"]]
+        sc.notes["steps_without_slice_1_before_its_replacement"] = sum(
+            1 for e in steps if t_back <= e["t"] < t_new and 1 not in e["slices"]
+        )
+        assert not early, f"slice 1 came back before its replacement, with only host 1.1 back: {early[0]}"
+        sc.retries(1)
+        assert len(steps[-1]["slices"]) == 4, f"the job did not grow back onto the replaced slice: {steps[-1]}"
