@@ -167,9 +167,12 @@ def trainer_finished(state: State, ev: TrainerFinished, now: float) -> Decision:
 
 def trainer_slice_error(state: State, ev: TrainerSliceError, now: float) -> Decision:
     named = ev.slices & state.policy.all_slices
-    # An older report may predate a replacement that already registered;
-    # the trainer will see the newer command and report again if need be.
-    marks = dict.fromkeys(named, now) if ev.generation >= state.generation else {}
+    if ev.generation >= state.generation:
+        marks = dict.fromkeys(named, now)
+    else:
+        # An older report may predate a replacement that already registered, so it marks only a slice
+        # still out, dated at that mark: the same loss, seen by the trainer after a host's timeout.
+        marks = {s: state.slice_errors[s] for s in named if s in state.slice_errors}
     new = replace(
         state,
         slice_errors=_frozen({**state.slice_errors, **marks}),

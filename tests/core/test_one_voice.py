@@ -114,6 +114,38 @@ def test_a_slice_the_trainer_named_does_not_come_back_with_one_host_lost_and_bac
     assert resume.active == frozenset({0, 1, 2}) and 1 not in d.state.trainer_errors  # the mark is forgotten
 
 
+def test_a_trainer_report_after_the_hosts_timeout_still_needs_the_whole_slice() -> None:
+    # The host's timeout comes first and starts a new generation; the trainer's DATA_LOSS for the
+    # same slice then carries the older one. The slice must still come back only whole.
+    job = two_hosts()
+    gen = job.state.generation
+    hold = job.feed(WorkerLost(1, 1, "a1.1", "heartbeat_timeout"), dt=1)
+    assert of(hold, HoldTrainer)
+    d = job.feed(TrainerSliceError(frozenset({1}), "DATA_LOSS", 10, gen), dt=0.1)
+    assert 1 in d.state.trainer_errors
+    d = job.ack_hold(hold)
+    job.ack_resume(d)
+    d = job.feed(WorkerJoined(1, 1, "a1.1"), dt=1)  # the same process back
+    for _ in range(5):
+        d = job.feed(Tick(), dt=1.0)
+        assert not of(d, HoldTrainer) and 1 not in d.state.up_slices(), d.reason
+
+
+def test_an_older_trainer_report_for_a_repaired_slice_marks_nothing() -> None:
+    job = two_hosts()
+    gen = job.state.generation
+    d = job.feed(WorkerLost(1, 1, "a1.1", "stream_closed"), dt=1)
+    d = job.ack_hold(d)
+    job.ack_resume(d)
+    job.feed(WorkerJoined(1, 1, "b1.1"), dt=1)
+    d = job.feed(Tick(), dt=1.5)
+    d = job.ack_hold(d)
+    job.ack_resume(d)  # grown back: the slice is no longer marked
+    assert 1 in job.state.active and 1 not in job.state.slice_errors
+    d = job.feed(TrainerSliceError(frozenset({1}), "DATA_LOSS", 10, gen), dt=0.1)
+    assert 1 not in d.state.trainer_errors and 1 not in d.state.slice_errors
+
+
 def test_a_host_loss_alone_still_needs_only_that_host_back() -> None:
     job = two_hosts()
     d = job.feed(WorkerLost(1, 1, "a1.1", "stream_closed"), dt=1)

