@@ -6,6 +6,7 @@
     elastic-sidecar inject job.yaml > elastic.yaml   # add the sidecars to a JobSet from xpk
     elastic-sidecar drill --jobset J --slice 1       # delete a TPU pod; did the job hold its state?
     elastic-sidecar demo                             # a simulated 4-slice job on this machine
+    elastic-sidecar plan --preset llama3-70b-v5p     # what each recovery strategy keeps, on paper
 
 Exit codes: 0 done, 2 bad usage or configuration, 3 aborted by an operator, 42 the job must be
 restarted (xpk restarts workloads that exit 42); the demo: 130, 143 or 129 stopped by SIGINT, SIGTERM
@@ -17,10 +18,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 
 from agent import constants as C
 from agent.config import ConfigError, CoordinatorConfig, WorkerConfig, add_coordinator_args, add_worker_args
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("elastic-sidecar")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,demo,drill}")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = ap.add_subparsers(dest="role", metavar="{coordinator,worker,admin,inject,demo,drill,plan}")
     sub.required = True
     add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
@@ -60,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
             "drill",
             help="delete one TPU pod of a slice and report whether the job held its state (exit 0) or not (1)",
             description=drill.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    from agent import plan
+
+    plan.add_plan_args(
+        sub.add_parser(
+            "plan",
+            help="model a job's goodput under interruptions for each recovery strategy (docs/plan.md)",
+            description=plan.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
@@ -111,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             from agent import drill
 
             return drill.run(ns)
+        if ns.role == "plan":
+            from agent import plan
+
+            return plan.run(ns)
         if ns.mode == "multi-controller":
             from simjob.mc_harness import run_mc_demo
 

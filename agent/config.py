@@ -104,6 +104,22 @@ def whole(lo: int, hi: int = C.INT32_MAX) -> Callable[[str], int]:
     return conv
 
 
+def number(lo: float, hi: float, what: str = "number") -> Callable[[str], float]:
+    """An argparse type: a finite ``what`` from ``lo`` to ``hi``, both included (NaN fails every bound)."""
+
+    def conv(value: str) -> float:
+        try:
+            f = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {what}, got {value!r}") from None
+        if not (math.isfinite(f) and lo <= f <= hi):
+            raise argparse.ArgumentTypeError(f"expected a finite {what} from {lo:g} to {hi:g}, got {value!r}")
+        return f
+
+    conv.__name__ = what
+    return conv
+
+
 positive_float = seconds()
 nonneg_float = seconds(zero_ok=True)
 nonneg_int = whole(0)

@@ -147,9 +147,12 @@ def test_the_sweep_finds_the_numeric_flags_of_every_command() -> None:
         "demo --run-timeout",
         "demo --steps",
         "demo --min-slices",
+        "plan --mtbi-hours",
+        "plan --recovery-success",
+        "plan --seed",
     ):
         assert expected in found, sorted(found)
-    assert {f.path[0] for f in FLAGS} == {"coordinator", "worker", "admin", "inject", "demo", "drill"}
+    assert {f.path[0] for f in FLAGS} == {"coordinator", "worker", "admin", "inject", "demo", "drill", "plan"}
 
 
 def test_every_command_line_built_by_the_sweep_parses_with_good_values() -> None:
