@@ -291,7 +291,12 @@ def trainer_row(e: dict[str, Any]) -> str | None:
     """A trainer event as a timeline line: its fields as key=value, floats rounded."""
     if e.get("kind") not in TRAINER_KINDS:
         return None
-    detail = " ".join(f"{k}={json.dumps(round_floats(v), default=str)}" for k, v in e.items() if k not in ("t", "kind"))
+    # The phase marks (``*_t``, wall-clock times) are for the summary; their phases are printed there.
+    detail = " ".join(
+        f"{k}={json.dumps(round_floats(v), default=str)}"
+        for k, v in e.items()
+        if k not in ("t", "kind") and not k.endswith("_t")
+    )
     return f"[trainer] {e['kind']} {detail}"
 
 
