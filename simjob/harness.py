@@ -858,6 +858,11 @@ def run_demo(ns: argparse.Namespace) -> int:
     if ns.summary_json:
         ns.summary_json.parent.mkdir(parents=True, exist_ok=True)
         ns.summary_json.write_text(json.dumps(summary, indent=2))
+    if ns.plot:
+        from simjob.plot import draw
+
+        draw(summary, workdir, demo.t_start, ns.plot)
+        print(f"plot: {ns.plot}")
     code = finish_line(demo, stopped)
     if code is not None:
         return code

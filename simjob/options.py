@@ -159,6 +159,13 @@ def check_flags(ns: argparse.Namespace) -> None:
         for flag, on in (("--via-proxy", ns.via_proxy), ("--trainer-arg", ns.trainer_arg)):
             if on:
                 raise ValueError(f"{flag} is for the single-controller demo, not --mode multi-controller")
+    if getattr(ns, "plot", None) is not None:
+        if mc:
+            raise ValueError("--plot is for the single-controller demo, not --mode multi-controller")
+        from simjob.plot import MISSING, available
+
+        if not available():
+            raise ValueError(MISSING)
     if "baseline_window" in typed and not ns.no_sidecar:
         raise ValueError("--baseline-window applies only with --no-sidecar")
 
@@ -244,6 +251,14 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         help="with --no-sidecar: how long after the fault to wait for every trainer process to be gone (default 60)",
     )
     p.add_argument("--summary-json", type=Path, default=None, help="write the summary as JSON here")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="draw the run to PATH (PNG): steps over time per slice set, each fault and its recovery's phases "
+        "marked (needs matplotlib)",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,

@@ -17,8 +17,13 @@ Faults on the job's own processes (``coordinator-restart``, ``coordinator-stall`
 ``trainer-kill``) name no slice: their detection is the coordinator noticing
 the trainer gone (``TrainerDetached``, for a trainer kill) and nothing for the
 coordinator's own faults; the other figures read the same.
+Each fault's ``phases`` split its recovery, and the grow back onto its slice, into
+seconds from one mark to the next (:mod:`simjob.phases`); ``phase_restores`` says where
+each restore took the state from and its bytes.
 For the run: ``final_step``, ``wall_seconds``, ``goodput`` (time of the steps
-that count over wall time), ``slices_timeline``, ``rewinds`` and their sum
+that count over wall time), ``startup_seconds`` (until the trainer's first resume:
+processes, JAX, the first compile), ``training_goodput`` (the steps that count over the
+time from then to the last step), ``slices_timeline``, ``rewinds`` and their sum
 ``lost_steps`` (every resume from below the highest step completed before it),
 and ``failure_recoveries``:
 the recoveries counted against ``elastic_max_retries`` (``retries_used`` of the
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from simjob.demo_common import fit, round_floats, width
+from simjob.phases import grow_of, recovery_phases, restore_of
 
 
 @dataclass(frozen=True)
@@ -180,27 +186,27 @@ def summarize(
             source = detect["trigger"] + (
                 f"({d['cause']})" if "cause" in d else f"({d['source']})" if "source" in d else ""
             )
-        out_faults.append(
-            {
-                "kind": f.kind,
-                "fault": _name(f),
-                "time": round(f.time, 4),
-                "slice": f.slice,
-                "host": f.host,
-                "at_step": f.at_step,
-                "step_at_fault": last_before,
-                "detection_seconds": round(detect["time"] - f.time, 4) if detect else None,
-                "detection_source": source,
-                "hold_seconds": round(resume["time"] - hold["time"], 4) if hold and resume else None,
-                "recovery_seconds": round(regained["t"] - f.time, 4) if regained else None,
-                "stall_seconds": round(flowing["t"] - f.time, 4) if flowing else None,
-                "lost_steps": lost,
-                "interrupted_step": in_flight > 0,
-                "restored_from": first_resume["restored_from"] if first_resume else None,
-                "slices_before": slices_before,
-                "slices_after": len(first_resume["slices"]) if first_resume else None,
-            }
-        )
+        record = {
+            "kind": f.kind,
+            "fault": _name(f),
+            "time": round(f.time, 4),
+            "slice": f.slice,
+            "host": f.host,
+            "at_step": f.at_step,
+            "step_at_fault": last_before,
+            "detection_seconds": round(detect["time"] - f.time, 4) if detect else None,
+            "detection_source": source,
+            "hold_seconds": round(resume["time"] - hold["time"], 4) if hold and resume else None,
+            "recovery_seconds": round(regained["t"] - f.time, 4) if regained else None,
+            "stall_seconds": round(flowing["t"] - f.time, 4) if flowing else None,
+            "lost_steps": lost,
+            "interrupted_step": in_flight > 0,
+            "restored_from": first_resume["restored_from"] if first_resume else None,
+            "slices_before": slices_before,
+            "slices_after": len(first_resume["slices"]) if first_resume else None,
+        }
+        record |= _fault_phases(f, hold, first_resume, slices_before, resumes, rewinds, t_start, journal, tev)
+        out_faults.append(record)
 
     # Goodput: the last completion of each step number counts, redone ones don't.
     last_by_step: dict[int, float] = {}
@@ -209,6 +215,11 @@ def summarize(
     productive = sum(last_by_step.values())
     final_step = max(last_by_step, default=0)
     recoveries, rec_source, rec_journal = failure_recoveries(journal, state_path, status)
+    # Start-up (processes, JAX, the first compile, the initial state) until the trainer's first resume;
+    # training from there to its last step.
+    started = resumes[0]["t"] if resumes else None
+    ended = max((e["t"] for e in steps), default=None)
+    training = ended - started if started is not None and ended is not None and ended > started else None
     timeline = [
         {"t": round(r["t"] - t_start, 3), "slices": r["slices"], "restored_from": r["restored_from"]} for r in resumes
     ]
@@ -218,6 +229,9 @@ def summarize(
         "wall_seconds": round(wall, 3),
         "goodput": round(productive / wall, 4) if wall > 0 else 0.0,
         "productive_seconds": round(productive, 3),
+        "startup_seconds": round(started - t_start, 3) if started is not None else None,
+        "training_seconds": round(training, 3) if training else None,
+        "training_goodput": round(min(1.0, productive / training), 4) if training else None,
         "slices_timeline": timeline,
         "rewinds": rewinds,
         "lost_steps": sum(r["completed"] - r["from_step"] for r in rewinds),
@@ -227,6 +241,38 @@ def summarize(
         "exit_codes": codes,
         "decisions": len(journal),
         "workdir": str(workdir),
+    }
+
+
+def _fault_phases(
+    f: FaultRecord,
+    hold: dict[str, Any] | None,
+    first_resume: dict[str, Any] | None,
+    slices_before: int | None,
+    resumes: list[dict[str, Any]],
+    rewinds: list[dict[str, Any]],
+    t_start: float,
+    journal: list[dict[str, Any]],
+    tev: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A fault's ``phases`` (:mod:`simjob.phases`), where each restore took the state from, and the
+    steps the grow's resume redid."""
+    grow = grow_of(first_resume, resumes, f.slice, slices_before)
+    shrunk = first_resume is not None and slices_before is not None and len(first_resume["slices"]) < slices_before
+    phases = recovery_phases(
+        f.time, hold["time"] if hold else None, first_resume, grow, shrunk=shrunk, journal=journal, tev=tev
+    )
+    grow_lost = grow_slices = None
+    if grow is not None:
+        rewind = next((r for r in rewinds if r["t"] == round(grow["t"] - t_start, 3)), None)
+        grow_lost = rewind["completed"] - rewind["from_step"] if rewind else 0
+        before = [r for r in resumes if r["t"] < grow["t"]]
+        grow_slices = [len(before[-1]["slices"]) if before else None, len(grow["slices"])]
+    return {
+        "phases": phases,
+        "phase_restores": {"recovery": restore_of(first_resume), "grow": restore_of(grow)},
+        "grow_lost_steps": grow_lost,
+        "grow_slices": grow_slices,
     }
 
 
@@ -245,7 +291,12 @@ def trainer_row(e: dict[str, Any]) -> str | None:
     """A trainer event as a timeline line: its fields as key=value, floats rounded."""
     if e.get("kind") not in TRAINER_KINDS:
         return None
-    detail = " ".join(f"{k}={json.dumps(round_floats(v), default=str)}" for k, v in e.items() if k not in ("t", "kind"))
+    # The phase marks (``*_t``, wall-clock times) are for the summary; their phases are printed there.
+    detail = " ".join(
+        f"{k}={json.dumps(round_floats(v), default=str)}"
+        for k, v in e.items()
+        if k not in ("t", "kind") and not k.endswith("_t")
+    )
     return f"[trainer] {e['kind']} {detail}"
 
 
@@ -289,44 +340,97 @@ def render(
                 rows.append((e["t"], row))
         for t, text in sorted(rows):
             lines.append(fit(f"  +{t - t_start:7.3f}s  ", text))
-    lines.append("\nFaults:")
-    hdr = (
-        f"  {'fault':<26}{'detect':>9}  {'via':<30}{'hold':>9}{'recover':>10}{'stall':>9}{'lost':>6}"
-        f"{'slices':>9}  restored"
-    )
-    table = len(hdr) + 8 <= width()
-    if table:
-        lines.append(hdr)
-    for f in summary["faults"]:
-        name = f.get("fault") or f"{f['kind']}:{f['slice']}.{f['host']}@{f['at_step']}"
-        sl = f"{_fmt(f['slices_before'])}->{_fmt(f['slices_after'])}"
-        if not table:  # a narrow terminal: one wrapped line per fault
-            lines.append(
-                fit(
-                    "  ",
-                    f"{name}: detected {_fmt(f['detection_seconds'], 's')} via {_fmt(f['detection_source'])}, "
-                    f"hold {_fmt(f['hold_seconds'], 's')}, recovered {_fmt(f['recovery_seconds'], 's')}, stall "
-                    f"{_fmt(f['stall_seconds'], 's')}, lost steps {_fmt(f['lost_steps'])}, slices {sl}, "
-                    f"restored from {_fmt(f['restored_from'])}",
-                )
-            )
-            continue
-        lines.append(
-            f"  {name:<26}{_fmt(f['detection_seconds'], 's'):>9}  {_fmt(f['detection_source']):<30}"
-            f"{_fmt(f['hold_seconds'], 's'):>9}{_fmt(f['recovery_seconds'], 's'):>10}{_fmt(f['stall_seconds'], 's'):>9}"
-            f"{_fmt(f['lost_steps']):>6}{sl:>9}"
-            f"  {_fmt(f['restored_from'])}"
-        )
-    if not summary["faults"]:
-        lines.append("  (none)")
+    lines += fault_table(summary["faults"])
     codes = ", ".join(f"{k} {v}" for k, v in summary["exit_codes"].items())
     lines.append("")
     lines.append(
         fit(
             "Run: ",
-            f"final step {summary['final_step']}, wall {summary['wall_seconds']:.1f} s, goodput "
-            f"{summary['goodput']:.1%}, failure recoveries {_fmt(summary.get('failure_recoveries'))}, "
+            f"final step {summary['final_step']}, wall {summary['wall_seconds']:.1f} s of which start-up "
+            f"{_fmt(summary.get('startup_seconds'), ' s')}, goodput {_pct(summary.get('training_goodput'))} of "
+            f"training ({summary['goodput']:.1%} of the wall time), failure recoveries {_fmt(summary.get('failure_recoveries'))}, "
             f"exit codes: {codes or 'none'}; logs in {workdir}/logs",
         )
     )
     return "\n".join(lines)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _source(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "-"
+    return f"{r.get('source') or '-'} {_size(r.get('bytes'))}".strip()
+
+
+TABLE_COLUMNS = (
+    ("slices", "slices the job trained on before and after the recovery, or the grow back onto the slice"),
+    ("detect", "the fault (or notice) until the coordinator decided to hold the trainer"),
+    ("degraded", "first step on fewer slices until the coordinator decided to grow back"),
+    ("hold", "that decision until the trainer stopped at a step boundary"),
+    ("wait", "stopped until the trainer got the coordinator's resume (waiting for enough slices)"),
+    ("rebuild", "resume received until the new mesh's train step was compiled (0: kept from before)"),
+    ("restore", "the state put back on the new mesh's devices"),
+    ("first", "the first step on the new mesh (first_step)"),
+    ("lost", "completed steps done again after this resume"),
+    ("state from", "where the restored state came from (live replicas, snapshot, checkpoint) and its size"),
+)
+
+
+def fault_table(faults: list[dict[str, Any]]) -> list[str]:
+    """Each fault's recovery and its grow back, a row each, in seconds, with one line defining each column."""
+    hdr = (
+        f"  {'fault':<14}{'slices':>6}{'detect':>7}{'degraded':>9}{'hold':>6}{'wait':>6}{'rebuild':>8}"
+        f"{'restore':>8}{'first':>6}{'lost':>5}  state from"
+    )
+    lines = ["\nFaults (phases in seconds):"]
+    table = len(hdr) + 8 <= width()
+    if table:
+        lines.append(hdr)
+    for f in faults:
+        name = f.get("fault") or f"{f['kind']}@{f['at_step']}"
+        ph = f.get("phases") or {}
+        rs = f.get("phase_restores") or {}
+        sl = f"{_fmt(f['slices_before'])}->{_fmt(f['slices_after'])}"
+        rows = [("recovery", sl, ph.get("detect"), None, "", f.get("lost_steps"), rs.get("recovery"))]
+        if rs.get("grow") is not None:
+            back = "->".join(_fmt(n) for n in f.get("grow_slices") or [None, None])
+            rows.append(("grow", back, None, ph.get("degraded"), "grow_", f.get("grow_lost_steps"), rs.get("grow")))
+        if table and len(name) > 14:
+            lines.append(f"  {name}")
+        for stage, slices, detect, degraded, pre, lost, src in rows:
+            if not table:  # a narrow terminal: one wrapped line per stage
+                parts = [f"detect {_fmt(detect)}"] if stage == "recovery" else [f"degraded {_fmt(degraded)}"]
+                parts += [f"{k} {_fmt(ph.get(pre + k))}" for k in ("hold", "wait", "rebuild", "restore", "first_step")]
+                text = f"{stage} {slices}: {', '.join(parts)}, lost steps {_fmt(lost)}, state from {_source(src)}"
+                lines.append(fit(f"  {name} ", text))
+                continue
+            label = name if stage == "recovery" and len(name) <= 14 else f"  {stage}"
+            lines.append(
+                f"  {label:<14}{slices:>6}{_fmt(detect):>7}{_fmt(degraded):>9}{_fmt(ph.get(pre + 'hold')):>6}"
+                f"{_fmt(ph.get(pre + 'wait')):>6}{_fmt(ph.get(pre + 'rebuild')):>8}{_fmt(ph.get(pre + 'restore')):>8}"
+                f"{_fmt(ph.get(pre + 'first_step')):>6}{_fmt(lost):>5}  {_source(src)}"
+            )
+        via = f"detected via {_fmt(f.get('detection_source'))}"
+        if ph.get("total") is not None:
+            via += f"; back on its slice {ph['total']:.3f} s after the fault"
+        elif rs.get("grow") is None and (f.get("slices_after") or 0) < (f.get("slices_before") or 0):
+            via += "; not back on its slice before the run ended"
+        lines.append(fit("    ", via))
+    if not faults:
+        lines.append("  (none)")
+    else:
+        lines += [f"  {name:<11}{text}" for name, text in TABLE_COLUMNS]
+    return lines

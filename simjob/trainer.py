@@ -330,6 +330,13 @@ class Trainer:
             out_shardings=(state_sh, NamedSharding(mesh, P())),
             donate_argnums=(0,) if self.ns.donate else (),
         )
+        # Compiled ahead of time (JAX's AOT API: jit(f).lower(shapes).compile()), so that the rebuild
+        # includes the compile, as MaxText's re-initialisation does, instead of the first step hiding it.
+        # No persistent compilation cache is configured: every process compiles afresh, as a new job does.
+        n = self.ns.per_slice_batch * mesh.devices.shape[0]
+        x_abs = jax.ShapeDtypeStruct((n, self.ns.features), jnp.float32, sharding=batch_sh)
+        y_abs = jax.ShapeDtypeStruct((n, 1), jnp.float32, sharding=batch_sh)
+        fn = fn.lower(self._abstract(mesh), x_abs, y_abs).compile()
         if self.ns.donate:
             return fn, batch_sh
 
@@ -540,6 +547,7 @@ class Trainer:
     def _apply(self, d: Directive, step: int) -> int:
         """Rebuild the mesh over ``d.active_slices``; returns the step to continue from."""
         t0 = time.monotonic()
+        directive_at = time.time()
         # Pathways only hands out devices whose workers are up.
         available = self.runtime.wait_available(d.active_slices, timeout=10.0)
         t_avail = time.monotonic()
@@ -562,6 +570,7 @@ class Trainer:
         t_mesh = time.monotonic()
         self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
         t_place = time.monotonic()
+        program_ready_at = time.time()
         # The restore ladder, as the MaxText hook's: the live state's surviving replicas; else (donated into
         # the step that failed) the newest snapshot when it is at least as new as the newest committed
         # checkpoint, never an older step than that (its batches come again from its step, so the data
@@ -591,9 +600,12 @@ class Trainer:
         t_restore = time.monotonic()
         if state is not None:
             self.state, restored_from = state, "memory"
+            restore_source = "snapshot" if loaded is not None else "live"
         else:
             self.state = None  # the old mesh's state, replaced by the checkpoint: not held while that is read
             self.state, step, restored_from = self._restore(self.mesh)
+            restore_source = restored_from
+        restored_at = time.time()
         self.active = d.active_slices
         if self.ns.donate and self.ns.snapshot_every != 0:
             self.snapshots.configure(state_layout(self.mesh, self.state, self.slice_devices))
@@ -620,6 +632,14 @@ class Trainer:
                     "place": round(t_restore - t_place, 4),
                     "restore": round(time.monotonic() - t_restore, 4),
                 },
+                # The recovery's phases as wall-clock marks (simjob.phases): the new mesh's program compiled
+                # (none when this mesh's is kept from before), then the state on the devices, from where.
+                "directive_t": directive_at,
+                "program_ready_t": program_ready_at,
+                "compile_seconds": round(t_place - t_mesh, 4),
+                "restored_t": restored_at,
+                "restore_source": restore_source,
+                "restore_bytes": nbytes_per_replica(self.state),
                 "reason": d.reason,
             },
         )

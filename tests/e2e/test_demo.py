@@ -54,7 +54,10 @@ def only_fault(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_kill_continues_on_survivors_then_grows_back(tmp_path: Path) -> None:
-    rc, s, out = run_demo(tmp_path, "--steps", "120", "--min-slices", "2", "--fault", "kill:1.0@30")
+    plot = tmp_path / "run.png"
+    rc, s, out = run_demo(
+        tmp_path, "--steps", "120", "--min-slices", "2", "--fault", "kill:1.0@30", "--plot", str(plot)
+    )
     assert rc == 0, out
     assert s["final_step"] == 120
     f = only_fault(s)
@@ -66,7 +69,29 @@ def test_kill_continues_on_survivors_then_grows_back(tmp_path: Path) -> None:
     assert s["slices_timeline"][-1]["slices"] == [0, 1, 2, 3], s["slices_timeline"]
     assert s["slices_timeline"][-1]["restored_from"] == "memory"
     assert s["exit_codes"] == {"trainer": 0, "coordinator": 0}
-    assert "Faults:" in out and "kill:1.0" in out
+    assert "Faults" in out and "kill:1.0" in out
+    # Its recovery and its grow back, phase by phase (simjob/phases.py), and where each restore read from.
+    phases = f["phases"]
+    for name in (
+        "detect",
+        "hold",
+        "wait",
+        "rebuild",
+        "restore",
+        "first_step",
+        "degraded",
+        "grow_hold",
+        "grow_wait",
+        "grow_rebuild",
+        "grow_restore",
+        "grow_first_step",
+        "total",
+    ):
+        assert isinstance(phases[name], int | float) and phases[name] >= 0, (name, phases)
+    assert f["phase_restores"]["recovery"]["source"] == "live" and f["phase_restores"]["recovery"]["bytes"] > 0, f
+    assert f["phase_restores"]["grow"] is not None, f
+    assert s["startup_seconds"] > 0 and 0 < s["training_goodput"] <= 1, s
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_min_slices_all_holds_until_replacement_with_no_lost_steps(tmp_path: Path) -> None:

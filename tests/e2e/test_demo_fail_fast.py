@@ -328,6 +328,7 @@ def test_the_work_directory_lock_goes_with_the_process_that_held_it(tmp_path: Pa
         (["--no-sidecar"], "--no-sidecar needs --mode multi-controller"),
         (["--mode", "multi-controller", "--via-proxy"], "--via-proxy"),
         (["--mode", "multi-controller", "--baseline-window", "5"], "--baseline-window applies only"),
+        (["--mode", "multi-controller", "--plot", "r.png"], "--plot is for the single-controller demo"),
     ],
 )
 def test_conflicting_flags_are_refused(tmp_path: Path, args: list[str], needle: str) -> None:
