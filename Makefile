@@ -10,7 +10,7 @@ VENV_MAXTEXT ?= .venv-maxtext
 # from the tree like the packages the wheel holds.
 EDITABLE := --config-settings editable_mode=compat -e
 
-.PHONY: setup setup-maxtext system-deps demo test test-fast test-maxtext lint protos clean \
+.PHONY: setup setup-maxtext system-deps demo test test-unit test-integration test-e2e test-fast test-maxtext lint protos clean \
 	bench-recovery bench-recovery-maxtext bench-scale bench-flush bench-step-overhead bench-detection bench-footprint bench-goodput \
 	bench-docs
 
@@ -42,16 +42,32 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/elastic-sidecar demo $(ARGS)
 
-# Everything CI runs (.ci/run): both venvs, then the whole default suite.
-test: setup setup-maxtext system-deps
-	$(BIN)/python -m pytest $(ARGS)
+# Everything CI runs (.ci/run): both venvs, lint, then the tiers in order, each stopping the run when it
+# fails (tests/conftest.py assigns every test one tier; hypothesis runs its derandomised `ci` profile).
+PYTEST := $(BIN)/python -m pytest
+test: setup setup-maxtext system-deps lint
+	$(PYTEST) -m unit $(ARGS)
+	$(PYTEST) -m integration $(ARGS)
+	$(PYTEST) -m e2e $(ARGS)
+
+# No process started: the decision core, parsers, models, in-process servers (a few minutes).
+test-unit: setup
+	$(PYTEST) -m unit $(ARGS)
+
+# Daemons on loopback (in-process or as processes) with a fake trainer, the Pub/Sub emulator.
+test-integration: setup
+	$(PYTEST) -m integration $(ARGS)
+
+# The JAX trainer's simulated job, the real MaxText, Chromium, wheel builds, benchmark smoke runs.
+test-e2e: setup setup-maxtext system-deps
+	$(PYTEST) -m e2e $(ARGS)
 
 # Without MaxText (no 2.5 GB venv): the quick loop while developing.
 test-fast: setup system-deps
-	$(BIN)/python -m pytest -m "not maxtext" $(ARGS)
+	$(PYTEST) -m "not maxtext" $(ARGS)
 
 test-maxtext: setup setup-maxtext
-	$(BIN)/python -m pytest -m maxtext $(ARGS)
+	$(PYTEST) -m maxtext $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

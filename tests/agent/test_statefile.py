@@ -198,7 +198,7 @@ _RECORDS = hs.builds(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=settings.default.max_examples // 5, deadline=None)
 @given(
     steps=hs.lists(
         hs.tuples(

@@ -155,7 +155,7 @@ def test_hold_step_of_processes_all_held_is_where_they_are() -> None:
 # --- property: any interleaving of the processes' acknowledgements -------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(
     n=st.integers(2, 6),
     data=st.data(),

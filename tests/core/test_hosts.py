@@ -41,7 +41,7 @@ def same_as_dict(m: Hosts, ref: dict) -> None:
     assert "x" not in m and (1, 2, 3) not in m
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=settings.default.max_examples // 2, deadline=None)
 @given(start=hs.dictionaries(KEYS, RECORDS, max_size=8), ops=OPS)
 def test_hosts_reads_like_a_dict_and_old_versions_never_change(start: dict, ops: list) -> None:
     m, ref = Hosts(start), dict(start)
@@ -70,7 +70,7 @@ def test_hosts_equality_is_by_content_and_an_unchanged_result_is_the_same_object
     assert m.without([(1, 0)]).by_slice().keys() == {0}  # an emptied slice leaves the index
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=settings.default.max_examples // 2, deadline=None)
 @given(start=hs.frozensets(KEYS, max_size=10), drops=hs.lists(hs.lists(KEYS, max_size=3), max_size=10))
 def test_hostkeys_reads_like_a_frozenset_and_old_versions_never_change(start: frozenset, drops: list) -> None:
     ks, ref = HostKeys(start), set(start)

@@ -33,14 +33,14 @@ Checked after every step:
 plus: reasons are non-empty, terminal phases are sticky and silent, and the
 non-RUNNING live phases always carry a deadline.
 
-``CORE_PROPERTY_EXAMPLES`` (default 300) sets the examples per property.
+The examples per property come from the hypothesis profile (tests/conftest.py): ``ci`` by
+default, ``--hypothesis-profile=explore`` for a longer hunt.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 from dataclasses import dataclass, field
 
@@ -79,10 +79,7 @@ from agent.core.model import (
     initial_state,
 )
 
-EXAMPLES = int(os.environ.get("CORE_PROPERTY_EXAMPLES", "300"))
-"""Examples per property; raise it for a longer hunt (CORE_PROPERTY_EXAMPLES=20000)."""
 PROPERTY = settings(
-    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -816,7 +813,7 @@ FAITHFUL_OPS = st.one_of(
 )
 
 
-@settings(PROPERTY, max_examples=3 * EXAMPLES)
+@settings(PROPERTY, max_examples=3 * settings.default.max_examples)
 @given(policies(), BOOTS, st.lists(FAITHFUL_OPS, min_size=8, max_size=50))
 def test_a_faithful_trainer_is_never_left_holding(policy, boot, ops):
     w = FaithfulWorld.new(policy, boot)

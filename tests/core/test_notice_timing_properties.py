@@ -60,8 +60,15 @@ ops = st.lists(
     ],
     min_slices=2,
 )
+# Found by CI: the grow after a cleared notice holds, the model trainer never acknowledges it,
+# and the core aborts once the hold's time is up.
+@example(
+    ops=[("scheduled", 1, 0.0), ("ack", 0, 0.0), ("cleared", 1, 0.0), *[("tick", 0, 120.0)] * 3],
+    min_slices=2,
+)
 def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> None:
-    failed_because: list[str] = []
+    failed_because: list[tuple[str, State, float]] = []
+    acked_holds: set[int] = set()  # hold generations the model trainer acknowledged
 
     def check(before: State, ev: object, now: float, d: Decision) -> None:
         note(f"t={now:.2f} {ev!r} -> {d.reason}")
@@ -86,7 +93,7 @@ def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> No
             if leaving:
                 assert a.flush, f"a drain held without a flush: {a}"
         if state.phase == Phase.FAILED and before.phase != Phase.FAILED:
-            failed_because.append(d.reason)
+            failed_because.append((d.reason, before, now))
 
     policy = Policy(num_slices=N, elastic_min_slice_count=min_slices, notice_lead_seconds=LEAD)
     job = Job(policy, dt=0.01, check=check)
@@ -107,11 +114,21 @@ def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> No
         elif kind == "tick":
             job.feed(Tick(), x)
         else:
+            if job.state.phase == Phase.HOLDING:
+                acked_holds.add(job.state.generation)
             _acknowledge(job)
     if failed_because:
-        # The one way notices may end a job: a drain left fewer than elastic_min_slice_count
-        # slices for longer than elastic_timeout_seconds (MaxText's own rule; no retry spent).
-        assert "slices up after" in failed_because[0] and f"minimum {job.state.policy.min_slices}" in failed_because[0]
+        [(why, before, at)] = failed_because
+        if before.phase == Phase.HOLDING:
+            # A hold the trainer never acknowledged ends the job once its time is up (exit 42, no
+            # retry spent); one it did acknowledge must not.
+            assert "did not acknowledge the hold" in why, why
+            assert before.generation not in acked_holds, (before.generation, acked_holds)
+            assert before.deadline is not None and at >= before.deadline, (at, before.deadline)
+        else:
+            # A drain left fewer than elastic_min_slice_count slices for longer than
+            # elastic_timeout_seconds (MaxText's own rule; no retry spent).
+            assert "slices up after" in why and f"minimum {job.state.policy.min_slices}" in why, why
         return
     # Every window ends: the job runs on every slice again, with nothing spent.
     for s in range(N):

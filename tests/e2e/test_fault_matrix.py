@@ -979,7 +979,9 @@ def _shift_state_times(path: Path, seconds: float) -> None:
     path.write_text(json.dumps(doc, indent=1))
 
 
-@pytest.mark.parametrize("step", [-3600, 3600])
+# Forward under --runslow: the default run keeps the process path (back), and
+# tests/agent/test_clock_steps.py restores and repairs a state file stepped either way.
+@pytest.mark.parametrize("step", [-3600, pytest.param(3600, marks=pytest.mark.slow)])
 def test_clock_stepped_across_a_coordinator_restart(outcomes: list[dict[str, Any]], tmp_path: Path, step: int) -> None:
     """A host is killed (one retry), the coordinator is killed before the replacement settles and
     restarts with the wall clock stepped by ``step``: the replacement repairs the slice, the job grows
