@@ -12,6 +12,14 @@ from agent.core.transitions import fmt, replace
 
 
 def node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
+    d = _node_notice(state, ev, now)
+    if d.actions or not any(p.since <= now for p in d.state.planned.values()):
+        return d
+    # A notice that changes nothing still begins a planned drain that is due, as a tick would.
+    return replace(evaluate(d.state, now, d.reason), outcome=d.outcome)
+
+
+def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
     what = ev.node or ev.node_pool or (f"slice {ev.slice}" if ev.slice is not None else "?")
     label = f"{ev.kind} for {what} from {ev.source}"
     slices = _notice_slices(state, ev)
