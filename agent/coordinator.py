@@ -207,7 +207,11 @@ def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
         case HoldTrainer():
             return trainer_pb2.SidecarCommand(
                 hold=trainer_pb2.Hold(
-                    generation=a.generation, flush=a.flush, down_slices=sorted(a.down_slices), reason=a.reason
+                    generation=a.generation,
+                    flush=a.flush,
+                    down_slices=sorted(a.down_slices),
+                    reason=a.reason,
+                    snapshot=a.snapshot,
                 )
             )
         case ResumeTrainer():

@@ -66,6 +66,7 @@ INTENT_FIELDS = (
     "expected_rejoin",
     "retries_used",
     "hold_flush",
+    "hold_snapshot",
     "hold_reason",
     "hold_down",
     "exit_code",
@@ -123,6 +124,7 @@ def _head(state: State, epoch: int, restart_attempt: int, off: float) -> dict[st
         "retries_used": state.retries_used,
         "operator_hold": state.operator_hold,
         "hold_flush": state.hold_flush,
+        "hold_snapshot": state.hold_snapshot,
         "hold_reason": state.hold_reason,
         "hold_down": sorted(state.hold_down),
         # A restore expects every host on record back (``_restore``), so only the others are written:
@@ -573,6 +575,7 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
         expected_rejoin=expected,
         rejoin_deadline=now + policy.rejoin_grace_seconds if expected else None,
         hold_flush=bool(raw.get("hold_flush", False)),
+        hold_snapshot=bool(raw.get("hold_snapshot", False)),
         hold_reason=str(raw.get("hold_reason", "")),
         hold_down=frozenset(int(s) for s in raw.get("hold_down", [])) & policy.all_slices,
     )
@@ -587,7 +590,8 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
     if phase == Phase.WAITING:
         waiting = replace(state, phase=Phase.WAITING, deadline=now + policy.elastic_timeout_seconds)
         return Restored(waiting, epoch, "restored a held job waiting for slices")
-    ack = policy.elastic_timeout_seconds + (policy.flush_timeout_seconds if state.hold_flush else 0.0)
+    flushes = state.hold_flush or state.hold_snapshot  # a trainer that cannot keep the snapshot flushes
+    ack = policy.elastic_timeout_seconds + (policy.flush_timeout_seconds if flushes else 0.0)
     holding = replace(state, phase=Phase.HOLDING, deadline=now + ack)
     return Restored(holding, epoch, "restored a pending hold; it is sent again when the trainer attaches")
 

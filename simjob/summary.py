@@ -12,7 +12,9 @@ Per fault:
 * ``lost_steps``: completed steps that had to be recomputed (the rewind of the
   first resume after the fault, from the highest step completed before it);
   ``interrupted_step`` says whether the step in flight failed with DATA_LOSS
-  and was redone (the work of at most that one step).
+  and was redone (the work of at most that one step);
+* ``flush_bytes``: what the trainer wrote to storage for the fault's holds (0 for a
+  drain served from memory).
 Faults on the job's own processes (``coordinator-restart``, ``coordinator-stall``,
 ``trainer-kill``) name no slice: their detection is the coordinator noticing
 the trainer gone (``TrainerDetached``, for a trainer kill) and nothing for the
@@ -127,6 +129,7 @@ def summarize(
     steps = [e for e in tev if e["kind"] == "step"]
     resumes = [e for e in tev if e["kind"] == "resumed"]
     failures = [e for e in tev if e["kind"] == "step_failed"]
+    helds = [e for e in tev if e["kind"] == "held"]
 
     # Every rewind of the run: a resume from below the highest step completed before it.
     rewinds = []
@@ -202,6 +205,7 @@ def summarize(
             "lost_steps": lost,
             "interrupted_step": in_flight > 0,
             "restored_from": first_resume["restored_from"] if first_resume else None,
+            "flush_bytes": sum(int(e.get("flush_bytes") or 0) for e in helds if f.time <= e["t"] < t_next),
             "slices_before": slices_before,
             "slices_after": len(first_resume["slices"]) if first_resume else None,
         }

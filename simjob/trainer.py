@@ -230,6 +230,7 @@ class Trainer:
             job=ns.job,
             total_steps=ns.steps,
             flush=OrbaxFlusher(self.manager, self._save_args),
+            snapshot=self._keep_in_memory,
             on_event=self.events,
             elastic_timeout_seconds=ns.elastic_timeout_seconds,
         )
@@ -427,6 +428,22 @@ class Trainer:
             )
             self._snap_seconds = []
         return True
+
+    def _keep_in_memory(self, step: int, leaving: frozenset[int]) -> str:
+        """A drain from memory (the session's snapshot hook): keep ``step`` on the slices not ``leaving``,
+        nothing to storage. The live state is whole at a boundary and each slice holds a replica of it
+        (axis ``replica``); with --donate the newest snapshot is made this step's too, as the MaxText hook's."""
+        state = self.state
+        if state is None or any(x.is_deleted() for x in self.jax.tree_util.tree_leaves(state)):
+            return "the state was donated into a step that failed"
+        if not any(s not in leaving for s in self.active):
+            return "no slice of the mesh remains"
+        if self.ns.donate and self.ns.snapshot_every != 0 and self.snapshots.usable:
+            why = self.snapshots.ensure(step, state, DATA_NONE)
+            if why:
+                return why
+        self.events("kept_in_memory", {"step": step, "leaving": sorted(leaving)})
+        return ""
 
     def _snapshot_bytes(self) -> int:
         """Host memory the newest snapshot holds: one replica of the state per slice it was taken on."""

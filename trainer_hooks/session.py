@@ -19,7 +19,11 @@ A loop looks like this (see ``simjob/trainer.py`` and ``trainer_hooks/maxtext``)
 
 A hold waits for any in-flight async save, flushes if asked (only a step
 Orbax committed counts; a failed flush is acknowledged with its error and
-never counted), acknowledges, and blocks until resume or abort. An abort
+never counted), acknowledges, and blocks until resume or abort. A hold that
+asks for a snapshot instead (a drain whose state stays on the slices that
+remain) calls the trainer's ``snapshot`` hook, which makes its newest in-memory
+snapshot the held step's; a trainer without one, or whose hook cannot keep the
+state there, flushes instead. An abort
 raises :class:`AbortTraining` carrying the exit code (42: restart).
 
 The trainer guards itself: while it is blocked on the sidecar (waiting to
@@ -134,6 +138,11 @@ class FlushResult:
     nbytes: int = 0
 
 
+SnapshotKeeper = Callable[[int, frozenset[int]], str]
+"""``(step, leaving_slices) -> ""`` once the newest in-memory snapshot (or the live state the trainer resumes
+from) holds ``step`` on the slices not leaving, nothing written to storage; else why it cannot (then a flush)."""
+
+
 class Flusher(Protocol):
     """Makes ``step`` durable and returns the newest committed step.
 
@@ -189,6 +198,7 @@ class ElasticSession:
         flush: Flusher | None = None,
         on_event: Callable[[str, dict[str, object]], None] | None = None,
         elastic_timeout_seconds: float = DEFAULT_ELASTIC_TIMEOUT,
+        snapshot: SnapshotKeeper | None = None,
         process_index: int = 0,
         process_count: int = 1,
         report_interval: float = REPORT_INTERVAL,
@@ -213,6 +223,7 @@ class ElasticSession:
         self._abort_reason = ""
         self._abort_grace = 0.0
         self._flush = flush
+        self._snapshot = snapshot
         self._on_event = on_event if on_event is not None else (lambda kind, fields: None)
         self.elastic_timeout_seconds = (
             float(elastic_timeout_seconds) if elastic_timeout_seconds > 0 else DEFAULT_ELASTIC_TIMEOUT
@@ -249,6 +260,7 @@ class ElasticSession:
         settings: ElasticSettings | None = None,
         flush: Flusher | None = None,
         on_event: Callable[[str, dict[str, object]], None] | None = None,
+        snapshot: SnapshotKeeper | None = None,
         token: str | None = None,
         token_file: str | None = None,
         elastic_timeout_seconds: float | None = None,
@@ -299,6 +311,7 @@ class ElasticSession:
         session = cls(
             link,
             flush=flush,
+            snapshot=snapshot,
             on_event=on_event,
             elastic_timeout_seconds=elastic_timeout_seconds,
             process_index=process_index,
@@ -657,7 +670,7 @@ class ElasticSession:
         self._hold_reason = body.reason
         self._down = self._down | frozenset(body.down_slices)
         t0 = time.monotonic()
-        nbytes, error = self._do_flush(step) if body.flush else (0, "")
+        kept, nbytes, error = self._keep(step, body)
         flush_s = time.monotonic() - t0
         self._send(
             trainer_pb2.TrainerMessage(
@@ -677,11 +690,28 @@ class ElasticSession:
                 "generation": body.generation,
                 "step": step,
                 "flush": body.flush,
+                "snapshot": kept,
+                "flush_bytes": nbytes,
                 "reason": body.reason,
                 "flush_error": error,
             },
         )
         return self._wait_for_resume(step)
+
+    def _keep(self, step: int, body: trainer_pb2.Hold) -> tuple[bool, int, str]:
+        """What a hold keeps of ``step``: (kept in memory, bytes flushed, flush error)."""
+        if body.flush or not body.snapshot:
+            return (False, *(self._do_flush(step) if body.flush else (0, "")))
+        why = "this trainer keeps no in-memory snapshot" if self._snapshot is None else ""
+        if not why:
+            try:
+                why = self._snapshot(step, frozenset(body.down_slices))
+            except Exception as e:  # a snapshot that fails must not lose the hold: flush instead
+                why = f"{type(e).__name__}: {e}"[:300]
+        if not why:
+            return True, 0, ""
+        self._on_event("snapshot_unavailable", {"step": step, "why": why, "then": "flush"})
+        return (False, *self._do_flush(step))
 
     def _on_resume(self, body: trainer_pb2.Resume) -> Directive | None:
         ack = self._resumed_ack

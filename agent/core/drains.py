@@ -1,14 +1,15 @@
-"""Drains over time: a planned drain begins, a stale notice's drain lifts, a held job waits for a window.
+"""Drains: which flush, a planned drain begins, a stale notice's drain lifts, a held job waits for a window.
 
-Pure functions of the state that :mod:`agent.core.evaluate` applies; docs/design.md has the rules.
+Pure functions of the state that :mod:`agent.core.evaluate` applies; docs/design.md and docs/notices.md
+have the rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.core.model import State, _frozen
-from agent.core.transitions import fmt, replace
+from agent.core.model import Decision, State, TrainerView, _frozen
+from agent.core.transitions import fmt, replace, start_hold
 
 NOTICE_STALE_SECONDS = 600.0
 """Seconds past an announced disruption's end after which a node still up and healthy came through it.
@@ -18,6 +19,100 @@ redelivers for days, so a bound is what keeps a replayed notice out (docs/design
 MC_NOTICE_EXIT_MARGIN = 5.0
 """Multi-controller: seconds before an announced node goes at which a held job stops waiting for a
 cancellation and restarts (every process exits 42 itself, not with its host)."""
+SAVES_KEPT = 3
+"""Timed flushes the expected flush time is measured over (:func:`expected_flush`)."""
+FROM_MEMORY = "the slices that remain hold a replica of the state: a snapshot in memory, nothing to storage"
+
+
+def flush_why(state: State, remaining: frozenset[int]) -> str:
+    """Why a drain that leaves ``remaining`` slices training must flush to storage ("" when it need not).
+
+    On Pathways the slices that remain hold the whole state (one replica per slice) and its
+    snapshot in their hosts' memory, so training goes on from memory. Storage is needed when no
+    replica would be kept, or the processes restart. A layout without a replica per slice is the
+    trainer's to know: asked for a snapshot it cannot keep there, it flushes (trainer_hooks/session.py).
+    """
+    p = state.policy
+    if p.multi_controller:
+        return "a multi-controller job restarts its processes, which keep nothing in memory"
+    if not remaining:
+        return "no slice would remain to hold a replica of the state"
+    if len(remaining) < p.min_slices:
+        return (
+            f"{len(remaining)} slice(s) would remain, fewer than the minimum {p.min_slices}: the job waits for the "
+            "slice, and a wait past elastic_timeout_seconds restarts from storage"
+        )
+    return ""
+
+
+def expected_flush(t: TrainerView) -> tuple[float, int, float] | None:
+    """(seconds, state bytes, bytes a second) a flush is expected to take: the newest flush's bytes over
+    the rate of the trainer's newest timed flushes; None when it has reported none."""
+    if not t.saves:
+        return None
+    rate = sum(b for b, _ in t.saves) / sum(s for _, s in t.saves)
+    nbytes = t.saves[-1][0]
+    return nbytes / rate, nbytes, rate
+
+
+def with_save(t: TrainerView, nbytes: int, seconds: float) -> TrainerView:
+    """``t`` after a flush the trainer timed (an untimed one, a periodic commit, says nothing of the rate)."""
+    if nbytes <= 0 or seconds <= 0:
+        return t
+    return replace(t, saves=(*t.saves, (int(nbytes), float(seconds)))[-SAVES_KEPT:])
+
+
+def _lead(state: State, slices: Iterable[int], now: float) -> float | None:
+    """Seconds until the first of ``slices``' announced disruptions (None: no notice said when)."""
+    times = [
+        t
+        for s in slices
+        if (d := state.drains.get(s)) is not None
+        for t in (d.deadline if d.deadline is not None else d.starts_at,)
+        if t is not None
+    ]
+    return min(times) - now if times else None
+
+
+def lead_note(state: State, lead: float | None) -> str:
+    """The notice's lead against the flush expected, for a reason; starts with "; "."""
+    exp = expected_flush(state.trainer)
+    if exp is None:
+        expect = "expected flush time unknown (the trainer has reported no timed flush)"
+    else:
+        secs, nbytes, rate = exp
+        expect = f"expected flush {secs:.1f} s ({nbytes / 1e9:.3g} GB at {rate / 1e9:.3g} GB/s measured)"
+    if lead is None:
+        return f"; {expect}"
+    if exp is not None and lead < exp[0]:
+        return (
+            f"; the notice's lead ({lead:.0f} s) is shorter than the {expect}: flushing at once, "
+            "it may not finish before the host goes"
+        )
+    return f"; {expect}, lead {lead:.0f} s"
+
+
+def drain_hold(state: State, now: float, why: str, leaving: frozenset[int]) -> Decision:
+    """Hold for slices drained away: from memory (a snapshot at the held step) where a replica stays on
+    the slices that remain, else a flush, the reason saying why and how the notice's lead compares."""
+    flush = flush_why(state, state.up_slices())
+    if not flush:
+        return start_hold(state, now, f"{why}; {FROM_MEMORY}", failure=False, snapshot=True)
+    note = lead_note(state, _lead(state, leaving, now))
+    return start_hold(state, now, f"{why}; flush: {flush}{note}", failure=False, flush=True)
+
+
+def plan_begin(state: State, slices: frozenset[int], starts_at: float) -> tuple[float, str]:
+    """When a drain of ``slices`` announced for ``starts_at`` begins, and a note for the reason.
+
+    ``notice_lead_seconds`` before the start; a drain that will flush begins earlier when the flush
+    expected takes longer than that, so it can finish before the window (at once if that is past).
+    """
+    lead = state.policy.notice_lead_seconds
+    exp = expected_flush(state.trainer)
+    if exp is None or exp[0] <= lead or not flush_why(state, state.up_slices() - slices):
+        return starts_at - lead, ""
+    return starts_at - exp[0], f" (the expected flush, {exp[0]:.0f} s, is longer than the {lead:g} s lead)"
 
 
 def notice_end(ends_at: float | None, deadline: float | None, starts_at: float | None) -> float | None:

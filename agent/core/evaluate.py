@@ -7,7 +7,7 @@ or lift, the rejoin grace), then asks the rule of the current phase. Each rule r
 
 from __future__ import annotations
 
-from agent.core.drains import announced_until, begin_planned, lift_overdue
+from agent.core.drains import announced_until, begin_planned, drain_hold, lift_overdue
 from agent.core.membership import expire_rejoin, forget_repaired, in_rejoin_grace, settle, trim_surviving
 from agent.core.model import Decision, Phase, ResumeTrainer, State
 from agent.core.transitions import (
@@ -84,9 +84,8 @@ def _running(state: State, now: float, up: frozenset[int], prefix: str, why: str
         if failed and cannot_shrink(state):
             return restart(state, f"{prefix}active slice(s) {fmt(failed)} down")
         if not failed:
-            # Announced: drain at the step boundary, flush, lose nothing.
-            why = f"{prefix}leaving slice(s) {fmt(lost)} at the step boundary"
-            return start_hold(state, now, why, failure=False, flush=True)
+            # Announced: drain at the step boundary, lose nothing; from memory where a replica stays.
+            return drain_hold(state, now, f"{prefix}leaving slice(s) {fmt(lost)} at the step boundary", lost)
         return start_hold(state, now, f"{prefix}active slice(s) {fmt(lost)} down", failure=True)
     t = state.trainer
     if t.attached and t.resume_pending and t.held:
@@ -119,7 +118,8 @@ def _repeat_resume(state: State, prefix: str) -> Decision:
 def _holding(state: State, now: float, up: frozenset[int], prefix: str) -> Decision:
     p = state.policy
     if state.deadline is not None and now >= state.deadline:
-        limit = p.elastic_timeout_seconds + (p.flush_timeout_seconds if state.hold_flush else 0.0)
+        flushes = state.hold_flush or state.hold_snapshot
+        limit = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flushes else 0.0)
         return fail(state, f"{prefix}trainer did not acknowledge the hold within {limit:g} s")
     # A hold for a trainer whose link is gone (suspected hung) ends no later than that link's own limit.
     gone = link_gone_too_long(state, now)
@@ -132,9 +132,11 @@ def _holding(state: State, now: float, up: frozenset[int], prefix: str) -> Decis
         return restart(state, f"{prefix}slice(s) {fmt(failed)} down while holding")
     if newly_down:
         # Tell the trainer not to read its state from these slices either.
-        # A slice drained by a notice while a hold is pending flushes like one drained while running.
-        announced = bool(newly_down & draining(state)) or None
-        return start_hold(state, now, f"{prefix}slice(s) {fmt(newly_down)} also down", failure=False, flush=announced)
+        # A slice drained while a hold is pending follows the drain rules, as one drained while running.
+        also = f"{prefix}slice(s) {fmt(newly_down)} also down"
+        if newly_down & draining(state) and not failed:
+            return drain_hold(state, now, also, newly_down)
+        return start_hold(state, now, also, failure=False, flush=True if newly_down & draining(state) else None)
     return Decision(state, (), f"{prefix}waiting for the trainer to hold")
 
 

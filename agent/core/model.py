@@ -441,6 +441,9 @@ class TrainerView:
     """When the newest step report arrived (not persisted: a step count is not intent)."""
     step_seconds: tuple[float, ...] = ()
     """Durations of the newest steps, for the median in hang suspicion."""
+    saves: tuple[tuple[int, float], ...] = ()
+    """(bytes, seconds) of the trainer's newest timed flushes: what the next flush is expected to take
+    (:func:`agent.core.drains.expected_flush`). Not persisted: after a restart it is unknown until one."""
 
 
 @dataclass(frozen=True)
@@ -497,6 +500,8 @@ class State:
     deadline: float | None = None
     """Phase deadline: start, hold acknowledgement, wait for slices, rejoin grace."""
     hold_flush: bool = False
+    hold_snapshot: bool = False
+    """The pending hold asked for an in-memory snapshot at its step instead of a flush (a drain from memory)."""
     hold_reason: str = ""
     hold_down: frozenset[int] = frozenset()
     trainer: TrainerView = TrainerView()
@@ -795,12 +800,18 @@ Event = (
 
 @dataclass(frozen=True)
 class HoldTrainer:
-    """Stop at the next step boundary; flush first when ``flush``."""
+    """Stop at the next step boundary; flush first when ``flush``.
+
+    ``snapshot`` (never with ``flush``): a drain whose state stays on the slices that remain: make the
+    newest in-memory snapshot the held step's (one save to host memory, nothing to storage) before
+    acknowledging; a trainer that cannot keep it there (no snapshots, no replica per slice) flushes.
+    """
 
     generation: int
     flush: bool
     down_slices: frozenset[int]
     reason: str
+    snapshot: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ A notice is never a failure: only a host actually lost is. docs/design.md has th
 
 from __future__ import annotations
 
-from agent.core.drains import NOTICE_STALE_SECONDS, hosts_healthy, notice_end
+from agent.core.drains import NOTICE_STALE_SECONDS, hosts_healthy, notice_end, plan_begin
 from agent.core.evaluate import evaluate
 from agent.core.model import Decision, Drain, NodeNotice, State, _frozen
 from agent.core.transitions import fmt, replace
@@ -44,9 +44,9 @@ def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
         )
     if ev.cleared:
         return _cleared(state, ev, slices, now, label)
-    begin = None if ev.starts_at is None else ev.starts_at - state.policy.notice_lead_seconds
+    begin, early = (None, "") if ev.starts_at is None else plan_begin(state, slices, ev.starts_at)
     if begin is not None and begin > now:
-        return _plan(state, ev, slices, now, label, begin)
+        return _plan(state, ev, slices, now, label + early, begin)
     return _drain_now(state, ev, slices, now, label)
 
 
@@ -98,13 +98,14 @@ def _plan(state: State, ev: NodeNotice, slices: frozenset[int], now: float, labe
     note = f"; drain of {fmt(moved_out)} lifted until then" if moved_out else ""
     why = (
         f"{label}: starts in {starts_at - now:.0f} s; draining slice(s) {fmt(slices)} "
-        f"in {begin - now:.0f} s ({state.policy.notice_lead_seconds:g} s before){note}"
+        f"in {begin - now:.0f} s ({starts_at - begin:g} s before){note}"
     )
     return evaluate(replace(state, drains=_frozen(drains), planned=_frozen(planned)), now, why)
 
 
 def _drain_now(state: State, ev: NodeNotice, slices: frozenset[int], now: float, label: str) -> Decision:
-    """Due now (imminent, in progress, or its window began while the node is up): drain with a flush."""
+    """Due now (imminent, in progress, or its window began while the node is up): drain at the step boundary,
+    from memory or with a flush (:func:`agent.core.drains.drain_hold`)."""
     drains, planned = dict(state.drains), dict(state.planned)
     new = {s for s in slices if s not in drains}
     for s in slices:

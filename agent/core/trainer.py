@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent.core.drains import drain_hold, with_save
 from agent.core.evaluate import evaluate
 from agent.core.model import (
     Decision,
@@ -55,7 +56,7 @@ def trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision:
         return _adopt_held(state, new, ev, now, reason)
     if state.phase == Phase.HOLDING:
         # It may not have seen the hold: send it again.
-        hold = HoldTrainer(state.generation, state.hold_flush, state.hold_down, state.hold_reason)
+        hold = HoldTrainer(state.generation, state.hold_flush, state.hold_down, state.hold_reason, state.hold_snapshot)
         return Decision(new, (hold,), reason + "; repeating the pending hold")
     if state.phase == Phase.RUNNING and (ev.generation != state.generation or ev.active != state.active):
         # A restarted trainer (or coordinator): bring both onto a fresh generation.
@@ -153,6 +154,8 @@ def trainer_stepped(state: State, ev: TrainerStepped, now: float) -> Decision:
 
 def trainer_flushed(state: State, ev: TrainerFlushed, now: float) -> Decision:
     t = replace(state.trainer, committed_step=max(state.trainer.committed_step, ev.committed_step))
+    if not ev.flush_error:
+        t = with_save(t, ev.flush_bytes, ev.flush_seconds)
     if ev.flush_error:
         why = f"trainer flush failed ({ev.flush_error[:200]}); newest committed step {t.committed_step}"
         return Decision(replace(state, trainer=t), (), why)
@@ -208,7 +211,10 @@ def trainer_held(state: State, ev: TrainerHeld, now: float) -> Decision:
     if ev.disagreement:
         return fail(state, f"trainer processes held at different steps ({ev.disagreement}): they cannot resume")
     deadline = now + state.policy.elastic_timeout_seconds
-    waiting = replace(state, phase=Phase.WAITING, trainer=_held_at(state, ev), deadline=deadline)
+    held = _held_at(state, ev)
+    if not ev.flush_error:
+        held = with_save(held, ev.flush_bytes, ev.flush_seconds)
+    waiting = replace(state, phase=Phase.WAITING, trainer=held, deadline=deadline)
     committed = f", committed step {ev.committed_step}" if ev.committed_step >= 0 else ""
     failed = f"; its flush failed ({ev.flush_error[:200]})" if ev.flush_error else ""
     return evaluate(waiting, now, f"trainer held at step {ev.step}{committed}{failed}")
@@ -245,9 +251,10 @@ def trainer_resumed(state: State, ev: TrainerResumed, now: float) -> Decision:
     if extra:
         # Training on a slice that was not decided (drained, or not repaired
         # yet): take it out again with a hold that costs no retry.
-        announced = bool(extra & draining(state)) or None
         why += f"; mesh mismatch: slice(s) {fmt(extra)} in use but not decided (decided {fmt(state.active)})"
-        return start_hold(new, now, why, failure=False, flush=announced)
+        if extra & draining(state):
+            return drain_hold(new, now, why, extra & draining(state))
+        return start_hold(new, now, why, failure=False)
     if idle:
         why += f"; mesh mismatch: decided slice(s) {fmt(idle)} not in the trainer's mesh"
     return Decision(new, (), why)

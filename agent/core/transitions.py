@@ -65,8 +65,13 @@ def rejoining_slices(state: State, now: float) -> frozenset[int]:
     return state.expected_rejoin.slices()
 
 
-def start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool | None = None) -> Decision:
-    """Hold the trainer at its step boundary under a new generation; a failure spends a retry."""
+def start_hold(
+    state: State, now: float, why: str, *, failure: bool, flush: bool | None = None, snapshot: bool = False
+) -> Decision:
+    """Hold the trainer at its step boundary under a new generation; a failure spends a retry.
+
+    ``snapshot``: a drain from memory (:func:`agent.core.drains.drain_hold`): the trainer makes its newest
+    in-memory snapshot the held step's instead of flushing."""
     p = state.policy
     retries = state.retries_used
     if failure:
@@ -84,7 +89,9 @@ def start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool
     # to be down: naming them would make the trainer drop their replicas (and,
     # with none left, rewind to its checkpoint); it skips lost ones itself.
     down = p.all_slices - up - rejoining_slices(state, now)
-    ack_within = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flush else 0.0)
+    snapshot = snapshot and not flush
+    # A trainer that cannot keep a snapshot on the slices that remain flushes instead: same bound.
+    ack_within = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flush or snapshot else 0.0)
     new = replace(
         state,
         phase=Phase.HOLDING,
@@ -92,14 +99,15 @@ def start_hold(state: State, now: float, why: str, *, failure: bool, flush: bool
         retries_used=retries,
         deadline=now + ack_within,
         hold_flush=flush,
+        hold_snapshot=snapshot,
         hold_reason=why,
         hold_down=down,
     )
     note = f" (recovery {retries} of {p.max_recoveries})" if failure else ""
     return Decision(
         new,
-        (HoldTrainer(gen, flush, down, why), TellWorkers(gen, "hold", why)),
-        f"{why}; hold generation {gen}{' with flush' if flush else ''}{note}",
+        (HoldTrainer(gen, flush, down, why, snapshot), TellWorkers(gen, "hold", why)),
+        f"{why}; hold generation {gen}{' with flush' if flush else ''}{' with snapshot' if snapshot else ''}{note}",
     )
 
 

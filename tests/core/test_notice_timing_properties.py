@@ -83,15 +83,18 @@ def test_notice_timing(ops: list[tuple[str, int, float]], min_slices: int) -> No
             "a due planned drain did not begin"
         )
         for a in d.actions:
-            # A drained slice the trainer runs on leaves with a flush; one it already left (a resume
-            # that excluded it) holds nothing of the trainer's state.
+            # A drained slice the trainer runs on leaves with a flush, or from memory where the slices
+            # that remain may train on; one it already left (a resume that excluded it) holds nothing
+            # of the trainer's state.
             leaving = (
                 (a.down_slices - before.hold_down) & set(state.drains) & before.active
                 if isinstance(a, HoldTrainer)
                 else set()
             )
             if leaving:
-                assert a.flush, f"a drain held without a flush: {a}"
+                assert a.flush or a.snapshot, f"a drain held with neither a flush nor a snapshot: {a}"
+                remain = len(state.policy.all_slices - a.down_slices)
+                assert not a.snapshot or remain >= state.policy.min_slices, f"too few remain for memory: {a}"
         if state.phase == Phase.FAILED and before.phase != Phase.FAILED:
             failed_because.append((d.reason, before, now))
 

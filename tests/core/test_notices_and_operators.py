@@ -32,11 +32,11 @@ class Job(_Job):
         self.attach_and_start("fresh")
 
 
-def test_notice_drains_the_slice_with_a_flush_and_no_retry() -> None:
+def test_notice_drains_the_slice_from_memory_and_no_retry() -> None:
     job = Job(min_slices=2)
     d = job.notice(node="node-1")
     hold = one(d, HoldTrainer)
-    assert hold.flush and 1 in hold.down_slices
+    assert hold.snapshot and not hold.flush and 1 in hold.down_slices
     assert job.state.retries_used == 0 and job.state.phase == Phase.HOLDING
     d = job.feed(TrainerHeld(hold.generation, 40, 40))
     resume = one(d, ResumeTrainer)
@@ -52,19 +52,19 @@ def test_notice_with_all_slices_required_waits_for_the_replacement() -> None:
     assert one(d, ResumeTrainer).active == frozenset(range(4))
 
 
-def test_notice_past_its_deadline_while_the_node_is_up_is_a_drain_with_flush_not_a_failure() -> None:
+def test_notice_past_its_deadline_while_the_node_is_up_is_a_drain_not_a_failure() -> None:
     job = Job()
     d = job.notice(node="node-1", deadline=job.now - 1.0)
     hold = one(d, HoldTrainer)
-    assert hold.flush and 1 in hold.down_slices
+    assert hold.snapshot and 1 in hold.down_slices
     assert job.state.retries_used == 0 and job.state.slice_errors == {}
 
 
-def test_notice_after_its_window_began_is_a_drain_with_flush() -> None:
+def test_notice_after_its_window_began_is_a_drain_now() -> None:
     job = Job()
     d = job.notice(node="node-2", starts_at=job.now - 30.0)
     hold = one(d, HoldTrainer)
-    assert hold.flush and hold.down_slices == frozenset({2})
+    assert hold.snapshot and hold.down_slices == frozenset({2})
     assert job.state.retries_used == 0 and "began 30 s ago" in d.reason
 
 
@@ -85,7 +85,7 @@ def test_scheduled_window_drains_at_its_start_minus_the_lead_time() -> None:
     assert d.actions == () and 1 in job.state.planned
     d = job.feed(Tick(), dt=1.0)  # now: the drain begins before the window
     hold = one(d, HoldTrainer)
-    assert hold.flush and hold.down_slices == frozenset({1}) and job.now < start
+    assert hold.snapshot and hold.down_slices == frozenset({1}) and job.now < start
     assert job.state.retries_used == 0 and 1 not in job.state.planned and 1 in job.state.drains
 
 
@@ -205,7 +205,7 @@ def test_operator_resume_while_running_is_refused() -> None:
 
 def test_operator_drain_checkpoint_and_bad_slice() -> None:
     job = Job()
-    assert one(job.feed(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer).flush
+    assert one(job.feed(OperatorCommand("drain", "bad HBM", slice=1)), HoldTrainer).snapshot
     assert "slice 9" in job.feed(OperatorCommand("drain", "x", slice=9)).rejected
     flush = one(job.feed(OperatorCommand("checkpoint", "before upgrade")), FlushTrainer)
     assert flush.generation == job.state.generation
@@ -340,9 +340,11 @@ def test_a_replaced_slice_can_be_drained_again_and_its_loss_is_a_failure() -> No
     assert 1 in again.down_slices and job.state.drains[1].node == "node-1b"
 
 
-def test_a_second_notice_while_a_hold_is_pending_also_flushes() -> None:
+def test_a_second_notice_while_a_hold_is_pending_also_drains_from_memory() -> None:
     job = Job(min_slices=1)
     first = one(job.notice(node="node-1"), HoldTrainer)
-    assert first.flush and job.state.phase == Phase.HOLDING
+    assert first.snapshot and job.state.phase == Phase.HOLDING
     second = one(job.notice(node="node-2"), HoldTrainer)  # before the trainer acknowledged the first
-    assert second.flush and second.down_slices == frozenset({1, 2}) and job.state.retries_used == 0
+    assert (
+        second.snapshot and not second.flush and second.down_slices == frozenset({1, 2}) and job.state.retries_used == 0
+    )

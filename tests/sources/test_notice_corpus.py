@@ -188,7 +188,7 @@ async def test_real_format_notices_through_the_emulator_into_eight_slices(pubsub
         assert drained_at[2] < win2 - LEAD + 0.5 and drained_at[2] < win2, (drained_at, win2)
         assert drained_at[1] >= win1 - LEAD - 0.3, "slice 1 drained long before its lead time"
 
-        # -- 3. disruptions due now: drain with flush, never a failure --------------
+        # -- 3. disruptions due now: drain (from memory: 1 slice suffices), never a failure --
         t_pub = await publish(
             # GCE compute.instances.preempted: the Spot VM goes in ~30 s. Published twice (a duplicate).
             gce("preempted", 7, timestamp=datetime.now(UTC), insert_id=f"p7-{name}"),
@@ -209,7 +209,7 @@ async def test_real_format_notices_through_the_emulator_into_eight_slices(pubsub
             S.gke_upgrade_event(
                 pool(4), CLUSTER, info=True, state="STARTED", operation=f"op4-{name}", project_number=NUMBER
             ),
-            # upcomingMaintenance already ONGOING on slice 0 whose node is still up: drain with flush.
+            # upcomingMaintenance already ONGOING on slice 0 whose node is still up: drain now.
             gce(
                 "upcomingMaintenance",
                 0,
@@ -221,7 +221,8 @@ async def test_real_format_notices_through_the_emulator_into_eight_slices(pubsub
         )
         await wait_for(lambda: {0, 4, 5, 6} <= set(coord.state.drains), 10, "slices 0, 4, 5, 6 drained")
         assert 7 in coord.state.drains
-        assert all(h.flush for _, h in holds(trainer)), "every drain so far must hold with a flush"
+        # The slices that remain may train on (min_slices=1): every drain so far holds with a snapshot.
+        assert all(h.snapshot and not h.flush for _, h in holds(trainer)), "a drain here must go on from memory"
 
         # -- 4. completions and cancellations lift --------------------------------
         await publish(

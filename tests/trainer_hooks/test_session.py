@@ -512,3 +512,53 @@ async def test_the_coordinator_takes_the_token_from_the_token_file_and_refuses_a
             _unblock(s)
             await asyncio.to_thread(s.close)
         await coord.stop(grace=0.1)
+
+
+# ---------------------------------------------------------------------------
+# a drain's hold with a snapshot instead of a flush
+# ---------------------------------------------------------------------------
+
+
+def _hold_then_resume(snapshot: Any, *, flush: bool = False) -> tuple[RecordingLink, list[int], list[tuple]]:
+    """A session given a hold asking for a snapshot (and its resume) at step 7; what it sent and flushed."""
+    link = RecordingLink()
+    flushed: list[int] = []
+    events: list[tuple] = []
+
+    def flusher(step: int, down: frozenset[int]) -> FlushResult:
+        flushed.append(step)
+        return FlushResult(step, 1000)
+
+    session = ElasticSession(
+        link, flush=flusher, snapshot=snapshot, on_event=lambda k, f: events.append((k, f)), report_interval=0.0
+    )
+    hold = trainer_pb2.Hold(generation=1, flush=flush, snapshot=True, down_slices=[3], reason="drain")
+    resume = trainer_pb2.Resume(generation=1, active_slices=[0, 1, 2], source=trainer_pb2.Resume.MEMORY)
+    link.inbox.extend([trainer_pb2.SidecarCommand(hold=hold), trainer_pb2.SidecarCommand(resume=resume)])
+    d = session.step_boundary(7)
+    assert d is not None and d.source == "memory" and d.down_slices == frozenset({3})
+    return link, flushed, events
+
+
+def test_a_snapshot_hold_keeps_the_step_in_memory_and_writes_nothing() -> None:
+    kept: list[tuple[int, frozenset[int]]] = []
+    link, flushed, events = _hold_then_resume(lambda step, leaving: kept.append((step, leaving)) or "")
+    assert kept == [(7, frozenset({3}))] and flushed == []
+    (held,) = [m.held for m in link.sent if m.HasField("held")]
+    assert (held.step, held.flush_bytes, held.flush_error) == (7, 0, "")
+    (ev,) = [f for k, f in events if k == "held"]
+    assert ev["snapshot"] is True and ev["flush_bytes"] == 0
+
+
+def test_a_trainer_that_cannot_keep_the_snapshot_flushes_instead_and_says_why() -> None:
+    link, flushed, events = _hold_then_resume(lambda step, leaving: "no replica per slice")
+    assert flushed == [7]
+    (held,) = [m.held for m in link.sent if m.HasField("held")]
+    assert held.flush_bytes == 1000 and held.committed_step == 7
+    assert ("snapshot_unavailable", {"step": 7, "why": "no replica per slice", "then": "flush"}) in events
+
+
+def test_a_trainer_without_a_snapshot_hook_flushes_a_snapshot_hold() -> None:
+    link, flushed, events = _hold_then_resume(None)
+    assert flushed == [7]
+    assert any(k == "snapshot_unavailable" and "no in-memory snapshot" in f["why"] for k, f in events), events

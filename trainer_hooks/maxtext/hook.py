@@ -41,6 +41,8 @@ flush) and then
   surviving replicas;
 * without: exits 42, which xpk restarts, and the restart restores it.
 
+A drain's hold that asks for a snapshot makes the newest snapshot the held step's, and the
+shrink then restores it from the slices that remain, writing nothing to storage (``_keep_in_memory``).
 A resume on the same slice set continues from memory. An abort flushes and
 exits with the abort's exit code.
 
@@ -207,6 +209,8 @@ class MaxTextHook:
         """The slices a grow kept as a snapshot left from (a failed load goes back to them)."""
         self._grow_retry_at: int | None = None
         """The step at which a grow whose load failed is tried again."""
+        self._kept_in_memory: int | None = None
+        """The step a drain's hold kept as a snapshot (:meth:`_keep_in_memory`): its shrink needs no flush."""
         self._own_seconds = 0.0
         self._own_steps = 0
         """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
@@ -295,6 +299,7 @@ class MaxTextHook:
             total_steps=int(config.steps),
             settings=settings,
             flush=self.flush,
+            snapshot=self._keep_in_memory,
             on_event=say,
             **process_identity(),
         )
@@ -627,6 +632,25 @@ class MaxTextHook:
         committed = self.session.flush(step)
         return f"checkpoint of step {committed}"
 
+    def _keep_in_memory(self, step: int, leaving: frozenset[int]) -> str:
+        """The session's snapshot hook, for a drain whose state stays on the slices that remain: make the newest
+        snapshot the held step's (with the data position), so the next attempt on those slices restores it from
+        their hosts' memory and nothing is written to storage. "" once kept; else why not (then a flush)."""
+        self._kept_in_memory = None
+        if self.seam is None:
+            return "without elastic_enabled the process restarts (exit 42), and its memory with it"
+        if not any(s not in leaving for s in self.slices):
+            return "no slice of the mesh remains"
+        state = (self._device_state or {}).get("state")
+        if state is None:
+            return "no train state at this boundary"
+        data = data_position((self._python_vars or {}).get("data_iterator"))
+        why = self.snapshots.ensure(step, state, data)
+        if not why:
+            self._kept_in_memory = step
+            say("kept_in_memory", {"step": step, "leaving": sorted(leaving)})
+        return why
+
     def _maxtext_grew(self, err: BaseException, since: float | None = None) -> None:
         """The seam's word that ``elastic_retry`` retries a ``ScaleUpSignalError`` (MaxText's or the hook's):
         the next attempt acknowledges the mesh it builds for the newest resume."""
@@ -753,14 +777,20 @@ class MaxTextHook:
         (:meth:`_keep_for_restart`, as for MaxText's own scale-up signal): every slice of the running
         mesh is alive, so every replica is readable, and the next attempt loads the state onto the
         grown mesh from the hosts' memory instead of writing a checkpoint to storage and reading it
-        back (on a real model, the checkpoint's round trip through storage is the longer one). Anything
+        back (on a real model, the checkpoint's round trip through storage is the longer one). A drain
+        whose hold kept the step as a snapshot (:meth:`_keep_in_memory`) restores it the same way. Anything
         else flushes: after a slice loss or a shrink a replica may be unreadable (the flush says what
         it could not save), and exit 42 ends the process, its snapshots with it."""
         assert self.session is not None
+        drained, self._kept_in_memory = self._kept_in_memory == step, None
         if self.seam is not None and grow:
             kept: dict[str, object] = {"kept": self._keep_for_restart(step)}
             if str(kept["kept"]).startswith("snapshot"):
                 self._growing_from = frozenset(self.slices)
+        elif self.seam is not None and drained:
+            # A drain's hold kept this step as a snapshot while every slice was up: the slices that
+            # remain hold it, so the shrink restores it from memory and writes nothing to storage.
+            kept = {"kept": f"snapshot of step {step}"}
         else:
             kept = {"committed_step": self.session.flush(step)}
         if self.seam is not None:

@@ -381,6 +381,18 @@ class Snapshots:
         self.check_pending()
         return self.latest_step()
 
+    def ensure(self, step: int, state: Any, data: str) -> str:
+        """Make the newest complete snapshot ``step``'s (a drain from memory: one save to host memory, waited
+        for). "" once it is; else why not (the caller flushes instead)."""
+        if not self.usable:
+            why = self.layout.why if self.layout is not None and not self.layout.usable else ""
+            return "no in-memory snapshots" + (f" ({why})" if why else "")
+        if self.newest_step() != step:
+            self.save(step, state, data)  # the queue is empty after the join: never skipped
+            if self.newest_step() != step:
+                return f"the snapshot of step {step} did not complete"
+        return ""
+
     def join(self) -> None:
         """Wait for the save still copying, at most ``wait_seconds`` (:class:`SnapshotUnavailable` past it)."""
         if self.snapshotter is not None:
