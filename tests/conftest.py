@@ -81,7 +81,7 @@ INTEGRATION = (
     "tests/trainer_hooks/test_multi_controller.py::test_a_single_controller_session_arms_no_watchdog",
     "tests/trainer_hooks/test_multi_controller.py::test_abort_ends_a_process",
     "tests/trainer_hooks/test_session.py::test_import_does_not_pull_in_the_daemon",
-    "tests/trainer_hooks/test_snapshot.py::test_a_rebuild_keeps_what_each_slice_holds",
+    "tests/trainer_hooks/test_snapshot.py::test_a_rebuild_reads_only_the_surviving_slices",
     "tests/trainer_hooks/test_snapshot.py::test_a_snapshot_is_rebuilt_from_the_surviving_slices",
 )
 PROCESS_FIXTURES = frozenset({"pubsub_emulator"})
