@@ -13,7 +13,7 @@ What. Every :data:`FREEZE_EVERY_REGISTRATIONS` registrations (checked on the coo
 collect the two young generations (the recent registrations' cyclic garbage) and ``gc.freeze()``
 what is left: https://docs.python.org/3.12/library/gc.html#gc.freeze moves every tracked object to
 a permanent generation that later collections ignore. That is a list splice, not a walk, and the
-registration storm then runs without those stalls (README, "When the sidecar itself fails").
+registration storm then runs without those stalls (docs/design.md, "When the sidecar itself fails").
 
 What it costs. Reference counting still frees a frozen object that is no longer used: a worker that
 leaves gives its memory back as before. Only garbage *in a reference cycle* is left to the

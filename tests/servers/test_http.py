@@ -18,7 +18,7 @@ from agent.core.model import Phase
 from agent.worker import Worker
 from tests.servers.conftest import JOB, Job, start_job, wait_for
 
-# The metric names README.md ("Operating it") documents, by role.
+# The metric names docs/operations.md ("Metrics") documents, by role.
 COORDINATOR_METRICS = {
     "elastic_sidecar_up",
     "elastic_sidecar_events_total",
