@@ -25,10 +25,10 @@ COPY trainer_hooks/ trainer_hooks/
 COPY protos/ protos/
 
 # The wheel holds agent, trainer_hooks and protos (pyproject.toml); runtime
-# dependencies only: the core ones plus the `pubsub` extra (not demo/test).
+# dependencies only: the core ones plus the `pubsub` and `tpu` extras (not demo/test).
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install -c constraints.txt "$(echo /wheels/elastic_sidecar-*.whl)[pubsub]" \
+ && /opt/venv/bin/pip install -c constraints.txt "$(echo /wheels/elastic_sidecar-*.whl)[pubsub,tpu]" \
  && /opt/venv/bin/elastic-sidecar --help > /dev/null
 
 

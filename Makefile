@@ -36,7 +36,7 @@ $(VENV_MAXTEXT)/.installed: pyproject.toml constraints-maxtext.txt
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt $(EDITABLE) '.[demo,pubsub,test,bench,drill]'
+	$(BIN)/pip install -q -c constraints.txt $(EDITABLE) '.[demo,pubsub,tpu,test,bench,drill]'
 	touch $@
 
 demo: setup

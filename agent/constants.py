@@ -144,3 +144,10 @@ LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 """The JobSet CRD's group, version and plural (kubernetes-sigs/jobset); ``status.restarts`` counts
 the JobSet's whole-job restarts."""
+
+# --- libtpu's runtime metrics (agent/sources/tpu_metrics.py) -------------------------------
+LIBTPU_METRICS_TARGET = "localhost:8431"
+"""libtpu's ``RuntimeMetricService``, served to the processes in the pod (tpu-info's default
+address; a multi-slice job may move it with ``TPU_RUNTIME_METRICS_PORTS``)."""
+LIBTPU_METRICS_DEADLINE_SECONDS = 2.0
+"""How long one read of a metric may take before the source reports blind for that read."""

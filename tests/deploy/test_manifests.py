@@ -1416,19 +1416,20 @@ def test_dockerfile_builds_the_wheel_and_installs_with_constraints() -> None:
     for cmd in installs:
         assert "-c constraints.txt" in cmd, f"pip install without -c constraints.txt: {cmd}"
         extras = set(re.findall(r"\[([a-z0-9_,-]+)\]", cmd))
-        assert extras == {"pubsub"}, f"install only the pubsub extra, got {extras}"
+        assert extras == {"pubsub,tpu"}, f"install only the pubsub and tpu extras, got {extras}"
     text = DOCKERFILE.read_text()
     for bad in ("http://", "https://", " -i ", "--find-links", "[demo", "[test", ",test", ",demo"):
         assert bad not in text, f"Dockerfile contains {bad!r}"
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert "pubsub" in pyproject["project"]["optional-dependencies"]
+    extras = pyproject["project"]["optional-dependencies"]
+    assert "pubsub" in extras and "tpu" in extras
     # Every runtime dependency has an exact version in constraints.txt.
     pinned = {
         re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
         for line in (REPO / "constraints.txt").read_text().splitlines()
         if "==" in line and not line.startswith("#")
     }
-    for req in [*pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"]["pubsub"]]:
+    for req in [*pyproject["project"]["dependencies"], *extras["pubsub"], *extras["tpu"]]:
         name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0]).lower()
         assert name in pinned, f"{name} is not pinned in constraints.txt"
 
