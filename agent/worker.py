@@ -26,9 +26,9 @@ from typing import Any
 import grpc
 
 from agent import constants as C
-from agent import fencing
 from agent import log as logmod
 from agent.config import WorkerConfig
+from agent.durable import fencing
 from agent.metrics import WorkerMetrics
 from agent.servers.feed import EventFeed
 from agent.sources.health import HealthChecker
@@ -58,7 +58,7 @@ class Worker:
         """Newest coordinator epoch this worker accepted (fencing: older ones are refused)."""
         self.epoch_coordinator = ""
         self.epoch_proof = b""
-        """Who issued :attr:`epoch_seen` and its proof (:mod:`agent.fencing`), presented on Join."""
+        """Who issued :attr:`epoch_seen` and its proof (:mod:`agent.durable.fencing`), presented on Join."""
         self._stopping = False
         self._was_unhealthy = False
         self._recovery: asyncio.TimerHandle | None = None

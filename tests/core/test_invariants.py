@@ -48,7 +48,6 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 
-from agent import statefile
 from agent.core.decide import _lift_overdue, _settle, decide
 from agent.core.model import (
     AbortTrainer,
@@ -76,6 +75,7 @@ from agent.core.model import (
     WorkerLost,
     initial_state,
 )
+from agent.durable import statefile
 
 EXAMPLES = int(os.environ.get("CORE_PROPERTY_EXAMPLES", "300"))
 """Examples per property; raise it for a longer hunt (CORE_PROPERTY_EXAMPLES=20000)."""
@@ -649,7 +649,7 @@ class FaithfulWorld(World):
             self.apply(WorkerJoined(s, h, rec.incarnation))
 
     def coordinator_restart_durable(self, seed: int, dt: float = 0.0) -> None:
-        """The coordinator process restarts on its state file (agent/statefile.py): the
+        """The coordinator process restarts on its state file (agent/durable/statefile.py): the
         saved state comes back through JSON; every worker re-registers, in any order,
         with time passing between them; the trainer's link breaks and comes back."""
         self.now += dt

@@ -285,29 +285,6 @@ def write(path: Path, data: Mapping[str, Any] | bytes | list[bytes]) -> None:
         os.close(dfd)
 
 
-def open_lock(path: Path) -> int:
-    """A descriptor of the lock file ``path`` to ``flock``: created read-write when it can be, else an
-    existing one opened read-only (``flock`` works on either, so a read-only state directory still keeps
-    a second coordinator off). OSError when neither works (the directory is missing and cannot be made)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        try:
-            return os.open(path, os.O_RDONLY)
-        except OSError:
-            raise e from None
-
-
-def note_lock_holder(fd: int) -> None:
-    """Write this process's id into the lock file, for a person; nothing depends on it."""
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-    except OSError:
-        pass  # opened read-only (a read-only state directory)
-
-
 class WriteHung(OSError):
     """A state write did not return within its bound (a stalled disk): it counts as failed."""
 
