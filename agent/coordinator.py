@@ -1,65 +1,10 @@
-"""The coordinator sidecar: one per job, beside the trainer (the Pathways head).
+"""The coordinator sidecar, one per job beside the trainer: wiring, the decision loop, and the
+write-ahead rule (a decision's state is durable before any of its actions runs).
 
-Sources -> decision core -> executors:
-
-* sources: the Peer service (worker sidecars register and report over one
-  stream each and heartbeat by UDP datagram once this side confirms it receives
-  them, :mod:`agent.sources.heartbeat_datagrams`; a closed stream or a missed
-  heartbeat deadline is a lost host),
-  the TrainerLink service (steps, slice errors and acknowledgements from the
-  trainer hooks; one link per JAX process of a multi-controller job, presented
-  to the core as one trainer by :mod:`agent.trainer_group`) and a ticker that
-  lets deadlines fire;
-* one decision loop feeds each event to :func:`agent.core.decide` and keeps the
-  state; nothing else changes it;
-* executors send hold/resume/abort to the trainer, fan commands out to the
-  workers, append to the journal, write the state file and log.
-
-Beside them it serves operators (:mod:`agent.servers`): the admin gRPC API on
-``--admin-listen`` (its commands are events for the same loop) and HTTP
-health, readiness, metrics and a status page on ``--http-listen``. Worker
-registrations need the peer token when ``--peer-token-file`` is given. The
-trainer link has a listener of its own, ``--trainer-listen``, on loopback by
-default (the trainer runs in this pod), with ``--trainer-token-file`` required
-for any other address (see :mod:`agent.auth`).
-
-Trust under its own failures (docs/reliability.md):
-
-* **write-ahead**: a decision's state reaches the state file before any of its
-  actions runs (:mod:`agent.statefile` says what is kept). A failed write is
-  retried; after ``--durability-bound`` seconds the decision is carried out
-  from memory anyway, flagged not durable (ERROR log, metric, /status,
-  readiness), and the file catches up at the next write that succeeds: a job
-  is never left unprotected waiting for a disk. A write that hangs (a stalled
-  disk) counts as failed once its bound passes (``statefile.BoundedWriter``),
-  and a state directory that cannot be used at all (read-only, missing, full)
-  means running without durability, loudly, never exiting for it. A decision
-  loop that stops deciding is not ready and NOT_SERVING on gRPC health.
-* **fencing** (:mod:`agent.fencing`): every start takes a new epoch, one above
-  the last one on file (the wall clock in milliseconds only as a floor when
-  there is no state file), durable before it serves, and issued with a proof
-  (an HMAC with the peer token). Every command carries it; trainers and workers
-  ignore commands from an older epoch and present the newest epoch and proof
-  they have seen when they connect. A coordinator that learns of a newer epoch
-  whose proof verifies stops steering (it refuses every stream, reports itself
-  fenced, not ready, and NOT_SERVING on gRPC health); a claim that does not
-  verify is logged and ignored. A coordinator that started blind (no state
-  file) and has not steered yet takes an epoch above a verified one instead.
-  Two coordinators on one state directory cannot run at once: the second waits
-  for the first's lock (``flock``).
-* **liveness**: a worker is late by the time since its last message was read,
-  counted from the end of any event-loop stall (a stalled loop is measured
-  and logged, and never by itself declares anyone lost); a worker not yet heard
-  from since its registration reply gets ``--first-heartbeat-timeout`` instead
-  of ``--heartbeat-timeout`` (it cannot speak before the reply reaches it). When a worker's stream
-  closes, the coordinator checks that host's Pathways worker itself before it
-  declares the host lost: a sidecar that restarts on a healthy host, or a
-  stream blip, is neither a loss nor a repair.
-
-Every decision line of a recovery carries Cloud Logging's operation
-``recovery-<generation>`` (the generation of the hold that began it), with
-``first`` on the hold and ``last`` when the trainer acknowledges the resume
-(or the job fails), so the Logs Explorer groups a recovery's lines.
+Sources (:mod:`agent.sources`) submit events; :meth:`Coordinator._decision_loop` decides each with
+:func:`agent.core.decide`, makes the new state durable (:mod:`agent.durable`), then hands the
+actions to :mod:`agent.executors`. docs/design.md, "How an event travels", has the whole path and
+the rules for durability, fencing and liveness.
 """
 
 from __future__ import annotations
@@ -78,7 +23,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent import constants as C
 from agent import fdlimit
 from agent import log as logmod
-from agent.auth import BearerAuthInterceptor, BearerToken
 from agent.config import CoordinatorConfig
 from agent.core import decide, initial_state
 from agent.core.model import (
@@ -89,9 +33,7 @@ from agent.core.model import (
     ExitCoordinator,
     FlushTrainer,
     HoldTrainer,
-    NodeNotice,
     Phase,
-    ResumeSource,
     ResumeTrainer,
     State,
     TellWorkers,
@@ -101,15 +43,18 @@ from agent.core.model import (
     TrainerStepped,
 )
 from agent.durable import fencing, statefile
-from agent.durable.journal import Journal
+from agent.durable.journal import Journal, action_record, event_detail
 from agent.durable.lock import StateLock, lock_path
+from agent.durable.writer import StateWriter
 from agent.executors import TrainerExecutor, WorkerExecutor
 from agent.gc_freeze import GcFreezer
 from agent.links import EOF_GRACE_SECONDS, Link
+from agent.loop_watch import LoopWatch
 from agent.metrics import Metrics
 from agent.servers import listen
 from agent.sources.heartbeat_datagrams import DatagramReceiver
 from agent.sources.peers import PEER_SERVICE, PeerService
+from agent.sources.pubsub import PubSubIntake, node_notice
 from agent.sources.trainer_link import TRAINER_SERVICE, TrainerLinkService
 from agent.trainer_group import TrainerGroup
 from protos.elastic_sidecar.v1 import peer_pb2_grpc, trainer_pb2_grpc
@@ -127,13 +72,6 @@ GROUP_COMMIT_MAX = 1024
 """Most events decided before one state write (write-ahead still holds: all are durable before any acts)."""
 
 
-def _action_record(a: Action) -> dict[str, Any]:
-    d: dict[str, Any] = {"type": type(a).__name__}
-    for k, v in vars(a).items():
-        d[k] = sorted(v) if isinstance(v, frozenset) else (str(v) if isinstance(v, ResumeSource) else v)
-    return d
-
-
 class Coordinator:
     """Owns the state; everything else talks to it through :meth:`submit` or :meth:`request`."""
 
@@ -145,7 +83,7 @@ class Coordinator:
         self._init_links()
         self._init_durability()
         self._init_servers()
-        self._init_loop_watch()
+        self._init_process_watch()
 
     def _init_decisions(self) -> None:
         """The state, the events waiting to be decided, and who hears of the decisions."""
@@ -180,15 +118,12 @@ class Coordinator:
     def _init_durability(self) -> None:
         """What survives a restart (:mod:`agent.durable`): state file, journal, lock, epoch."""
         cfg = self.cfg
-        self._persisted: State | None = None
-        """The newest state on disk (None: nothing written yet)."""
+        self.store = StateWriter(
+            cfg.state_file, cfg.durability_bound, cfg.restart_attempt, self.metrics, lambda: self.epoch
+        )
+        """The state file under the write-ahead rule (:mod:`agent.durable.writer`)."""
         self.journal = Journal(cfg.journal, cfg.journal_max_bytes, self.metrics.journal_write_failures.inc)
         self.lock = StateLock(lock_path(cfg.state_dir, cfg.state_file))
-        self._state_writer = statefile.BoundedWriter()
-        self._renderer = statefile.Renderer()  # used only inside the writer's one-at-a-time writes
-        self.durable = True
-        """Every decision so far reached the state file before its actions ran."""
-        self.durability_problem = ""
         self.state_file_note = ""
         """What happened to the state file at start (restored, unreadable and moved aside, ...)."""
         self.state_file_problem = ""
@@ -224,17 +159,9 @@ class Coordinator:
         """The HTTP server (:class:`agent.servers.http.HttpServer`) when it listens."""
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _init_loop_watch(self) -> None:
-        """Stalls of this process's event loop: nobody is judged lost for time the loop could not read."""
-        self._loop_resumed_at = 0.0
-        """End of the newest event-loop stall: nobody is late for time the loop could not read."""
-        self._drops_seen = 0
-        """Heartbeat datagrams the kernel dropped, as last seen (DatagramReceiver.dropped)."""
-        self._drops_logged_at = -1e9
-        self.stalls: list[float] = []
-        """Durations of event-loop stalls seen (newest last)."""
-        self.gc_clock = GcClock()
-        """How long Python's garbage collector held the process (a stall's warning says how much was it)."""
+    def _init_process_watch(self) -> None:
+        self.loop_watch = LoopWatch(self.metrics, lambda: self.datagrams.dropped())
+        """Stalls of the event loop and datagrams the kernel dropped (:mod:`agent.loop_watch`)."""
         self.gc_freezer = GcFreezer(enabled=self.cfg.gc_freeze)
         """Keeps registered workers' objects out of full collections (--gc-freeze)."""
 
@@ -273,50 +200,14 @@ class Coordinator:
 
     # -- state on disk -------------------------------------------------------
 
-    def _without_durability(self, problem: str) -> None:
-        """A broken state directory (read-only, missing, full): run on, without durability and loudly
-        (ERROR, state_durable 0, /readyz with the reason); exiting would be a crash loop, the job unprotected."""
-        log.error(
-            "state directory unusable; running WITHOUT durability (a restart now would forget decisions) and "
-            "retrying the state file at every decision",
-            error=problem,
-        )
-        self.durable = False
-        self.durability_problem = problem
-        self.metrics.state_durable.set(0)
-
     def _load_state(self) -> None:
-        path = self.cfg.state_file
-        now = time.monotonic()
+        cfg = self.cfg
+        loaded = statefile.load(cfg.state_file, self.state, time.monotonic(), cfg.restart_attempt)
+        self.state_file_note, self.state_file_problem = loaded.note, loaded.problem
         file_epoch = 0
-        if path is not None and path.exists():
-            try:
-                raw = statefile.read(path)
-                restored = statefile.restore(raw, self.state, now, restart_attempt=self.cfg.restart_attempt)
-            except statefile.StateFileError as e:
-                moved = statefile.move_aside(path)
-                self.state_file_note = f"{e}; moved aside to {moved}" if moved else f"{e}; could not move it aside"
-                self.state_file_problem = self.state_file_note
-                log.error(
-                    "state file unusable; starting without it and rebuilding from what the workers and the trainer "
-                    "report",
-                    state_file=str(path),
-                    error=str(e),
-                    moved_to=str(moved) if moved else None,
-                )
-            else:
-                self.state = restored.state
-                file_epoch = restored.epoch
-                self.state_file_note = restored.note
-                log.info(
-                    "restored coordinator state: " + restored.note,
-                    state_file=str(path),
-                    phase=str(self.state.phase),
-                    generation=self.state.generation,
-                    active=sorted(self.state.active),
-                    epoch_on_file=file_epoch,
-                )
-        self._blind = path is None or not self.state_file_note or bool(self.state_file_problem)
+        if loaded.restored is not None:
+            self.state, file_epoch = loaded.restored.state, loaded.restored.epoch
+        self._blind = cfg.state_file is None or not loaded.note or bool(loaded.problem)
         self._take_epoch(fencing.next_epoch(None if self._blind else file_epoch))
         self.metrics.epoch.set(self.epoch)
         self.metrics.state_durable.set(1 if self.durable else 0)
@@ -358,58 +249,18 @@ class Coordinator:
             return
         self.fence(epoch, who)
 
-    def _write_state(self, state: State) -> None:
-        """Serialise and write ``state`` (runs in a thread: states are immutable)."""
-        assert self.cfg.state_file is not None
-        pieces = self._renderer.chunks(state, epoch=self.epoch, restart_attempt=self.cfg.restart_attempt)
-        statefile.write(self.cfg.state_file, pieces)
+    @property
+    def durable(self) -> bool:
+        """Every decision so far reached the state file before its actions ran."""
+        return self.store.durable
+
+    @property
+    def durability_problem(self) -> str:
+        return self.store.problem
 
     async def _make_durable(self) -> None:
-        """Write the current state before its actions run (write-ahead); see the module docstring."""
-        path = self.cfg.state_file
-        if path is None:
-            return
-        target = self.state
-        deadline = time.monotonic() + (self.cfg.durability_bound if self.durable else 0.0)
-        delay = 0.05
-        while True:
-            try:
-                # Bounded: a write that hangs (a stalled disk) fails like any other (statefile.BoundedWriter).
-                bound = max(deadline - time.monotonic(), 0.25) if self.durable else self.cfg.durability_bound
-                await self._state_writer.run(self._write_state, target, bound=bound)
-            except OSError as e:
-                self.metrics.state_write_failures.inc()
-                problem = f"state file {path}: {e.strerror or e}"
-                if time.monotonic() >= deadline:
-                    if self.durable:
-                        log.error(
-                            "cannot make decisions durable; carrying them out from memory and retrying the state "
-                            "file (a restart now would forget decisions since the last good write)",
-                            error=problem,
-                            bound_seconds=self.cfg.durability_bound,
-                        )
-                    self.durable = False
-                    self.durability_problem = problem
-                    self.metrics.state_durable.set(0)
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                continue
-            self._persisted = target
-            if not self.durable:
-                log.warning("state file writable again; decisions are durable", state_file=str(path))
-                self.durable = True
-                self.durability_problem = ""
-                self.metrics.state_durable.set(1)
-            return
-
-    def _write_due(self, d: Decision) -> bool:
-        """A write is due when the decision changed intent, or while the file is behind (each event retries it)."""
-        if self.cfg.state_file is None:
-            return False
-        if self._persisted is None or not self.durable:
-            return True
-        return statefile.intent_changed(self._persisted, d.state)
+        """Write the current state before its actions run (the write-ahead rule)."""
+        await self.store.write(self.state)
 
     # -- the loop ------------------------------------------------------------
 
@@ -431,7 +282,7 @@ class Coordinator:
                     if fut is not None and not fut.done():
                         fut.set_exception(e)
                     continue
-                write_due = write_due or self._write_due(d)
+                write_due = write_due or self.store.due(d.state)
                 decided.append((d, fut))
             if write_due:
                 await self._make_durable()
@@ -473,7 +324,7 @@ class Coordinator:
             "generation": s.generation,
             "active_slices": sorted(s.active),
             "up_slices": sorted(s.up_slices()),
-            "actions": [_action_record(a) for a in d.actions],
+            "actions": [action_record(a) for a in d.actions],
         }
         flags: dict[str, bool] = {}
         if self._recovery is None and any(isinstance(a, HoldTrainer) for a in d.actions):
@@ -505,7 +356,7 @@ class Coordinator:
                 "reason": d.reason,
                 **fields,
                 "retries_used": s.retries_used,
-                "event_detail": _event_detail(ev),
+                "event_detail": event_detail(ev),
             }
             self.journal.append(logmod.bounded(rec) + "\n")  # at most log.MAX_LINE_BYTES
 
@@ -550,82 +401,28 @@ class Coordinator:
     @property
     def loop_resumed_at(self) -> float:
         """End of the newest event-loop stall or kernel drop of heartbeat datagrams (monotonic)."""
-        return self._loop_resumed_at
-
-    def _note_datagram_drops(self, now: float) -> None:
-        """Heartbeats the kernel dropped (a full socket buffer: this process fell behind) prove no
-        silence: like a stall, nobody is judged lost for that time."""
-        dropped = self.datagrams.dropped()
-        if dropped <= self._drops_seen:
-            return
-        new, self._drops_seen = dropped - self._drops_seen, dropped
-        self._loop_resumed_at = now
-        self.metrics.heartbeat_datagrams.labels("dropped").inc(new)
-        if now - self._drops_logged_at >= 10.0:
-            self._drops_logged_at = now
-            log.warning(
-                "heartbeat datagrams dropped by the kernel (the socket buffer was full: the coordinator fell "
-                "behind); liveness deadlines restart from now and nobody is judged lost for it",
-                dropped=new,
-                dropped_total=dropped,
-            )
-
-    def _note_stall(self, lag: float, now: float) -> None:
-        self._loop_resumed_at = now
-        self.stalls.append(lag)
-        del self.stalls[:-20]
-        self.metrics.loop_stalls.inc()
-        self.metrics.loop_stall_seconds.inc(lag)
-        log.warning(
-            "event loop was blocked; liveness deadlines restart from now and nobody is judged lost for it",
-            stall_seconds=round(lag, 3),
-            # Of which Python's garbage collector (full collections grow with the objects live: the workers).
-            gc_seconds=round(self.gc_clock.seconds_since(time.monotonic() - lag), 3),
-        )
+        return self.loop_watch.resumed_at
 
     async def start(self) -> None:
         self.exit_code = asyncio.get_running_loop().create_future()
         self._open_files()
-        self.gc_clock.install()
-        await self.lock.acquire(self._without_durability)
+        self.loop_watch.gc_clock.install()
+        await self.lock.acquire(self.store.unusable)
         self._load_state()
         if self.cfg.state_file is not None:
             # The new epoch must be on disk before anyone hears of it.
             await self._make_durable()
         self.journal.open()
-        self.server = self._grpc_server(
-            self.cfg.peer_token, PEER_SERVICE, "peer", options=C.PEER_SERVER_KEEPALIVE_OPTIONS
-        )
-        peer_pb2_grpc.add_PeerServicer_to_server(self.peers, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = listen.bind(self.server, self.cfg.listen, "--listen")
-        self.trainer_server = self._grpc_server(self.cfg.trainer_token, TRAINER_SERVICE, "trainer")
-        trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.trainer_server)
-        self.trainer_port = listen.bind(self.trainer_server, self.cfg.trainer_listen, "--trainer-listen")
-        await self.server.start()
-        await self.trainer_server.start()
-        if self.cfg.heartbeat_datagrams:
-            self.datagram_port = self.datagrams.open(self.cfg.listen, self.port)
+        await self._serve_sources()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.serving = True
-        self._loop_resumed_at = time.monotonic()
+        self.loop_watch.resumed_at = time.monotonic()
         self._tasks = [
             asyncio.create_task(self._decision_loop(), name="decisions"),
             asyncio.create_task(self._ticker(), name="ticker"),
             asyncio.create_task(self.to_workers.copy_to_streams(), name="stream-copies"),
         ]
-        if self.cfg.pubsub_subscription:
-            from agent.sources.pubsub import PubSubIntake
-
-            self.intake = PubSubIntake(
-                self.cfg.pubsub_subscription,
-                self._on_node_event,
-                cluster=self.cfg.cluster_name,
-                project=self.cfg.pubsub_project,
-                on_count=self.metrics.count_pubsub,
-                on_state=lambda up: self.metrics.pubsub_streaming.set(1 if up else 0),
-            )
-            self.intake.start()
+        self._start_intake()
         await self._start_operator_servers()
         if self.state.phase.terminal:
             self._finish_restored_terminal()
@@ -647,40 +444,42 @@ class Coordinator:
     def _open_files(self) -> None:
         """One descriptor a worker's connection: raise the soft limit to the hard one (``agent.fdlimit``)."""
         p = self.cfg.policy
-        hosts = p.num_slices * p.hosts_per_slice
-        got = fdlimit.raise_open_files(hosts, p.trainer_processes)
+        got = fdlimit.raise_for_job(p.num_slices * p.hosts_per_slice, p.trainer_processes)
         self.metrics.open_files_limit.set(-1 if got.soft == resource.RLIM_INFINITY else got.soft)
-        if got.soft != got.before:
-            log.info("open-file limit raised", before=got.before, limit=got.soft, hard=got.hard, need=got.need)
-        if not got.enough:
-            log.error(
-                "open-file limit too low for the job's hosts: the workers past it cannot connect",
-                hosts=hosts,
-                need=got.need,
-                limit=got.soft,
-                hard=got.hard,
-                fix="raise the container's RLIMIT_NOFILE hard limit (e.g. the container runtime's LimitNOFILE)",
-            )
 
-    def _grpc_server(
-        self,
-        token: BearerToken | None,
-        service: str,
-        label: str,
-        options: tuple[tuple[str, int], ...] = C.GRPC_SERVER_KEEPALIVE_OPTIONS,
-    ) -> grpc.aio.Server:
-        """A gRPC server whose ``service`` needs ``token`` (when given); health stays open."""
-        interceptors = []
-        if token is not None:
-            interceptors.append(
-                BearerAuthInterceptor(
-                    token,
-                    [service],
-                    label=label,
-                    on_refused=lambda svc, why: self.metrics.auth_failures.labels(svc, why).inc(),
-                )
+    async def _serve_sources(self) -> None:
+        """The Peer and TrainerLink services, each on its own listener, and the heartbeat datagrams."""
+        cfg = self.cfg
+        self.server = listen.grpc_server(
+            cfg.peer_token, PEER_SERVICE, "peer", self._auth_refused, options=C.PEER_SERVER_KEEPALIVE_OPTIONS
+        )
+        peer_pb2_grpc.add_PeerServicer_to_server(self.peers, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = listen.bind(self.server, cfg.listen, "--listen")
+        self.trainer_server = listen.grpc_server(cfg.trainer_token, TRAINER_SERVICE, "trainer", self._auth_refused)
+        trainer_pb2_grpc.add_TrainerLinkServicer_to_server(TrainerLinkService(self), self.trainer_server)
+        self.trainer_port = listen.bind(self.trainer_server, cfg.trainer_listen, "--trainer-listen")
+        await self.server.start()
+        await self.trainer_server.start()
+        if cfg.heartbeat_datagrams:
+            self.datagram_port = self.datagrams.open(cfg.listen, self.port)
+
+    def _start_intake(self) -> None:
+        """Notices from Pub/Sub, when the job has a subscription (:mod:`agent.sources.pubsub`)."""
+        cfg = self.cfg
+        if cfg.pubsub_subscription:
+            self.intake = PubSubIntake(
+                cfg.pubsub_subscription,
+                self._on_node_event,
+                cluster=cfg.cluster_name,
+                project=cfg.pubsub_project,
+                on_count=self.metrics.count_pubsub,
+                on_state=lambda up: self.metrics.pubsub_streaming.set(1 if up else 0),
             )
-        return grpc.aio.server(options=list(options), interceptors=interceptors)
+            self.intake.start()
+
+    def _auth_refused(self, service: str, why: str) -> None:
+        self.metrics.auth_failures.labels(service, why).inc()
 
     def _finish_restored_terminal(self) -> None:
         """Restarted after the job ended in this restart attempt: say so, tell a trainer that attaches, exit again."""
@@ -757,11 +556,11 @@ class Coordinator:
             now = time.monotonic()
             lag = loop.time() - expected
             if lag > STALL_SECONDS:
-                self._note_stall(lag, now)
+                self.loop_watch.note_stall(lag, now)
             expected = loop.time() + TICK_SECONDS
             self.datagrams.read_now()
             now = time.monotonic()
-            self._note_datagram_drops(now)
+            self.loop_watch.note_datagram_drops(now)
             self.peers.check_liveness(now)
             if self.gc_freezer.tick(len(self.workers)):
                 self.metrics.gc_frozen_objects.set(gc.get_freeze_count())
@@ -791,24 +590,10 @@ class Coordinator:
 
     async def _on_node_event(self, ev: Any) -> None:
         """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake
-        acks once this returns. Wall-clock times become decision-clock (monotonic) times here."""
+        acks once this returns."""
         wall, mono = time.time(), time.monotonic()
 
-        def clock(t: Any) -> float | None:
-            return None if t is None else mono + (t.timestamp() - wall)
-
-        notice = NodeNotice(
-            kind=ev.what,
-            source="pubsub",
-            node=ev.node,
-            node_pool=ev.node_pool,
-            deadline=clock(ev.start if ev.start is not None else ev.end),
-            event_time=None if ev.event_time is None else ev.event_time.timestamp(),
-            cleared=ev.cleared,
-            reason=ev.summary,
-            starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
-            ends_at=clock(ev.end),
-        )
+        notice = node_notice(ev, wall, mono)
         if ev.delivery_seconds is not None:
             self.metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))
         d = await self.request(notice)
@@ -819,7 +604,7 @@ class Coordinator:
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False
-        self.gc_clock.uninstall()
+        self.loop_watch.gc_clock.uninstall()
         # Decide nothing more: what happens from here on is our own teardown
         # (streams we close, pods the JobSet deletes), not news about the job.
         for t in self._tasks:
@@ -871,42 +656,9 @@ class Coordinator:
         return code
 
 
-class GcClock:
-    """Python's garbage collections (``gc.callbacks``): when each ended and how long it held the process."""
-
-    def __init__(self) -> None:
-        self._started: float | None = None
-        self.recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=256)
-        """(monotonic end, seconds, generation) of the newest collections."""
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if phase == "start":
-            self._started = now
-        elif self._started is not None:
-            self.recent.append((now, now - self._started, int(info.get("generation", -1))))
-            self._started = None
-
-    def install(self) -> None:
-        if self not in gc.callbacks:
-            gc.callbacks.append(self)
-
-    def uninstall(self) -> None:
-        if self in gc.callbacks:
-            gc.callbacks.remove(self)
-
-    def seconds_since(self, since: float) -> float:
-        """Seconds of collection after ``since`` (monotonic): each collection's part after it."""
-        return sum(min(d, end - since) for end, d, _ in self.recent if end > since)
-
-
 def _set_result(fut: asyncio.Future[int], value: int) -> None:
     if not fut.done():
         fut.set_result(value)
-
-
-def _event_detail(ev: Event) -> dict[str, Any]:
-    return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(ev).items()}
 
 
 async def serve(cfg: CoordinatorConfig) -> int:

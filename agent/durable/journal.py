@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from agent import log as logmod
+from agent.core.model import Action, Event, ResumeSource
 
 log = logmod.get("coordinator")
 
@@ -67,3 +68,16 @@ class Journal:
             except (OSError, ValueError) as e:
                 self._failed()
                 log.error("journal could not be flushed at shutdown; its last lines are lost", error=str(e))
+
+
+def action_record(a: Action) -> dict[str, Any]:
+    """An action as a journal (and log) record: sets as sorted lists, enums as strings."""
+    d: dict[str, Any] = {"type": type(a).__name__}
+    for k, v in vars(a).items():
+        d[k] = sorted(v) if isinstance(v, frozenset) else (str(v) if isinstance(v, ResumeSource) else v)
+    return d
+
+
+def event_detail(ev: Event) -> dict[str, Any]:
+    """An event's fields as a journal record."""
+    return {k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in vars(ev).items()}

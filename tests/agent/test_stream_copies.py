@@ -126,14 +126,14 @@ def test_heartbeats_the_kernel_dropped_restart_liveness_deadlines(monkeypatch: p
     monkeypatch.setattr(coord.datagrams, "dropped", lambda: drops[0])
     for c in conns:
         c.last_seen = 100.0
-    coord._loop_resumed_at = 100.0  # noqa: SLF001
-    coord._note_datagram_drops(101.0)  # noqa: SLF001
-    assert coord._loop_resumed_at == 100.0  # nothing dropped: nothing changes  # noqa: SLF001
+    coord.loop_watch.resumed_at = 100.0  # noqa: SLF001
+    coord.loop_watch.note_datagram_drops(101.0)  # noqa: SLF001
+    assert coord.loop_watch.resumed_at == 100.0  # nothing dropped: nothing changes  # noqa: SLF001
     drops[0] = 37
-    coord._note_datagram_drops(101.5)  # noqa: SLF001
+    coord.loop_watch.note_datagram_drops(101.5)  # noqa: SLF001
     coord.peers.check_liveness(102.0)
     assert not any(c.closed.is_set() for c in conns)  # silent 2 s, but their heartbeats may have been dropped
     assert coord.metrics.heartbeat_datagrams.labels("dropped")._value.get() == 37  # noqa: SLF001
-    coord._note_datagram_drops(103.0)  # noqa: SLF001  no new drops
+    coord.loop_watch.note_datagram_drops(103.0)  # noqa: SLF001  no new drops
     coord.peers.check_liveness(103.0)
     assert all(c.cause == "heartbeat_timeout" for c in conns)  # 1.5 s since the drops: now they are late

@@ -42,7 +42,7 @@ async def ended(
     coord.peers.watch_away = watch_away  # type: ignore[method-assign]
     now = time.monotonic()
     if stalled_ago is not None:
-        coord._loop_resumed_at = now - stalled_ago  # noqa: SLF001
+        coord.loop_watch.resumed_at = now - stalled_ago  # noqa: SLF001
     conn = Link(incarnation="inc-1", health_address="127.0.0.1:1", health_check=check, registration=4)
     conn.last_seen = now - silent
     ident = peer_pb2.HostIdentity(slice=1, host=0, incarnation="inc-1")
