@@ -10,7 +10,6 @@ the rules for durability, fencing and liveness.
 from __future__ import annotations
 
 import asyncio
-import collections
 import gc
 import resource
 import signal
@@ -52,6 +51,7 @@ from agent.links import EOF_GRACE_SECONDS, Link
 from agent.loop_watch import LoopWatch
 from agent.metrics import Metrics
 from agent.servers import listen
+from agent.servers.feed import EventFeed
 from agent.sources.heartbeat_datagrams import DatagramReceiver
 from agent.sources.peers import PEER_SERVICE, PeerService
 from agent.sources.pubsub import PubSubIntake, node_notice
@@ -90,9 +90,8 @@ class Coordinator:
         self.events: asyncio.Queue[tuple[Event, asyncio.Future[Decision] | None]] = asyncio.Queue()
         self.state: State = initial_state(self.cfg.policy, time.monotonic())
         self.exit_code: asyncio.Future[int] | None = None
-        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=500)
-        """The newest decisions, for WatchEvents backlogs and the status page."""
-        self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.feed = EventFeed()
+        """The newest decisions and their subscribers, for WatchEvents and the status page."""
         self._flush_waiters: list[tuple[int, asyncio.Future[TrainerFlushed]]] = []
         self.last_reason = ""
         self._recovery: int | None = None
@@ -189,14 +188,6 @@ class Coordinator:
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._flush_waiters = [(g, f) for g, f in self._flush_waiters if f is not fut]
-
-    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
-        self.subscribers.add(q)
-        return q
-
-    def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
-        self.subscribers.discard(q)
 
     # -- state on disk -------------------------------------------------------
 
@@ -344,12 +335,7 @@ class Coordinator:
         log.info(d.reason, **fields, **({"operation_flags": flags} if flags else {}))
         self.last_reason = d.reason
         rec = {"time": time.time(), "reason": d.reason, **{k: v for k, v in fields.items() if k != "operation"}}
-        self.recent.append(rec)
-        for q in list(self.subscribers):
-            try:
-                q.put_nowait(rec)
-            except asyncio.QueueFull:
-                self.subscribers.discard(q)  # a reader that cannot keep up is dropped
+        self.feed.publish(rec)
         if self.journal.file is not None:
             rec = {
                 "time": time.time(),
@@ -511,7 +497,7 @@ class Coordinator:
             from agent.servers.status import coordinator_status, status_document
 
             def status() -> dict[str, Any]:
-                doc = status_document(coordinator_status(self), self)
+                doc = status_document(coordinator_status(self), self.feed)
                 if self.intake is not None:
                     doc["notice_intake"] = self.intake.status()
                 return doc
@@ -592,7 +578,6 @@ class Coordinator:
         """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake
         acks once this returns."""
         wall, mono = time.time(), time.monotonic()
-
         notice = node_notice(ev, wall, mono)
         if ev.delivery_seconds is not None:
             self.metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))
