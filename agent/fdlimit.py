@@ -22,6 +22,10 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
+from agent import log as logmod
+
+log = logmod.get("coordinator")
+
 RESERVED = 256
 """Descriptors besides the workers' connections: listeners (gRPC, UDP heartbeats, admin, HTTP),
 trainer links, the state file and journal, the Pub/Sub client's channel, gRPC's own pipes and
@@ -62,3 +66,20 @@ def raise_open_files(hosts: int, trainer_processes: int = 1) -> OpenFiles:
         except (ValueError, OSError):  # e.g. a hard limit past the kernel's fs.nr_open
             soft = before
     return OpenFiles(before=before, soft=soft, hard=hard, need=need(hosts, trainer_processes))
+
+
+def raise_for_job(hosts: int, trainer_processes: int) -> OpenFiles:
+    """:func:`raise_open_files`, logged: raised (INFO), or still too low for the job's hosts (ERROR)."""
+    got = raise_open_files(hosts, trainer_processes)
+    if got.soft != got.before:
+        log.info("open-file limit raised", before=got.before, limit=got.soft, hard=got.hard, need=got.need)
+    if not got.enough:
+        log.error(
+            "open-file limit too low for the job's hosts: the workers past it cannot connect",
+            hosts=hosts,
+            need=got.need,
+            limit=got.soft,
+            hard=got.hard,
+            fix="raise the container's RLIMIT_NOFILE hard limit (e.g. the container runtime's LimitNOFILE)",
+        )
+    return got

@@ -1,4 +1,4 @@
-"""Keep the coordinator's registered workers out of Python's full garbage collections.
+"""Python's garbage collector in the coordinator: keep registered workers out of full collections, and time them.
 
 Why. CPython 3.12 runs a full collection, which walks every object the collector tracks, when the
 objects that survived into its oldest generation since the last full collection reach a quarter
@@ -29,6 +29,7 @@ its stop (33 without freezing). ``--gc-freeze off`` leaves the collector as Pyth
 
 from __future__ import annotations
 
+import collections
 import gc
 import time
 from collections.abc import Callable
@@ -119,3 +120,32 @@ class GcFreezer:
             self._frozen_workers = workers
             return "freeze"
         return None
+
+
+class GcClock:
+    """Python's garbage collections (``gc.callbacks``): when each ended and how long it held the process."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self.recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=256)
+        """(monotonic end, seconds, generation) of the newest collections."""
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if phase == "start":
+            self._started = now
+        elif self._started is not None:
+            self.recent.append((now, now - self._started, int(info.get("generation", -1))))
+            self._started = None
+
+    def install(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def uninstall(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+    def seconds_since(self, since: float) -> float:
+        """Seconds of collection after ``since`` (monotonic): each collection's part after it."""
+        return sum(min(d, end - since) for end, d, _ in self.recent if end > since)

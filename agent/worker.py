@@ -26,9 +26,9 @@ from typing import Any
 import grpc
 
 from agent import constants as C
-from agent import fencing
 from agent import log as logmod
 from agent.config import WorkerConfig
+from agent.durable import fencing
 from agent.metrics import WorkerMetrics
 from agent.servers.feed import EventFeed
 from agent.sources.health import HealthChecker
@@ -58,8 +58,10 @@ class Worker:
         """Newest coordinator epoch this worker accepted (fencing: older ones are refused)."""
         self.epoch_coordinator = ""
         self.epoch_proof = b""
-        """Who issued :attr:`epoch_seen` and its proof (:mod:`agent.fencing`), presented on Join."""
+        """Who issued :attr:`epoch_seen` and its proof (:mod:`agent.durable.fencing`), presented on Join."""
         self._stopping = False
+        self._misdirected = False
+        """A Join answered UNIMPLEMENTED (--coordinator names the wrong port) was already reported."""
         self._was_unhealthy = False
         self._recovery: asyncio.TimerHandle | None = None
         self.notices: dict[str, peer_pb2.LocalReport] = {}
@@ -168,56 +170,14 @@ class Worker:
 
     async def _session(self) -> None:
         """One Join stream, until it breaks."""
-        c = self.cfg
         async with grpc.aio.insecure_channel(self.cfg.coordinator, options=list(C.PEER_KEEPALIVE_OPTIONS)) as ch:
             token = self.cfg.peer_token
             call = peer_pb2_grpc.PeerStub(ch).Join(metadata=token.metadata() if token is not None else None)
-            await _write_or_raise_status(
-                call,
-                peer_pb2.WorkerMessage(
-                    register=peer_pb2.Register(
-                        identity=self._identity(),
-                        job=self.cfg.job,
-                        epoch_seen=self.epoch_seen,
-                        epoch_seen_coordinator=self.epoch_coordinator,
-                        epoch_seen_proof=self.epoch_proof,
-                        generation_seen=self.generation,
-                        local_healthy=self.healthy and not self._was_unhealthy,
-                        health_address=self.cfg.health_target or "",
-                        health_check=self.cfg.health_check if self.cfg.health_target else "",
-                    )
-                ),
-            )
+            await _write_or_raise_status(call, self._register_message())
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("registered"):
                 raise ConnectionError("coordinator closed the stream before acknowledging the registration")
-            if first.registered.epoch < self.epoch_seen:
-                # An older coordinator than one this worker already followed: it may
-                # not steer. Try again; the newer one (or a fresh start) will answer.
-                raise ConnectionError(
-                    f"coordinator epoch {first.registered.epoch} is older than epoch {self.epoch_seen} already seen"
-                )
-            reg = first.registered
-            if first.registered.epoch > self.epoch_seen:
-                if fencing.verify(c.peer_token, c.job, reg.epoch, reg.epoch_coordinator, reg.epoch_proof):
-                    self.epoch_seen = reg.epoch
-                    self.epoch_coordinator, self.epoch_proof = reg.epoch_coordinator, reg.epoch_proof
-                else:
-                    # Still follow it (the stream is the one this worker was pointed at), but a claim
-                    # it could not prove is not one to present to other coordinators.
-                    log.warning("coordinator epoch came without a valid proof; not kept", epoch=reg.epoch)
-            interval = first.registered.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
-            self.generation = first.registered.generation
-            self._last_command = (-1, 0)  # a new registration: the old one's datagrams no longer authenticate
-            reg = first.registered
-            self.datagrams = await DatagramSender.create(
-                c.coordinator,
-                reg.heartbeat_datagram_port,
-                reg.heartbeat_datagram_token,
-                c.slice,
-                c.host,
-                on_command=lambda cmd: self._on_command(cmd, "datagram"),
-            )
+            interval = await self._accept(first.registered)
             self.registered.set()
             self.metrics.connected.set(1)
             self.metrics.generation.set(self.generation)
@@ -225,35 +185,7 @@ class Worker:
             self._note("Registered", f"registered with the coordinator at {self.cfg.coordinator}")
             reader = asyncio.create_task(self._read(call))
             try:
-                seq = 0
-                # The coordinator records a registered host as healthy; a change since the
-                # Register went out (the local worker died meanwhile) must still be reported.
-                reported = True
-                self._unsent = {k for k, r in self.notices.items() if r.deadline_unix}
-                while not reader.done():
-                    for key in sorted(self._unsent):
-                        self._unsent.discard(key)
-                        await call.write(peer_pb2.WorkerMessage(report=self.notices[key]))
-                    if self.healthy != reported:
-                        reported = self.healthy
-                        kind = "pathways_healthy" if reported else "pathways_unhealthy"
-                        await call.write(
-                            peer_pb2.WorkerMessage(
-                                report=peer_pb2.LocalReport(kind=kind, detail=self.cfg.health_target or "")
-                            )
-                        )
-                    seq += 1
-                    # A datagram alone once the coordinator has received one; on the stream until then.
-                    dg = self.datagrams
-                    if not (dg is not None and dg.send() and dg.confirmed):
-                        await call.write(
-                            peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
-                        )
-                    self._health_changed.clear()
-                    try:
-                        await asyncio.wait_for(self._health_changed.wait(), interval)
-                    except TimeoutError:
-                        pass
+                await self._report(call, reader, interval)
                 if self._stopping:
                     return
                 reader.result()
@@ -266,6 +198,81 @@ class Worker:
                 reader.cancel()
                 if self._stopping:
                     await call.done_writing()
+
+    def _register_message(self) -> peer_pb2.WorkerMessage:
+        c = self.cfg
+        return peer_pb2.WorkerMessage(
+            register=peer_pb2.Register(
+                identity=self._identity(),
+                job=c.job,
+                epoch_seen=self.epoch_seen,
+                epoch_seen_coordinator=self.epoch_coordinator,
+                epoch_seen_proof=self.epoch_proof,
+                generation_seen=self.generation,
+                local_healthy=self.healthy and not self._was_unhealthy,
+                health_address=c.health_target or "",
+                health_check=c.health_check if c.health_target else "",
+            )
+        )
+
+    async def _accept(self, reg: peer_pb2.Registered) -> float:
+        """Follow the coordinator that registered this worker (unless it is older than one already
+        followed); returns the heartbeat interval it asks for."""
+        c = self.cfg
+        if reg.epoch < self.epoch_seen:
+            # An older coordinator than one this worker already followed: it may
+            # not steer. Try again; the newer one (or a fresh start) will answer.
+            raise ConnectionError(f"coordinator epoch {reg.epoch} is older than epoch {self.epoch_seen} already seen")
+        if reg.epoch > self.epoch_seen:
+            if fencing.verify(c.peer_token, c.job, reg.epoch, reg.epoch_coordinator, reg.epoch_proof):
+                self.epoch_seen = reg.epoch
+                self.epoch_coordinator, self.epoch_proof = reg.epoch_coordinator, reg.epoch_proof
+            else:
+                # Still follow it (the stream is the one this worker was pointed at), but a claim
+                # it could not prove is not one to present to other coordinators.
+                log.warning("coordinator epoch came without a valid proof; not kept", epoch=reg.epoch)
+        interval = reg.heartbeat_interval_seconds or C.HEARTBEAT_INTERVAL_SECONDS
+        self.generation = reg.generation
+        self._last_command = (-1, 0)  # a new registration: the old one's datagrams no longer authenticate
+        self.datagrams = await DatagramSender.create(
+            c.coordinator,
+            reg.heartbeat_datagram_port,
+            reg.heartbeat_datagram_token,
+            c.slice,
+            c.host,
+            on_command=lambda cmd: self._on_command(cmd, "datagram"),
+        )
+        return interval
+
+    async def _report(self, call: grpc.aio.StreamStreamCall, reader: asyncio.Task[None], interval: float) -> None:
+        """Notices, health changes and heartbeats, until the stream's reader ends."""
+        seq = 0
+        # The coordinator records a registered host as healthy; a change since the
+        # Register went out (the local worker died meanwhile) must still be reported.
+        reported = True
+        self._unsent = {k for k, r in self.notices.items() if r.deadline_unix}
+        while not reader.done():
+            for key in sorted(self._unsent):
+                self._unsent.discard(key)
+                await call.write(peer_pb2.WorkerMessage(report=self.notices[key]))
+            if self.healthy != reported:
+                reported = self.healthy
+                kind = "pathways_healthy" if reported else "pathways_unhealthy"
+                await call.write(
+                    peer_pb2.WorkerMessage(report=peer_pb2.LocalReport(kind=kind, detail=self.cfg.health_target or ""))
+                )
+            seq += 1
+            # A datagram alone once the coordinator has received one; on the stream until then.
+            dg = self.datagrams
+            if not (dg is not None and dg.send() and dg.confirmed):
+                await call.write(
+                    peer_pb2.WorkerMessage(heartbeat=peer_pb2.Heartbeat(seq=seq, local_healthy=self.healthy))
+                )
+            self._health_changed.clear()
+            try:
+                await asyncio.wait_for(self._health_changed.wait(), interval)
+            except TimeoutError:
+                pass
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -356,25 +363,9 @@ class Worker:
 
     async def _run(self, stop: asyncio.Event) -> int:
         await self.learn_node_pool()
-        checker_task = None
-        if self.cfg.health_target:
-            checker = HealthChecker.create(self.cfg.health_check, self.cfg.health_target, self._on_health)
-            checker_task = asyncio.create_task(checker.run())
-        node_task = None
-        c = self.cfg
-        if c.node_pool_source == "kubernetes" and c.kubernetes_api and c.node_watch_seconds > 0:
-            from agent.sources.node_pool import KubernetesAPI, NodeSignalWatcher
-
-            api = KubernetesAPI(c.kubernetes_api, c.kubernetes_token_file, c.kubernetes_ca_file)
-            node_task = asyncio.create_task(
-                NodeSignalWatcher(api, c.node, self._on_node_signal, c.node_watch_seconds).run()
-            )
-        metadata_task = None
-        if self.cfg.metadata_url:
-            watcher = MetadataWatcher(self.cfg.metadata_url, self._on_metadata)
-            metadata_task = asyncio.create_task(watcher.run())
+        watchers = self._start_watchers()
         delay = 0.05
-        misdirected = False
+        self._misdirected = False
         while not stop.is_set():
             if not self.healthy:
                 # Register only once the local Pathways worker serves.
@@ -393,70 +384,95 @@ class Worker:
                 break
             try:
                 session.result()
-                delay = 0.05
             except (grpc.aio.AioRpcError, ConnectionError, asyncio.InvalidStateError) as e:
-                # InvalidStateError: call.write on a stream the coordinator already ended
-                # ("RPC already finished", e.g. a coordinator killed while starting): the link
-                # is gone, as with a connection error; reconnect instead of crashing.
-                detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
-                code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
-                if code == grpc.StatusCode.FAILED_PRECONDITION and "superseded" in detail:
-                    # A coordinator older than one this worker (or another) followed: not this
-                    # worker's mistake. Keep looking, with backoff, for the current one (the
-                    # Service sends new connections to it once the old pod is gone).
-                    log.warning("coordinator refused this worker as superseded; looking again", detail=detail)
-                    if delay == 0.05:
-                        self._note("Refused", f"a superseded coordinator refused this worker: {detail}")
-                    self.metrics.reconnects.inc()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, SUPERSEDED_RETRY_MAX_SECONDS)
-                    continue
-                if code == grpc.StatusCode.ALREADY_EXISTS:
-                    # Another sidecar process claims this host (a stale pod beside its replacement, a manifest
-                    # mistake) and the coordinator lets the newer one speak for it. Not a failure of the job:
-                    # stand by with backoff, and take over if that one goes.
-                    delay = max(delay, 1.0)
-                    log.warning("another sidecar speaks for this host; standing by", detail=detail, retry_in=delay)
-                    self._note("Refused", f"another sidecar speaks for this host: {detail}")
-                    self.metrics.reconnects.inc()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, DUPLICATE_RETRY_MAX_SECONDS)
-                    continue
-                if code == grpc.StatusCode.UNIMPLEMENTED and not misdirected:
-                    # Something answers there, but not the Peer service: another port of the
-                    # coordinator (or another program). Say which flag to fix; keep trying.
-                    misdirected = True
-                    why = (
-                        f"--coordinator {self.cfg.coordinator} answers gRPC but does not serve worker "
-                        f"registrations (UNIMPLEMENTED: {detail}): set --coordinator (ES_COORDINATOR) to the "
-                        f"coordinator's --listen address (port {C.COORDINATOR_PORT} by default), not its "
-                        "--trainer-listen or --admin-listen"
-                    )
-                    log.error(why)
-                    self._note("Refused", why)
-                    self.metrics.reconnects.inc()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                    continue
-                if code in (
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    grpc.StatusCode.UNAUTHENTICATED,
-                ):
-                    log.error("coordinator refused this worker", detail=detail, code=code.name)
-                    self._note("Refused", f"coordinator refused this worker ({code.name}): {detail}")
+                after = await self._link_failed(e, delay)
+                if after is None:
                     return C.EXIT_USAGE
-                if delay == 0.05:  # the first failure after a working link, not every retry
-                    self._note("LinkLost", f"coordinator link lost: {detail}")
-                self.metrics.reconnects.inc()
-                log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
+                delay = after
+                continue
+            delay = 0.05
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
-        for task in (checker_task, metadata_task, node_task):
-            if task is not None:
-                task.cancel()
+        for task in watchers:
+            task.cancel()
         log.info("worker stopping")
         return C.EXIT_OK
+
+    def _start_watchers(self) -> list[asyncio.Task[None]]:
+        """The local Pathways worker's health, the node's signals and the metadata server, as configured."""
+        c = self.cfg
+        tasks = []
+        if c.health_target:
+            checker = HealthChecker.create(c.health_check, c.health_target, self._on_health)
+            tasks.append(asyncio.create_task(checker.run()))
+        if c.node_pool_source == "kubernetes" and c.kubernetes_api and c.node_watch_seconds > 0:
+            from agent.sources.node_pool import KubernetesAPI, NodeSignalWatcher
+
+            api = KubernetesAPI(c.kubernetes_api, c.kubernetes_token_file, c.kubernetes_ca_file)
+            tasks.append(
+                asyncio.create_task(NodeSignalWatcher(api, c.node, self._on_node_signal, c.node_watch_seconds).run())
+            )
+        if c.metadata_url:
+            watcher = MetadataWatcher(c.metadata_url, self._on_metadata)
+            tasks.append(asyncio.create_task(watcher.run()))
+        return tasks
+
+    async def _link_failed(self, e: Exception, delay: float) -> float | None:
+        """The Join stream ended in error: wait as the cause asks and return the next delay, or None when
+        the coordinator refused this worker for good (a flag to fix)."""
+        # InvalidStateError: call.write on a stream the coordinator already ended
+        # ("RPC already finished", e.g. a coordinator killed while starting): the link
+        # is gone, as with a connection error; reconnect instead of crashing.
+        detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+        code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
+        ceiling = 1.0
+        if code == grpc.StatusCode.FAILED_PRECONDITION and "superseded" in detail:
+            # A coordinator older than one this worker (or another) followed: not this
+            # worker's mistake. Keep looking, with backoff, for the current one (the
+            # Service sends new connections to it once the old pod is gone).
+            log.warning("coordinator refused this worker as superseded; looking again", detail=detail)
+            if delay == 0.05:
+                self._note("Refused", f"a superseded coordinator refused this worker: {detail}")
+            ceiling = SUPERSEDED_RETRY_MAX_SECONDS
+        elif code == grpc.StatusCode.ALREADY_EXISTS:
+            # Another sidecar process claims this host (a stale pod beside its replacement, a manifest
+            # mistake) and the coordinator lets the newer one speak for it. Not a failure of the job:
+            # stand by with backoff, and take over if that one goes.
+            delay = max(delay, 1.0)
+            log.warning("another sidecar speaks for this host; standing by", detail=detail, retry_in=delay)
+            self._note("Refused", f"another sidecar speaks for this host: {detail}")
+            ceiling = DUPLICATE_RETRY_MAX_SECONDS
+        elif code == grpc.StatusCode.UNIMPLEMENTED and not self._misdirected:
+            # Something answers there, but not the Peer service: another port of the
+            # coordinator (or another program). Say which flag to fix; keep trying.
+            self._misdirected = True
+            why = (
+                f"--coordinator {self.cfg.coordinator} answers gRPC but does not serve worker "
+                f"registrations (UNIMPLEMENTED: {detail}): set --coordinator (ES_COORDINATOR) to the "
+                f"coordinator's --listen address (port {C.COORDINATOR_PORT} by default), not its "
+                "--trainer-listen or --admin-listen"
+            )
+            log.error(why)
+            self._note("Refused", why)
+        elif code in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.UNAUTHENTICATED,
+        ):
+            assert code is not None
+            log.error("coordinator refused this worker", detail=detail, code=code.name)
+            self._note("Refused", f"coordinator refused this worker ({code.name}): {detail}")
+            return None
+        else:
+            if delay == 0.05:  # the first failure after a working link, not every retry
+                self._note("LinkLost", f"coordinator link lost: {detail}")
+            self.metrics.reconnects.inc()
+            log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
+            await asyncio.sleep(delay)
+            return min(delay * 2, 1.0)
+        self.metrics.reconnects.inc()
+        await asyncio.sleep(delay)
+        return min(delay * 2, ceiling)
 
 
 async def _write_or_raise_status(call: Any, message: peer_pb2.WorkerMessage) -> None:

@@ -6,7 +6,7 @@ alone, as the coordinator runs them):
 * a decision on a registration (``WorkerJoined`` of a new host) and on a re-registration after a
   coordinator restart (every host awaited), CPU per decision, median of ``--repeats`` batches of
   500, taken with the job otherwise full;
-* a state-file render (:class:`agent.statefile.Renderer`) after one host changed (what each group
+* a state-file render (:class:`agent.durable.statefile.Renderer`) after one host changed (what each group
   commit of a registration storm pays) and a render from nothing (the first write, or after the
   wall clock drifted), and the file's size;
 * the memory the hosts take in the state and in the renderer's cache (``tracemalloc``).
@@ -26,9 +26,9 @@ import tracemalloc
 from dataclasses import replace
 from typing import Any
 
-from agent import statefile
 from agent.core.decide import decide
 from agent.core.model import Phase, Policy, State, WorkerJoined, initial_state
+from agent.durable import statefile
 
 HOSTS_PER_SLICE = 100
 BATCH = 500

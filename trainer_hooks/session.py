@@ -234,7 +234,7 @@ class ElasticSession:
         """Newest coordinator epoch a command was accepted from (0: none)."""
         self.epoch_coordinator = ""
         self.epoch_proof = b""
-        """Who issued that epoch and its proof, echoed in the hello (agent/fencing.py verifies them)."""
+        """Who issued that epoch and its proof, echoed in the hello (agent/durable/fencing.py verifies them)."""
         self.step = -1  # last completed step held in memory (-1: none)
         self.committed_step = -1
         self.held = False

@@ -91,7 +91,7 @@ class Hosts(_BySlice, Mapping[HostKey, "HostRecord"]):
     (``hosts_per_slice + num_slices`` entries) and shares every other slice's dict with the old one.
     A flat copy cost 25,000 entries on each of 25,000 registrations (0.6 ms each, most of a
     registration's decision, and quadratic over a registration storm). Shared slice dicts also let a
-    reader skip slices that did not change by identity (:class:`agent.statefile.Renderer`). Nothing
+    reader skip slices that did not change by identity (:class:`agent.durable.statefile.Renderer`). Nothing
     mutates a slice dict once a ``Hosts`` holds it.
     """
 

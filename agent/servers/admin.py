@@ -112,7 +112,7 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
     async def WatchEvents(  # noqa: N802
         self, request: admin_pb2.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[admin_pb2.DecisionEvent]:
-        async for ev in watch(self.c, request.backlog, context):
+        async for ev in watch(self.c.feed, request.backlog, context):
             yield ev
 
     async def Hold(self, request: admin_pb2.HoldRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802

@@ -23,8 +23,13 @@ class JobConfig(Protocol):
     def job(self) -> str: ...
 
 
-class CoordinatorView(Feed, Protocol):
-    """The coordinator as its servers see it: its state and facts about itself, and two commands."""
+class CoordinatorView(Protocol):
+    """The coordinator as its servers see it: its state and facts about itself, its decisions, and two commands."""
+
+    @property
+    def feed(self) -> Feed:
+        """The newest decisions and their live subscribers."""
+        ...
 
     @property
     def cfg(self) -> JobConfig: ...

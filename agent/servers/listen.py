@@ -18,9 +18,12 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
+
+from agent import constants as C
+from agent.auth import BearerAuthInterceptor, BearerToken
 
 _BIND_ERROR = re.compile(r"Error in bind for address '[^']*': ([^)]*)\)")
 _stderr_lock = threading.Lock()
@@ -81,3 +84,18 @@ def bind(
     why = m.group(1) if m else (text.strip().splitlines() or ["address unavailable"])[-1]
     held = " (another process holds this port)" if "in use" in why.lower() else ""
     raise ListenError(f"could not listen on {listen} ({flag}): {why}{held}")
+
+
+def grpc_server(
+    token: BearerToken | None,
+    service: str,
+    label: str,
+    on_refused: Callable[[str, str], None],
+    options: tuple[tuple[str, int], ...] = C.GRPC_SERVER_KEEPALIVE_OPTIONS,
+) -> grpc.aio.Server:
+    """A gRPC server whose ``service`` needs ``token`` (when given); health stays open.
+    ``on_refused(service, why)`` counts each refused call."""
+    interceptors = []
+    if token is not None:
+        interceptors.append(BearerAuthInterceptor(token, [service], label=label, on_refused=on_refused))
+    return grpc.aio.server(options=list(options), interceptors=interceptors)

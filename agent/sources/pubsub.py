@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agent import log as agent_log
+from agent.core.model import NodeNotice
 from agent.sources.gke_events import Kind, NodeEvent, Rejected, parse
 
 if TYPE_CHECKING:
@@ -516,3 +517,24 @@ class PubSubIntake:
     def _stats_fields(self) -> dict[str, int]:
         with self._lock:
             return {k.replace(":", "_"): v for k, v in self.stats.items()}
+
+
+def node_notice(ev: NodeEvent, wall: float, mono: float) -> NodeNotice:
+    """The core's event for a parsed notice. Its wall-clock times become decision-clock (monotonic)
+    times, given the two clocks read together (``wall``, ``mono``)."""
+
+    def clock(t: datetime | None) -> float | None:
+        return None if t is None else mono + (t.timestamp() - wall)
+
+    return NodeNotice(
+        kind=ev.what,
+        source="pubsub",
+        node=ev.node,
+        node_pool=ev.node_pool,
+        deadline=clock(ev.start if ev.start is not None else ev.end),
+        event_time=None if ev.event_time is None else ev.event_time.timestamp(),
+        cleared=ev.cleared,
+        reason=ev.summary,
+        starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
+        ends_at=clock(ev.end),
+    )

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from agent import statefile
 from agent.core.decide import decide
 from agent.core.model import HostRecord, Phase, Policy, State, Tick, WorkerJoined, _frozen, initial_state
+from agent.durable import statefile
 
 POLICY = Policy(num_slices=3, elastic_min_slice_count=2, settle_seconds=1.0, rejoin_grace_seconds=10.0)
 

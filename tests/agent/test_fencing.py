@@ -1,4 +1,4 @@
-"""Fencing that cannot be forged or misfire (agent.fencing): real coordinators on loopback.
+"""Fencing that cannot be forged or misfire (agent.durable.fencing): real coordinators on loopback.
 
 A claimed newer epoch fences a coordinator only with a proof it can verify; a blind start (no
 state file) moves above a verified epoch instead of being fenced by its own workers; a fenced
@@ -15,11 +15,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent import fencing
 from agent.auth import BearerToken
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Policy
+from agent.durable import fencing
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 JOB = "fence-job"

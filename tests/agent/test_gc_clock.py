@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agent.coordinator import GcClock
+from agent.gc_freeze import GcClock
 from tests.agent.coordinators import in_memory_coordinator
 
 
@@ -40,20 +40,20 @@ def test_the_clock_times_the_collections_it_was_installed_for() -> None:
 
 
 def test_a_stall_warning_names_the_collectors_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.coordinator as coordinator_module
+    import agent.loop_watch as loop_watch_module
 
     said: list[tuple[str, dict[str, object]]] = []
-    monkeypatch.setattr(coordinator_module.log, "warning", lambda msg, **kw: said.append((msg, kw)))
+    monkeypatch.setattr(loop_watch_module.log, "warning", lambda msg, **kw: said.append((msg, kw)))
     coord = in_memory_coordinator("gc-clock", 1)
-    coord.gc_clock.install()
+    coord.loop_watch.gc_clock.install()
     try:
         t0 = time.monotonic()
         _cycles(100_000)
         gc.collect(2)
         lag = time.monotonic() - t0 + 0.01
-        coord._note_stall(lag, time.monotonic())
+        coord.loop_watch.note_stall(lag, time.monotonic())
     finally:
-        coord.gc_clock.uninstall()
+        coord.loop_watch.gc_clock.uninstall()
     (warning,) = [kw for msg, kw in said if msg.startswith("event loop was blocked")]
     assert warning["stall_seconds"] == round(lag, 3)
     assert 0 < float(warning["gc_seconds"]) <= float(warning["stall_seconds"]) + 0.001  # type: ignore[arg-type]

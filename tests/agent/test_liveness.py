@@ -466,7 +466,7 @@ async def test_a_blocked_event_loop_declares_nobody_lost(coordinator: Observed, 
     time.sleep(1.5)  # blocks the event loop, as a long synchronous call would
     await asyncio.sleep(2 * HEARTBEAT_TIMEOUT)
     assert not obs.events(WorkerLost), obs.reasons()
-    assert obs.coord.stalls and max(obs.coord.stalls) >= 1.0
+    assert obs.coord.loop_watch.stalls and max(obs.coord.loop_watch.stalls) >= 1.0
     assert obs.coord.metrics.loop_stalls._value.get() >= 1  # noqa: SLF001
     # and a worker that really hangs afterwards is still found
     ps[1].send_signal(signal.SIGSTOP)

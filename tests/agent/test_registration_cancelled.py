@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.coordinator import PeerService
 from agent.core.model import WorkerLost
+from agent.sources.peers import PeerService
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 from tests.agent.coordinators import in_memory_coordinator
 

@@ -125,14 +125,14 @@ async def test_a_full_state_directory_at_exit_keeps_the_exit_code_the_job_earned
     coord = Coordinator(_config(tmp_path))
 
     def fill(c: Coordinator) -> None:
-        assert c._journal is not None  # noqa: SLF001
-        c._journal.close()  # noqa: SLF001
-        c._journal = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115, SLF001
-        c._append_journal("a decision\n")  # noqa: SLF001  (fails and is counted; the line stays buffered)
+        assert c.journal.file is not None  # noqa: SLF001
+        c.journal.file.close()  # noqa: SLF001
+        c.journal.file = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115, SLF001
+        c.journal.append("a decision\n")  # noqa: SLF001  (fails and is counted; the line stays buffered)
 
     assert await _completes_with(coord, fill) == C.EXIT_OK
     assert _journal_failures(coord) >= 2  # the append, then the close
-    assert coord._journal is None and coord._lock_fd is None  # noqa: SLF001
+    assert coord.journal.file is None and coord.lock.fd is None  # noqa: SLF001
 
 
 async def test_a_read_only_state_directory_at_exit_keeps_the_exit_code_the_job_earned(tmp_path: Path) -> None:
@@ -140,13 +140,13 @@ async def test_a_read_only_state_directory_at_exit_keeps_the_exit_code_the_job_e
     coord = Coordinator(_config(tmp_path))
 
     def read_only(c: Coordinator) -> None:
-        assert c._journal is not None  # noqa: SLF001
-        c._journal.close()  # noqa: SLF001
-        c._journal = _FailingJournal(errno.EROFS)  # noqa: SLF001
+        assert c.journal.file is not None  # noqa: SLF001
+        c.journal.file.close()  # noqa: SLF001
+        c.journal.file = _FailingJournal(errno.EROFS)  # noqa: SLF001
 
     assert await _completes_with(coord, read_only) == C.EXIT_OK
     assert _journal_failures(coord) == 1
-    assert coord._lock_fd is None  # noqa: SLF001
+    assert coord.lock.fd is None  # noqa: SLF001
     fd = os.open(tmp_path / "lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: a next coordinator is not kept waiting

@@ -26,7 +26,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from agent import statefile
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import (
@@ -47,6 +46,7 @@ from agent.core.model import (
     _frozen,
     initial_state,
 )
+from agent.durable import statefile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -624,7 +624,7 @@ async def test_a_hung_state_write_is_a_failed_one_the_hold_goes_out_and_readines
 
 
 async def test_participants_with_a_newer_epoch_fence_the_older_coordinator(tmp_path: Path) -> None:
-    from agent import fencing
+    from agent.durable import fencing
 
     earlier = Coordinator(coordinator_config(tmp_path / "state"))  # leaves a state file: not a blind start
     await earlier.start()

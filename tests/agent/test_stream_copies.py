@@ -1,4 +1,4 @@
-"""Worker commands onto their streams: paced, in order, after the datagram copies (agent.coordinator)."""
+"""Worker commands onto their streams: paced, in order, after the datagram copies (agent.executors)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import socket
 import pytest
 
 from agent import constants as C
-from agent import coordinator as coordmod
-from agent.coordinator import Coordinator, _Conn
+from agent import executors
+from agent.coordinator import Coordinator
 from agent.core.model import TellWorkers
+from agent.links import Link
 from protos.elastic_sidecar.v1 import peer_pb2
 from tests.agent.coordinators import in_memory_coordinator
 
@@ -18,11 +19,11 @@ from tests.agent.coordinators import in_memory_coordinator
 def _coordinator(workers: int) -> Coordinator:
     coord = in_memory_coordinator("stream-copies", workers, log_level="error")
     for s in range(workers):
-        coord.workers[(s, 0)] = _Conn()
+        coord.workers[(s, 0)] = Link()
     return coord
 
 
-def _kinds(conn: _Conn) -> list[str]:
+def _kinds(conn: Link) -> list[str]:
     out = []
     while not conn.outbox.empty():
         msg = conn.outbox.get_nowait()
@@ -31,12 +32,12 @@ def _kinds(conn: _Conn) -> list[str]:
 
 
 async def test_stream_copies_are_queued_a_pass_at_a_time_and_in_order() -> None:
-    n = coordmod.STREAM_COPIES_PER_PASS * 3 + 7
+    n = executors.STREAM_COPIES_PER_PASS * 3 + 7
     coord = _coordinator(n)
     conns = list(coord.workers.values())
     closed = conns[5]
     closed.closed.set()
-    copier = asyncio.create_task(coord._stream_copier())  # noqa: SLF001
+    copier = asyncio.create_task(coord.to_workers.copy_to_streams())  # noqa: SLF001
     try:
         coord._execute(TellWorkers(4, "hold", "slice 1 lost"))  # noqa: SLF001
         coord._execute(TellWorkers(4, "resume", "slice 1 back"))  # noqa: SLF001
@@ -45,12 +46,12 @@ async def test_stream_copies_are_queued_a_pass_at_a_time_and_in_order() -> None:
         await asyncio.sleep(0)
         queued = sum(c.outbox.qsize() for c in conns)
         # One pass queued at most a pass's worth (the copier may have started its second).
-        assert 0 < queued <= 2 * coordmod.STREAM_COPIES_PER_PASS
+        assert 0 < queued <= 2 * executors.STREAM_COPIES_PER_PASS
         for _ in range(50):
-            if not coord._stream_copies:  # noqa: SLF001
+            if not coord.to_workers.stream_copies:  # noqa: SLF001
                 break
             await asyncio.sleep(0)
-        assert not coord._stream_copies  # noqa: SLF001
+        assert not coord.to_workers.stream_copies  # noqa: SLF001
         for c in conns:
             # Every open stream got the hold before the resume; a closed one got nothing.
             assert _kinds(c) == ([] if c is closed else ["hold", "resume"])
@@ -60,7 +61,7 @@ async def test_stream_copies_are_queued_a_pass_at_a_time_and_in_order() -> None:
 
 async def test_a_worker_without_datagrams_still_gets_the_stream_copy() -> None:
     coord = _coordinator(2)
-    copier = asyncio.create_task(coord._stream_copier())  # noqa: SLF001
+    copier = asyncio.create_task(coord.to_workers.copy_to_streams())  # noqa: SLF001
     try:
         coord._execute(TellWorkers(2, "abort", "retries used up"))  # noqa: SLF001
         for _ in range(10):
@@ -91,7 +92,7 @@ async def test_only_workers_that_do_not_acknowledge_the_datagram_get_the_stream_
         # Workers 0 and 1 heartbeat by datagram; worker 2 only on its stream.
         for c in conns[:2]:
             c.reply = (coord_sock, worker_sock.getsockname())
-        copier = asyncio.create_task(coord._stream_copier())  # noqa: SLF001
+        copier = asyncio.create_task(coord.to_workers.copy_to_streams())  # noqa: SLF001
         try:
             coord._execute(TellWorkers(6, "hold", "slice 1 lost"))  # noqa: SLF001
             for _ in range(10):
@@ -125,14 +126,14 @@ def test_heartbeats_the_kernel_dropped_restart_liveness_deadlines(monkeypatch: p
     monkeypatch.setattr(coord.datagrams, "dropped", lambda: drops[0])
     for c in conns:
         c.last_seen = 100.0
-    coord._loop_resumed_at = 100.0  # noqa: SLF001
-    coord._note_datagram_drops(101.0)  # noqa: SLF001
-    assert coord._loop_resumed_at == 100.0  # nothing dropped: nothing changes  # noqa: SLF001
+    coord.loop_watch.resumed_at = 100.0  # noqa: SLF001
+    coord.loop_watch.note_datagram_drops(101.0)  # noqa: SLF001
+    assert coord.loop_watch.resumed_at == 100.0  # nothing dropped: nothing changes  # noqa: SLF001
     drops[0] = 37
-    coord._note_datagram_drops(101.5)  # noqa: SLF001
-    coord.check_liveness(102.0)
+    coord.loop_watch.note_datagram_drops(101.5)  # noqa: SLF001
+    coord.peers.check_liveness(102.0)
     assert not any(c.closed.is_set() for c in conns)  # silent 2 s, but their heartbeats may have been dropped
     assert coord.metrics.heartbeat_datagrams.labels("dropped")._value.get() == 37  # noqa: SLF001
-    coord._note_datagram_drops(103.0)  # noqa: SLF001  no new drops
-    coord.check_liveness(103.0)
+    coord.loop_watch.note_datagram_drops(103.0)  # noqa: SLF001  no new drops
+    coord.peers.check_liveness(103.0)
     assert all(c.cause == "heartbeat_timeout" for c in conns)  # 1.5 s since the drops: now they are late

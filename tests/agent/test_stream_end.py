@@ -1,4 +1,4 @@
-"""How the coordinator classifies a worker stream that ended by itself (PeerService._ended): the
+"""How the coordinator classifies a worker stream that ended by itself (agent.sources.peers): the
 host's Pathways worker is probed first, also for a worker silent before the break (a paused or cut
 off sidecar on a healthy host is no loss), except with a TCP check, which a hung host's kernel
 still answers for its stopped processes. Silence the coordinator's own stall or dropped heartbeat
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent.coordinator import Coordinator, PeerService, _Conn
+from agent.coordinator import Coordinator
 from agent.core.model import WorkerAway, WorkerLost
+from agent.links import Link
 from protos.elastic_sidecar.v1 import peer_pb2
 from tests.agent.coordinators import in_memory_coordinator
 
@@ -37,15 +38,15 @@ async def ended(
         return None
 
     coord.submit = submitted.append  # type: ignore[method-assign]
-    coord.probe_host = probe_host  # type: ignore[method-assign]
-    coord.watch_away = watch_away  # type: ignore[method-assign]
+    coord.peers.probe_host = probe_host  # type: ignore[method-assign]
+    coord.peers.watch_away = watch_away  # type: ignore[method-assign]
     now = time.monotonic()
     if stalled_ago is not None:
-        coord._loop_resumed_at = now - stalled_ago  # noqa: SLF001
-    conn = _Conn(incarnation="inc-1", health_address="127.0.0.1:1", health_check=check, registration=4)
+        coord.loop_watch.resumed_at = now - stalled_ago  # noqa: SLF001
+    conn = Link(incarnation="inc-1", health_address="127.0.0.1:1", health_check=check, registration=4)
     conn.last_seen = now - silent
     ident = peer_pb2.HostIdentity(slice=1, host=0, incarnation="inc-1")
-    await PeerService(coord)._ended(ident, conn, "stream_closed", "ipv4:127.0.0.1:5555")  # noqa: SLF001
+    await coord.peers._ended(ident, conn, "stream_closed", "ipv4:127.0.0.1:5555")  # noqa: SLF001
     return submitted, probes
 
 

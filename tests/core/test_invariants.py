@@ -48,7 +48,6 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 
-from agent import statefile
 from agent.core.decide import decide
 from agent.core.drains import lift_overdue as _lift_overdue
 from agent.core.membership import settle as _settle
@@ -78,6 +77,7 @@ from agent.core.model import (
     WorkerLost,
     initial_state,
 )
+from agent.durable import statefile
 
 PROPERTY = settings(
     deadline=None,
@@ -648,7 +648,7 @@ class FaithfulWorld(World):
             self.apply(WorkerJoined(s, h, rec.incarnation))
 
     def coordinator_restart_durable(self, seed: int, dt: float = 0.0) -> None:
-        """The coordinator process restarts on its state file (agent/statefile.py): the
+        """The coordinator process restarts on its state file (agent/durable/statefile.py): the
         saved state comes back through JSON; every worker re-registers, in any order,
         with time passing between them; the trainer's link breaks and comes back."""
         self.now += dt

@@ -229,7 +229,7 @@ def test_restored_waiting_gives_the_rejoin_grace_and_repeats_a_pending_resume() 
     p = Policy(num_slices=2, rejoin_grace_seconds=5.0, settle_seconds=0.0)
     job = Job(p)
     job.start()
-    # As agent/statefile.restore leaves it: RUNNING with a resume decided and
+    # As agent/durable/statefile.restore leaves it: RUNNING with a resume decided and
     # not acknowledged, every host expected back.
     job.state = replace(
         job.state,

@@ -850,7 +850,7 @@ def test_admin_cli_in_the_coordinator_finds_its_token() -> None:
 
 
 def test_the_coordinator_knows_the_jobset_restart_attempt() -> None:
-    """A FAILED state file stays failed only within one restart attempt (agent/statefile.py)."""
+    """A FAILED state file stays failed only within one restart attempt (agent/durable/statefile.py)."""
     seen = 0
     for pod, c in sidecars():
         if role(pod, c) != "coordinator":

@@ -284,7 +284,7 @@ async def test_watch_events_sends_the_backlog_then_live_decisions(job: Job, admi
         live = [await asyncio.wait_for(call.read(), 5.0) for _ in range(2)]
         call.cancel()
     assert initial["backlog-count"] == "3"
-    recent = list(job.coord.recent)
+    recent = list(job.coord.feed.recent)
     assert [e.reason for e in backlog] == [r["reason"] for r in recent[-5:-2]]
     assert all(e.time_unix > 0 and e.trigger for e in backlog)
     hold, held = live
@@ -292,7 +292,7 @@ async def test_watch_events_sends_the_backlog_then_live_decisions(job: Job, admi
     assert hold.phase == "holding" and hold.generation == 2 and list(hold.active_slices) == [0, 1, 2, 3]
     assert any(a.startswith("HoldTrainer(generation=2, flush=True") for a in hold.actions), hold.actions
     assert held.trigger == "TrainerHeld" and held.phase == "waiting"
-    await wait_for(lambda: not job.coord.subscribers, 5.0, "the cancelled stream to unsubscribe")
+    await wait_for(lambda: not job.coord.feed.subscribers, 5.0, "the cancelled stream to unsubscribe")
     await wait_for(
         lambda: counter(job, "elastic_sidecar_admin_requests_total", method="WatchEvents", code="CANCELLED") == 1,
         5.0,

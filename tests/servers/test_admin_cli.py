@@ -146,7 +146,7 @@ async def test_events_backlog_and_follow(job: Job, tmp_path: Path) -> None:
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await wait_for(lambda: job.coord.subscribers, 30.0, "the follower to subscribe")
+        await wait_for(lambda: job.coord.feed.subscribers, 30.0, "the follower to subscribe")
         code, _, err = await cli(job, tmp_path, "drain", "3", "--reason", "follow me")
         assert code == 0, err
         assert follow.stdout is not None

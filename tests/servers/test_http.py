@@ -179,7 +179,7 @@ async def test_status_json_is_getstatus_plus_recent_decisions(job: Job) -> None:
     assert doc["state_durable"] is True and doc["state_problem"] == ""
     assert doc["last_committed_step"] == -1 and doc["pending_notices"] == [] and doc["operator_hold"] is False
     reasons = [d["reason"] for d in doc["recent_decisions"]]
-    assert reasons == [r["reason"] for r in job.coord.recent][-len(reasons) :]
+    assert reasons == [r["reason"] for r in job.coord.feed.recent][-len(reasons) :]
     assert any("starting; resume generation 1" in r for r in reasons), reasons
 
 

@@ -257,7 +257,7 @@ async def test_real_format_notices_through_the_emulator_into_eight_slices(pubsub
         left = set().union(*(set(h.down_slices) for _, h in holds(trainer)))
         assert 3 not in left, "the cancelled window's slice left training"
         assert left <= {0, 1, 2, 4, 5, 6, 7}, left
-        notice_decisions = [r for r in coord.recent if r["trigger"] == "NodeNotice" and node(7) in r["reason"]]
+        notice_decisions = [r for r in coord.feed.recent if r["trigger"] == "NodeNotice" and node(7) in r["reason"]]
         assert len(notice_decisions) == 1, [r["reason"] for r in notice_decisions]
         # A message is acked by a callback once the core has acted on it, so the last one's ack can
         # trail the state the waits above saw (CI saw 23 acked of 24): wait for it, then check them all.

@@ -46,7 +46,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.core.model import Drain, HostRecord, Phase, State, TrainerView, _frozen
+from agent import log as logmod
+from agent.core.model import Drain, HostRecord, Phase, Policy, State, TrainerView, _frozen
+
+log = logmod.get("coordinator")
 
 VERSION = 2
 """Version 1 (before the write-ahead rule) is still read; older or newer is not."""
@@ -287,29 +290,6 @@ def write(path: Path, data: Mapping[str, Any] | bytes | list[bytes]) -> None:
         os.close(dfd)
 
 
-def open_lock(path: Path) -> int:
-    """A descriptor of the lock file ``path`` to ``flock``: created read-write when it can be, else an
-    existing one opened read-only (``flock`` works on either, so a read-only state directory still keeps
-    a second coordinator off). OSError when neither works (the directory is missing and cannot be made)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        try:
-            return os.open(path, os.O_RDONLY)
-        except OSError:
-            raise e from None
-
-
-def note_lock_holder(fd: int) -> None:
-    """Write this process's id into the lock file, for a person; nothing depends on it."""
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-    except OSError:
-        pass  # opened read-only (a read-only state directory)
-
-
 class WriteHung(OSError):
     """A state write did not return within its bound (a stalled disk): it counts as failed."""
 
@@ -482,27 +462,13 @@ def _mono(t: Any, off: float) -> float | None:
 
 
 def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off: float) -> Restored:
-    policy = fresh.policy
+    policy = _saved_policy(raw, fresh.policy)
     phase = Phase(raw["phase"])
     generation = int(raw["generation"])
     epoch = int(raw.get("epoch") or 0)
     tr = raw.get("trainer") or {}
     committed = int(tr.get("committed_step", -1))
     same_attempt = int(raw.get("restart_attempt") or 0) == attempt
-    saved_policy = raw.get("policy")
-    if saved_policy:
-        try:
-            policy = policy.with_trainer_settings(
-                int(saved_policy["elastic_min_slice_count"]),
-                float(saved_policy["elastic_timeout_seconds"]),
-                int(saved_policy["elastic_max_retries"]),
-            )
-        except ValueError:
-            pass  # the file's settings no longer fit this job's shape: the command line's stand
-
-    def in_job(s: int, h: int = 0) -> bool:
-        return 0 <= s < policy.num_slices and 0 <= h < policy.hosts_per_slice
-
     base = replace(fresh, policy=policy, generation=generation)
     base = replace(base, trainer=replace(base.trainer, committed_step=committed, last_step=int(tr.get("last_step", 0))))
     if phase.terminal and not same_attempt:
@@ -522,22 +488,32 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
             retries_used=int(raw.get("retries_used", 0)),
         )
         return Restored(done, epoch, f"the job already {'failed' if phase == Phase.FAILED else 'completed'}")
-    hosts: dict[tuple[int, int], HostRecord] = {}
-    for r in raw.get("hosts", []):
-        s, h = int(r["slice"]), int(r["host"])
-        if in_job(s, h):
-            t_reg = _mono(r.get("registered_at"), off) or 0.0
-            hosts[(s, h)] = HostRecord(
-                str(r["incarnation"]),
-                str(r.get("node", "")),
-                str(r.get("node_pool", "")),
-                t_reg,
-                bool(r.get("healthy", True)),
-                t_reg,
-                bool(r.get("settled", True)),
-                # Its sidecar was away (the host still answered): it stays so until the sidecar is back.
-                now if r.get("away") else None,
-            )
+    return _in_phase(_live_state(raw, base, now, off), phase, epoch, now)
+
+
+def _saved_policy(raw: Mapping[str, Any], policy: Policy) -> Policy:
+    """The command line's policy with the trainer settings the job had adopted, where they still fit."""
+    saved = raw.get("policy")
+    if not saved:
+        return policy
+    try:
+        return policy.with_trainer_settings(
+            int(saved["elastic_min_slice_count"]),
+            float(saved["elastic_timeout_seconds"]),
+            int(saved["elastic_max_retries"]),
+        )
+    except ValueError:
+        return policy  # the file's settings no longer fit this job's shape: the command line's stand
+
+
+def _live_state(raw: Mapping[str, Any], base: State, now: float, off: float) -> State:
+    """The state of a job that had not ended: hosts, errors, drains, the trainer's view and the pending hold."""
+    policy = base.policy
+
+    def in_job(s: int, h: int = 0) -> bool:
+        return 0 <= s < policy.num_slices and 0 <= h < policy.hosts_per_slice
+
+    hosts = _hosts(raw, in_job, now, off)
     expected = frozenset(hosts) | frozenset(
         (int(s), int(h)) for s, h in raw.get("expected_rejoin", []) if in_job(int(s), int(h))
     )
@@ -545,19 +521,9 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
     named = {int(s): _mono(v, off) for s, v in (raw.get("trainer_errors") or {}).items() if in_job(int(s))}
     drains = {int(s): _drain(d, off, now) for s, d in (raw.get("drains") or {}).items() if in_job(int(s))}
     planned = {int(s): _drain(d, off, now) for s, d in (raw.get("planned") or {}).items() if in_job(int(s))}
-    trainer = TrainerView(
-        generation=int(tr.get("generation", 0)),
-        committed_step=committed,
-        last_step=int(tr.get("last_step", 0)),
-        step_in_memory=int(tr.get("step_in_memory", -1)),
-        active=frozenset(int(s) for s in tr.get("active", [])) & policy.all_slices,
-        surviving=frozenset(int(s) for s in tr.get("surviving", [])) & policy.all_slices,
-        resume_pending=bool(tr.get("resume_pending", False)),
-        detached_since=now,
-    )
-    state = replace(
+    return replace(
         base,
-        trainer=trainer,
+        trainer=_trainer_view(raw.get("trainer") or {}, policy, now),
         active=frozenset(int(s) for s in raw.get("active", [])) & policy.all_slices,
         retries_used=int(raw.get("retries_used", 0)),
         operator_hold=bool(raw.get("operator_hold", False)),
@@ -579,6 +545,46 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
         hold_reason=str(raw.get("hold_reason", "")),
         hold_down=frozenset(int(s) for s in raw.get("hold_down", [])) & policy.all_slices,
     )
+
+
+def _hosts(
+    raw: Mapping[str, Any], in_job: Callable[[int, int], bool], now: float, off: float
+) -> dict[tuple[int, int], HostRecord]:
+    hosts: dict[tuple[int, int], HostRecord] = {}
+    for r in raw.get("hosts", []):
+        s, h = int(r["slice"]), int(r["host"])
+        if in_job(s, h):
+            t_reg = _mono(r.get("registered_at"), off) or 0.0
+            hosts[(s, h)] = HostRecord(
+                str(r["incarnation"]),
+                str(r.get("node", "")),
+                str(r.get("node_pool", "")),
+                t_reg,
+                bool(r.get("healthy", True)),
+                t_reg,
+                bool(r.get("settled", True)),
+                # Its sidecar was away (the host still answered): it stays so until the sidecar is back.
+                now if r.get("away") else None,
+            )
+    return hosts
+
+
+def _trainer_view(tr: Mapping[str, Any], policy: Policy, now: float) -> TrainerView:
+    return TrainerView(
+        generation=int(tr.get("generation", 0)),
+        committed_step=int(tr.get("committed_step", -1)),
+        last_step=int(tr.get("last_step", 0)),
+        step_in_memory=int(tr.get("step_in_memory", -1)),
+        active=frozenset(int(s) for s in tr.get("active", [])) & policy.all_slices,
+        surviving=frozenset(int(s) for s in tr.get("surviving", [])) & policy.all_slices,
+        resume_pending=bool(tr.get("resume_pending", False)),
+        detached_since=now,
+    )
+
+
+def _in_phase(state: State, phase: Phase, epoch: int, now: float) -> Restored:
+    """The restored state in its phase, with the phase's deadline starting again from now."""
+    policy = state.policy
     if phase == Phase.STARTING:
         # Not started: nothing to protect; hosts simply register again.
         starting = replace(
@@ -594,6 +600,46 @@ def _restore(raw: Mapping[str, Any], fresh: State, now: float, attempt: int, off
     ack = policy.elastic_timeout_seconds + (policy.flush_timeout_seconds if flushes else 0.0)
     holding = replace(state, phase=Phase.HOLDING, deadline=now + ack)
     return Restored(holding, epoch, "restored a pending hold; it is sent again when the trainer attaches")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a coordinator found in its state file at start."""
+
+    restored: Restored | None
+    """None: no file, or one that could not be used."""
+    note: str = ""
+    """What happened to the file (restored, unreadable and moved aside, ...); empty: no file."""
+    problem: str = ""
+    """Set when a file was found but could not be used (it was moved aside)."""
+
+
+def load(path: Path | None, fresh: State, now: float, restart_attempt: int) -> Loaded:
+    """Read and restore ``path`` at start; an unusable file is moved aside and the start goes on without it."""
+    if path is None or not path.exists():
+        return Loaded(None)
+    try:
+        restored = restore(read(path), fresh, now, restart_attempt=restart_attempt)
+    except StateFileError as e:
+        moved = move_aside(path)
+        note = f"{e}; moved aside to {moved}" if moved else f"{e}; could not move it aside"
+        log.error(
+            "state file unusable; starting without it and rebuilding from what the workers and the trainer report",
+            state_file=str(path),
+            error=str(e),
+            moved_to=str(moved) if moved else None,
+        )
+        return Loaded(None, note, note)
+    st = restored.state
+    log.info(
+        "restored coordinator state: " + restored.note,
+        state_file=str(path),
+        phase=str(st.phase),
+        generation=st.generation,
+        active=sorted(st.active),
+        epoch_on_file=restored.epoch,
+    )
+    return Loaded(restored, restored.note)
 
 
 def move_aside(path: Path) -> Path | None:
