@@ -209,6 +209,10 @@ def _push(xs: tuple, x: object, n: int) -> tuple:
     return (*xs, x)[-n:]
 
 
+def _standing(tr: SliceTrack) -> Status:
+    return "straggler" if tr.straggler else "suspect" if any(tr.hits) else "healthy"
+
+
 def _follow_membership(state: DetectorState, window: WindowSummary) -> DetectorState:
     """Forget slices that left; a new set of slices, or a resize, runs at a new pace: new baseline."""
     ids = {s.slice for s in window.slices}
@@ -227,7 +231,7 @@ def _unchanged(state: DetectorState, window: WindowSummary, why: str) -> Detecti
         if not s.seen:
             status: Status = "blind"
         else:
-            status = "straggler" if tr.straggler else "suspect" if hits else "healthy"
+            status = _standing(tr)
         out.append(Finding("slice", s.slice, status, why, hits=hits, counted=len(tr.hits), since=tr.since))
     job: Status = "job_wide" if state.job_wide else "healthy"
     out.append(Finding("job", None, job, why, hits=sum(state.job_hits), counted=len(state.job_hits)))
@@ -299,7 +303,7 @@ def detect(state: DetectorState, window: WindowSummary, now: float, t: Threshold
                 Finding(
                     "slice",
                     i,
-                    "straggler" if tr.straggler else "healthy",
+                    _standing(tr),
                     why,
                     late,
                     None,
