@@ -254,10 +254,10 @@ def detect(state: DetectorState, window: WindowSummary, now: float, t: Threshold
 
     # Lateness: the others' median wait less this slice's, as a share of the step.
     lateness: dict[int, float] = {}
-    if len(seen) >= 2:
-        for i, s in seen.items():
-            others = [o.collective_wait_seconds for j, o in seen.items() if j != i]
-            lateness[i] = (statistics.median(others) - s.collective_wait_seconds) / step  # type: ignore[operator, type-var]
+    waits = {s.slice: s.collective_wait_seconds for s in seen.values() if s.collective_wait_seconds is not None}
+    if len(waits) >= 2:
+        for i, w in waits.items():
+            lateness[i] = (statistics.median(x for j, x in waits.items() if j != i) - w) / step
     standing = {i for i, x in lateness.items() if x >= t.lateness_min}
     note = ""
     if standing and 2 * len(standing) > len(seen):

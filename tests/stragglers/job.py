@@ -41,7 +41,6 @@ def window(
     return WindowSummary(start, start + WINDOW, slowest + COLLECTIVE, slices, **flags)
 
 
-
 @dataclass
 class Run:
     """Feeds windows to ``detect`` one a minute and keeps every detection."""
