@@ -328,6 +328,8 @@ def detect(state: DetectorState, window: WindowSummary, now: float, t: Threshold
                 why += f", with {second[i]}"
         elif i in standing:
             why = f"arrived {late:.0%} of the step late but the step ran only {slowdown:.0%} over its baseline"
+        elif late is not None and late >= t.lateness_min:
+            why = f"arrived {late:.0%} of the step late, but {note}"
         else:
             why = "not late at the collective" + (f" ({note})" if note else "")
         why += f"; stood out in {n_hits} of the last {len(hits_t)} counted windows"

@@ -115,6 +115,12 @@ def test_a_blind_slice_that_may_be_late_is_named_in_the_job_finding() -> None:
     assert job.status == "healthy" and "[3] are blind and may be the cause" in job.reason
 
 
+def test_two_slices_without_a_second_signal_say_so() -> None:
+    r = run(2, "x")
+    late = r.detections[-1].findings[1]
+    assert late.status == "healthy" and "late, but" in late.reason and "second signal" in late.reason
+
+
 def test_a_skipped_window_says_why() -> None:
     r = run(4, "xc")
     assert all("checkpoint" in f.reason for f in r.detections[-1].findings)
