@@ -46,11 +46,17 @@ class TrainerLinkService(trainer_pb2_grpc.TrainerLinkServicer):
         except Refused as r:
             await context.abort(r.code, r.message)
             return
-        # Headers now: the trainer counts its link as up once the sidecar has accepted it.
-        await context.send_initial_metadata(())
         index = hello.process_index
         conn = Link(who=f"{hello.host or 'trainer'} at {context.peer()}")
+        # Claimed before any await, so a second link admitted meanwhile cannot pass the same check.
         self.c.trainer_conns[index] = conn
+        try:
+            # Headers now: the trainer counts its link as up once the sidecar has accepted it.
+            await context.send_initial_metadata(())
+        except BaseException:
+            if self.c.trainer_conns.get(index) is conn:
+                del self.c.trainer_conns[index]
+            raise
         self._attached(hello)
         reader = asyncio.create_task(self._read(context, index))
         writer = asyncio.create_task(self._write(context, conn))
