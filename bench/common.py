@@ -268,35 +268,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def fresh_memory_seconds(gib: int) -> list[float]:
-    """Seconds to write each GiB of ``gib`` GiB of private memory the process had not touched, in turn.
-
-    Most of a trainer's start, rebuild, snapshot and restart is allocating and filling GiB-sized
-    buffers, so this sets the scale of the example trainer's fault costs. On the VM this project
-    is measured on it is far from constant: one run of this measured 0.74-0.78 s for each of the
-    first three GiB and 8.8 s for the fourth (memory the guest has not used lately comes from the
-    VM's host, and freed memory goes back to it within about 20 s), so a recovery run records it
-    at its start. The mapping is held until every GiB is written, as a trainer holds its state.
-    """
-    import mmap
-
-    step, page = 1 << 30, mmap.PAGESIZE
-    held: list[mmap.mmap] = []
-    out: list[float] = []
-    try:
-        for _ in range(gib):
-            t0 = time.perf_counter()
-            m = mmap.mmap(-1, step, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            held.append(m)
-            for off in range(0, step, page):
-                m[off] = 1
-            out.append(round(time.perf_counter() - t0, 3))
-    finally:
-        for m in held:
-            m.close()
-    return out
-
-
 def envelope(name: str, config: dict[str, Any], results: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     """One benchmark's output: provenance, machine, the arguments, and a list of result rows.
 
@@ -350,36 +321,6 @@ def maxtext_label(model: str | None) -> str:
     return "maxtext" if model in (None, "", "tiny") else f"maxtext-{model}"
 
 
-def maxtext_name(trainer: str) -> str:
-    """A :func:`maxtext_label` as the verdicts name it: ``MaxText`` for the tiny model, ``MaxText (larger
-    model)`` for ``maxtext-larger``."""
-    size = trainer.split("-", 1)[1] if trainer.startswith("maxtext-") else None
-    return "MaxText" + (f" ({size} model)" if size else "")
-
-
-def is_maxtext(trainer: Any) -> bool:
-    """Whether a recovery trainer (or a ``by_trainer`` key such as ``maxtext (period 10000)``) is MaxText's,
-    of any model size."""
-    t = str(trainer or "").split(" (period ")[0]
-    return t == "maxtext" or t.startswith("maxtext-")
-
-
-def label_maxtext_model(result: dict[str, Any]) -> dict[str, Any]:
-    """A recovery result with its MaxText records (rows, ratios, runs, fault-free runs, ``config.trainers``)
-    under :func:`maxtext_label` of the model it ran. The tiny model's, a result already labelled and a merged
-    section (``config.by_trainer``: its trainers are labelled already) come back unchanged."""
-    cfg = result.get("config") or {}
-    label = maxtext_label(cfg.get("maxtext_model") or (cfg.get("maxtext") or {}).get("model"))
-    if label == "maxtext" or "by_trainer" in cfg or "maxtext" not in (cfg.get("trainers") or []):
-        return result
-    out = dict(result)
-    for key in ("results", "ratios", "runs", "fault_free_runs"):
-        if key in result:
-            out[key] = [{**r, "trainer": label} if trainer_of(r) == "maxtext" else r for r in result[key] or []]
-    out["config"] = {**cfg, "trainers": [label if t == "maxtext" else t for t in cfg["trainers"]]}
-    return out
-
-
 def fault_cost(
     runs: Sequence[dict[str, Any]], refs: Sequence[dict[str, Any]]
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], float | None]:
@@ -415,130 +356,6 @@ def fault_cost(
         "fault_free_rate_spread": rnd((max(rates) - min(rates)) / rate, 4) if rate and len(rates) > 1 else None,
     }
     return fields, ok, good_refs, rate
-
-
-def row_runs(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The faulted runs of a recovery result behind one of its rows (same trainer, strategy, fault, period, delay)."""
-    key = ("strategy", "fault", "checkpoint_period", "replacement_delay")
-    return [
-        r
-        for r in rec.get("runs") or []
-        if trainer_of(r) == row.get("trainer") and all(r.get(k) == row.get(k) for k in key)
-    ]
-
-
-def own_rate_costs(rec: dict[str, Any], row: dict[str, Any]) -> list[float]:
-    """The row's runs' fault costs against each run's own pre-fault rate (``fault_cost_own_rate_s``)."""
-    return [float(r["fault_cost_own_rate_s"]) for r in row_runs(rec, row) if r.get("fault_cost_own_rate_s") is not None]
-
-
-STALL_RATE_SLACK = 0.1
-"""How much faster than the rate a cost is taken against the steps computed again after a fault may run
-(:func:`cost_below_stall`): about the spread of the fault-free runs' rates between runs."""
-
-
-def cost_below_stall(rec: dict[str, Any], row: dict[str, Any], own_rate: bool) -> str | None:
-    """Why the row's fault costs on one basis cannot be judged (None when they can): a run's cost below its stall.
-
-    From the fault until the trainer completes a step above the last one it had completed (the run's
-    ``recovery_s``) it keeps no work but the steps it computes again, which only stand in for the
-    executions the fault wasted, and the one new step that ends it. So a fault costs at least
-    ``recovery_s`` less one step, at any rate, give or take how much faster the steps computed again
-    ran than the rate: allowed for as :data:`STALL_RATE_SLACK` of their time (the spread of the
-    fault-free runs' rates). A cost below that says the rate it was taken against
-    (the run's own pre-fault rate with ``own_rate``, else the fault-free runs') is not the rate the run
-    went on at: the machine's drift between runs, or a pre-fault window that holds a cost paid once at
-    the start.
-    MaxText's rows (a local cost, bench/recovery_maxtext.py) are not judged here."""
-    if row.get("fault_cost_method") == "local":
-        return None
-    field = "fault_cost_own_rate_s" if own_rate else "fault_cost_s"
-    runs = [r for r in row_runs(rec, row) if not r.get("error")]
-    below = []
-    for r in runs:
-        step = r.get("pre_fault_seconds_per_step") if own_rate else row.get("fault_free_seconds_per_step")
-        if r.get(field) is None or r.get("recovery_s") is None or step is None:
-            continue
-        again = float(r.get("lost_steps") or 0) * float(step)
-        floor = float(r["recovery_s"]) - float(step) - STALL_RATE_SLACK * again
-        if float(r[field]) < floor:
-            below.append((float(r[field]), floor))
-    if not below:
-        return None
-    cost, floor = min(below, key=lambda x: x[0] - x[1])
-    basis = "its own pre-fault rate" if own_rate else "the fault-free runs' rate"
-    return (
-        f"{row.get('strategy')}: cost against {basis} below the run's own stall in {len(below)} of {len(runs)} "
-        f"runs (worst {round(cost, 3)} s against {round(floor, 3)} s, the fault to its first new step less one "
-        "step and the slack for steps computed again): that rate is not the one the run went on at"
-    )
-
-
-def own_rate_invalid(rec: dict[str, Any], row: dict[str, Any]) -> str | None:
-    """Why the row's own-rate cost cannot be judged (None when it can): every run has one, none below zero.
-
-    An example-trainer row's ``invalid_reason`` speaks of its cost against the fault-free runs' rate
-    (bench/recovery.py: a cost below zero there, or no reference run), which the own-rate cost does not
-    use; so where the own-rate basis is judged (the report's ratios, bench/goodput.py), that reason is
-    stated beside it instead, as MaxText's whole-run cost below zero is beside its local cost
-    (bench/recovery_maxtext.py ``_local_fields``)."""
-    if not row.get("runs") or row.get("status") == "not_run" or row.get("fault_cost_method") == "local":
-        return f"{row.get('strategy')}: no own-rate cost (no run, or a local cost instead)"
-    own = own_rate_costs(rec, row)
-    if len(own) != row.get("runs") or row.get("fault_cost_own_rate_runs") != row.get("runs"):
-        return f"{row.get('strategy')}: own-rate cost in {len(own)} of {row.get('runs')} runs"
-    if any(c < 0 for c in own):
-        return f"{row.get('strategy')}: own-rate cost below zero (lowest {round(min(own), 3)} s)"
-    return cost_below_stall(rec, row, own_rate=True)
-
-
-STEP_OVERHEAD_RESOLUTION = 0.02
-"""The step overhead the MaxText rows must resolve (issue 23: at most 2% a step). Every strategy does at least
-what plain MaxText does (elastic mode, local saves, the sidecar's hook and snapshots on top), so a strategy
-measured faster than plain by more than this measures the machine's drift between its runs, not itself; so
-does MaxText's rewind measured slower by more than this (:data:`REWIND_STEP_WORK`)."""
-
-
-REWIND_STEP_WORK = (
-    "MaxText's own elastic mode, which adds no work a step but reading which slices are up (maxtext 0.2.5 "
-    "trainers/pre_train/train.py: maybe_elastic_scale_up; pathwaysutils elastic/manager.py: "
-    "available_inactive_slices, set by a background thread every 10 s)"
-)
-"""Why the rewind's steady step must read as plain MaxText's, within what the rows resolve."""
-
-
-def step_times_drifted(rows: list[dict[str, Any]]) -> str | None:
-    """Why the steady step times of one period's MaxText rows cannot be compared (None when they can): a
-    strategy's ``step_overhead_fraction_median`` below ``-STEP_OVERHEAD_RESOLUTION`` (nothing does less work a
-    step than plain MaxText), or MaxText's rewind (``checkpoint_rewind``) off plain MaxText's by more than
-    ``STEP_OVERHEAD_RESOLUTION`` either way (:data:`REWIND_STEP_WORK`: it does the same work, to within an
-    attribute read). Its step overhead, the period cost built on it and a goodput that weighs steady step
-    times then measure drift, not the strategy (the rows' fault costs at the full-slice rate, read against
-    each run's own step time, still stand)."""
-    read = [
-        (float(r["step_overhead_fraction_median"]), str(r.get("strategy")), r)
-        for r in rows
-        if r.get("step_overhead_fraction_median") is not None
-    ]
-    below = sorted((o, s) for o, s, _ in read if o < -STEP_OVERHEAD_RESOLUTION)
-    above = sorted(
-        (o, s)
-        for o, s, r in read
-        if s == "checkpoint_rewind" and is_maxtext(r.get("trainer")) and o > STEP_OVERHEAD_RESOLUTION
-    )
-    if not below and not above:
-        return None
-    said = []
-    if below:
-        named = ", ".join(f"{s} {o:+.2%}" for o, s in below)
-        said.append(f"{named} against plain MaxText, which does no more work than any strategy")
-    if above:
-        named = ", ".join(f"{s} {o:+.2%}" for o, s in above)
-        said.append(f"{named} against plain MaxText, though it is {REWIND_STEP_WORK}")
-    return (
-        f"steady step times drifted: {'; '.join(said)}; the run's step times cannot resolve the "
-        f"{STEP_OVERHEAD_RESOLUTION:.0%} overheads compared"
-    )
 
 
 def portable_path(value: str) -> str:

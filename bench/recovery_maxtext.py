@@ -1,4 +1,4 @@
-"""Recovery on the real MaxText: ``python -m bench recovery --trainer maxtext``.
+"""Recovery on the real MaxText: ``python -m bench recovery``.
 
 One job (maxtext[tpu]==0.2.5 on the CPU, :mod:`simjob.maxtext`): the tests'
 tiny model (``--maxtext-model larger``: about ten times its parameters), eight

@@ -46,7 +46,7 @@ def run_bench(tmp_path: Path, name: str, *args: str, timeout: float = 300) -> di
     assert TOP <= set(stored) and name in stored["benchmarks"]
     assert all(r["benchmark"] == name for r in stored["results"])
     md = (docs / "benchmarks.md").read_text()
-    assert "## Targets" in md and data["git_sha"] in md
+    assert "# Benchmarks" in md and data["git_sha"][:12] in md
     return data
 
 
@@ -66,46 +66,6 @@ RECOVERY_FIELDS = {
     "fault_cost_seconds_p90",
     "recovery_seconds_median",
 }
-
-
-@pytest.mark.e2e
-def test_recovery_smoke(tmp_path: Path) -> None:
-    d = run_bench(
-        tmp_path,
-        "recovery",
-        "--repeats",
-        "1",
-        "--strategies",
-        "checkpoint_rewind,sidecar",
-        "--faults",
-        "kill",
-        "--trainer",
-        "example",
-        timeout=600,
-    )
-    rows = d["results"]
-    for r in rows:
-        assert RECOVERY_FIELDS <= set(r), r
-    example = [r for r in rows if r["trainer"] == "example"]
-    assert {r["strategy"] for r in example} == {"checkpoint_rewind", "sidecar"}
-    for r in example:
-        assert r["runs"] == 1 and r["fault"] == "kill", r
-        assert is_number(r["fault_cost_seconds_median"]) and is_number(r["lost_steps_median"]), r
-        assert r["donate"] is True
-    assert not [r for r in rows if r["trainer"] != "example"]  # MaxText: test_recovery_maxtext_smoke
-    assert any(x["baseline"] == "checkpoint_rewind" for x in d["ratios"])
-    # Goodput combines these rows (the inputs it would otherwise measure itself) and names their commit.
-    (tmp_path / "g").mkdir()
-    g = run_bench(
-        tmp_path / "g", "goodput", "--recovery-json", str(tmp_path / "recovery.json"), "--fault-mix", "kill=1"
-    )
-    assert {r["strategy"] for r in g["results"]} == {"checkpoint_rewind", "sidecar"}
-    for r in g["results"]:
-        assert r["trainer"] == "example" and r["faults_measured"] == ["kill"], r
-        assert 0 <= r["goodput"] <= 1 and is_number(r["steady_seconds_per_step"]), r
-    assert g["config"]["inputs_git_sha"] == d["git_sha"]
-    assert {p["strategy"] for p in g["projection"]} == {"checkpoint_rewind", "sidecar"}
-    assert "## Goodput" in (tmp_path / "g" / "docs" / "benchmarks.md").read_text()
 
 
 def test_scale_smoke(tmp_path: Path) -> None:
@@ -152,27 +112,6 @@ def test_scale_health_report_and_coordinator_restart_smoke(tmp_path: Path) -> No
     assert "Coordinator restart (SIGKILL under load" in md
 
 
-def test_flush_smoke(tmp_path: Path) -> None:
-    d = run_bench(tmp_path, "flush", "--sizes-mib", "4")
-    rows = [r for r in d["results"] if r.get("size_mib") == 4]
-    from bench.flush import METHODS, RAW_PARTS
-
-    assert {r["method"] for r in rows} == {*METHODS, *RAW_PARTS}  # every method the module declares, each timed
-    writers = ("raw_single", "raw_threads", "raw_pieces")
-    for r in rows:
-        assert r["runs"] == 3 and r["includes_device_to_host"] is (r["method"] not in writers), r
-        assert is_number(r["seconds_median"]) and r["seconds_min"] <= r["seconds_median"] <= r["seconds_max"]
-    # Interleaved: the four methods alternate within each run.
-    order = [
-        s["method"] for s in d["samples"] if s["method"] in ("raw", "orbax_zstd", "orbax_uncompressed", "orbax_fast")
-    ]
-    assert order[:4] != order[4:8], order
-    # The raw writer's parts are timed in every run, the copy apart from the writes.
-    assert sum(s["method"] == "device_to_host" for s in d["samples"]) == 3
-    sb = next(r for r in d["results"] if r["method"] == "step_boundary_idle")
-    assert is_number(sb["microseconds_median"])
-
-
 def test_detection_smoke(tmp_path: Path) -> None:
     d = run_bench(tmp_path, "detection")
     rows = {r["kind"]: r for r in d["results"]}
@@ -196,16 +135,12 @@ def test_footprint_smoke(tmp_path: Path) -> None:
 @pytest.mark.maxtext
 @pytest.mark.slow
 def test_recovery_maxtext_smoke(tmp_path: Path) -> None:
-    """``--trainer maxtext``, one run per row (a few minutes): the real MaxText under each strategy."""
+    """One run per row (a few minutes): the real MaxText under each strategy."""
     d = run_bench(
         tmp_path,
         "recovery",
-        "--trainer",
-        "maxtext",
         "--repeats",
         "1",
-        "--faults",
-        "kill",
         "--checkpoint-periods",
         "10",
         "--delays",
@@ -226,7 +161,5 @@ def test_recovery_maxtext_smoke(tmp_path: Path) -> None:
         assert is_number(r["params"]) and r["params"] > 0
     assert ran["sidecar"]["lost_steps_median"] == 0
     assert ran["sidecar"]["snapshot_ms_per_step_median"] > 0 and ran["sidecar"]["snapshot_cost_runs"] == 1
-    not_run = {r["strategy"] for r in rows if not r["runs"]}
-    assert not_run == {"memory_snapshot"}
     # The frequent local checkpoint (every 5 steps against the period's 10) loses fewer steps than the rewind.
     assert ran["local_checkpoint_rewind"]["lost_steps_max"] <= 5, ran["local_checkpoint_rewind"]

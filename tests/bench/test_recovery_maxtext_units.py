@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import recovery, recovery_maxtext
+from bench import recovery_maxtext
 from bench.recovery_maxtext import Job, analyse, fault_index, maxtext_flags, snapshot_cost, summarise
 
 
@@ -255,18 +255,18 @@ def test_snapshot_cost_needs_snapshots() -> None:
 
 
 def test_maxtext_rows_that_cannot_run_here_say_why_and_run_nothing(tmp_path: Path) -> None:
-    r = recovery.run(
-        quick=True,
-        workdir=tmp_path,
-        trainers=["maxtext"],
+    r = recovery_maxtext.run(
         strategies=["local_checkpoint_rewind", "memory_snapshot", "sidecar"],
-        faults=["hang", "notice"],
+        cases=[("hang", 20, 1.0), ("notice", 20, 1.0)],
+        runs=3,
+        seed=0,
+        root=tmp_path,
     )
-    rows = r["results"]
+    rows = r["rows"]
     assert {(x["strategy"], x["fault"]) for x in rows} == {
         (s, f) for s in ("local_checkpoint_rewind", "memory_snapshot", "sidecar") for f in ("hang", "notice")
     }
-    assert all(x["trainer"] == "maxtext" and x["runs"] == 0 and x["status"] == "not_run" for x in rows)
+    assert all(x["runs"] == 0 and x["status"] == "not_run" for x in rows)
     assert all(x["fault_cost_seconds_median"] is None and x["invalid_reason"] for x in rows)
     assert (
         "DeviceLossSimulator"
