@@ -123,7 +123,7 @@ def _common(params: float, hosts: int, step: Value, mtbi_hours: float, rebuild: 
             0.00034,
             "measured",
             "s",
-            "docs/maxtext.md: hook_seconds_per_step, python -m bench recovery --trainer maxtext",
+            "docs/maxtext.md: hook_seconds_per_step, python -m bench recovery",
         ),
         Input("multi_tier_extra_overhead", (0.0, 0.005), "swept", "fraction"),
         Input("recovery_success", (0.74, 1.0), "swept", "fraction", _SOAK),

@@ -56,8 +56,7 @@ def uncompressed_item_handlers(*names: str) -> dict[str, Any]:
 
     ``ocp.CheckpointManager(dir, options, item_handlers=uncompressed_item_handlers("state"))``, then
     save with ``ocp.args.Composite(state=ocp.args.PyTreeSave(tree))``. Whether it beats the default
-    (compressed) writer depends on the machine's disk and cores: ``python -m bench flush`` measures
-    both against a raw write + fsync.
+    (compressed) writer depends on the machine's disk and cores: zstd is the bottleneck on few cores.
     """
     import orbax.checkpoint as ocp
 
@@ -69,8 +68,7 @@ FAST_FLUSH_DATA_FILE_BYTES = 32 * 2**20
 2 GiB on a local file system and 400 MiB on GCS, MaxText's ``checkpoint_storage_target_data_file_size_bytes``
 2 GiB; https://google.github.io/tensorstore/kvstore/ocdbt/index.html, ``target_data_file_size``). With 2 GiB
 files a host's shards go to disk in a file or two, with 32 MiB files in many, written side by side,
-which brings uncompressed Orbax close to a raw write + fsync (``python -m bench flush``, its ``orbax_fast``
-row; docs/benchmarks.md). The cost is file count: a flush writes a file per 32 MiB of a host's shards instead of one or two."""
+which brings uncompressed Orbax close to a raw write + fsync. The cost is file count: a flush writes a file per 32 MiB of a host's shards instead of one or two."""
 
 
 def fast_flush_manager_options(**options: Any) -> Any:

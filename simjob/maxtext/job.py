@@ -5,7 +5,7 @@ The driving process runs in the main venv and hosts a real
 (:class:`Sidecar`); MaxText runs as a subprocess of the separate MaxText venv
 (:class:`MaxTextRun`), started through ``python -m trainer_hooks.maxtext`` or
 ``python -m simjob.maxtext`` (with :mod:`simjob.maxtext.cpu_elastic`).
-Used by tests/maxtext and ``python -m bench recovery --trainer maxtext``.
+Used by tests/maxtext and ``python -m bench recovery``.
 """
 
 from __future__ import annotations
