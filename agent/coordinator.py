@@ -98,6 +98,7 @@ from agent.core.model import (
     HoldTrainer,
     NodeNotice,
     Phase,
+    PrepareTrainer,
     ResumeSource,
     ResumeTrainer,
     State,
@@ -227,6 +228,9 @@ def _to_trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
             )
         case FlushTrainer():
             return trainer_pb2.SidecarCommand(flush=trainer_pb2.Flush(generation=a.generation, reason=a.reason))
+        case PrepareTrainer():
+            prepare = trainer_pb2.Prepare(generation=a.generation, active=sorted(a.active), reason=a.reason)
+            return trainer_pb2.SidecarCommand(prepare=prepare)
     return None
 
 
@@ -662,7 +666,7 @@ class Coordinator:
             log.warning("fenced: not carrying out", action=type(a).__name__, newer_epoch=self.fenced_by)
             return
         match a:
-            case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer():
+            case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer() | PrepareTrainer():
                 cmd = _to_trainer_command(a)
                 assert cmd is not None
                 self._steered = True
