@@ -33,6 +33,7 @@ from agent.core.model import (
     FlushTrainer,
     HoldTrainer,
     Phase,
+    PrepareTrainer,
     ResumeTrainer,
     State,
     TellWorkers,
@@ -353,7 +354,7 @@ class Coordinator:
             log.warning("fenced: not carrying out", action=type(a).__name__, newer_epoch=self.fenced_by)
             return
         match a:
-            case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer():
+            case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer() | PrepareTrainer():
                 self._steered = True
                 self.to_trainer.carry_out(a)
             case TellWorkers():

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from agent import constants as C
 from agent import log as logmod
-from agent.core.model import AbortTrainer, Action, FlushTrainer, HoldTrainer, ResumeSource, ResumeTrainer, TellWorkers
+from agent.core.model import (
+    AbortTrainer,
+    Action,
+    FlushTrainer,
+    HoldTrainer,
+    PrepareTrainer,
+    ResumeSource,
+    ResumeTrainer,
+    TellWorkers,
+)
 from agent.links import Link
 from agent.sources.heartbeat_datagrams import command_datagram, command_position
 from protos.elastic_sidecar.v1 import peer_pb2, trainer_pb2
@@ -49,11 +58,14 @@ def trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
             )
         case FlushTrainer():
             return trainer_pb2.SidecarCommand(flush=trainer_pb2.Flush(generation=a.generation, reason=a.reason))
+        case PrepareTrainer():
+            prepare = trainer_pb2.Prepare(generation=a.generation, active=sorted(a.active), reason=a.reason)
+            return trainer_pb2.SidecarCommand(prepare=prepare)
     return None
 
 
 class TrainerExecutor:
-    """Sends hold, resume, abort and flush to every attached trainer process, stamped with the epoch."""
+    """Sends hold, resume, abort, flush and prepare to every attached trainer process, stamped with the epoch."""
 
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord

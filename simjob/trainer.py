@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,9 @@ class Trainer:
         self._compiled: dict[tuple[int, ...], tuple[Any, Any, Any]] = {}
         """Slices -> (mesh, step function, batch sharding): each mesh's step is traced and compiled once,
         so growing back onto a mesh seen before (the 4-slice one of the start) costs no recompile."""
+        self._preparing: dict[tuple[int, ...], Future[tuple[Any, Any, Any]]] = {}
+        """Slices -> that mesh's step being compiled ahead, on the session's advice (``_prepare``)."""
+        self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-mesh")
         self.interval = SnapshotInterval(ns.snapshot_every, ceiling=ns.checkpoint_period)
         """When to snapshot: every ``--snapshot-every`` steps, or by measurement (``auto``)."""
         self._slot: tuple[float, bool, bool] | None = None
@@ -231,6 +235,7 @@ class Trainer:
             total_steps=ns.steps,
             flush=OrbaxFlusher(self.manager, self._save_args),
             snapshot=self._keep_in_memory,
+            prepare=self._prepare,
             on_event=self.events,
             elastic_timeout_seconds=ns.elastic_timeout_seconds,
         )
@@ -241,6 +246,7 @@ class Trainer:
         if self.sim is not None:
             self.sim.stop()
             self.sim = None
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
         self.runtime.stop()
         self.manager.close()
 
@@ -346,14 +352,36 @@ class Trainer:
 
         return tracked, batch_sh
 
-    def _mesh_and_step(self, slices: tuple[int, ...]) -> tuple[Any, Any, Any]:
-        """The mesh over ``slices`` and its compiled step, built on first use only."""
+    def _build(self, slices: tuple[int, ...]) -> tuple[Any, Any, Any]:
         from jax.sharding import Mesh
 
-        if slices not in self._compiled:
-            mesh = Mesh(self.np.array([self.slice_devices[s] for s in slices]), ("replica", "model"))
-            self._compiled[slices] = (mesh, *self._build_step_fn(mesh))
-        return self._compiled[slices]
+        mesh = Mesh(self.np.array([self.slice_devices[s] for s in slices]), ("replica", "model"))
+        return (mesh, *self._build_step_fn(mesh))
+
+    def _prepare(self, slices: tuple[int, ...]) -> Future[Any] | None:
+        """The session's prepare hook: compile the step of the mesh the job will run on next, on a thread
+        beside the steps (a TPU host's CPU is mostly idle during a step), so the resume onto it need not."""
+        if slices in self._compiled or not set(slices) <= set(self.slice_devices):
+            return None
+        if slices not in self._preparing:
+            self._preparing[slices] = self._prepare_pool.submit(self._build, slices)
+        return self._preparing[slices]
+
+    def _mesh_and_step(self, slices: tuple[int, ...]) -> tuple[tuple[Any, Any, Any], str]:
+        """The mesh over ``slices`` and its compiled step, built on first use only; and how it came:
+        "kept" (built before), "prepared" (compiled ahead on the session's advice) or "compiled" (now)."""
+        if slices in self._compiled:
+            return self._compiled[slices], "kept"
+        how = "compiled"
+        ahead = self._preparing.pop(slices, None)
+        try:
+            built = ahead.result() if ahead is not None else None
+            how = "prepared" if built is not None else how
+        except Exception as e:  # a compile ahead that failed is done again here, where its error would show
+            self.events("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
+            built = None
+        self._compiled[slices] = built if built is not None else self._build(slices)
+        return self._compiled[slices], how
 
     # -- state movement ----------------------------------------------------------
 
@@ -585,7 +613,7 @@ class Trainer:
         self._new_simulator()
         self.runtime.apply(self.sim, self.slice_devices)
         t_mesh = time.monotonic()
-        self.mesh, self.step_fn, self.batch_sh = self._mesh_and_step(tuple(d.active_slices))
+        (self.mesh, self.step_fn, self.batch_sh), program = self._mesh_and_step(tuple(d.active_slices))
         t_place = time.monotonic()
         program_ready_at = time.time()
         # The restore ladder, as the MaxText hook's: the live state's surviving replicas; else (donated into
@@ -653,7 +681,10 @@ class Trainer:
                 # (none when this mesh's is kept from before), then the state on the devices, from where.
                 "directive_t": directive_at,
                 "program_ready_t": program_ready_at,
+                # Seconds the resume spent on the program: a compile now, the rest of one started ahead
+                # ("prepared"), or nothing ("kept" from an earlier mesh).
                 "compile_seconds": round(t_place - t_mesh, 4),
+                "program": program,
                 "restored_t": restored_at,
                 "restore_source": restore_source,
                 "restore_bytes": nbytes_per_replica(self.state),

@@ -23,7 +23,10 @@ never counted), acknowledges, and blocks until resume or abort. A hold that
 asks for a snapshot instead (a drain whose state stays on the slices that
 remain) calls the trainer's ``snapshot`` hook, which makes its newest in-memory
 snapshot the held step's; a trainer without one, or whose hook cannot keep the
-state there, flushes instead. An abort
+state there, flushes instead. A prepare (the slices the job will run on next,
+sent when a drain is planned or begins) calls the trainer's ``prepare`` hook,
+which may build that mesh's program in the background; it is advice, never
+acknowledged, and a trainer without the hook ignores it. An abort
 raises :class:`AbortTraining` carrying the exit code (42: restart).
 
 The trainer guards itself: while it is blocked on the sidecar (waiting to
@@ -65,6 +68,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
@@ -143,6 +147,16 @@ SnapshotKeeper = Callable[[int, frozenset[int]], str]
 from) holds ``step`` on the slices not leaving, nothing written to storage; else why it cannot (then a flush)."""
 
 
+MeshPreparer = Callable[[tuple[int, ...]], "Future[object] | None"]
+"""``(slices) -> future or None``: start building the program for the mesh over ``slices`` (sorted), the one the job
+will run on next, and return at once (a background compile) with its future, so that the resume onto that mesh finds
+it ready; None when nothing is being built (already built, or not possible)."""
+PREPARE_HOLD_WAIT_SECONDS = 10.0
+"""A drain's hold from memory waits at most this long, training on, for the next mesh's program being built: steps
+on the full mesh are worth more than a stall. Well inside the shortest notice lead (a Spot VM's 30 s): the hold
+still acknowledges, with the snapshot, before the host goes; a longer compile goes on through the hold."""
+
+
 class Flusher(Protocol):
     """Makes ``step`` durable and returns the newest committed step.
 
@@ -187,7 +201,7 @@ class ElasticSettings:
 
 
 _SOURCE_NAMES = {trainer_pb2.Resume.MEMORY: "memory", trainer_pb2.Resume.CHECKPOINT: "checkpoint"}
-_CommandBody = trainer_pb2.Hold | trainer_pb2.Resume | trainer_pb2.Flush | trainer_pb2.Abort
+_CommandBody = trainer_pb2.Hold | trainer_pb2.Resume | trainer_pb2.Flush | trainer_pb2.Abort | trainer_pb2.Prepare
 
 
 class ElasticSession:
@@ -202,6 +216,7 @@ class ElasticSession:
         process_index: int = 0,
         process_count: int = 1,
         report_interval: float = REPORT_INTERVAL,
+        prepare: MeshPreparer | None = None,
     ) -> None:
         self._link = link
         self.report_interval = max(0.0, float(report_interval))
@@ -224,6 +239,9 @@ class ElasticSession:
         self._abort_grace = 0.0
         self._flush = flush
         self._snapshot = snapshot
+        self._prepare = prepare
+        self._preparing: tuple[tuple[int, ...], Future[object], float] | None = None
+        """The mesh being prepared on the sidecar's advice: its slices, its future and when it started."""
         self._on_event = on_event if on_event is not None else (lambda kind, fields: None)
         self.elastic_timeout_seconds = (
             float(elastic_timeout_seconds) if elastic_timeout_seconds > 0 else DEFAULT_ELASTIC_TIMEOUT
@@ -261,6 +279,7 @@ class ElasticSession:
         flush: Flusher | None = None,
         on_event: Callable[[str, dict[str, object]], None] | None = None,
         snapshot: SnapshotKeeper | None = None,
+        prepare: MeshPreparer | None = None,
         token: str | None = None,
         token_file: str | None = None,
         elastic_timeout_seconds: float | None = None,
@@ -312,6 +331,7 @@ class ElasticSession:
             link,
             flush=flush,
             snapshot=snapshot,
+            prepare=prepare,
             on_event=on_event,
             elastic_timeout_seconds=elastic_timeout_seconds,
             process_index=process_index,
@@ -360,7 +380,7 @@ class ElasticSession:
 
     def step_boundary(self, step: int) -> Directive | None:
         """Call between steps (``step``: steps completed). Returns a Directive after a hold/resume cycle."""
-        if not self._link.inbox and (self._deferred is None or step < self._deferred.hold.at_step):
+        if not self._link.inbox and (self._deferred is None or not self._deferred_due(step)):
             return None
         self.step = step
         return self._drain(step)
@@ -529,7 +549,7 @@ class ElasticSession:
             if d is not None:
                 directive = d
         deferred = self._deferred
-        if deferred is not None and step >= deferred.hold.at_step:
+        if deferred is not None and self._deferred_due(step):
             self._deferred = None
             d = self._handle(deferred, step)
             if d is not None:
@@ -632,6 +652,9 @@ class ElasticSession:
         if kind == "flush":
             self._on_flush(body, step)
             return None
+        if kind == "prepare":
+            self._on_prepare(body)
+            return None
         if kind == "abort":
             # Not in a multi-controller job: a save there is collective and would
             # block on a dead peer (an announced disruption was flushed by its hold).
@@ -651,7 +674,7 @@ class ElasticSession:
         if cmd.epoch > self.epoch or not self.epoch_proof:
             self.epoch_coordinator, self.epoch_proof = cmd.epoch_coordinator, cmd.epoch_proof
         self.epoch = cmd.epoch
-        if body.generation < self.generation or body.generation <= newer_than and kind != "abort":
+        if body.generation < self.generation or body.generation <= newer_than and kind not in ("abort", "prepare"):
             self._on_event("stale_command", {"kind": kind, "generation": body.generation, "current": self.generation})
             return False
         return True
@@ -659,11 +682,20 @@ class ElasticSession:
     def _on_hold(
         self, cmd: trainer_pb2.SidecarCommand, body: trainer_pb2.Hold, step: int, at_boundary: bool
     ) -> Directive | None:
-        if at_boundary and body.at_step > step and not self.held:
+        if at_boundary and not self.held and (body.at_step > step or self._awaits_prepare(body)):
             # Not there yet: every process of a multi-controller job stops at
-            # the same boundary, so train on until step at_step is complete.
+            # the same boundary, so train on until step at_step is complete;
+            # a drain from memory trains on while the next mesh's program is built.
             self._deferred = cmd
-            self._on_event("hold_deferred", {"generation": body.generation, "step": step, "at_step": body.at_step})
+            self._on_event(
+                "hold_deferred",
+                {
+                    "generation": body.generation,
+                    "step": step,
+                    "at_step": body.at_step,
+                    "until": "step" if body.at_step > step else "prepared",
+                },
+            )
             return None
         self._deferred = None
         self.generation = body.generation
@@ -734,6 +766,35 @@ class ElasticSession:
             body.reason,
             self._down,
         )
+
+    def _deferred_due(self, step: int) -> bool:
+        """Whether the deferred hold is due at ``step``: its step reached and no prepare to wait for."""
+        assert self._deferred is not None
+        return step >= self._deferred.hold.at_step and not self._awaits_prepare(self._deferred.hold)
+
+    def _awaits_prepare(self, body: trainer_pb2.Hold) -> bool:
+        """A drain from memory waits, training on, for the program of exactly the mesh it leaves being built
+        (at most :data:`PREPARE_HOLD_WAIT_SECONDS`); a hold that flushes or a failure's hold does not."""
+        p = self._preparing
+        if p is None or body.flush or not body.snapshot or p[1].done():
+            return False
+        remaining = tuple(sorted(set(self.active_slices) - set(body.down_slices)))
+        return p[0] == remaining and time.monotonic() - p[2] < PREPARE_HOLD_WAIT_SECONDS
+
+    def _on_prepare(self, body: trainer_pb2.Prepare) -> None:
+        """Advice: the job will next run on ``body.active``; the hook may build that mesh's program now."""
+        slices = tuple(sorted(body.active))
+        if self._prepare is None:
+            self._on_event("prepare_ignored", {"slices": list(slices), "why": "this trainer has no prepare hook"})
+            return
+        try:
+            future = self._prepare(slices)
+        except Exception as e:  # advice that fails must not stop training: the resume compiles then
+            self._on_event("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
+            return
+        if future is not None:
+            self._preparing = (slices, future, time.monotonic())
+        self._on_event("prepare", {"generation": body.generation, "slices": list(slices), "reason": body.reason})
 
     def _on_flush(self, body: trainer_pb2.Flush, step: int) -> None:
         t0 = time.monotonic()

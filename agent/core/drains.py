@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.core.model import Decision, State, TrainerView, _frozen
+from agent.core.model import Decision, Phase, State, TrainerView, _frozen
 from agent.core.transitions import fmt, replace, start_hold
 
 NOTICE_STALE_SECONDS = 600.0
@@ -43,6 +43,27 @@ def flush_why(state: State, remaining: frozenset[int]) -> str:
             "slice, and a wait past elastic_timeout_seconds restarts from storage"
         )
     return ""
+
+
+def next_mesh(state: State) -> frozenset[int] | None:
+    """The slices a drain will leave the job on next, when one will shrink it (None otherwise).
+
+    A notice names the slices that go, so this mesh is known for its whole lead: the trainer may build its
+    program meanwhile (:class:`agent.core.model.PrepareTrainer`). Of several planned drains only the earliest
+    is next. None for a job that does not run, that cannot shrink, or that the drain would leave below
+    ``min_slices`` (it waits for the slice then, on no smaller mesh).
+    """
+    p = state.policy
+    if state.phase.terminal or state.phase == Phase.STARTING or p.multi_controller or not state.active:
+        return None
+    going: set[int] = set()
+    if state.planned:
+        first = min(d.since for d in state.planned.values())
+        going = {s for s, d in state.planned.items() if d.since == first}
+    remaining = (state.active & state.up_slices()) - going
+    if not remaining or remaining == state.active or len(remaining) < p.min_slices:
+        return None
+    return remaining
 
 
 def expected_flush(t: TrainerView) -> tuple[float, int, float] | None:

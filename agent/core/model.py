@@ -823,6 +823,16 @@ class ResumeTrainer:
 
 
 @dataclass(frozen=True)
+class PrepareTrainer:
+    """Advice: the job will next run on exactly ``active`` (a drain was planned or began); the trainer may
+    build that mesh's program now, so the resume onto it need not compile. Never acknowledged."""
+
+    generation: int
+    active: frozenset[int]
+    reason: str
+
+
+@dataclass(frozen=True)
 class AbortTrainer:
     generation: int
     reason: str
@@ -852,7 +862,7 @@ class ExitCoordinator:
     reason: str
 
 
-Action = HoldTrainer | ResumeTrainer | AbortTrainer | FlushTrainer | TellWorkers | ExitCoordinator
+Action = HoldTrainer | ResumeTrainer | PrepareTrainer | AbortTrainer | FlushTrainer | TellWorkers | ExitCoordinator
 
 
 @dataclass(frozen=True)

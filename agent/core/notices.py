@@ -5,18 +5,28 @@ A notice is never a failure: only a host actually lost is. docs/design.md has th
 
 from __future__ import annotations
 
-from agent.core.drains import NOTICE_STALE_SECONDS, hosts_healthy, notice_end, plan_begin
+from agent.core.drains import NOTICE_STALE_SECONDS, hosts_healthy, next_mesh, notice_end, plan_begin
 from agent.core.evaluate import evaluate
-from agent.core.model import Decision, Drain, NodeNotice, State, _frozen
+from agent.core.model import Decision, Drain, NodeNotice, PrepareTrainer, State, _frozen
 from agent.core.transitions import fmt, replace
 
 
 def node_notice(state: State, ev: NodeNotice, now: float) -> Decision:
     d = _node_notice(state, ev, now)
-    if d.actions or not any(p.since <= now for p in d.state.planned.values()):
+    if not d.actions and any(p.since <= now for p in d.state.planned.values()):
+        # A notice that changes nothing still begins a planned drain that is due, as a tick would.
+        d = replace(evaluate(d.state, now, d.reason), outcome=d.outcome)
+    return _with_prepare(state, d)
+
+
+def _with_prepare(before: State, d: Decision) -> Decision:
+    """Tell the trainer first which slices the job will run on next when the notice changed them: it may
+    build that mesh's program during the lead (and the hold), so the resume onto it need not compile."""
+    nxt = next_mesh(d.state)
+    if nxt is None or nxt == next_mesh(before):
         return d
-    # A notice that changes nothing still begins a planned drain that is due, as a tick would.
-    return replace(evaluate(d.state, now, d.reason), outcome=d.outcome)
+    why = f"the job will next run on slice(s) {fmt(nxt)}: prepare that mesh's program"
+    return replace(d, actions=(PrepareTrainer(d.state.generation, nxt, why), *d.actions))
 
 
 def _node_notice(state: State, ev: NodeNotice, now: float) -> Decision:

@@ -12,6 +12,7 @@ from agent.core.model import (
     HoldTrainer,
     OperatorCommand,
     Phase,
+    PrepareTrainer,
     ResumeTrainer,
     Tick,
     TrainerHeld,
@@ -20,7 +21,7 @@ from agent.core.model import (
     WorkerLost,
 )
 from tests.core.driver import Job as _Job
-from tests.core.driver import Policy, one
+from tests.core.driver import Policy, kinds, one
 
 
 class Job(_Job):
@@ -78,7 +79,9 @@ def test_scheduled_window_drains_at_its_start_minus_the_lead_time() -> None:
     job = scheduled_job(lead=120.0)
     start = job.now + 1000.0
     d = job.notice(node="node-1", starts_at=start, event_time=10.0)
-    assert d.actions == () and job.state.phase == Phase.RUNNING
+    # Only advice for now: the mesh the job will run on next, so its program is built during the lead.
+    assert kinds(d) == [PrepareTrainer] and job.state.phase == Phase.RUNNING
+    assert one(d, PrepareTrainer).active == frozenset({0, 2, 3})
     assert job.state.planned[1].since == start - 120.0 and 1 not in job.state.drains
     assert "draining slice(s) [1] in 880 s" in d.reason
     d = job.feed(Tick(), dt=start - 120.0 - job.now - 0.5)  # not yet

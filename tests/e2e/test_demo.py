@@ -92,6 +92,10 @@ def test_kill_continues_on_survivors_then_grows_back(tmp_path: Path) -> None:
     assert f["phase_restores"]["grow"] is not None, f
     assert s["startup_seconds"] > 0 and 0 < s["training_goodput"] <= 1, s
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # An unannounced loss compiles the smaller mesh's step on the resume; the grow keeps the full mesh's
+    # program from the start, so it compiles nothing.
+    programs = [(e["slices"], e["program"]) for e in trainer_events(tmp_path) if e["kind"] == "resumed"]
+    assert programs[:3] == [([0, 1, 2, 3], "compiled"), ([0, 2, 3], "compiled"), ([0, 1, 2, 3], "kept")], programs
 
 
 def test_min_slices_all_holds_until_replacement_with_no_lost_steps(tmp_path: Path) -> None:

@@ -49,6 +49,12 @@ def test_a_notice_drain_goes_on_from_memory_with_nothing_written(tmp_path: Path)
     hold = next(j for j in journal if any(a["type"] == "HoldTrainer" for a in j["actions"]) and j["time"] >= f["time"])
     assert "nothing to storage" in hold["reason"] and "with snapshot" in hold["reason"], hold["reason"]
     assert s["final_step"] == 60, out[-2000:]
+    # The notice named the slices that remain: their mesh's step was compiled ahead, beside the steps on four
+    # slices (the hold waited for it, training on), so the resume compiled nothing.
+    prepare = next(j for j in journal if any(a["type"] == "PrepareTrainer" for a in j["actions"]))
+    assert prepare["time"] <= hold["time"], (prepare, hold)
+    (resumed,) = [e for e in tev if e["kind"] == "resumed" and e["t"] > held["t"]]
+    assert resumed["slices"] == [0, 2, 3] and resumed["program"] == "prepared", resumed
 
 
 @pytest.mark.e2e

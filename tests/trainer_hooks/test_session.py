@@ -562,3 +562,94 @@ def test_a_trainer_without_a_snapshot_hook_flushes_a_snapshot_hold() -> None:
     link, flushed, events = _hold_then_resume(None)
     assert flushed == [7]
     assert any(k == "snapshot_unavailable" and "no in-memory snapshot" in f["why"] for k, f in events), events
+
+
+# ---------------------------------------------------------------------------
+# the next mesh prepared on the sidecar's advice
+# ---------------------------------------------------------------------------
+
+
+def _prepare_cmd(slices: list[int], generation: int = 1) -> trainer_pb2.SidecarCommand:
+    return trainer_pb2.SidecarCommand(prepare=trainer_pb2.Prepare(generation=generation, active=slices, reason="r"))
+
+
+def _preparing_session(future: Any) -> tuple[RecordingLink, ElasticSession, list[tuple[int, ...]], list[tuple]]:
+    """A session training on slices 0-3 at generation 1 whose prepare hook records its calls and returns ``future``."""
+    link = RecordingLink()
+    asked: list[tuple[int, ...]] = []
+    events: list[tuple] = []
+    session = ElasticSession(
+        link,
+        snapshot=lambda step, leaving: "",
+        prepare=lambda slices: asked.append(slices) or future,
+        on_event=lambda k, f: events.append((k, f)),
+        report_interval=0.0,
+    )
+    session.generation, session.active_slices = 1, (0, 1, 2, 3)
+    session.elastic_timeout_seconds = 5.0  # a test that goes wrong waits for no resume long
+    return link, session, asked, events
+
+
+def test_a_prepare_calls_the_hook_with_the_slices_and_goes_on_training() -> None:
+    from concurrent.futures import Future
+
+    done: Future[object] = Future()
+    done.set_result(None)
+    link, session, asked, events = _preparing_session(done)
+    link.inbox.append(_prepare_cmd([3, 0, 2]))
+    assert session.step_boundary(5) is None  # advice: no hold, nothing acknowledged
+    assert asked == [(0, 2, 3)] and link.sent == []
+    assert any(k == "prepare" and f["slices"] == [0, 2, 3] for k, f in events), events
+
+
+def test_a_drain_from_memory_trains_on_while_the_next_mesh_is_built_then_holds() -> None:
+    from concurrent.futures import Future
+
+    building: Future[object] = Future()
+    link, session, asked, events = _preparing_session(building)
+    hold = trainer_pb2.Hold(generation=2, snapshot=True, down_slices=[1], reason="drain")
+    link.inbox.extend([_prepare_cmd([0, 2, 3], 2), trainer_pb2.SidecarCommand(hold=hold)])
+    assert session.step_boundary(5) is None and session.step_boundary(6) is None  # still building: train on
+    assert not [m for m in link.sent if m.HasField("held")]
+    assert any(k == "hold_deferred" and f["until"] == "prepared" for k, f in events), events
+    building.set_result(None)
+    resume = trainer_pb2.Resume(generation=2, active_slices=[0, 2, 3], source=trainer_pb2.Resume.MEMORY)
+    sent = link.send
+
+    def answer(msg: trainer_pb2.TrainerMessage) -> None:  # the coordinator resumes once the trainer is held
+        sent(msg)
+        if msg.HasField("held"):
+            link.inbox.append(trainer_pb2.SidecarCommand(resume=resume))
+
+    link.send = answer  # type: ignore[method-assign]
+    d = session.step_boundary(7)  # built: the hold is carried out at this boundary
+    assert d is not None and d.active_slices == (0, 2, 3)
+    (held,) = [m.held for m in link.sent if m.HasField("held")]
+    assert held.step == 7
+
+
+def test_a_hold_for_another_mesh_or_with_a_flush_does_not_wait_for_a_prepare() -> None:
+    from concurrent.futures import Future
+
+    for hold in (
+        trainer_pb2.Hold(generation=2, snapshot=True, down_slices=[2], reason="another slice goes"),
+        trainer_pb2.Hold(generation=2, flush=True, down_slices=[1], reason="a flush"),
+    ):
+        link, session, asked, events = _preparing_session(Future())
+        resume = trainer_pb2.Resume(generation=2, active_slices=[0, 3], source=trainer_pb2.Resume.MEMORY)
+        cmds = [_prepare_cmd([0, 2, 3], 2), trainer_pb2.SidecarCommand(hold=hold)]
+        link.inbox.extend([*cmds, trainer_pb2.SidecarCommand(resume=resume)])
+        assert session.step_boundary(5) is not None, hold
+        assert [m.held.step for m in link.sent if m.HasField("held")] == [5]
+
+
+def test_a_prepare_hook_that_fails_or_is_missing_never_stops_training() -> None:
+    link, session, asked, events = _preparing_session(None)
+    session._prepare = lambda slices: 1 / 0
+    link.inbox.append(_prepare_cmd([0, 1]))
+    assert session.step_boundary(5) is None
+    assert any(k == "prepare_failed" and "ZeroDivisionError" in f["error"] for k, f in events), events
+    bare = ElasticSession(RecordingLink(), on_event=lambda k, f: events.append((k, f)), report_interval=0.0)
+    bare._link.inbox.append(_prepare_cmd([0, 1]))
+    assert bare.step_boundary(5) is None
+    assert any(k == "prepare_ignored" for k, f in events), events

@@ -189,12 +189,23 @@ class Abort(_message.Message):
     reason: str
     def __init__(self, generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class Prepare(_message.Message):
+    __slots__ = ("active", "generation", "reason")
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    active: _containers.RepeatedScalarFieldContainer[int]
+    generation: int
+    reason: str
+    def __init__(self, active: _Optional[_Iterable[int]] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class SidecarCommand(_message.Message):
-    __slots__ = ("hold", "resume", "flush", "abort", "epoch", "epoch_coordinator", "epoch_proof")
+    __slots__ = ("hold", "resume", "flush", "abort", "prepare", "epoch", "epoch_coordinator", "epoch_proof")
     HOLD_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCH_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_PROOF_FIELD_NUMBER: _ClassVar[int]
@@ -202,7 +213,8 @@ class SidecarCommand(_message.Message):
     resume: Resume
     flush: Flush
     abort: Abort
+    prepare: Prepare
     epoch: int
     epoch_coordinator: str
     epoch_proof: bytes
-    def __init__(self, hold: _Optional[_Union[Hold, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., epoch: _Optional[int] = ..., epoch_coordinator: _Optional[str] = ..., epoch_proof: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, hold: _Optional[_Union[Hold, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., prepare: _Optional[_Union[Prepare, _Mapping]] = ..., epoch: _Optional[int] = ..., epoch_coordinator: _Optional[str] = ..., epoch_proof: _Optional[bytes] = ...) -> None: ...
