@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Status = Literal["straggler", "suspect", "healthy", "blind", "job_wide"]
 
@@ -238,165 +238,211 @@ def _unchanged(state: DetectorState, window: WindowSummary, why: str) -> Detecti
     return Detection(state, tuple(out), why)
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """What one counted window says, before any slice's memory is consulted."""
+
+    step: float
+    slowdown: float | None
+    """Step time over the baseline, less one; None until the baseline is long enough."""
+    slow: bool
+    lateness: Mapping[int, float]
+    standing: frozenset[int]
+    """Slices that stand out this window, after the majority and two-slice rules."""
+    note: str
+    """Why a late slice was not counted as standing out, or empty."""
+    second: Mapping[int, str]
+    """The second signal of each standing slice, where two slices are seen."""
+
+
+class _Turn(NamedTuple):
+    on: bool
+    since: float | None
+    entered: bool
+    left: bool
+
+
+def _turn(on: bool, since: float | None, hits: tuple[bool, ...], now: float, t: Thresholds) -> _Turn:
+    """k-of-n with hysteresis: on at ``enter_hits`` of the last windows, off at ``leave_hits`` or fewer."""
+    n = sum(hits)
+    entered = not on and n >= t.enter_hits
+    left = on and n <= t.leave_hits
+    return _Turn((on or entered) and not left, now if entered else (None if left else since), entered, left)
+
+
+def _slowdown(state: DetectorState, step: float, t: Thresholds) -> float | None:
+    if len(state.baseline) < t.baseline_min:
+        return None
+    return step / statistics.median(state.baseline) - 1
+
+
+def _lateness(seen: Mapping[int, SliceSummary], step: float) -> dict[int, float]:
+    """The others' median wait less this slice's, as a share of the step."""
+    waits = {i: s.collective_wait_seconds for i, s in seen.items() if s.collective_wait_seconds is not None}
+    if len(waits) < 2:
+        return {}
+    return {i: (statistics.median(x for j, x in waits.items() if j != i) - w) / step for i, w in waits.items()}
+
+
+def _two_slice_rule(
+    seen: Mapping[int, SliceSummary], standing: set[int], t: Thresholds
+) -> tuple[frozenset[int], str, dict[int, str]]:
+    """With two slices seen, lateness cannot say which side is at fault: keep only a late slice
+    that has a second signal."""
+    kept, note, second = set(standing), "", {}
+    for i in list(standing):
+        sig = seen[i].second_signal(t)
+        if sig is None:
+            kept.discard(i)
+            note = f"slice {i} is late, but with two slices seen lateness needs a second signal and none came"
+        else:
+            second[i] = sig
+    return frozenset(kept), note, second
+
+
+def _standing_out(
+    seen: Mapping[int, SliceSummary], lateness: Mapping[int, float], t: Thresholds
+) -> tuple[frozenset[int], str, dict[int, str]]:
+    """The slices late enough to stand out, a note on any late slice left out, and second signals."""
+    standing = {i for i, x in lateness.items() if x >= t.lateness_min}
+    if standing and 2 * len(standing) > len(seen):
+        return frozenset(), f"slices {sorted(standing)} all stand out, which is no one slice's lateness", {}
+    if len(seen) != 2:
+        return frozenset(standing), "", {}
+    return _two_slice_rule(seen, standing, t)
+
+
+def _evidence(state: DetectorState, window: WindowSummary, step: float, t: Thresholds) -> _Evidence:
+    seen = {s.slice: s for s in window.slices if s.seen}
+    slowdown = _slowdown(state, step, t)
+    lateness = _lateness(seen, step)
+    standing, note, second = _standing_out(seen, lateness, t)
+    slow = slowdown is not None and slowdown >= t.slowdown_min
+    return _Evidence(step, slowdown, slow, lateness, standing, note, second)
+
+
+def _blind_finding(i: int, tr: SliceTrack) -> Finding:
+    tail = f"; a straggler since {tr.since:g}" if tr.straggler else ""
+    why = f"blind: its metrics could not be read this window{tail}"
+    return Finding("slice", i, "blind", why, hits=sum(tr.hits), counted=len(tr.hits), since=tr.since)
+
+
+def _no_baseline_finding(i: int, tr: SliceTrack, ev: _Evidence) -> Finding:
+    why = (
+        "no baseline step time yet"
+        + (": the job has had too few windows without a late slice" if i in ev.standing else "")
+        + ", so nothing counts"
+    )
+    return Finding("slice", i, _standing(tr), why, ev.lateness.get(i), None, sum(tr.hits), len(tr.hits), tr.since)
+
+
+def _lateness_why(i: int, ev: _Evidence, slowdown: float, hit: bool, t: Thresholds) -> str:
+    late = ev.lateness.get(i)
+    if hit:
+        why = f"arrived {late:.0%} of the step late while the step ran {slowdown:.0%} over its baseline"
+        return why + (f", with {ev.second[i]}" if i in ev.second else "")
+    if i in ev.standing:
+        return f"arrived {late:.0%} of the step late but the step ran only {slowdown:.0%} over its baseline"
+    if late is not None and late >= t.lateness_min:
+        return f"arrived {late:.0%} of the step late, but {ev.note}"
+    return "not late at the collective" + (f" ({ev.note})" if ev.note else "")
+
+
+def _count_slice(
+    i: int, tr: SliceTrack, ev: _Evidence, slowdown: float, now: float, t: Thresholds
+) -> tuple[SliceTrack, Finding]:
+    """A seen slice in a counted window: remember whether it stood out and judge it on its last windows."""
+    hit = i in ev.standing and ev.slow
+    hits = _push(tr.hits, hit, t.windows)
+    slowdowns = _push(tr.slowdowns, slowdown, t.windows) if hit else tr.slowdowns
+    n_hits = sum(hits)
+    turn = _turn(tr.straggler, tr.since, hits, now, t)
+    track = SliceTrack(hits, slowdowns if not turn.left else (), turn.on, turn.since)
+    why = _lateness_why(i, ev, slowdown, hit, t) + f"; stood out in {n_hits} of the last {len(hits)} counted windows"
+    if turn.entered:
+        why = f"straggler: {why} (enters at {t.enter_hits})"
+    elif turn.left:
+        why = f"recovered: {why} (leaves at {t.leave_hits} or fewer)"
+    status: Status = "straggler" if turn.on else "suspect" if n_hits else "healthy"
+    shown = statistics.median(slowdowns) if turn.on and slowdowns else slowdown
+    finding = Finding(
+        "slice", i, status, why, ev.lateness.get(i), shown, n_hits, len(hits), turn.since, turn.entered, turn.left
+    )
+    return track, finding
+
+
+def _judge_slice(
+    s: SliceSummary, tr: SliceTrack, ev: _Evidence, now: float, t: Thresholds
+) -> tuple[SliceTrack, Finding]:
+    if not s.seen:
+        return tr, _blind_finding(s.slice, tr)
+    if ev.slowdown is None:
+        return tr, _no_baseline_finding(s.slice, tr, ev)
+    return _count_slice(s.slice, tr, ev, ev.slowdown, now, t)
+
+
+def _job_finding(state: DetectorState, why: str, slowdown: float | None) -> Finding:
+    status: Status = "job_wide" if state.job_wide else "healthy"
+    hits = state.job_hits
+    return Finding("job", None, status, why, None, slowdown, sum(hits), len(hits), state.job_since)
+
+
+def _judge_job(
+    state: DetectorState, ev: _Evidence, blind: list[int], now: float, t: Thresholds
+) -> tuple[DetectorState, Finding]:
+    """A slowdown that no slice explains is job-wide, but only when every slice was seen (a blind
+    slice may be the one that is late)."""
+    slowdown = ev.slowdown
+    if slowdown is None:
+        return state, _job_finding(state, "no baseline step time yet", None)
+    if blind and ev.slow and not ev.standing:
+        why = f"the step ran {slowdown:.0%} over its baseline, but slices {blind} are blind and may be the cause"
+        return state, _job_finding(state, why, slowdown)
+    job_hit = ev.slow and not ev.standing
+    job_hits = _push(state.job_hits, job_hit, t.windows)
+    turn = _turn(state.job_wide, state.job_since, job_hits, now, t)
+    if job_hit:
+        why = f"the step ran {slowdown:.0%} over its baseline on every slice alike"
+    elif ev.standing:
+        why = f"slices {sorted(ev.standing)} late at the collective explain the step's {slowdown:+.0%}"
+    else:
+        why = f"the step ran {slowdown:+.0%} against its baseline"
+    why += f"; job-wide in {sum(job_hits)} of the last {len(job_hits)} counted windows"
+    new = replace(state, job_hits=job_hits, job_wide=turn.on, job_since=turn.since)
+    return new, _job_finding(new, why, slowdown)
+
+
+def _next_baseline(state: DetectorState, ev: _Evidence, blind: list[int], t: Thresholds) -> tuple[float, ...]:
+    """Only a normal window (no slice standing out, no slowdown, nothing blind) sets the pace."""
+    if ev.standing or ev.slow or blind:
+        return state.baseline
+    return _push(state.baseline, ev.step, t.baseline_windows)
+
+
+def _reason(findings: list[Finding], job_wide: bool, blind: list[int]) -> str:
+    stragglers = [f.slice for f in findings if f.status == "straggler"]
+    said = f"stragglers {stragglers}" if stragglers else "job-wide slowdown" if job_wide else "no straggler"
+    return said + (f"; blind {blind}" if blind else "")
+
+
 def detect(state: DetectorState, window: WindowSummary, now: float, t: Thresholds = DEFAULT_THRESHOLDS) -> Detection:
     """One window's findings, and the state for the next window."""
     state = _follow_membership(state, window)
     skipped = window.disturbances()
     if skipped:
         return _unchanged(state, window, f"window skipped, it held a {' and a '.join(skipped)}: counts neither way")
-    if window.step_seconds is None or window.step_seconds <= 0:
+    step = window.step_seconds
+    if step is None or step <= 0:
         return _unchanged(state, window, "window skipped: the trainer reported no step time in it")
 
-    seen = {s.slice: s for s in window.slices if s.seen}
-    step = window.step_seconds
-    slowdown = step / statistics.median(state.baseline) - 1 if len(state.baseline) >= t.baseline_min else None
-    slow = slowdown is not None and slowdown >= t.slowdown_min
-
-    # Lateness: the others' median wait less this slice's, as a share of the step.
-    lateness: dict[int, float] = {}
-    waits = {s.slice: s.collective_wait_seconds for s in seen.values() if s.collective_wait_seconds is not None}
-    if len(waits) >= 2:
-        for i, w in waits.items():
-            lateness[i] = (statistics.median(x for j, x in waits.items() if j != i) - w) / step
-    standing = {i for i, x in lateness.items() if x >= t.lateness_min}
-    note = ""
-    if standing and 2 * len(standing) > len(seen):
-        note = f"slices {sorted(standing)} all stand out, which is no one slice's lateness"
-        standing = set()
-    second: dict[int, str] = {}
-    if len(seen) == 2:
-        for i in list(standing):
-            sig = seen[i].second_signal(t)
-            if sig is None:
-                standing.discard(i)
-                note = f"slice {i} is late, but with two slices seen lateness needs a second signal and none came"
-            else:
-                second[i] = sig
-
-    findings: list[Finding] = []
+    ev = _evidence(state, window, step, t)
     tracks = dict(state.slices)
+    findings: list[Finding] = []
     for s in sorted(window.slices, key=lambda s: s.slice):
-        i = s.slice
-        tr = tracks[i]
-        if not s.seen:
-            tail = f"; a straggler since {tr.since:g}" if tr.straggler else ""
-            findings.append(
-                Finding(
-                    "slice",
-                    i,
-                    "blind",
-                    f"blind: its metrics could not be read this window{tail}",
-                    hits=sum(tr.hits),
-                    counted=len(tr.hits),
-                    since=tr.since,
-                )
-            )
-            continue
-        late = lateness.get(i)
-        if slowdown is None:
-            why = (
-                "no baseline step time yet"
-                + (": the job has had too few windows without a late slice" if i in standing else "")
-                + ", so nothing counts"
-            )
-            findings.append(
-                Finding(
-                    "slice",
-                    i,
-                    _standing(tr),
-                    why,
-                    late,
-                    None,
-                    sum(tr.hits),
-                    len(tr.hits),
-                    tr.since,
-                )
-            )
-            continue
-        hit = i in standing and slow
-        hits_t = _push(tr.hits, hit, t.windows)
-        slowdowns = _push(tr.slowdowns, slowdown, t.windows) if hit else tr.slowdowns
-        n_hits = sum(hits_t)
-        entered = not tr.straggler and n_hits >= t.enter_hits
-        left = tr.straggler and n_hits <= t.leave_hits
-        straggler = (tr.straggler or entered) and not left
-        since = now if entered else (None if left else tr.since)
-        tracks[i] = SliceTrack(hits_t, slowdowns if not left else (), straggler, since)
-        if hit:
-            why = f"arrived {late:.0%} of the step late while the step ran {slowdown:.0%} over its baseline"
-            if i in second:
-                why += f", with {second[i]}"
-        elif i in standing:
-            why = f"arrived {late:.0%} of the step late but the step ran only {slowdown:.0%} over its baseline"
-        elif late is not None and late >= t.lateness_min:
-            why = f"arrived {late:.0%} of the step late, but {note}"
-        else:
-            why = "not late at the collective" + (f" ({note})" if note else "")
-        why += f"; stood out in {n_hits} of the last {len(hits_t)} counted windows"
-        if entered:
-            why = f"straggler: {why} (enters at {t.enter_hits})"
-        elif left:
-            why = f"recovered: {why} (leaves at {t.leave_hits} or fewer)"
-        status: Status = "straggler" if straggler else "suspect" if n_hits else "healthy"
-        findings.append(
-            Finding(
-                "slice",
-                i,
-                status,
-                why,
-                late,
-                statistics.median(slowdowns) if straggler and slowdowns else slowdown,
-                n_hits,
-                len(hits_t),
-                since,
-                entered,
-                left,
-            )
-        )
-
-    # The job: a slowdown that no slice explains is job-wide, but only when every slice was seen
-    # (a blind slice may be the one that is late).
-    blind = sorted(set(tracks) - set(seen))
-    job_hits, job_wide, job_since = state.job_hits, state.job_wide, state.job_since
-    if slowdown is None:
-        job_why = "no baseline step time yet"
-    elif blind and slow and not standing:
-        job_why = f"the step ran {slowdown:.0%} over its baseline, but slices {blind} are blind and may be the cause"
-    else:
-        job_hit = slow and not standing
-        job_hits = _push(job_hits, job_hit, t.windows)
-        n = sum(job_hits)
-        entered_j = not job_wide and n >= t.enter_hits
-        left_j = job_wide and n <= t.leave_hits
-        job_wide = (job_wide or entered_j) and not left_j
-        job_since = now if entered_j else (None if left_j else job_since)
-        job_why = (
-            f"the step ran {slowdown:.0%} over its baseline on every slice alike"
-            if job_hit
-            else f"slices {sorted(standing)} late at the collective explain the step's {slowdown:+.0%}"
-            if standing
-            else f"the step ran {slowdown:+.0%} against its baseline"
-        ) + f"; job-wide in {n} of the last {len(job_hits)} counted windows"
-    findings.append(
-        Finding(
-            "job",
-            None,
-            "job_wide" if job_wide else "healthy",
-            job_why,
-            None,
-            slowdown,
-            sum(job_hits),
-            len(job_hits),
-            job_since,
-        )
-    )
-
-    baseline = state.baseline
-    if not standing and not slow and not blind:
-        baseline = _push(baseline, step, t.baseline_windows)
-    new = DetectorState(MappingProxyType(tracks), baseline, job_hits, job_wide, job_since)
-    stragglers = [f.slice for f in findings if f.status == "straggler"]
-    reason = (f"stragglers {stragglers}" if stragglers else "job-wide slowdown" if job_wide else "no straggler") + (
-        f"; blind {blind}" if blind else ""
-    )
-    return Detection(new, tuple(findings), reason)
+        tracks[s.slice], finding = _judge_slice(s, tracks[s.slice], ev, now, t)
+        findings.append(finding)
+    blind = sorted(s.slice for s in window.slices if not s.seen)
+    after, job = _judge_job(state, ev, blind, now, t)
+    findings.append(job)
+    new = replace(after, slices=MappingProxyType(tracks), baseline=_next_baseline(state, ev, blind, t))
+    return Detection(new, tuple(findings), _reason(findings, new.job_wide, blind))
