@@ -86,20 +86,37 @@ def _run_from_wheel(wheel: Path, tmp_path: Path, code: str) -> subprocess.Comple
     )
 
 
-def test_the_wheels_cli_runs_without_the_demo(wheel: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", [[], ["--steps", "20"], ["--mode", "multi-controller", "--fault", "x"]])
+def test_the_wheels_cli_runs_without_the_demo(wheel: Path, tmp_path: Path, args: list[str]) -> None:
+    """Whatever the demo's arguments, the installed CLI answers with one line: it needs a checkout."""
     r = _run_from_wheel(
         wheel,
         tmp_path,
         "import importlib.util, sys\n"
         "assert importlib.util.find_spec('simjob') is None, 'simjob reachable'\n"
         "from agent.cli import main\n"
-        "code = main(['demo'])\n"
+        f"code = main(['demo', *{args!r}])\n"
         "assert 'simjob' not in sys.modules\n"
         "sys.exit(code)\n",
     )
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "elastic-sidecar demo:" in r.stderr and "source checkout" in r.stderr and "make demo" in r.stderr
-    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("elastic-sidecar demo:") and "source checkout" in lines[0], lines
+    assert "git clone" in lines[0] and "make demo" in lines[0], lines
+    assert "unrecognized" not in r.stderr
+
+
+def test_the_wheels_cli_still_refuses_unknown_arguments(wheel: Path, tmp_path: Path) -> None:
+    fixture = REPO / "tests" / "deploy" / "fixtures" / "xpk-pathways.yaml"
+    r = _run_from_wheel(
+        wheel, tmp_path, f"from agent.cli import main; raise SystemExit(main(['inject', {str(fixture)!r}, '--bogus']))"
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_the_wheels_cli_injects(wheel: Path, tmp_path: Path) -> None:
     fixture = REPO / "tests" / "deploy" / "fixtures" / "xpk-pathways.yaml"
     r = _run_from_wheel(
         wheel, tmp_path, f"from agent.cli import main; raise SystemExit(main(['inject', {str(fixture)!r}]))"
