@@ -6,7 +6,7 @@
     elastic-sidecar admin drain 2 --reason "bad ICI link on slice 2"
     elastic-sidecar admin undrain 2 --reason "link replaced"   # undo an operator drain
     elastic-sidecar admin undrain 1 --force --reason "stale notice"   # any drain, a notice's too
-    elastic-sidecar admin checkpoint                    # flush now; prints the committed step
+    elastic-sidecar admin checkpoint --reason "before the upgrade"   # flush now; prints the committed step
     elastic-sidecar admin hold --reason "node pool upgrade"
     elastic-sidecar admin resume --reason "upgrade done"
     elastic-sidecar admin abort --reason "wrong data" [--restart]
@@ -124,7 +124,7 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
     ):
         cmd(name, what).add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     cp = cmd("checkpoint", "make the current step durable now (Orbax save + wait); prints the committed step")
-    cp.add_argument("--reason", default="", help="why (optional)")
+    cp.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     dr = cmd("drain", "take a slice out of training at the next step boundary (until a replacement registers)")
     dr.add_argument("slice", type=nonneg_int, help="slice index")
     dr.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")

@@ -60,8 +60,9 @@ async def test_exit_codes(job: Job, tmp_path: Path) -> None:
     assert code == 2 and "INVALID_ARGUMENT: slice 9 is out of range: this job has slices 0..3" in err
     code, _, err = await cli(job, tmp_path, "hold", "--reason", " ")
     assert code == 2 and "reason is required" in err
-    code, _, err = await cli(job, tmp_path, "hold")  # argparse: --reason missing
-    assert code == 2 and "--reason" in err
+    for command in ("hold", "checkpoint"):  # argparse: --reason missing
+        code, _, err = await cli(job, tmp_path, command)
+        assert code == 2 and "--reason" in err, (command, err)
     code, _, err = await cli(job, tmp_path, "status", token=False)
     assert code == 3 and "UNAUTHENTICATED" in err and "--token-file" in err
     (tmp_path / "wrong").write_text("not-the-token\n")
@@ -90,7 +91,7 @@ async def test_token_from_env_and_commands_round_trip(job: Job, tmp_path: Path) 
     await wait_for(lambda: job.coord.state.trainer.last_step == 4, 5.0, "step 4")
     env = {**ENV, "ES_ADMIN_TOKEN_FILE": str(tmp_path / "admin-token")}
     t0 = time.monotonic()
-    code, out, err = await cli(job, tmp_path, "checkpoint", env=env, token=False)
+    code, out, err = await cli(job, tmp_path, "checkpoint", "--reason", "before the upgrade", env=env, token=False)
     round_trip = time.monotonic() - t0
     assert code == 0, err
     assert out.startswith("committed step 4 (flush 0.01 s, generation 1"), out
