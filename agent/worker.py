@@ -374,6 +374,7 @@ class Worker:
             watcher = MetadataWatcher(self.cfg.metadata_url, self._on_metadata)
             metadata_task = asyncio.create_task(watcher.run())
         delay = 0.05
+        link_warnings = logmod.Backoff()  # the reconnects keep their pace; their warnings thin out
         misdirected = False
         while not stop.is_set():
             if not self.healthy:
@@ -448,8 +449,10 @@ class Worker:
                     return C.EXIT_USAGE
                 if delay == 0.05:  # the first failure after a working link, not every retry
                     self._note("LinkLost", f"coordinator link lost: {detail}")
+                    link_warnings.reset()
                 self.metrics.reconnects.inc()
-                log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
+                if (held := link_warnings.due()) is not None:
+                    log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay, not_logged=held)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         for task in (checker_task, metadata_task, node_task):
