@@ -117,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.role == "coordinator":
             from agent import coordinator
+            from agent import log as logmod
 
-            return asyncio.run(coordinator.serve(CoordinatorConfig.from_args(ns)))
+            cfg = CoordinatorConfig.from_args(ns)
+            # Configured here as serve() configures it, so the warnings are JSON lines like the rest.
+            logmod.configure(cfg.log_format, cfg.log_level, jobset=cfg.job, role="coordinator")
+            for warning in cfg.warnings():
+                logmod.get().warning(warning)
+            return asyncio.run(coordinator.serve(cfg))
         if ns.role == "worker":
             from agent import worker
 

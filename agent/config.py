@@ -594,6 +594,19 @@ class CoordinatorConfig:
             return max(self.first_heartbeat_timeout, self.heartbeat_timeout)
         return C.FIRST_HEARTBEAT_TIMEOUT_FACTOR * self.heartbeat_timeout
 
+    def warnings(self) -> list[str]:
+        """What this configuration allows that it runs with but an operator should hear of at start."""
+        found = []
+        if self.peer_token is None and not is_loopback(self.listen):
+            # The peer server checks a bearer token only when one is configured: without it, whatever
+            # reaches the port may register as a worker and report its slice down.
+            found.append(
+                f"--listen {self.listen} is not a loopback address and no --peer-token-file is given: any process "
+                "that reaches this port can register as a worker and report slices down (the manifests give "
+                "--peer-token-file)"
+            )
+        return found
+
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:
         policy = _policy(ns)
