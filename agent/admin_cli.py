@@ -40,7 +40,7 @@ import grpc
 from agent import constants as C
 from agent.auth import read_token_file
 from agent.config import ConfigError, address, is_loopback, nonneg_int, positive_float
-from agent.servers.status import to_dict
+from agent.servers.status import status_dict, to_dict
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
 
 DEFAULT_TIMEOUT = 10.0
@@ -221,7 +221,7 @@ def _status(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> 
         return watch_status(fetch, ns.watch, ns.json, sys.stdout)
     st = fetch()
     if ns.json:
-        _print_json(to_dict(st))
+        _print_json(status_dict(st))
     else:
         print(render_status(st))
     return C.ADMIN_EXIT_OK
@@ -242,7 +242,7 @@ def watch_status(
         while True:
             try:
                 st = fetch()
-                text = json.dumps(to_dict(st)) if as_json else render_status(st)
+                text = json.dumps(status_dict(st)) if as_json else render_status(st)
             except grpc.RpcError as e:
                 code, detail = e.code(), e.details() or ""  # type: ignore[attr-defined]
                 if exit_code_for(code) != C.ADMIN_EXIT_UNAVAILABLE:
