@@ -408,7 +408,7 @@ COORDINATOR_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--peer-token-file",
-        "file holding the token worker sidecars must present on Join; none: registrations are not authenticated",
+        "file holding the token worker sidecars must present on Join; none: registrations are not authenticated (a --listen beyond loopback then warns at start)",
     ),
     Flag("--tls-cert-file", "PEM certificate chain: serve the admin API over TLS (with --tls-key-file)"),
     Flag("--tls-key-file", "PEM private key of --tls-cert-file"),
