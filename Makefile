@@ -5,10 +5,6 @@ BIN    := $(VENV)/bin
 # The real MaxText (maxtext[tpu]==0.2.5, about 2.5 GB) lives in its own venv:
 # its pins must not move the daemon's. tests/maxtext runs it in subprocesses.
 VENV_MAXTEXT ?= .venv-maxtext
-# This checkout, installed editable in compat mode: the checkout itself goes on sys.path, so the
-# demo's parts (simjob, standins) and bench, which the wheel leaves out (pyproject.toml), import
-# from the tree like the packages the wheel holds.
-EDITABLE := --config-settings editable_mode=compat -e
 
 .PHONY: setup setup-maxtext system-deps demo test test-unit test-integration test-e2e test-fast test-maxtext lint protos clean \
 	bench-recovery bench-scale bench-detection bench-footprint bench-docs
@@ -28,14 +24,16 @@ $(VENV_MAXTEXT)/.installed: pyproject.toml constraints-maxtext.txt
 	$(VENV_MAXTEXT)/bin/pip install -q --upgrade pip
 	$(VENV_MAXTEXT)/bin/pip install -q -c constraints-maxtext.txt 'maxtext[tpu]==0.2.5' \
 		grpcio-health-checking grpcio-reflection structlog prometheus-client aiohttp
-	$(VENV_MAXTEXT)/bin/pip install -q --no-deps $(EDITABLE) .
+	$(VENV_MAXTEXT)/bin/pip install -q --no-deps -e .
 	$(VENV_MAXTEXT)/bin/pip check
 	touch $@
 
+# This checkout, installed editable: the checkout itself goes on sys.path (pyproject.toml's
+# package-dir), so the demo's parts and bench, which the wheel leaves out, import from the tree.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt $(EDITABLE) '.[demo,pubsub,tpu,test,bench,drill]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[demo,pubsub,tpu,test,bench,drill]'
 	touch $@
 
 demo: setup

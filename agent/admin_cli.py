@@ -1,12 +1,13 @@
 """``elastic-sidecar admin``: look at a running job and steer it through the coordinator's admin API.
 
     elastic-sidecar admin status                        # slices, phase, generation, steps
+    elastic-sidecar admin status --watch 5              # again every 5 s until Ctrl-C
     elastic-sidecar admin status --json | jq .active_slices
     elastic-sidecar admin events --backlog 50 --follow  # the decisions, with their reasons
     elastic-sidecar admin drain 2 --reason "bad ICI link on slice 2"
     elastic-sidecar admin undrain 2 --reason "link replaced"   # undo an operator drain
     elastic-sidecar admin undrain 1 --force --reason "stale notice"   # any drain, a notice's too
-    elastic-sidecar admin checkpoint                    # flush now; prints the committed step
+    elastic-sidecar admin checkpoint --reason "before the upgrade"   # flush now; prints the committed step
     elastic-sidecar admin hold --reason "node pool upgrade"
     elastic-sidecar admin resume --reason "upgrade done"
     elastic-sidecar admin abort --reason "wrong data" [--restart]
@@ -20,7 +21,8 @@ Exit codes: 0 done; 1 the job refused the command (FAILED_PRECONDITION: it does
 not fit the job's state, e.g. resume while nothing is held) or another server
 error; 2 bad usage, unreadable token file, or INVALID_ARGUMENT (the message
 names the field); 3 unauthenticated (missing or wrong token); 4 unavailable or
-timed out (nothing listens at the address, or --timeout passed).
+timed out (nothing listens at the address, or --timeout passed); 130 status --watch
+stopped by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -30,18 +32,22 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import grpc
 
 from agent import constants as C
 from agent.auth import read_token_file
 from agent.config import ConfigError, address, is_loopback, nonneg_int, positive_float
-from agent.servers.status import to_dict
+from agent.servers.status import status_dict, to_dict
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_CHECKPOINT_TIMEOUT = 120.0
+DEFAULT_WATCH_SECONDS = 2.0
+# Cursor home, then erase the screen (ECMA-48 CUP and ED), as watch(1) redraws.
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 _EXIT_BY_CODE = {
     grpc.StatusCode.OK: C.ADMIN_EXIT_OK,
@@ -114,7 +120,17 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
         _connection_options(c, top=False)
         return c
 
-    cmd("status", "slices with their state and hosts, then phase, generation and steps")
+    st = cmd("status", "slices with their state and hosts, then phase, generation and steps")
+    st.add_argument(
+        "--watch",
+        type=positive_float,
+        nargs="?",
+        const=DEFAULT_WATCH_SECONDS,
+        default=None,
+        metavar="SECONDS",
+        help=f"show it again every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C (exit 130); "
+        "with --json one line each",
+    )
     ev = cmd("events", "the coordinator's recent decisions with their reasons (a worker's: its local events)")
     ev.add_argument("--backlog", type=nonneg_int, default=20, help="how many recent decisions first (default 20)")
     ev.add_argument("--follow", action="store_true", help="keep printing new decisions until interrupted")
@@ -124,7 +140,7 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
     ):
         cmd(name, what).add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     cp = cmd("checkpoint", "make the current step durable now (Orbax save + wait); prints the committed step")
-    cp.add_argument("--reason", default="", help="why (optional)")
+    cp.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
     dr = cmd("drain", "take a slice out of training at the next step boundary (until a replacement registers)")
     dr.add_argument("slice", type=nonneg_int, help="slice index")
     dr.add_argument("--reason", required=True, help="why (goes into the logs and the journal)")
@@ -198,12 +214,52 @@ def _print_json(d: Any) -> None:
 
 
 def _status(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
-    st = stub.GetStatus(admin_pb2.GetStatusRequest(), metadata=md, timeout=_timeout(ns))
+    def fetch() -> admin_pb2.Status:
+        return stub.GetStatus(admin_pb2.GetStatusRequest(), metadata=md, timeout=_timeout(ns))
+
+    if ns.watch is not None:
+        return watch_status(fetch, ns.watch, ns.json, sys.stdout)
+    st = fetch()
     if ns.json:
-        _print_json(to_dict(st))
+        _print_json(status_dict(st))
     else:
         print(render_status(st))
     return C.ADMIN_EXIT_OK
+
+
+def watch_status(
+    fetch: Callable[[], admin_pb2.Status],
+    every: float,
+    as_json: bool,
+    out: TextIO,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Show the status every ``every`` seconds until Ctrl-C. A terminal gets each one on a cleared
+    screen; a pipe or file gets them one after another (JSON: one line each), with no escape codes.
+    A coordinator that stops answering is shown as such and asked again, as it may be restarting."""
+    tty = out.isatty()
+    try:
+        while True:
+            try:
+                st = fetch()
+                text = json.dumps(status_dict(st)) if as_json else render_status(st)
+            except grpc.RpcError as e:
+                code, detail = e.code(), e.details() or ""  # type: ignore[attr-defined]
+                if exit_code_for(code) != C.ADMIN_EXIT_UNAVAILABLE:
+                    raise
+                if as_json:
+                    text = json.dumps({"error": code.name, "detail": detail})
+                else:
+                    text = f"{code.name}: {detail} (asking again in {every:g} s)"
+            if as_json:
+                out.write(text + "\n")
+            else:
+                header = f"every {every:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C to stop)"
+                out.write((CLEAR_SCREEN if tty else "") + header + "\n\n" + text + "\n" + ("" if tty else "\n"))
+            out.flush()
+            sleep(every)
+    except KeyboardInterrupt:
+        return C.ADMIN_EXIT_INTERRUPTED
 
 
 def render_status(st: admin_pb2.Status) -> str:

@@ -102,19 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    ns = ap.parse_args(argv)
+    # Known arguments first: without simjob the demo's parser has no options, and a user who typed
+    # `demo --steps 20` needs to hear that the demo is missing, not that --steps is unknown.
+    ns, extra = ap.parse_known_args(argv)
     if getattr(ns, "demo_unavailable", False):
         print(
-            "elastic-sidecar demo: not in this install (the daemon and hooks only); "
-            "run it from a source checkout: make demo",
+            "elastic-sidecar demo: needs a source checkout (this install holds the daemon and hooks only): "
+            "git clone <this repository> && cd elastic-sidecar && make demo",
             file=sys.stderr,
         )
         return C.EXIT_USAGE
+    if extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if ns.role == "coordinator":
             from agent import coordinator
+            from agent import log as logmod
 
-            return asyncio.run(coordinator.serve(CoordinatorConfig.from_args(ns)))
+            cfg = CoordinatorConfig.from_args(ns)
+            # Configured here as serve() configures it, so the warnings are JSON lines like the rest.
+            logmod.configure(cfg.log_format, cfg.log_level, jobset=cfg.job, role="coordinator")
+            for warning in cfg.warnings():
+                logmod.get().warning(warning)
+            return asyncio.run(coordinator.serve(cfg))
         if ns.role == "worker":
             from agent import worker
 

@@ -408,7 +408,7 @@ COORDINATOR_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--peer-token-file",
-        "file holding the token worker sidecars must present on Join; none: registrations are not authenticated",
+        "file holding the token worker sidecars must present on Join; none: registrations are not authenticated (a --listen beyond loopback then warns at start)",
     ),
     Flag("--tls-cert-file", "PEM certificate chain: serve the admin API over TLS (with --tls-key-file)"),
     Flag("--tls-key-file", "PEM private key of --tls-cert-file"),
@@ -593,6 +593,19 @@ class CoordinatorConfig:
         if self.first_heartbeat_timeout is not None:
             return max(self.first_heartbeat_timeout, self.heartbeat_timeout)
         return C.FIRST_HEARTBEAT_TIMEOUT_FACTOR * self.heartbeat_timeout
+
+    def warnings(self) -> list[str]:
+        """What this configuration allows that it runs with but an operator should hear of at start."""
+        found = []
+        if self.peer_token is None and not is_loopback(self.listen):
+            # The peer server checks a bearer token only when one is configured: without it, whatever
+            # reaches the port may register as a worker and report its slice down.
+            found.append(
+                f"--listen {self.listen} is not a loopback address and no --peer-token-file is given: any process "
+                "that reaches this port can register as a worker and report slices down (the manifests give "
+                "--peer-token-file)"
+            )
+        return found
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> CoordinatorConfig:

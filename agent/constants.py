@@ -42,6 +42,8 @@ ADMIN_EXIT_USAGE = 2
 ADMIN_EXIT_UNAUTHENTICATED = 3
 ADMIN_EXIT_UNAVAILABLE = 4
 """Nothing answered at the address, or the deadline passed (UNAVAILABLE, DEADLINE_EXCEEDED)."""
+ADMIN_EXIT_INTERRUPTED = 130
+"""``status --watch`` stopped by Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 # --- JobSet / GKE labels (read through the downward API) -------------------
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"

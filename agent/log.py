@@ -20,6 +20,8 @@ import asyncio
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -219,3 +221,30 @@ def quiet_cancelled_rpcs() -> None:
 
 def get(name: str = "elastic-sidecar") -> Any:
     return structlog.get_logger(name)
+
+
+class Backoff:
+    """When to log a warning that repeats: the first time, then after intervals that double up to
+    ``ceiling`` seconds, so a long outage still shows now and then without a line per retry.
+    ``due()`` returns how many occurrences were held back since the last one logged, or None."""
+
+    def __init__(self, first: float = 1.0, ceiling: float = 300.0, clock: Callable[[], float] = time.monotonic):
+        self.first, self.ceiling, self.clock = first, ceiling, clock
+        self.reset()
+
+    def reset(self) -> None:
+        """The condition cleared: its next occurrence is logged at once."""
+        self._next_at: float | None = None
+        self._interval = self.first
+        self._held = 0
+
+    def due(self) -> int | None:
+        now = self.clock()
+        if self._next_at is not None and now < self._next_at:
+            self._held += 1
+            return None
+        if self._next_at is not None:
+            self._interval = min(self._interval * 2, self.ceiling)
+        self._next_at = now + self._interval
+        held, self._held = self._held, 0
+        return held

@@ -91,6 +91,7 @@ class Metrics(ServerMetrics):
         self._durability_metrics(self.registry)
         self._hold_started: float | None = None
         self._hold_cause = ""
+        self._operator_held = False  # an operator's hold was in force during the cycle being timed
         self._step_seconds = 0.0
         self._first_step_at: float | None = None
         self.recovery_phases = RecoveryPhases(self.registry)
@@ -104,7 +105,7 @@ class Metrics(ServerMetrics):
         self.recoveries = Counter(f"{PREFIX}_recoveries_total", "Hold/resume cycles completed", ["cause"], registry=r)
         self.recovery_seconds = Histogram(
             f"{PREFIX}_recovery_seconds",
-            "Hold decision until the trainer resumed",
+            "Hold decision until the trainer resumed (a hold cycle with an operator's hold in it is not timed)",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -242,14 +243,19 @@ class Metrics(ServerMetrics):
             if isinstance(a, HoldTrainer) and self._hold_started is None:
                 self._hold_started = now
                 self._hold_cause = "failure" if s.retries_used > before.retries_used else "planned"
+                self._operator_held = False
                 if isinstance(ev, WorkerLost):
                     self.detection_seconds.labels(ev.cause).observe(ev.silent_seconds)
             if isinstance(a, ResumeTrainer) and before.phase == Phase.STARTING:
                 self._hold_started = None
+        if self._hold_started is not None and (s.operator_hold or before.operator_hold):
+            self._operator_held = True
         match ev:
             case TrainerResumed() if self._hold_started is not None and ev.generation == s.generation:
                 self.recoveries.labels(self._hold_cause).inc()
-                self.recovery_seconds.observe(now - self._hold_started)
+                # An operator's hold lasts as long as the operator wants: its time is no recovery's.
+                if not self._operator_held:
+                    self.recovery_seconds.observe(now - self._hold_started)
                 self._hold_started = None
                 self.lost_steps.inc(max(0, before.trainer.last_step - ev.step))
             case TrainerHeld() | TrainerFlushed() if ev.flush_bytes:

@@ -62,6 +62,8 @@ class Worker:
         self._stopping = False
         self._misdirected = False
         """A Join answered UNIMPLEMENTED (--coordinator names the wrong port) was already reported."""
+        self._link_warnings = logmod.Backoff()
+        """When a lost link's WARNING is due: the reconnects keep their pace, their warnings thin out."""
         self._was_unhealthy = False
         self._recovery: asyncio.TimerHandle | None = None
         self.notices: dict[str, peer_pb2.LocalReport] = {}
@@ -466,8 +468,10 @@ class Worker:
         else:
             if delay == 0.05:  # the first failure after a working link, not every retry
                 self._note("LinkLost", f"coordinator link lost: {detail}")
+                self._link_warnings.reset()
             self.metrics.reconnects.inc()
-            log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay)
+            if (held := self._link_warnings.due()) is not None:
+                log.warning("coordinator link lost; reconnecting", detail=detail, retry_in=delay, not_logged=held)
             await asyncio.sleep(delay)
             return min(delay * 2, 1.0)
         self.metrics.reconnects.inc()

@@ -158,12 +158,12 @@ class CoordinatorAdmin(admin_pb2_grpc.AdminServicer):
                 f"timeout_seconds must be >= 0 (0: the server's default of {DEFAULT_CHECKPOINT_TIMEOUT:g} s), "
                 f"got {timeout:g}",
             )
-        await self._check_reason(context, request.reason, required=False)
+        await self._check_reason(context, request.reason)
         timeout = timeout or DEFAULT_CHECKPOINT_TIMEOUT
         left = context.time_remaining()
         if left is not None:
             timeout = min(timeout, max(0.0, left))
-        reason = request.reason.strip() or "checkpoint requested through the admin API"
+        reason = request.reason.strip()
         t0 = time.monotonic()
         d, _ = await self._command(context, "Checkpoint", OperatorCommand("checkpoint", reason))
         try:

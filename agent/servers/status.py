@@ -36,13 +36,40 @@ def slice_state(s: State, i: int) -> tuple[str, str]:
         if sick:
             parts.append(f"host(s) {','.join(map(str, sick))} unhealthy")
         if not parts and (i in s.slice_errors or i in s.trainer_errors):
-            parts.append("the trainer reported it lost; waiting for a replacement")
+            parts.append("the trainer reported it lost; " + _replacement(s, i, hosts))
         if not parts and drain is not None:
-            parts.append(f"drained ({drain.kind}); waiting for a replacement")
+            parts.append(f"drained ({drain.kind}); " + _replacement(s, i, hosts))
         return "down", "; ".join(parts)
     if i in s.active:
         return "active", ""
     return "up", ""
+
+
+def _replacement(s: State, i: int, hosts: list[Any]) -> str:
+    """Where the repair of slice ``i`` (every host registered and healthy) stands, by State.slice_up's rule:
+    a slice error or a drain is repaired by one host registered after it, a trainer's error by all, each
+    once settled (settle_seconds)."""
+    drain = s.drains.get(i)
+    marks = [(s.slice_errors.get(i), False), (getattr(drain, "since", None), False), (s.trainer_errors.get(i), True)]
+    unreplaced: set[int] = set()
+    settling = False
+    for mark, whole in marks:
+        if mark is None:
+            continue
+        after = [h for h, r in enumerate(hosts) if r.registered_at > mark]
+        if whole and len(after) < len(hosts):
+            unreplaced |= {h for h in range(len(hosts)) if h not in after}
+        elif not after:
+            unreplaced |= set(range(len(hosts)))
+        elif not (all if whole else any)(hosts[h].settled for h in after):
+            settling = True
+    if unreplaced == set(range(len(hosts))):
+        return "waiting for a replacement"
+    if unreplaced:
+        return f"waiting for host(s) {','.join(map(str, sorted(unreplaced)))} to be replaced"
+    if settling:
+        return f"its replacement registered; settling ({s.policy.settle_seconds:g} s healthy before use)"
+    return "its replacement is up; waiting for the next decision"
 
 
 def coordinator_status(c: CoordinatorView) -> admin_pb2.Status:
@@ -185,9 +212,23 @@ def decision_event(rec: Record) -> admin_pb2.DecisionEvent:
     )
 
 
+WORKER_FIELDS = ("slice", "host", "coordinator_connected")
+"""Status fields a worker sidecar fills about itself (admin.proto): a coordinator leaves them out."""
+
+
+def status_dict(status: admin_pb2.Status) -> dict[str, Any]:
+    """A Status as JSON-ready data, without the worker's own fields when a coordinator answers
+    (proto3 would show them as zeros: slice 0, host 0, coordinator not connected)."""
+    doc = to_dict(status)
+    if status.role == "coordinator":
+        for name in WORKER_FIELDS:
+            doc.pop(name, None)
+    return doc
+
+
 def status_document(status: admin_pb2.Status, feed: Feed, recent: int = 30) -> dict[str, Any]:
     """``/status``: the GetStatus fields plus the newest ``recent`` decisions (oldest first)."""
-    doc = to_dict(status)
+    doc = status_dict(status)
     doc["recent_decisions"] = [to_dict(decision_event(r)) for r in list(feed.recent)[-recent:]]
     return doc
 

@@ -126,14 +126,15 @@ async def test_malformed_requests_are_invalid_argument_naming_the_field(job: Job
             "drain-reason": s.DrainSlice(admin_pb2.DrainSliceRequest(slice=1), metadata=md),
             "drain-slice": s.DrainSlice(admin_pb2.DrainSliceRequest(slice=4, reason="r"), metadata=md),
             "drain-negative": s.DrainSlice(admin_pb2.DrainSliceRequest(slice=-1, reason="r"), metadata=md),
-            "timeout": s.Checkpoint(admin_pb2.CheckpointRequest(timeout_seconds=-1), metadata=md),
+            "timeout": s.Checkpoint(admin_pb2.CheckpointRequest(reason="r", timeout_seconds=-1), metadata=md),
+            "checkpoint": s.Checkpoint(admin_pb2.CheckpointRequest(reason=" "), metadata=md),
             "long": s.Hold(admin_pb2.HoldRequest(reason="x" * 5000), metadata=md),
         }
         got = {k: await call_code(v) for k, v in cases.items()}
         backlog = await call_code(s.WatchEvents(admin_pb2.WatchEventsRequest(backlog=-3), metadata=md).read())
     for k, (code, detail) in got.items():
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (k, code, detail)
-    for k in ("hold", "resume", "abort", "drain-reason", "long"):
+    for k in ("hold", "resume", "abort", "drain-reason", "checkpoint", "long"):
         assert got[k][1].startswith("reason "), got[k]
     assert "slice 4" in got["drain-slice"][1] and "0..3" in got["drain-slice"][1]
     assert "slice -1" in got["drain-negative"][1] and "0..3" in got["drain-negative"][1]
@@ -304,13 +305,14 @@ async def test_checkpoint_returns_the_committed_step_or_deadline_exceeded(job: J
     md = admin_token.metadata()
     ch, s = stub(job)
     async with ch:
-        early = await call_code(s.Checkpoint(admin_pb2.CheckpointRequest(), metadata=md))
+        early = await call_code(s.Checkpoint(admin_pb2.CheckpointRequest(reason="too early"), metadata=md))
         await job.running()
         await job.trainer.advance(12)
         await wait_for(lambda: job.coord.state.trainer.last_step == 12, 5.0, "step 12")
         reply = await s.Checkpoint(admin_pb2.CheckpointRequest(reason="before the upgrade"), metadata=md)
         job.trainer.answer_flush = False
-        late = await call_code(s.Checkpoint(admin_pb2.CheckpointRequest(timeout_seconds=0.2), metadata=md, timeout=5))
+        request = admin_pb2.CheckpointRequest(reason="late", timeout_seconds=0.2)
+        late = await call_code(s.Checkpoint(request, metadata=md, timeout=5))
     assert early == (grpc.StatusCode.FAILED_PRECONDITION, "no trainer is attached")
     assert (reply.committed_step, reply.generation) == (12, 1) and reply.flush_seconds == pytest.approx(0.01)
     assert job.coord.state.trainer.committed_step == 12
@@ -356,7 +358,7 @@ async def test_worker_admin_is_read_only(job: Job) -> None:
                 await call_code(s.Hold(admin_pb2.HoldRequest(reason="r"))),
                 await call_code(s.Resume(admin_pb2.ResumeRequest(reason="r"))),
                 await call_code(s.DrainSlice(admin_pb2.DrainSliceRequest(slice=1, reason="r"))),
-                await call_code(s.Checkpoint(admin_pb2.CheckpointRequest())),
+                await call_code(s.Checkpoint(admin_pb2.CheckpointRequest(reason="r"))),
                 await call_code(s.Abort(admin_pb2.AbortRequest(reason="r"))),
             ]
     finally:

@@ -6,13 +6,19 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+import grpc
+import pytest
+
+from agent.admin_cli import CLEAR_SCREEN, watch_status
 from agent.core.model import NodeNotice, Phase
+from protos.elastic_sidecar.v1 import admin_pb2
 from tests.servers.conftest import Job, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +66,9 @@ async def test_exit_codes(job: Job, tmp_path: Path) -> None:
     assert code == 2 and "INVALID_ARGUMENT: slice 9 is out of range: this job has slices 0..3" in err
     code, _, err = await cli(job, tmp_path, "hold", "--reason", " ")
     assert code == 2 and "reason is required" in err
-    code, _, err = await cli(job, tmp_path, "hold")  # argparse: --reason missing
-    assert code == 2 and "--reason" in err
+    for command in ("hold", "checkpoint"):  # argparse: --reason missing
+        code, _, err = await cli(job, tmp_path, command)
+        assert code == 2 and "--reason" in err, (command, err)
     code, _, err = await cli(job, tmp_path, "status", token=False)
     assert code == 3 and "UNAUTHENTICATED" in err and "--token-file" in err
     (tmp_path / "wrong").write_text("not-the-token\n")
@@ -90,7 +97,7 @@ async def test_token_from_env_and_commands_round_trip(job: Job, tmp_path: Path) 
     await wait_for(lambda: job.coord.state.trainer.last_step == 4, 5.0, "step 4")
     env = {**ENV, "ES_ADMIN_TOKEN_FILE": str(tmp_path / "admin-token")}
     t0 = time.monotonic()
-    code, out, err = await cli(job, tmp_path, "checkpoint", env=env, token=False)
+    code, out, err = await cli(job, tmp_path, "checkpoint", "--reason", "before the upgrade", env=env, token=False)
     round_trip = time.monotonic() - t0
     assert code == 0, err
     assert out.startswith("committed step 4 (flush 0.01 s, generation 1"), out
@@ -156,3 +163,86 @@ async def test_events_backlog_and_follow(job: Job, tmp_path: Path) -> None:
         follow.send_signal(2)  # SIGINT: how a person ends --follow
         await asyncio.wait_for(follow.wait(), 10)
     assert follow.returncode == 0
+
+
+async def test_status_watch_refreshes_until_ctrl_c_and_exits_130(job: Job, tmp_path: Path) -> None:
+    await job.running()
+    for as_json in (False, True):
+        argv = ["status", "--watch", "0.2"] + (["--json"] if as_json else [])
+        p = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "agent", "admin", "--address", job.admin_address],
+            *["--token-file", str(tmp_path / "admin-token"), *argv],
+            cwd=REPO,
+            env=ENV,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert p.stdout is not None
+        lines: list[str] = []
+        try:
+            while sum(("every 0.2 s" in ln or ln.startswith("{")) for ln in lines) < 3:
+                lines.append((await asyncio.wait_for(p.stdout.readline(), 30)).decode())
+                assert lines[-1], f"the watch ended early: {lines}"
+        finally:
+            p.send_signal(2)  # SIGINT: Ctrl-C
+            out, _ = await asyncio.wait_for(p.communicate(), 10)
+        assert p.returncode == 130, (as_json, lines)
+        text = "".join(lines) + out.decode()
+        assert "\x1b[" not in text, "clear-screen codes on a pipe"
+        if as_json:
+            docs = [json.loads(ln) for ln in lines]
+            assert all(d["phase"] == "running" and d["active_slices"] == [0, 1, 2, 3] for d in docs), docs
+        else:
+            assert text.count("job servers-job: phase running") >= 3, text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "connection refused"
+
+
+def test_status_watch_clears_a_terminal_and_outlives_an_unavailable_coordinator() -> None:
+    answers: list[admin_pb2.Status | grpc.RpcError] = [
+        admin_pb2.Status(job="j", phase="running", generation=1, last_committed_step=-1),
+        _Unavailable(),
+        admin_pb2.Status(job="j", phase="waiting", generation=2, last_committed_step=-1),
+    ]
+
+    def fetch() -> admin_pb2.Status:
+        a = answers.pop(0)
+        if isinstance(a, grpc.RpcError):
+            raise a
+        return a
+
+    def sleep(seconds: float) -> None:
+        assert seconds == 3.0
+        if not answers:
+            raise KeyboardInterrupt
+
+    out = _Terminal()
+    assert watch_status(fetch, 3.0, False, out, sleep) == 130
+    screens = out.getvalue().split(CLEAR_SCREEN)
+    assert screens[0] == "" and len(screens) == 4, screens
+    assert "job j: phase running, generation 1" in screens[1]
+    assert "UNAVAILABLE: connection refused (asking again in 3 s)" in screens[2]
+    assert "job j: phase waiting, generation 2" in screens[3]
+
+
+def test_status_watch_stops_on_an_error_it_cannot_wait_out() -> None:
+    class _Unauthenticated(_Unavailable):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAUTHENTICATED
+
+    def fetch() -> admin_pb2.Status:
+        raise _Unauthenticated()
+
+    with pytest.raises(grpc.RpcError):
+        watch_status(fetch, 1.0, False, io.StringIO(), lambda s: None)
