@@ -9,6 +9,7 @@ MaxText's ``checkpointing`` and ``elastic_utils`` are small fakes.
 from __future__ import annotations
 
 import collections
+import enum
 import json
 import subprocess
 import sys
@@ -1050,11 +1051,30 @@ def test_the_same_flags_start_without_snapshots_or_on_synthetic_data(fake_maxtex
     assert job.ran == [0, 1]
 
 
-def test_an_iterator_without_a_readable_position_exits_2_before_the_first_snapshot(
-    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+class DatasetType(str, enum.Enum):  # noqa: UP042 (as MaxText declares it: str() is "DatasetType.X")
+    """MaxText 0.2.5's config holds its data set as this str enum (configs/types.py), not a plain str."""
+
+    SYNTHETIC = "synthetic"
+    TFDS = "tfds"
+
+
+@pytest.mark.parametrize("synthetic", ["synthetic", DatasetType.SYNTHETIC], ids=["str", "enum"])
+def test_synthetic_data_takes_snapshots_whatever_its_iterator(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, synthetic: object
 ) -> None:
     job, made = snapshot_job(monkeypatch)
-    job.config.dataset_type = "tfds"  # type: ignore[attr-defined]
+    job.config.dataset_type = synthetic  # type: ignore[attr-defined]
+    job.data_iterator = iter([])  # MaxText's SyntheticDataIterator has no position: none is needed
+    job.step(0)
+    assert job.ran == [0] and made
+
+
+@pytest.mark.parametrize("tfds", ["tfds", DatasetType.TFDS], ids=["str", "enum"])
+def test_an_iterator_without_a_readable_position_exits_2_before_the_first_snapshot(
+    fake_maxtext: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tfds: object
+) -> None:
+    job, made = snapshot_job(monkeypatch)
+    job.config.dataset_type = tfds  # type: ignore[attr-defined]
     job.data_iterator = iter([])  # no grain get_state: its position would be lost
     with pytest.raises(SystemExit) as exc:
         job.step(0)

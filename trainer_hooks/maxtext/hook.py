@@ -427,7 +427,7 @@ class MaxTextHook:
         ``get_state``, e.g. tfds): a restore would replay it. The flags known at start are refused
         there (:func:`snapshot_data_refusal`); this catches the iterators MaxText builds otherwise."""
         config = self._config
-        dataset = str(getattr(config, "dataset_type", "synthetic"))
+        dataset = dataset_type(config)
         if dataset == "synthetic" or data_iterator is None or local_iterator(data_iterator) is not None:
             return
         reason = (
@@ -981,6 +981,13 @@ class MaxTextHook:
         return jax.errors.JaxRuntimeError(f"DATA_LOSS: elastic-sidecar: shrink, {why}")
 
 
+def dataset_type(config: Any) -> str:
+    """MaxText's ``dataset_type`` as its plain value: 0.2.5's config holds a ``DatasetType`` str enum,
+    whose ``str()`` is ``DatasetType.SYNTHETIC`` (``configs/types.py``), not ``synthetic``."""
+    value = getattr(config, "dataset_type", "synthetic")
+    return str(getattr(value, "value", value)).lower()
+
+
 def snapshot_data_refusal(config: Any) -> str | None:
     """Why in-memory snapshots would replay data on this MaxText configuration (None: they would not).
 
@@ -1001,7 +1008,7 @@ def snapshot_data_refusal(config: Any) -> str | None:
     to change, rather than replayed silently. MaxText's own checkpoints keep these positions, so
     ``ELASTIC_SIDECAR_SNAPSHOT_EVERY=0`` (restores from checkpoints only) is always a way out.
     """
-    if str(getattr(config, "dataset_type", "synthetic")) == "synthetic":
+    if dataset_type(config) == "synthetic":
         return None
     off = f"or set {ENV_SNAPSHOT_EVERY}=0 (a lost slice then restores MaxText's newest checkpoint, which keeps it)"
     why = "in-memory snapshots cannot keep the data position of"
