@@ -43,46 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     add_coordinator_args(sub.add_parser("coordinator", help="run the coordinator sidecar (one per job)"))
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
-    from agent import admin_cli
-
-    admin_cli.add_admin_args(
-        sub.add_parser(
-            "admin",
-            help="status, decisions, hold/resume/drain/undrain/checkpoint/abort through the coordinator's admin API",
-            description=admin_cli.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+    # Each of these commands lives in its own module, which adds its arguments; its docstring is its help.
+    for name, module_name, help_text in (
+        ("admin", "admin_cli", "status, decisions, hold/resume/drain/undrain/checkpoint/abort through the coordinator's admin API"),
+        ("inject", "inject", "print a JobSet (xpk's Pathways or multi-controller shape) with elastic-sidecar added"),
+        ("drill", "drill", "delete one TPU pod of a slice and report whether the job held its state (exit 0) or not (1)"),
+        ("plan", "plan", "model a job's goodput under interruptions for each recovery strategy (docs/plan.md)"),
+    ):
+        module = importlib.import_module(f"agent.{module_name}")
+        getattr(module, f"add_{name}_args")(
+            sub.add_parser(
+                name,
+                help=help_text,
+                description=module.__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
         )
-    )
-    from agent import inject
-
-    inject.add_inject_args(
-        sub.add_parser(
-            "inject",
-            help="print a JobSet (xpk's Pathways or multi-controller shape) with elastic-sidecar added",
-            description=inject.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
-    from agent import drill
-
-    drill.add_drill_args(
-        sub.add_parser(
-            "drill",
-            help="delete one TPU pod of a slice and report whether the job held its state (exit 0) or not (1)",
-            description=drill.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
-    from agent import plan
-
-    plan.add_plan_args(
-        sub.add_parser(
-            "plan",
-            help="model a job's goodput under interruptions for each recovery strategy (docs/plan.md)",
-            description=plan.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-    )
     demo = sub.add_parser(
         "demo",
         help="run a simulated multi-slice job on this machine with real processes",
