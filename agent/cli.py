@@ -45,9 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_args(sub.add_parser("worker", help="run a worker sidecar (one per TPU host)"))
     # Each of these commands lives in its own module, which adds its arguments; its docstring is its help.
     for name, module_name, help_text in (
-        ("admin", "admin_cli", "status, decisions, hold/resume/drain/undrain/checkpoint/abort through the coordinator's admin API"),
+        (
+            "admin",
+            "admin_cli",
+            "status, decisions, hold/resume/drain/undrain/checkpoint/abort through the coordinator's admin API",
+        ),
         ("inject", "inject", "print a JobSet (xpk's Pathways or multi-controller shape) with elastic-sidecar added"),
-        ("drill", "drill", "delete one TPU pod of a slice and report whether the job held its state (exit 0) or not (1)"),
+        (
+            "drill",
+            "drill",
+            "delete one TPU pod of a slice and report whether the job held its state (exit 0) or not (1)",
+        ),
         ("plan", "plan", "model a job's goodput under interruptions for each recovery strategy (docs/plan.md)"),
     ):
         module = importlib.import_module(f"agent.{module_name}")
