@@ -499,19 +499,7 @@ class ElasticSession:
         exactly ``step``. Returns the newest committed step (older than ``step``
         when the flush failed; the acknowledgement then carries the error).
         """
-        t0 = time.monotonic()
-        nbytes, error = self._do_flush(step)
-        self._send(
-            trainer_pb2.TrainerMessage(
-                flushed=trainer_pb2.FlushedAck(
-                    generation=self.generation,
-                    committed_step=self.committed_step,
-                    flush_seconds=time.monotonic() - t0,
-                    flush_bytes=nbytes,
-                    flush_error=error,
-                )
-            )
-        )
+        self._flush_and_ack(step, self.generation)
         return self.committed_step
 
     def committed(self, step: int) -> None:
@@ -797,12 +785,16 @@ class ElasticSession:
         self._on_event("prepare", {"generation": body.generation, "slices": list(slices), "reason": body.reason})
 
     def _on_flush(self, body: trainer_pb2.Flush, step: int) -> None:
+        self._flush_and_ack(step, body.generation)
+
+    def _flush_and_ack(self, step: int, generation: int) -> None:
+        """Flush ``step`` and tell the sidecar how it went, timed, for ``generation``."""
         t0 = time.monotonic()
         nbytes, error = self._do_flush(step)
         self._send(
             trainer_pb2.TrainerMessage(
                 flushed=trainer_pb2.FlushedAck(
-                    generation=body.generation,
+                    generation=generation,
                     committed_step=self.committed_step,
                     flush_seconds=time.monotonic() - t0,
                     flush_bytes=nbytes,
