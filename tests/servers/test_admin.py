@@ -9,6 +9,7 @@ coordinator's main port.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import grpc
@@ -207,10 +208,17 @@ async def test_undrain_of_a_notice_drain_needs_force(job: Job, admin_token: Bear
         )
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "--force" in detail, detail
         assert 1 in job.coord.state.drains
-        with structlog.testing.capture_logs() as logs:
-            reply = await s.UndrainSlice(
-                admin_pb2.UndrainSliceRequest(slice=1, reason="notice is wrong", force=True), metadata=md
-            )
+        # capture_logs swaps the processors only: a level filter an earlier test configured would drop
+        # the decision's info line before it, so let every level through while capturing.
+        level_filter = structlog.get_config()["wrapper_class"]
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+        try:
+            with structlog.testing.capture_logs() as logs:
+                reply = await s.UndrainSlice(
+                    admin_pb2.UndrainSliceRequest(slice=1, reason="notice is wrong", force=True), metadata=md
+                )
+        finally:
+            structlog.configure(wrapper_class=level_filter)
     assert "slice 1 no longer drained" in reply.reason and "forced" in reply.reason, reply.reason
     assert 1 not in job.coord.state.drains
     # The operator's reason is in the coordinator's log of the decision.
