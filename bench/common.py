@@ -328,7 +328,7 @@ def machine() -> dict[str, Any]:
 
     import psutil
 
-    libs = {}
+    libs: dict[str, str | None] = {}
     for dist in ("grpcio", "jax", "orbax-checkpoint", "pathwaysutils", "psutil", "matplotlib"):
         try:
             libs[dist] = version(dist)

@@ -46,7 +46,10 @@ class DetectionRig(Rig):
     """The rig with a journal; with ``notices``, a Pub/Sub emulator and a metadata server a host."""
 
     def __init__(self, workdir: Path, notices: bool) -> None:
-        self.notices, self.emulator, self.message_id = notices, None, ""
+        self.notices, self.message_id = notices, ""
+        self.emulator: Any = None
+        self.publisher: Any = None
+        self.topic = ""
         args = ["--elastic-min-slice-count", "1", "--elastic-timeout-seconds", "120"]
         args += ["--elastic-max-retries", "100000", "--journal", str(workdir / "journal.jsonl")]
         super().__init__(workdir, JOB, SLICES, coordinator_args=args)
@@ -214,6 +217,6 @@ def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = 
             rig.stop()
         notes["pubsub_notice"] = notes.get("pubsub_notice") or rig.pubsub_note
     rows = [row(k, [x for x in samples if x["kind"] == k], notes.get(k)) for k in FAULTS + NOTICES]
-    config = {"slices": SLICES, "repeats": reps, "elastic_min_slice_count": 1}
+    config: dict[str, Any] = {"slices": SLICES, "repeats": reps, "elastic_min_slice_count": 1}
     config |= {"heartbeat_interval_s": C.HEARTBEAT_INTERVAL_SECONDS, "heartbeat_timeout_s": C.HEARTBEAT_TIMEOUT_SECONDS}
     return {"quick": quick, "results": rows, "config": config, "samples": samples}

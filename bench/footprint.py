@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
         for i in range(WORKERS):
             procs[f"worker-{i}"] = psutil.Process(rig.start_host(i, serving_first=True))
             starts.append(procs[f"worker-{i}"].create_time())  # the kernel's start time of the process
-            wait_until(lambda i=i: registered_at(root / f"host-{i}.0.log"), 30)
+            wait_until(partial(registered_at, root / f"host-{i}.0.log"), 30)
         reg = [registered_at(root / f"host-{i}.0.log") for i in range(WORKERS)]
         out["worker_startup_s"] = rnd(median(r - s for r, s in zip(reg, starts, strict=True) if r), 3)
         rig.start_trainer(30)

@@ -328,7 +328,7 @@ class LoadGen:
         async def one(w: FakeWorker) -> bool:
             w.start()
             waiter = asyncio.create_task(w.registered.wait())
-            await asyncio.wait({waiter, w.task}, timeout=120, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+            await asyncio.wait({waiter, w.task}, timeout=120, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type,type-var]
             waiter.cancel()
             return w.registered.is_set()
 

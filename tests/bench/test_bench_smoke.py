@@ -3,7 +3,7 @@
 Each benchmark runs in a tiny form and must produce the common JSON shape (``git_sha``,
 ``dirty``, ``machine``, ``config``, ``results``) with the row fields the report and automation
 read, and the report must render a page from it (into a temporary directory, never the
-repository's ``docs/``). Targets are not asserted: smoke-sized figures are not representative.
+repository's ``docs/``). Figures are not bounded: smoke-sized ones are not representative.
 """
 
 from __future__ import annotations
