@@ -1,5 +1,5 @@
 """Benchmarks of elastic-sidecar: ``python -m bench <name> [--quick] [--json PATH]``.
 
-Names: recovery, detection, scale, flush, footprint, all. Results go to
-``docs/benchmarks.md`` (with PNG plots beside it) and ``docs/benchmarks.json``.
+Names: recovery, detection, scale, footprint, all. Results merge into ``docs/benchmarks.json``;
+``python -m bench.report`` renders ``docs/benchmarks.md`` (and its plot) from that file alone.
 """

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import envelope, git_state, log, machine, maxtext_label, portable_argv, trainer_of
+from bench.common import SCHEMA_VERSION, git_state, log, machine, maxtext_label, portable_argv, trainer_of
 
 NAMES = ("recovery", "detection", "scale", "footprint")
 
@@ -57,14 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a small version (smoke test; figures not representative)")
     ap.add_argument("--json", type=Path, default=None, help="write the result (one benchmark's JSON) here")
     ap.add_argument("--merge-into", type=Path, default=None, help="merge the result into this combined JSON file")
-    ap.add_argument(
-        "--keep-other-rows",
-        action="store_true",
-        help="scale, with --merge-into: keep the file's rows of sizes and scenarios this run did not run",
-    )
     ap.add_argument("--docs-dir", type=Path, default=None, help="merge into DIR/benchmarks.json and render DIR")
     ap.add_argument("--require-clean", action="store_true", help="refuse to run (exit 2) on a dirty working tree")
-    ap.add_argument("--repeats", type=int, default=None, help="runs per figure (recovery: runs per row)")
+    ap.add_argument("--repeats", type=_positive_int, default=None, help="runs per figure (recovery: runs per row)")
     ap.add_argument(
         "--workdir",
         type=Path,
@@ -89,24 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--local-checkpoint-period", type=int, default=None, help="local_checkpoint_rewind's, in steps")
     g.add_argument("--seed", type=int, default=0, help="seed of the fault phases")
     g = ap.add_argument_group("scale")
-    g.add_argument("--sizes", type=_ints, default=None, help="worker counts, e.g. 1000,10000")
-    g.add_argument("--cycles", type=int, default=None, help="hold/resume cycles per size")
+    g.add_argument("--sizes", type=_ints, default=None, help="worker counts (default 10000,25000; quick 200)")
+    g.add_argument("--cycles", type=_positive_int, default=None, help="hold cycles a run (default 3)")
     g.add_argument("--heartbeat-interval", type=float, default=None, help="default: the shipped default")
     g.add_argument("--heartbeat-timeout", type=float, default=None, help="default: the shipped default")
-    g.add_argument("--profile", action="store_true", help="run the coordinator under cProfile")
     g.add_argument(
-        "--heartbeats",
-        choices=["datagram", "stream"],
-        default="datagram",
-        help="datagram (shipped): UDP heartbeats; stream: every heartbeat a message on the worker's stream",
+        "--scenarios", type=_words, default=None, help="comma list: hold_cycles (default), coordinator_restart"
     )
-    g.add_argument(
-        "--scenarios",
-        type=_words,
-        default=None,
-        help="comma list of hold_cycles (default), health_reports, coordinator_restart",
-    )
-    g.add_argument("--registration-rate", type=float, default=None, help="registrations a generator starts a second")
     g.add_argument("--rejoin-grace", type=float, default=None, help="the coordinator's --rejoin-grace (default 10)")
     g.add_argument(
         "--streams-per-connection",
@@ -167,13 +151,10 @@ def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
             sizes=ns.sizes,
             cycles=ns.cycles,
             workdir=wd,
-            profile=ns.profile,
             heartbeat_interval=ns.heartbeat_interval,
             heartbeat_timeout=ns.heartbeat_timeout,
-            heartbeats=ns.heartbeats,
             runs=ns.repeats,
             scenarios=ns.scenarios,
-            registration_rate=ns.registration_rate,
             rejoin_grace=ns.rejoin_grace,
             streams_per_connection=ns.streams_per_connection,
         )
@@ -189,17 +170,21 @@ def _terminate(signum: int, frame: Any) -> None:
 def wrap(
     name: str, r: dict[str, Any], git: dict[str, Any], argv: list[str], started: str, host: dict[str, Any]
 ) -> dict[str, Any]:
-    """A benchmark's dict in the common shape: provenance first, its config and rows, the rest as extras."""
-    extra = {k: v for k, v in r.items() if k not in ("name", "config", "results", "git_sha", "dirty", "machine")}
-    out = envelope(
-        name, {"argv": portable_argv(argv), **(r.get("config") or {})}, list(r.get("results") or []), **extra
-    )
-    out.update(git)  # HEAD when the run started, not when it ended
-    out["machine"] = host
-    out["started_at"] = started
-    out["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    return out
+    """A benchmark's dict in the common shape: provenance (HEAD when the run started), its config and rows,
+    the rest as extras."""
+    extra = {k: v for k, v in r.items() if k not in ("config", "results")}
+    return {
+        "schema": SCHEMA_VERSION,
+        "name": name,
+        **git,
+        "machine": host,
+        "config": {"argv": portable_argv(argv), **(r.get("config") or {})},
+        "results": list(r.get("results") or []),
+        **extra,
+        "started_at": started,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         ns.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
         log(f"wrote {ns.json}")
     for store in [p for p in (ns.merge_into, ns.docs_dir / "benchmarks.json" if ns.docs_dir else None) if p]:
-        merge(store, results, keep_rows=ns.keep_other_rows)
+        merge(store, results)
         log(f"merged into {store}")
     if ns.docs_dir is not None:
         from bench.report import write
@@ -302,42 +287,8 @@ def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _scale_key(r: dict[str, Any]) -> tuple[int, str]:
-    return int(r.get("workers") or 0), str(r.get("scenario") or "hold_cycles")
-
-
-MACHINE_KEYS = ("cores", "cores_usable", "memory_gib", "cpu_model", "python")
-
-
-def scale_run(s: dict[str, Any]) -> dict[str, Any]:
-    """What says which run a scale row comes from (``row["run"]`` once rows of several runs share a section)."""
-    cfg = s.get("config") or {}
-    return {
-        **{k: s.get(k) for k in ("git_sha", "dirty", "started_at", "duration_s")},
-        "net_core_rmem_max": cfg.get("net_core_rmem_max"),
-        "argv": cfg.get("argv"),
-        "machine": {k: (s.get("machine") or {}).get(k) for k in MACHINE_KEYS},
-    }
-
-
-def keep_other_rows(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` (a scale run) with ``old``'s rows of the (workers, scenario) pairs it did not run kept beside its
-    own, every row naming its run. Both runs must be clean full runs at a known commit, else ``new``."""
-    if any(s.get("dirty") is not False or s.get("quick") or not s.get("git_sha") for s in (old, new)):
-        return new
-    ran = {_scale_key(r) for r in new.get("results") or []}
-    kept = [r for r in old.get("results") or [] if _scale_key(r) not in ran]
-    if not kept:
-        return new
-    order = {name: i for i, name in enumerate(("hold_cycles", "health_reports", "coordinator_restart"))}
-    rows = [{**r, "run": r.get("run") or scale_run(old)} for r in kept]
-    rows += [{**r, "run": scale_run(new)} for r in new.get("results") or []]
-    rows.sort(key=lambda r: (order.get(_scale_key(r)[1], 9), _scale_key(r)[0]))
-    sizes = [x for x in old.get("sizes") or [] if _scale_key(x) not in ran] + list(new.get("sizes") or [])
-    return {**new, "results": rows, "sizes": sizes}
-
-
-def merge(store: Path, new: list[dict[str, Any]], keep_rows: bool = False) -> dict[str, Any]:
+def merge(store: Path, new: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each benchmark's newest run replaces its section of ``store`` (recovery: only its model size's rows)."""
     old: dict[str, Any] = {}
     if store.exists():
         try:
@@ -348,8 +299,6 @@ def merge(store: Path, new: list[dict[str, Any]], keep_rows: bool = False) -> di
     for s in new:
         if s["name"] == "recovery" and "recovery" in sections:
             s = merge_recovery(sections["recovery"], s)
-        if s["name"] == "scale" and "scale" in sections and keep_rows:
-            s = keep_other_rows(sections["scale"], s)
         sections[s["name"]] = s
     data = combine([sections[k] for k in NAMES if k in sections])
     store.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmarks: processes, statistics, logs, environment."""
+"""Shared parts of the benchmarks: the rig they run on loopback, processes, statistics, the JSON's provenance."""
 
 from __future__ import annotations
 
@@ -6,30 +6,27 @@ import json
 import os
 import platform
 import resource
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
-
-
 _HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
-    """A loopback port that was free just now and that this process has not handed out before.
-
-    The kernel can give the same port to two ``bind(0)`` calls once the first socket is closed, so
-    a rig that picks a dozen ports before starting its servers could otherwise give two of them one
-    port (and one server would fail to bind).
-    """
+    """A loopback port that was free just now and that this process has not handed out before
+    (the kernel can give a closed socket's port to the next ``bind(0)``: two servers of one rig
+    would then collide)."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
@@ -62,8 +59,7 @@ def percentile(xs: Sequence[float], p: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
-    k = max(0, min(len(s) - 1, int(round(p / 100.0 * len(s) + 0.5)) - 1))
-    return s[k]
+    return s[max(0, min(len(s) - 1, int(round(p / 100.0 * len(s) + 0.5)) - 1))]
 
 
 def rnd(x: float | None, n: int = 4) -> float | None:
@@ -81,17 +77,16 @@ def consecutive_steps(steps: Sequence[dict[str, Any]]) -> list[tuple[dict[str, A
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a log or journal, one a line; other lines are skipped."""
     if not path.exists():
         return []
     out = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
     return out
 
 
@@ -124,95 +119,185 @@ def stop_process(p: subprocess.Popen[Any] | None, grace: float = 5.0) -> int | N
     return p.returncode
 
 
-def environment() -> dict[str, Any]:
-    """What the figures were measured on."""
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "kernel": platform.release(),
-    }
-    try:
-        import psutil
-
-        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-        info["psutil"] = psutil.__version__
-    except ImportError:
-        info["psutil"] = None
-    for mod in ("grpc", "jax", "orbax.checkpoint", "pathwaysutils", "matplotlib"):
-        try:
-            m = __import__(mod, fromlist=["_"])
-            info[mod] = getattr(m, "__version__", "?")
-        except Exception:  # noqa: BLE001 - report what is missing, never fail on it
-            info[mod] = None
-    if info.get("orbax.checkpoint") in (None, "?"):
-        try:
-            from importlib.metadata import version
-
-            info["orbax.checkpoint"] = version("orbax-checkpoint")
-        except Exception:  # noqa: BLE001
-            pass
-    return info
-
-
-def target(name: str, goal: str, measured: float | None, unit: str, ok: bool | None, note: str = "") -> dict[str, Any]:
-    """One row of the targets table: ``ok`` None means not measured."""
-    return {"name": name, "target": goal, "measured": measured, "unit": unit, "met": ok, "note": note}
-
-
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class CpuSampler:
-    """CPU (cores used) and RSS of one process over windows, with psutil."""
+def cpu_seconds(pid: int) -> float:
+    import psutil
 
-    def __init__(self, pid: int) -> None:
-        import psutil
-
-        self.proc = psutil.Process(pid)
-
-    def cpu_seconds(self) -> float:
-        t = self.proc.cpu_times()
-        return float(t.user + t.system)
-
-    def rss(self) -> int:
-        return int(self.proc.memory_info().rss)
-
-    def windows(self, seconds: float, n: int) -> list[float]:
-        """Cores used in each of ``n`` consecutive windows of ``seconds / n``."""
-        out = []
-        w = seconds / n
-        for _ in range(n):
-            c0, t0 = self.cpu_seconds(), time.monotonic()
-            time.sleep(w)
-            c1, t1 = self.cpu_seconds(), time.monotonic()
-            out.append((c1 - c0) / (t1 - t0))
-        return out
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
 
 
-def cli_flags(role: str) -> set[str]:
-    """Every option string ``elastic-sidecar <role>`` accepts (the daemons gain options over time)."""
-    import argparse
+def serving(addr: str) -> bool:
+    """Whether a gRPC server's ``grpc.health.v1`` Check answers SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from agent.cli import build_parser
+    try:
+        with grpc.insecure_channel(addr) as ch:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            return r.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
 
-    ap = build_parser()
-    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-    return {s for a in sub.choices[role]._actions for s in a.option_strings}  # noqa: SLF001
+
+def daemon_port_flags() -> list[str]:
+    """Free loopback ports for a daemon's HTTP and admin servers (their defaults are fixed ports, so
+    two daemons on one machine would collide)."""
+    return ["--http-listen", f"127.0.0.1:{free_port()}", "--admin-listen", f"127.0.0.1:{free_port()}"]
 
 
-def daemon_port_flags(role: str) -> list[str]:
-    """Free loopback ports for a daemon's side servers (HTTP, admin) so that several can run here.
+# ---------------------------------------------------------------------------
+# the rig: a coordinator, its hosts and a trainer on loopback
+# ---------------------------------------------------------------------------
 
-    Their defaults are fixed ports (29311, 29312); two daemons on one machine would collide.
-    """
-    flags = cli_flags(role)
-    out: list[str] = []
-    for f in ("--http-listen", "--admin-listen"):
-        if f in flags:
-            out += [f, f"127.0.0.1:{free_port()}"]
-    return out
+
+class FakeTrainer:
+    """An attached trainer that acknowledges holds and resumes at once, so the job is RUNNING."""
+
+    def __init__(self, addr: str, job: str) -> None:
+        self.addr, self.job = addr, job
+        self.running = threading.Event()
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="fake-trainer").start()
+
+    def _run(self) -> None:
+        from trainer_hooks import ElasticSession
+        from trainer_hooks.session import AbortTraining
+
+        s = ElasticSession.connect(self.addr, job=self.job)
+        s.resumed(s.start(), 0, "fresh", 0.0)
+        self.running.set()
+        try:
+            while not self._stop.is_set():
+                d = s.step_boundary(0)
+                if d is not None:
+                    s.resumed(d, 0, "memory", 0.0)
+                time.sleep(0.005)
+        except AbortTraining:
+            if not self._stop.is_set():  # held when the rig stopped: the end of its job, not an error
+                raise
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Rig:
+    """One coordinator (``python -m agent coordinator``, JSON logs in ``workdir``), hosts of one
+    stand-in Pathways worker and one worker sidecar in a process group each, and a
+    :class:`FakeTrainer`: what detection, footprint and scale each run against."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        job: str,
+        slices: int,
+        hosts_per_slice: int = 1,
+        coordinator_args: Sequence[str] = (),
+        coordinator_env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir, self.job, self.slices = workdir, job, slices
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.trainer_addr = f"127.0.0.1:{free_port()}"
+        side = daemon_port_flags()
+        self.http = side[1]
+        self.cmd = [PY, "-m", "agent", "coordinator", "--job", job, "--listen", self.addr]
+        self.cmd += ["--trainer-listen", self.trainer_addr, "--num-slices", str(slices)]
+        self.cmd += ["--hosts-per-slice", str(hosts_per_slice), "--log-format", "json", *side, *coordinator_args]
+        self.coordinator_env = env(**(coordinator_env or {}))
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.hosts: dict[tuple[int, int], list[subprocess.Popen[bytes]]] = {}
+        self.incarnation: dict[tuple[int, int], int] = {}
+        self.trainer: FakeTrainer | None = None
+        self.files: list[IO[bytes]] = []
+
+    def logfile(self, name: str) -> IO[bytes]:
+        f = open(self.workdir / name, "ab")  # noqa: SIM115 - closed in stop()
+        self.files.append(f)
+        return f
+
+    def start_coordinator(
+        self, log_name: str = "coordinator.log", timeout: float = 60.0, cpus: set[int] | None = None
+    ) -> float:
+        """Start the coordinator (on ``cpus`` only, if given) and wait until it serves; returns the seconds
+        that took."""
+        t0 = time.time()
+        out = self.logfile(log_name)
+        self.coordinator = subprocess.Popen(
+            self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.coordinator_env, cwd=ROOT
+        )
+        if cpus:
+            os.sched_setaffinity(self.coordinator.pid, cpus)
+        if not wait_until(lambda: serving(self.addr), timeout, 0.005):
+            raise RuntimeError(f"the coordinator did not serve within {timeout:g} s (see {self.workdir / log_name})")
+        return time.time() - t0
+
+    def node(self, s: int, h: int) -> str:
+        return f"gke-bench-slice{s}-host{h}-r{self.incarnation.get((s, h), 0)}"
+
+    def start_host(
+        self,
+        s: int,
+        h: int = 0,
+        worker_args: Sequence[str] = (),
+        extra: Sequence[list[str]] = (),
+        serving_first: bool = False,
+    ) -> int:
+        """A stand-in Pathways worker, the host's worker sidecar and any ``extra`` commands (stand-ins of the
+        host's own, such as its metadata server) in one process group; returns the worker sidecar's pid.
+        ``serving_first``: the worker starts once the stand-in serves, as on a running host."""
+        key = (s, h)
+        self.incarnation[key] = self.incarnation.get(key, -1) + 1
+        out = self.logfile(f"host-{s}.{h}.log")
+        port = free_port()
+        pw = subprocess.Popen(
+            [PY, "-m", "standins.pathways_worker", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            env=env(),
+            cwd=ROOT,
+        )
+        if serving_first and not wait_until(lambda: serving(f"127.0.0.1:{port}"), 30):
+            raise RuntimeError(f"the stand-in Pathways worker of host {s}.{h} did not serve within 30 s")
+        wcmd = [PY, "-m", "agent", "worker", "--job", self.job, "--coordinator", self.addr, "--slice", str(s)]
+        wcmd += ["--host", str(h), "--node", self.node(s, h), "--health-target", f"127.0.0.1:{port}"]
+        wcmd += ["--log-format", "json", *daemon_port_flags(), *worker_args]
+        procs = [pw] + [
+            subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT, process_group=pw.pid, env=env(), cwd=ROOT)
+            for c in [*extra, wcmd]
+        ]
+        self.hosts[key] = procs
+        return procs[-1].pid
+
+    def kill_host(self, s: int, h: int = 0) -> None:
+        procs = self.hosts.pop((s, h), [])
+        if procs:
+            for sig in (signal.SIGKILL, signal.SIGCONT):  # SIGCONT: a stopped (hung) group dies too
+                try:
+                    os.killpg(procs[0].pid, sig)
+                except ProcessLookupError:
+                    pass
+        for p in procs:
+            p.wait()
+
+    def start_trainer(self, timeout: float = 300.0) -> FakeTrainer:
+        self.trainer = FakeTrainer(self.trainer_addr, self.job)
+        if not self.trainer.running.wait(timeout):
+            raise RuntimeError(f"the job did not start within {timeout:g} s (no resume to the trainer)")
+        return self.trainer
+
+    def stop(self) -> None:
+        if self.trainer is not None:
+            self.trainer.stop()
+        for key in list(self.hosts):
+            self.kill_host(*key)
+        stop_process(self.coordinator, grace=30.0)
+        for f in self.files:
+            f.close()
 
 
 # ---------------------------------------------------------------------------
@@ -237,52 +322,41 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
     return {"git_sha": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def machine() -> dict[str, Any]:
     """What the figures were measured on: cores, memory, CPU model, Python and library versions."""
-    info = environment()
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
+    from importlib.metadata import PackageNotFoundError, version
+
+    import psutil
+
+    libs: dict[str, str | None] = {}
+    for dist in ("grpcio", "jax", "orbax-checkpoint", "pathwaysutils", "psutil", "matplotlib"):
+        try:
+            libs[dist] = version(dist)
+        except PackageNotFoundError:
+            libs[dist] = None
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in _lines("/proc/cpuinfo") if ln.lower().startswith("model name")),
+        platform.processor() or None,
+    )
     return {
         "cores": os.cpu_count(),
-        "cores_usable": affinity,
-        "memory_gib": info.get("memory_gib"),
-        "cpu_model": _cpu_model(),
-        "python": info["python"],
-        "jax": info.get("jax"),
-        "kernel": info["kernel"],
-        "arch": info["machine"],
-        "libraries": {k: v for k, v in info.items() if k not in ("python", "machine", "cpus", "kernel", "memory_gib")},
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "jax": libs["jax"],
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "libraries": libs,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
-def envelope(name: str, config: dict[str, Any], results: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """One benchmark's output: provenance, machine, the arguments, and a list of result rows.
-
-    Everything a report says is read from here (bench/report.py); ``extra`` carries what a row
-    cannot (targets, per-run raw figures).
-    """
-    return {
-        "schema": SCHEMA_VERSION,
-        "name": name,
-        **git_state(),
-        "machine": machine(),
-        "config": config,
-        "results": results,
-        **extra,
-    }
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
 
 
 def spread(xs: Sequence[float | None]) -> dict[str, Any]:

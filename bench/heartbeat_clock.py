@@ -1,27 +1,17 @@
-"""The load generator's heartbeat clock: one small process that sends its stand-in hosts' heartbeat datagrams.
+"""The load generator's heartbeat clock: a small process that sends its stand-in hosts' heartbeat datagrams.
 
-A load generator (:mod:`bench.scale_loadgen`) stands in for 2,500 hosts, and each real host heartbeats
-from a CPU of its own. Sent from a thread of the generator, the heartbeats shared its GIL with the
-thousands of gRPC channels the generator opens after a coordinator restart: each ``sendto`` releases
-the GIL and waits up to the switch interval (5 ms) to get it back from a busy main thread, so a clock
-that must send 10,000 datagrams a second fell behind by 1.2-1.5 s in the restart runs at 10,000 workers,
-and the coordinator rightly judged those hosts lost (heartbeat timeout 1.2 s). That lateness was the
-stand-in's own, not anything a real host would show. In a process of its own, at a higher priority
-than the generator (it stands in for work that runs on other CPUs than the registrations), the clock
-no longer waits for the generator.
-
-It sends from the generator's own datagram socket (the descriptor is inherited), so the coordinator's
-command datagrams still come back to the generator, which reads and acknowledges them as before.
-
-Told over stdin, one line each::
+A generator (:mod:`bench.scale_loadgen`) stands in for 2,500 hosts, each of which heartbeats from a CPU
+of its own. Sent from a thread of the generator, the heartbeats waited for its GIL behind thousands of
+gRPC channels after a coordinator restart and fell behind by more than the heartbeat timeout. In a
+process of its own, at a higher priority, the clock no longer waits for the generator. It sends from
+the generator's datagram socket (the descriptor is inherited), so the coordinator's command datagrams
+still come back to the generator. Told over stdin, one line each::
 
     + INDEX PORT INTERVAL HEXBYTES     send these bytes to PORT every INTERVAL seconds from now on
     - INDEX                            stop
 
-It prints ``late SECONDS`` on stdout each time it has run later than ever (by 5 ms or more), and the
-generator's :data:`LATE_NOTE` line on stderr past 0.3 s. It exits when its stdin closes.
-
-    python -m bench.heartbeat_clock --fd FD --host 127.0.0.1 --name 0
+It prints ``late SECONDS`` on stdout each time it has run later than ever (by 5 ms or more), and exits
+when its stdin closes: ``python -m bench.heartbeat_clock --fd FD --host 127.0.0.1 --name 0``.
 """
 
 from __future__ import annotations
@@ -37,9 +27,6 @@ import time
 
 DATAGRAM_SLOTS = 125
 """The clock's ticks per heartbeat interval: each tick sends one slot's workers' heartbeats (phases by index)."""
-LATE_NOTE = "heartbeat datagrams {late:.3f} s late"
-"""What the clock prints (stderr) each time it runs later than ever, past 0.3 s; bench.scale reads it
-back from the generators' log after a collapse."""
 LATE_REPORT_STEP = 0.005
 """A new worst lateness is reported to the generator when it exceeds the last one reported by this much."""
 PRIORITY = -10
@@ -143,8 +130,6 @@ class _Clock:
             self.late_reported = late
             sys.stdout.write(f"late {late:.4f}\n")
             sys.stdout.flush()
-        if late > 0.3:
-            print(f"scale_loadgen {self.name}: " + LATE_NOTE.format(late=late), file=sys.stderr, flush=True)
 
 
 def run_clock(sock: socket.socket, host: str, name: str, commands: int) -> int:

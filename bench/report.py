@@ -1,16 +1,15 @@
-"""Render docs/benchmarks.md (and its plots) from docs/benchmarks.json alone.
+"""Render docs/benchmarks.md (and its plot) from docs/benchmarks.json alone.
 
 ``python -m bench.report [--json docs/benchmarks.json] [--out docs/] [--no-plots]``. Each section
-names the commit, machine and command its rows came from; a row's ``valid: false`` and
-``invalid_reason`` (written by its benchmark) are printed beside it. Run history lives in git.
-The TPU host-link runs are read from ``host_link_tpu_v5e.json`` beside the JSON, when present.
+gives the command that measures it and the commit, machine and time its rows came from; a row's
+``invalid_reason`` is printed beside it. Run history lives in git. The TPU host-link runs are read
+from ``host_link_tpu_v5e.json`` beside the JSON, when present.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,15 +51,13 @@ def status(r: dict[str, Any]) -> str:
 
 
 def run_line(s: dict[str, Any]) -> str:
-    """Commit, start, duration, machine and command line of one run."""
+    """Commit, start, duration and machine of one run."""
     m = s.get("machine") or {}
-    host = f"{fmt(m.get('cores'))} cores, {fmt(m.get('memory_gib'))} GiB, {m.get('cpu_model') or '?'}"
-    argv = s.get("argv") or (s.get("config") or {}).get("argv")
-    cmd = f": `python -m bench {shlex.join(argv)}`" if argv else ""
     dirty = " (dirty tree)" if s.get("dirty") else ""
     return (
-        f"Commit `{str(s.get('git_sha'))[:12]}`{dirty}, started {s.get('started_at') or '?'}, "
-        f"took {fmt(s.get('duration_s'))} s; {host}{cmd}"
+        f"Measured at commit `{str(s.get('git_sha'))[:12]}`{dirty}, started {s.get('started_at') or '?'}, took "
+        f"{fmt(s.get('duration_s'))} s; {fmt(m.get('cores'))} cores, {fmt(m.get('memory_gib'))} GiB, "
+        f"{m.get('cpu_model') or '?'}."
     )
 
 
@@ -99,46 +96,34 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
 
 
 def sec_detection(s: dict[str, Any]) -> list[str]:
-    out = [run_line(s), ""]
-    out += table(
-        ["kind", "runs", "detection s", "decision s (median, p90, worst)", "errors", "via"],
-        [
-            [
-                r["kind"],
-                r.get("runs"),
-                r.get("detection_seconds_median"),
-                f"{fmt(r.get('decision_seconds_median'))}, {fmt(r.get('decision_seconds_p90'))}, "
-                f"{fmt(r.get('decision_seconds_max'))}",
-                r.get("errors"),
-                r.get("via") if r.get("available", True) else r.get("note"),
-            ]
-            for r in s.get("results", [])
-        ],
+    rows = [
+        [r["kind"], r.get("runs"), r.get("detection_seconds_median")]
+        + [", ".join(fmt(r.get(f"decision_seconds_{k}")) for k in ("median", "p90", "max")), r.get("errors")]
+        + [r.get("via") if r.get("available", True) else r.get("note")]
+        for r in s.get("results", [])
+    ]
+    out = [run_line(s), ""] + table(
+        ["kind", "runs", "detection s", "decision s (median, p90, worst)"] + ["errors", "via"], rows
     )
     return out + ["", "A notice counts from its delivery to the daemon (a Pub/Sub one from its receipt)."]
 
 
 def sec_scale(s: dict[str, Any]) -> list[str]:
     rows = s.get("results", [])
-    runs = {json.dumps(r.get("run"), sort_keys=True): r["run"] for r in rows if r.get("run")}
-    out = [run_line({**s, **run}) for run in runs.values()] or [run_line(s)]
-    out = [f"- {x}" for x in out] if len(out) > 1 else out
+    runs = {json.dumps(r.get("run"), sort_keys=True): r["run"] for r in rows if isinstance(r.get("run"), dict)}
+    out = [f"- {run_line({**s, **run})}" for run in runs.values()] or [run_line(s)]
     holds = [r for r in rows if r.get("scenario") != "coordinator_restart"]
+    head = ["workers", "scenario", "heartbeat / timeout s", "coordinator cores", "RSS MiB", "hold fan-out p99 s"]
     out += [""] + table(
-        ["workers", "scenario", "heartbeat / timeout s", "coordinator cores", "RSS MiB", "hold fan-out p99 s"]
-        + ["delivered", "runs", "status"],
+        head + ["delivered", "runs", "status"],
         [
             [
                 _workers(r),
                 r.get("scenario") or "hold_cycles",
                 f"{fmt(r.get('heartbeat_interval'))} / {fmt(r.get('heartbeat_timeout'))}",
-                r.get("coordinator_cores"),
-                r.get("coordinator_rss_mib") or r.get("coordinator_rss_mib_at_collapse"),
-                r.get("fanout_p99_seconds"),
-                r.get("delivered_fraction"),
-                r.get("runs"),
-                status(r),
             ]
+            + [r.get("coordinator_cores"), r.get("coordinator_rss_mib") or r.get("coordinator_rss_mib_at_collapse")]
+            + [r.get("fanout_p99_seconds"), r.get("delivered_fraction"), r.get("runs"), status(r)]
             for r in holds
         ],
     )
@@ -148,14 +133,8 @@ def sec_scale(s: dict[str, Any]) -> list[str]:
         out += table(
             ["workers", "hosts lost", "restart to serving s", "all back s (worst run)", "runs", "status"],
             [
-                [
-                    _workers(r),
-                    r.get("hosts_lost"),
-                    r.get("restart_to_serving_seconds"),
-                    r.get("all_back_seconds"),
-                    r.get("runs"),
-                    status(r),
-                ]
+                [_workers(r), r.get("hosts_lost"), r.get("restart_to_serving_seconds"), r.get("all_back_seconds")]
+                + [r.get("runs"), status(r)]
                 for r in restarts
             ],
         )
@@ -168,17 +147,12 @@ def _workers(r: dict[str, Any]) -> str:
 
 
 def sec_footprint(s: dict[str, Any]) -> list[str]:
+    head = ["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"]
     return [run_line(s), ""] + table(
-        ["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"],
+        head,
         [
-            [
-                r["role"],
-                r.get("runs"),
-                f"{fmt(r.get('idle_cpu_pct_median'))}, {fmt(r.get('idle_cpu_pct_max'))}",
-                r.get("rss_mib_median"),
-                r.get("uss_mib_median"),
-                r.get("startup_seconds_median"),
-            ]
+            [r["role"], r.get("runs"), f"{fmt(r.get('idle_cpu_pct_median'))}, {fmt(r.get('idle_cpu_pct_max'))}"]
+            + [r.get("rss_mib_median"), r.get("uss_mib_median"), r.get("startup_seconds_median")]
             for r in s.get("results", [])
         ],
     )
@@ -186,30 +160,23 @@ def sec_footprint(s: dict[str, Any]) -> list[str]:
 
 def sec_host_link(hl: dict[str, Any]) -> list[str]:
     out = [
-        f"`python -m bench.host_link` on one borrowed TPU v5e chip (a gVisor sandbox, so a floor); every run "
-        f"is in [{HOST_LINK}]({HOST_LINK}).",
+        f"On one borrowed TPU v5e chip (a gVisor sandbox, so a floor); every run is in [{HOST_LINK}]({HOST_LINK}).",
         "",
     ]
-    rows, runs = [], hl.get("runs", [])
-    bad = [r for r in runs if status(r) != "ok"]
-    if bad:
-        out += [f"{len(bad)} runs marked invalid in that file are left out here (each says why there).", ""]
-    for run in [r for r in runs if status(r) == "ok"]:
-        cfg, copy = run.get("config") or {}, run.get("copy") or {}
-        for r in run.get("results") or [{}]:
-            rows.append(
-                [
-                    str(run.get("git_sha"))[:12],
-                    cfg.get("state_gib"),
-                    cfg.get("via"),
-                    copy.get("gb_per_s_median"),
-                    r.get("step_kind"),
-                    r.get("step_seconds"),
-                    r.get("slowdown_over_copy_median"),
-                ]
-            )
-    head = ["commit", "state GiB", "via", "copy GB/s (median)", "step", "step s", "slowdown / copy"]
-    return out + table(head, rows)
+    good = [r for r in hl.get("runs", []) if status(r) == "ok"]
+    if len(good) < len(hl.get("runs", [])):
+        out += [
+            f"{len(hl['runs']) - len(good)} runs marked invalid in that file are left out here (each says why there).",
+            "",
+        ]
+    rows = [
+        [str(run.get("git_sha"))[:12], (run.get("config") or {}).get("state_gib"), (run.get("config") or {}).get("via")]
+        + [(run.get("copy") or {}).get("gb_per_s_median"), r.get("step_kind"), r.get("step_seconds")]
+        + [r.get("slowdown_over_copy_median")]
+        for run in good
+        for r in run.get("results") or [{}]
+    ]
+    return out + table(["commit", "state GiB", "via", "copy GB/s (median)", "step", "step s", "slowdown / copy"], rows)
 
 
 TITLES = {
@@ -219,10 +186,26 @@ TITLES = {
     "footprint": "Footprint: idle daemons",
 }
 RENDER = {"recovery": sec_recovery, "detection": sec_detection, "scale": sec_scale, "footprint": sec_footprint}
+_MERGE = "--require-clean --merge-into docs/benchmarks.json"
+COMMANDS = {
+    "recovery": (
+        f"python -m bench recovery --maxtext-model tiny --repeats 5 {_MERGE}",
+        "make bench-recovery",
+        " The ten-times-larger model's rows: `--maxtext-model larger` (`make bench-recovery MAXTEXT_MODEL=larger`).",
+    ),
+    "detection": (f"python -m bench detection {_MERGE}", "make bench-detection", ""),
+    "scale": (
+        f"python -m bench scale --sizes 10000,25000 --scenarios hold_cycles,coordinator_restart --repeats 3 {_MERGE}",
+        "make bench-scale",
+        "",
+    ),
+    "footprint": (f"python -m bench footprint {_MERGE}", "make bench-footprint", ""),
+}
+"""The command that measures each section now: the page shows it, whatever command its rows came from."""
 
 
 def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
-    """recovery.png (fault cost by strategy and model) and scale.png (coordinator CPU by workers)."""
+    """recovery.png: fault cost by strategy and model."""
     try:
         import matplotlib
 
@@ -245,19 +228,6 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
         fig.savefig(out / "recovery.png", dpi=110)
         plt.close(fig)
         made["recovery"] = "recovery.png"
-    pts = [r for r in secs.get("scale", {}).get("results", []) if r.get("coordinator_cores") is not None]
-    if pts:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for ok, marker, label in ((True, "o", "valid"), (False, "x", "INVALID")):
-            mine = [r for r in pts if (status(r) == "ok") == ok]
-            ax.plot([r["workers"] for r in mine], [r["coordinator_cores"] for r in mine], marker, label=label)
-        ax.set_xlabel("workers")
-        ax.set_ylabel("coordinator cores")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "scale.png", dpi=110)
-        plt.close(fig)
-        made["scale"] = "scale.png"
     return made
 
 
@@ -272,15 +242,23 @@ def render(
         "# Benchmarks",
         "",
         f"Generated by `python -m bench.report` from `{source}`; do not edit by hand. These are the measured "
-        "inputs of `elastic-sidecar plan` ([plan.md](plan.md)); `make bench-<name>` runs one on a quiet machine.",
+        "inputs of `elastic-sidecar plan` ([plan.md](plan.md)); run each on a quiet machine, committed tree.",
     ]
     for name in ORDER:
         if name in secs:
-            lines += ["", f"## {TITLES[name]}", ""] + RENDER[name](secs[name])
+            lines += ["", f"## {TITLES[name]}", "", "Run: `{}` (`{}`).{}".format(*COMMANDS[name]), ""] + RENDER[name](
+                secs[name]
+            )
             if name in plots:
                 lines += ["", f"![{name}]({plots[name]})"]
     if host_link:
-        lines += ["", "## Host link: a snapshot's copy on the TPU chip", ""] + sec_host_link(host_link)
+        lines += [
+            "",
+            "## Host link: a snapshot's copy on the TPU chip",
+            "",
+            "Run: `python -m bench.host_link --state-gib 0.5 --runs 5 --json PATH` on the chip.",
+            "",
+        ] + sec_host_link(host_link)
     return "\n".join(lines) + "\n"
 
 

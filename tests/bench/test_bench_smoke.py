@@ -3,7 +3,7 @@
 Each benchmark runs in a tiny form and must produce the common JSON shape (``git_sha``,
 ``dirty``, ``machine``, ``config``, ``results``) with the row fields the report and automation
 read, and the report must render a page from it (into a temporary directory, never the
-repository's ``docs/``). Targets are not asserted: smoke-sized figures are not representative.
+repository's ``docs/``). Figures are not bounded: smoke-sized ones are not representative.
 """
 
 from __future__ import annotations
@@ -69,45 +69,27 @@ RECOVERY_FIELDS = {
 
 
 def test_scale_smoke(tmp_path: Path) -> None:
-    d = run_bench(tmp_path, "scale")
-    (row,) = d["results"]
+    # One invocation for both scenarios. A generous grace: on a loaded machine the restarted coordinator
+    # takes seconds to import; with every worker back it is not waited out.
+    d = run_bench(tmp_path, "scale", "--scenarios", "hold_cycles,coordinator_restart", "--rejoin-grace", "30")
+    hold, restart = d["results"]
     from agent import constants as C
 
-    assert row["workers"] == 200
-    assert row["heartbeat_interval"] == C.HEARTBEAT_INTERVAL_SECONDS  # the shipped defaults
-    assert row["heartbeat_timeout"] == C.HEARTBEAT_TIMEOUT_SECONDS
-    for key in ("coordinator_cores", "coordinator_rss_mib", "fanout_p99_seconds", "delivered_fraction", "valid"):
-        assert key in row, key
-    assert row["valid"] is True, row.get("invalid_reason")
-    assert row["delivered_fraction"] == 1.0
-    assert row["scenario"] == "hold_cycles" and row["runs"] == 1
-    assert row["coordinator_socket_drops"] == 0  # read from the coordinator's own metrics
-    assert d["config"]["registration_rate_per_generator"] == 0  # unpaced by default
-    (size,) = d["sizes"]
-    (cycle,) = size["cycles"]
+    assert hold["workers"] == 200 and hold["scenario"] == "hold_cycles" and hold["runs"] == 1
+    assert hold["heartbeat_interval"] == C.HEARTBEAT_INTERVAL_SECONDS  # the shipped defaults
+    assert hold["heartbeat_timeout"] == C.HEARTBEAT_TIMEOUT_SECONDS
+    assert hold["valid"] is True, hold.get("invalid_reason")
+    assert hold["delivered_fraction"] == 1.0 and hold["fanout_p99_seconds"] > 0
+    assert is_number(hold["coordinator_cores"]) and hold["coordinator_rss_mib"] > 0
+    assert hold["coordinator_socket_drops"] == 0  # read from the coordinator's own metrics
+    assert hold["datagram_workers"] == 200  # every worker's heartbeats came by datagram
+    (cycle,) = next(s for s in d["sizes"] if s["scenario"] == "hold_cycles")["cycles"]
     assert cycle["hold_received"] == cycle["hold_expected"] == 199
     assert cycle["resume_received"] == cycle["resume_expected"] == 200
-    # The shipped heartbeat transport: every connected worker's datagrams reached the coordinator.
-    assert row["heartbeats"] == "datagram"
-    assert row["datagram_workers"] == size["connected_workers"] == 200
-    # Commands by datagram: (nearly) every worker heard the hold that way first, timed by the kernel.
-    assert row["hold_first_by_datagram"] >= 0.9, row
-    assert row["fanout_p99_processed_seconds"] >= row["fanout_p99_seconds"] > 0
-
-
-def test_scale_health_report_and_coordinator_restart_smoke(tmp_path: Path) -> None:
-    # A generous grace: on a loaded 2-core machine the restarted coordinator takes seconds to import.
-    d = run_bench(tmp_path, "scale", "--scenarios", "health_reports,coordinator_restart", "--rejoin-grace", "30")
-    report, row = d["results"]
-    # A hold caused by a worker's health report reaches every worker (the reporter stays connected).
-    assert report["scenario"] == "health_reports" and report["valid"] is True, report.get("invalid_reason")
-    (cycle,) = next(s for s in d["sizes"] if s["scenario"] == "health_reports")["cycles"]
-    assert cycle["hold_received"] == cycle["hold_expected"] == 200
-    assert cycle["resume_received"] == cycle["resume_expected"] == 200
-    assert row["scenario"] == "coordinator_restart" and row["workers"] == 200
-    assert row["valid"] is True, row.get("invalid_reason")
-    assert row["hosts_lost"] == 0 and row["coordinator_socket_drops"] == 0
-    assert 0 < row["restart_to_serving_seconds"] <= row["all_back_seconds"] <= 30
+    assert restart["scenario"] == "coordinator_restart" and restart["workers"] == 200
+    assert restart["valid"] is True, restart.get("invalid_reason")
+    assert restart["hosts_lost"] == 0 and restart["coordinator_socket_drops"] == 0
+    assert 0 < restart["restart_to_serving_seconds"] <= restart["all_back_seconds"] <= 30
     md = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert "Coordinator restart (SIGKILL under load" in md
 

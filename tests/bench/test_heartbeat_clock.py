@@ -68,9 +68,7 @@ def test_lateness_is_reported_once_it_grows(capsys: pytest.CaptureFixture[str]) 
     c = heartbeat_clock._Clock(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), "127.0.0.1", "2500")
     for late in (0.001, 0.01, 0.012, 0.5, 0.4):
         c.note_late(late)
-    out, err = capsys.readouterr()
-    assert out.split() == ["late", "0.0100", "late", "0.5000"]
-    assert err == "scale_loadgen 2500: heartbeat datagrams 0.500 s late\n"
+    assert capsys.readouterr().out.split() == ["late", "0.0100", "late", "0.5000"]
     assert c.late_max == 0.5
 
 

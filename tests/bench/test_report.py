@@ -9,17 +9,30 @@ from typing import Any
 import pytest
 
 from bench.__main__ import merge
-from bench.report import HOST_LINK, main, render, sections
+from bench.report import COMMANDS, HOST_LINK, main, render, sections
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def test_the_committed_page_is_the_render_of_the_committed_json() -> None:
     data = json.loads((DOCS / "benchmarks.json").read_text())
-    plots = {"recovery": "recovery.png", "scale": "scale.png"}
     host_link = json.loads((DOCS / HOST_LINK).read_text())
-    assert render(data, plots, host_link=host_link) == (DOCS / "benchmarks.md").read_text()
+    page = render(data, {"recovery": "recovery.png"}, host_link=host_link)
+    assert page == (DOCS / "benchmarks.md").read_text()
     assert set(sections(data)) == {"recovery", "detection", "scale", "footprint"}
+    assert len(page.splitlines()) <= 150
+
+
+def test_each_section_shows_a_command_the_bench_accepts_today() -> None:
+    import shlex
+
+    from bench.__main__ import build_parser
+
+    page = render(json.loads((DOCS / "benchmarks.json").read_text()))
+    for name, (command, make, _) in COMMANDS.items():
+        assert f"Run: `{command}` (`{make}`)" in page
+        argv = shlex.split(command)
+        assert argv[:3] == ["python", "-m", "bench"] and build_parser().parse_args(argv[3:]).name == name
 
 
 def section(name: str, rows: list[dict[str, Any]], sha: str = "a" * 40, dirty: bool = False) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """The scale benchmark's stand-in hosts set up at most ``--concurrency`` connections at once, after a
-coordinator restart as at their first registration, and log what they did."""
+coordinator restart as at their first registration, share connections only when asked, and register
+only while their process keeps time."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -66,9 +66,6 @@ def loadgen(port: int, count: int, concurrency: int, streams_per_connection: int
         count=count,
         hosts_per_slice=4,
         concurrency=concurrency,
-        rate=0.0,
-        keepalive_ms=None,
-        no_datagrams=True,
         streams_per_connection=streams_per_connection,
     )
     return scale_loadgen.LoadGen(ns)
@@ -100,8 +97,6 @@ async def test_reregistrations_after_a_restart_are_capped_like_the_first(concurr
         assert peer2.joins == 12
         assert 1 <= peer2.most_waiting <= concurrency
         assert all(w.sessions == 2 for w in gen.workers)
-        assert gen.tally["registered"] == 24
-        assert sum(v for k, v in gen.tally.items() if k.startswith(("stream_ended:", "session_failed:"))) >= 12
     finally:
         for w in gen.workers:
             await w.disconnect()
@@ -133,33 +128,12 @@ async def test_hosts_share_connections_only_when_asked(share: int, connections: 
 
 
 def test_shared_connections_ping_as_often_as_a_connection_a_host() -> None:
-    one = dict(scale_loadgen.shared_channel_options(7, 1, None))
+    one = dict(scale_loadgen.shared_channel_options(7, 1))
     assert one["grpc.use_local_subchannel_pool"] == 1 and scale_loadgen.CONNECTION_ARG not in one
-    four = dict(scale_loadgen.shared_channel_options(7, 4, None))
+    four = dict(scale_loadgen.shared_channel_options(7, 4))
     assert "grpc.use_local_subchannel_pool" not in four
     assert four[scale_loadgen.CONNECTION_ARG] == 1  # hosts 4-7 share the second connection
     assert four["grpc.keepalive_time_ms"] * 4 == one["grpc.keepalive_time_ms"]
-
-
-async def test_progress_lines_say_what_the_hosts_did(capsys: pytest.CaptureFixture[str]) -> None:
-    peer = SlowPeer()
-    server, port = await serve(peer)
-    gen = loadgen(port, 3, 3)
-    progress = asyncio.create_task(gen._progress())
-    try:
-        for w in gen.workers:
-            w.start()
-        await wait_for(lambda: all(w.connected for w in gen.workers))
-        await asyncio.sleep(1.2)
-        lines = [json.loads(ln) for ln in capsys.readouterr().err.splitlines() if ln.startswith("{")]
-        assert lines, "no progress line"
-        assert sum(ln["since_last"].get("registered", 0) for ln in lines) == 3
-        assert lines[-1]["connected"] == 3 and lines[-1]["first"] == 0
-    finally:
-        progress.cancel()
-        for w in gen.workers:
-            await w.disconnect()
-        await server.stop(None)
 
 
 async def test_registrations_wait_while_the_generators_loop_is_behind() -> None:
@@ -172,7 +146,7 @@ async def test_registrations_wait_while_the_generators_loop_is_behind() -> None:
         assert gen.caught_up.is_set()
         asyncio.get_running_loop().call_soon(time.sleep, 0.4)  # a backlog: the loop runs 0.4 s late
         await asyncio.sleep(0.1)
-        assert not gen.caught_up.is_set() and gen.lag_max >= 0.3
+        assert not gen.caught_up.is_set()
         # Caught up again only once its timers have fired on time for LAG_CALM.
         await asyncio.sleep(scale_loadgen.LAG_CALM / 2)
         assert not gen.caught_up.is_set()
@@ -222,56 +196,7 @@ async def test_a_session_that_fails_in_any_way_is_followed_by_a_retry(monkeypatc
     try:
         w.start()
         await wait_for(lambda: w.connected)
-        assert calls == 2 and gen.tally["session_failed:InvalidStateError"] == 1
-    finally:
-        await w.disconnect()
-        await server.stop(None)
-
-
-class EndingPeer(SlowPeer):
-    """Answers the Register, reads the stream's heartbeats for ``keep`` seconds, then ends the stream (a
-    coordinator that judged the host lost)."""
-
-    def __init__(self, keep: float) -> None:
-        super().__init__()
-        self.keep = keep
-
-    async def Join(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        first = await context.read()
-        assert first.HasField("register")
-        await context.write(
-            peer_pb2.CoordinatorMessage(registered=peer_pb2.Registered(heartbeat_interval_seconds=0.1, epoch=1))
-        )
-        await asyncio.sleep(self.keep)
-
-
-@pytest.mark.parametrize("keep", [1.0, 11.0])
-async def test_a_session_the_coordinator_ends_soon_after_its_reply_prints_its_timeline(
-    keep: float, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(scale_loadgen, "SHORT_SESSION_SECONDS", 10.0 if keep <= 1 else 0.3)
-    server, port = await serve(EndingPeer(min(keep, 1.0)))
-    gen = loadgen(port, 1, 1)
-    w = gen.workers[0]
-    try:
-        t0 = time.time()
-        w.start()
-        await wait_for(lambda: gen.tally.get("stream_ended:EOF", 0) >= 1)
-        lines = [json.loads(ln) for ln in capsys.readouterr().err.splitlines() if ln.startswith("{")]
-        short = [ln for ln in lines if "short_session" in ln]
-        if keep > 1:  # ended after SHORT_SESSION_SECONDS: nothing printed
-            assert short == []
-            return
-        assert len(short) == 1, lines
-        s = short[0]
-        assert s["short_session"] == 0 and s["why"] == "EOF" and (s["slice"], s["host"]) == (0, 0)
-        # The timeline is printed rounded to 0.1 ms: a start within 50 us of t0 may print below it.
-        assert t0 - 1e-4 <= s["started"] <= s["reply"] <= s["ended"], s
-        # Heartbeats went out on the stream (no datagram port) every 0.1 s until the stream ended (the
-        # timeline keeps the first 8).
-        assert 1 <= len(s["stream_heartbeats"]) <= 8, s
-        assert all(s["reply"] <= t <= s["ended"] for t in s["stream_heartbeats"]), s
-        assert "datagrams_from" not in s and "confirmed" not in s
+        assert calls == 2
     finally:
         await w.disconnect()
         await server.stop(None)
