@@ -15,13 +15,11 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
 import tempfile
 import termios
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +30,8 @@ from agent.auth import read_token_file
 from agent.config import is_loopback
 from simjob.options import FaultSpec, check_faults, check_flags, parse_fault
 from simjob.ports import free_port
+from simjob.summary import journal_row, trainer_row
+from simjob.text import fit  # re-exported: simjob.harness and mc_harness import it from here
 
 __all__ = ["PY", "flags", "free_port"]
 
@@ -283,43 +283,6 @@ def last_error(log: Path) -> str | None:
     return plain
 
 
-# -- output that fits a terminal ---------------------------------------------------
-
-_LONG_DECIMAL = re.compile(r"(?<![\w.])(-?\d+\.\d{4,})(?![\d.])")
-
-
-def width() -> int:
-    return max(60, shutil.get_terminal_size((100, 24)).columns)
-
-
-def tidy(text: str) -> str:
-    """Long decimals rounded to 3 places (a float's noise says nothing to a reader)."""
-    return _LONG_DECIMAL.sub(lambda m: f"{float(m[1]):.3f}", text)
-
-
-def fit(prefix: str, text: str, cols: int | None = None) -> str:
-    """``prefix + text`` wrapped at word boundaries to the terminal, continuation lines indented."""
-    cols = cols or width()
-    return textwrap.fill(
-        tidy(text),
-        width=cols,
-        initial_indent=prefix,
-        subsequent_indent=" " * min(len(prefix), 14),
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-
-
-def round_floats(v: Any) -> Any:
-    if isinstance(v, float):
-        return round(v, 3)
-    if isinstance(v, dict):
-        return {k: round_floats(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [round_floats(x) for x in v]
-    return v
-
-
 class JsonTail:
     """Reads the JSON lines a file gains."""
 
@@ -359,8 +322,6 @@ class LiveReport:
         steps: int,
         period: float = 5.0,
     ) -> None:
-        from simjob.summary import journal_row
-
         self._row = journal_row
         self.say = say
         self.t_start = t_start
@@ -378,8 +339,6 @@ class LiveReport:
         self.say(fit(f"  +{t - self.t_start:7.3f}s  ", text))
 
     def trainer_event(self, ev: dict[str, Any]) -> None:
-        from simjob.summary import trainer_row
-
         if ev.get("kind") == "step":
             self.step = max(self.step, int(ev["step"]))
             self.slices = ev.get("slices", self.slices)

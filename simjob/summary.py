@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simjob.demo_common import fit, round_floats, width
 from simjob.phases import grow_of, recovery_phases, restore_of
+from simjob.text import fit, round_floats, width
 
 
 @dataclass(frozen=True)

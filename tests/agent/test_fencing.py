@@ -21,29 +21,17 @@ from agent.coordinator import Coordinator
 from agent.core.model import Policy
 from agent.durable import fencing
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from tests.agent.coordinators import coordinator_config
 
 JOB = "fence-job"
 TOKEN = BearerToken("peer-secret-0123456789", "test")
 
 
 def config(state_dir: Path, **kw: object) -> CoordinatorConfig:
-    args: dict = dict(
-        job=JOB,
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2, rejoin_grace_seconds=10.0, settle_seconds=0.0),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=state_dir / "state.json",
-        journal=None,
-        state_dir=state_dir,
-        log_format="json",
-        log_level="warning",
-        admin_listen=None,
-        http_listen=None,
-        peer_token=TOKEN,
-    )
+    args: dict = dict(state_file=state_dir / "state.json", state_dir=state_dir, peer_token=TOKEN)
     args.update(kw)
-    return CoordinatorConfig(**args)
+    policy = args.pop("policy", Policy(num_slices=2, rejoin_grace_seconds=10.0, settle_seconds=0.0))
+    return coordinator_config(JOB, policy, **args)
 
 
 async def started(state_dir: Path, *, with_state: bool = True, **kw: object) -> Coordinator:

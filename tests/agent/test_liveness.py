@@ -25,11 +25,12 @@ from typing import Any
 import pytest
 
 from agent import constants as C
-from agent.config import CoordinatorConfig, WorkerConfig
+from agent.config import WorkerConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, Policy, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
 from agent.worker import Worker
 from bench.common import free_port
+from tests.agent.coordinators import coordinator_config
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "liveness-job"
@@ -89,17 +90,12 @@ class Observed:
 async def start_coordinator(
     num_slices: int = 2, hosts_per_slice: int = 1, datagrams: bool = True, **policy: Any
 ) -> Observed:
-    cfg = CoordinatorConfig(
+    cfg = coordinator_config(
+        JOB,
+        Policy(num_slices=num_slices, hosts_per_slice=hosts_per_slice, **policy),
         heartbeat_datagrams=datagrams,
-        job=JOB,
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=num_slices, hosts_per_slice=hosts_per_slice, **policy),
         heartbeat_interval=HEARTBEAT_INTERVAL,
         heartbeat_timeout=HEARTBEAT_TIMEOUT,
-        state_file=None,
-        journal=None,
-        log_format="json",
-        log_level="warning",
     )
     coord = Coordinator(cfg)
     obs = Observed(coord)

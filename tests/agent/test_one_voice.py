@@ -15,6 +15,7 @@ import pytest
 
 from agent.core.model import HoldTrainer, Phase, TrainerAttached
 from protos.elastic_sidecar.v1 import trainer_pb2
+from tests.agent.coordinators import FakeTrainer
 from tests.agent.test_liveness import (
     JOB,
     START_TIMEOUT,
@@ -24,7 +25,6 @@ from tests.agent.test_liveness import (
     start_pathways,
     wait_registered,
 )
-from tests.servers.conftest import FakeTrainer
 from trainer_hooks.link import SidecarLink
 
 

@@ -21,8 +21,9 @@ import pytest
 from agent import constants as C
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
-from agent.core.model import ExitCoordinator, Policy
+from agent.core.model import ExitCoordinator
 from bench.common import free_port
+from tests.agent.coordinators import coordinator_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,19 +88,11 @@ class _FailingJournal(io.StringIO):
 
 
 def _config(state_dir: Path) -> CoordinatorConfig:
-    return CoordinatorConfig(
-        job="shutdown-job",
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
+    return coordinator_config(
+        "shutdown-job",
         state_file=state_dir / "state.json",
         journal=state_dir / "journal.jsonl",
         state_dir=state_dir,
-        log_format="json",
-        log_level="warning",
-        admin_listen=None,
-        http_listen=None,
     )
 
 

@@ -48,6 +48,7 @@ from agent.core.model import (
 )
 from agent.durable import statefile
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from tests.agent.coordinators import coordinator_config as shared_config
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = Policy(num_slices=3, hosts_per_slice=2, elastic_timeout_seconds=30.0, rejoin_grace_seconds=7.0)
@@ -377,22 +378,10 @@ def test_a_failed_write_keeps_the_old_file_and_cleans_up(
 
 
 def coordinator_config(state_dir: Path, **kw: object) -> CoordinatorConfig:
-    args: dict = dict(
-        job="restart-job",
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2, rejoin_grace_seconds=10.0, settle_seconds=0.0),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=state_dir / "state.json",
-        journal=state_dir / "journal.jsonl",
-        state_dir=state_dir,
-        log_format="json",
-        log_level="warning",
-        admin_listen=None,
-        http_listen=None,
-    )
+    args: dict = dict(state_file=state_dir / "state.json", journal=state_dir / "journal.jsonl", state_dir=state_dir)
     args.update(kw)
-    return CoordinatorConfig(**args)
+    policy = args.pop("policy", Policy(num_slices=2, rejoin_grace_seconds=10.0, settle_seconds=0.0))
+    return shared_config("restart-job", policy, **args)
 
 
 async def test_coordinator_restart_resumes_running_and_never_lowers_the_generation(tmp_path: Path) -> None:

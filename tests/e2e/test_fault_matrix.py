@@ -866,7 +866,9 @@ def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seconds", [10, 30])
+# 12 s is past every link's timeout (the workers' peer keepalive, 5 + 2 s, the longest) and past the
+# coordinator's DECISIONS_WEDGED_SECONDS (10 s); 30 s takes the same paths, under --runslow.
+@pytest.mark.parametrize("seconds", [12, pytest.param(30, marks=pytest.mark.slow)])
 def test_coordinator_paused(outcomes: list[dict[str, Any]], tmp_path: Path, seconds: int) -> None:
     """Long enough that the worker sidecars' and the trainer's links time out and reconnect: the old
     streams' ends and their hosts' checks are decided after the new registrations, and must not touch them."""

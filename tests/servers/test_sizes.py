@@ -18,7 +18,7 @@ from agent import constants as C
 from agent import log as logmod
 from agent.coordinator import Coordinator
 from protos.elastic_sidecar.v1 import trainer_pb2
-from tests.servers.conftest import FakeTrainer, Job, coordinator_config, wait_for
+from tests.servers.conftest import JOB, FakeTrainer, Job, coordinator_config, wait_for
 
 
 def test_a_short_record_is_one_plain_json_line() -> None:
@@ -69,7 +69,7 @@ async def test_a_large_slice_error_is_journaled_cut(tmp_path: Path) -> None:
     journal = tmp_path / "journal.jsonl"
     coord = Coordinator(replace(coordinator_config(), journal=journal))
     await coord.start()
-    job = Job(coord, FakeTrainer(f"127.0.0.1:{coord.trainer_port}"))
+    job = Job(coord, FakeTrainer(f"127.0.0.1:{coord.trainer_port}", JOB))
     try:
         await job.running()
         text = "DATA_LOSS: " + "x" * (C.MAX_MESSAGE_BYTES - 4096)

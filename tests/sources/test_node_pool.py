@@ -92,7 +92,7 @@ async def test_a_node_pool_upgrade_reaches_the_slice_whose_worker_read_that_pool
     )
     coord = Coordinator(cfg)
     await coord.start()
-    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}")
+    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}", JOB)
     stop = asyncio.Event()
     workers = [Worker(worker_config(coord.port, s, node, api)) for s, node in enumerate(NODES)]
     tasks = [asyncio.create_task(w._run(stop)) for w in workers]  # noqa: SLF001
@@ -129,7 +129,7 @@ async def test_gke_maintenance_label_plans_a_drain_and_the_taint_drains_now(
     cfg = replace(cfg, policy=replace(cfg.policy, notice_lead_seconds=60.0))
     coord = Coordinator(cfg)
     await coord.start()
-    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}")
+    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}", JOB)
     stop = asyncio.Event()
     workers = [
         Worker(replace(worker_config(coord.port, s, node, api), node_watch_seconds=0.1)) for s, node in enumerate(NODES)

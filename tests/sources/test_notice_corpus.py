@@ -104,7 +104,7 @@ async def test_real_format_notices_through_the_emulator_into_eight_slices(pubsub
     cfg = replace(cfg, policy=replace(cfg.policy, notice_lead_seconds=LEAD))
     coord = Coordinator(cfg)
     await coord.start()
-    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}")
+    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}", JOB)
     trainer.commands = TimedList()
     stop = asyncio.Event()
     tasks = [asyncio.create_task(Worker(worker_config(coord.port, s))._run(stop)) for s in range(N)]  # noqa: SLF001

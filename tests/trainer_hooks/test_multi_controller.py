@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, OperatorCommand, Phase, Policy, TrainerHeld, WorkerJoined
 from agent.servers.status import coordinator_status
 from protos.elastic_sidecar.v1 import trainer_pb2
+from tests.agent.coordinators import coordinator_config
 from tests.trainer_hooks.sidecar import FakeSidecar, resume
 from trainer_hooks import AbortTraining, ElasticSession, FlushResult
 
@@ -98,17 +98,7 @@ class Process(threading.Thread):
 
 
 async def test_every_process_holds_at_the_same_step_across_100_holds_under_random_timing() -> None:
-    cfg = CoordinatorConfig(
-        job=JOB,
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2, hosts_per_slice=2, trainer_processes=PROCESSES),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=None,
-        journal=None,
-        log_format="json",
-        log_level="warning",
-    )
+    cfg = coordinator_config(JOB, Policy(num_slices=2, hosts_per_slice=2, trainer_processes=PROCESSES))
     coord = Coordinator(cfg)
     coord.group.lead_seconds = 0.1  # holds come fast here; still several steps of margin
     inner = coord.apply

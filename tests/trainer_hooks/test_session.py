@@ -29,6 +29,7 @@ from agent.core.model import (
     WorkerLost,
 )
 from protos.elastic_sidecar.v1 import trainer_pb2
+from tests.agent.coordinators import coordinator_config
 from trainer_hooks import AbortTraining, Directive, ElasticSession, FlushResult, SidecarAddressError
 from trainer_hooks.link import SidecarLink
 
@@ -230,16 +231,8 @@ def _unblock(session: ElasticSession) -> None:
 @asynccontextmanager
 async def running(min_slices: int = -1, max_retries: int = 10, steps: int = 5) -> AsyncIterator[Rig]:
     """A coordinator with two registered slices, and a trainer session started on both and at ``steps``."""
-    cfg = CoordinatorConfig(
-        job=JOB,
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2, elastic_min_slice_count=min_slices, elastic_max_retries=max_retries),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=None,
-        journal=None,
-        log_format="json",
-        log_level="warning",
+    cfg = coordinator_config(
+        JOB, Policy(num_slices=2, elastic_min_slice_count=min_slices, elastic_max_retries=max_retries)
     )
     coord = Coordinator(cfg)
     inner = coord.apply
@@ -293,18 +286,7 @@ async def running(min_slices: int = -1, max_retries: int = 10, steps: int = 5) -
 async def test_a_trainer_given_another_port_of_the_sidecar_says_which_address_to_set(port: str) -> None:
     """The coordinator's peer or admin port answers gRPC but has no trainer link: within seconds,
     an error naming ELASTIC_SIDECAR_ADDRESS and --trainer-listen, instead of waiting silently."""
-    cfg = CoordinatorConfig(
-        job=JOB,
-        listen="127.0.0.1:0",
-        policy=Policy(num_slices=2),
-        heartbeat_interval=0.25,
-        heartbeat_timeout=1.2,
-        state_file=None,
-        journal=None,
-        log_format="json",
-        log_level="warning",
-        admin_listen="127.0.0.1:0",
-    )
+    cfg = coordinator_config(JOB, admin_listen="127.0.0.1:0")
     coord = Coordinator(cfg)
     await coord.start()
     try:
