@@ -281,7 +281,8 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         f"coordinator and starts it {RESTART_DELAY:g} s later on the same state, coordinator-stall "
         "SIGSTOPs it for SECONDS, trainer-kill SIGKILLs the trainer and starts it again (it restores "
         "from its checkpoint); slow makes slice SLICE's work (every slice's for *) take FACTOR (above 1) "
-        "times as long from STEP on, for SECONDS only with +SECONDS, and the training step with it. Faults due at the same step go in the order given, {SAME_STEP_GAP:g} s "
+        "times as long from STEP on, for SECONDS only with +SECONDS, and the training step with it. "
+        f"Faults due at the same step go in the order given, {SAME_STEP_GAP:g} s "
         f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)} (moved into a shorter --steps, dropped "
         "where the host does not exist); not with --no-faults",
     )

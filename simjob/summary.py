@@ -522,7 +522,11 @@ def fault_table(faults: list[dict[str, Any]]) -> list[str]:
         via = f"detected via {_fmt(f.get('detection_source'))}"
         if ph.get("total") is not None:
             via += f"; back on its slice {ph['total']:.3f} s after the fault"
-        elif rs.get("grow") is None and (f.get("slices_after") or 0) < (f.get("slices_before") or 0):
+        elif (
+            rs.get("grow") is None
+            and (f.get("kind") != "slow" or f.get("slices_after") is not None)  # a slowdown costs no slice
+            and (f.get("slices_after") or 0) < (f.get("slices_before") or 0)
+        ):
             via += "; not back on its slice before the run ended"
         lines.append(fit("    ", via))
     if not faults:
