@@ -64,7 +64,7 @@ class SlowFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._factors: dict[int, float] = {}
 
     def factors(self) -> dict[int, float]:
@@ -72,9 +72,11 @@ class SlowFile:
             return {}
         try:
             st = self.path.stat()
-            if (st.st_mtime_ns, st.st_size) != self._seen:
+            # Each write is a new file (os.replace): a new inode even within one mtime tick.
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen != self._seen:
                 self._factors = {int(s): float(f) for s, f in json.loads(self.path.read_text()).items()}
-                self._seen = (st.st_mtime_ns, st.st_size)
+                self._seen = seen
         except (OSError, ValueError):
             pass  # not written yet: no slowdown; a write in progress cannot be seen (os.replace)
         return self._factors
