@@ -108,6 +108,17 @@ def failure_recoveries(
 def _fault_detection(f: FaultRecord, journal: list[dict[str, Any]], t_next: float) -> dict[str, Any] | None:
     """The journal record where the coordinator first saw fault ``f``, if it did before the next fault."""
     window = [j for j in journal if f.time <= j["time"] < t_next]
+    if f.kind == "slow":  # seen when the coordinator decided to drain the slow slice (one of them, for *)
+        return next(
+            (
+                j
+                for j in window
+                if j.get("trigger") == VERDICT
+                and (j.get("event_detail") or {}).get("action") == "drain"
+                and f.slice in (None, (j.get("event_detail") or {}).get("slice"))
+            ),
+            None,
+        )
     if f.slice is not None:
         return next((j for j in window if f.slice not in j.get("up_slices", [])), None)
     if f.kind == "trainer-kill":
@@ -153,7 +164,7 @@ def summarize(
         # absorbs without a hold, e.g. a sidecar restart, must not borrow the next one's hold).
         detect = _fault_detection(f, journal, t_next)
         hold = None
-        if detect is not None or f.slice is None:
+        if detect is not None or (f.slice is None and f.kind != "slow"):
             t_from = detect["time"] if detect is not None else f.time
             hold = next(
                 (

@@ -65,6 +65,10 @@ def test_a_drain_reports_the_rate_before_during_and_after_its_resume(tmp_path: P
     # A keep on a slice the slowdown was not on still reads from slice 2's slowdown (the only one).
     assert got[(1, "keep")]["seconds_from_slowdown"] == 3.0 and got[(1, "keep")]["step_rate_after"] is None
 
+    # The fault's own row: seen when the coordinator decided to drain its slice.
+    (fault,) = out["faults"]
+    assert fault["detection_seconds"] == 6.0 and fault["detection_source"] == "StragglerVerdict"
+    assert fault["slices_before"] == 4 and fault["slices_after"] == 3
     text = " ".join(render(out, 90.0, tmp_path, timeline=False).split())  # unwrapped
     assert "not back on its slice" in text  # the drained slice stays drained
     assert "drain slice 2, 6.000 s after the slowdown (slow:2:1.5@40)" in text
@@ -85,6 +89,7 @@ def test_a_job_wide_alert_and_a_transient_that_ended(tmp_path: Path) -> None:
     alert = _verdict(106.0, -1, "job", "alert", "every slice slower alike")
     out = _run(tmp_path, [alert, keep], events, [transient, everyone])
 
+    assert [f["detection_seconds"] for f in out["faults"]] == [None, None]  # nothing drained
     k, a = out["stragglers"]  # in the order of their time
     assert (k["action"], a["action"]) == ("keep", "alert")
     assert k["fault"] == "slow:1:2@10+1" and k["seconds_from_slowdown"] == 0.5
