@@ -59,6 +59,7 @@ from simjob.options import (
     min_slices,
 )
 from simjob.ports import free_port
+from simjob.slowdowns import MetricsHosts, Slowdowns
 from simjob.summary import FaultRecord, render, summarize
 from standins.netproxy import Forwarder, HostLink
 from standins.provisioner import Provisioner
@@ -66,6 +67,16 @@ from standins.provisioner import Provisioner
 __all__ = ["PY", "Demo", "Job", "free_port", "run_demo"]
 _Tail = JsonTail
 """The old name, which :mod:`simjob.strategies.common` imports."""
+
+
+def worker_reads_tpu_metrics() -> bool:
+    """Whether this build's worker sidecar takes ``--tpu-metrics-target`` (issue 55's metrics
+    source); without it the demo starts no stand-in metrics services and passes no such flags."""
+    from agent.config import add_worker_args
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_worker_args(p)
+    return "--tpu-metrics-target" in p._option_string_actions
 
 
 def signal_name(signum: int) -> str:
@@ -154,6 +165,13 @@ class Job:
         self.peer_token_file = workdir / "peer-token"
         self.peer_token_file.write_text(secrets.token_hex(32) + "\n")
         self.peer_token_file.chmod(0o600)
+        # slow faults: each slice's pace, which the trainer reads at every step.
+        self.slowdowns = Slowdowns(workdir / "slowdowns.json", ns.slices)
+        # A stand-in libtpu metrics service per host, for the worker sidecars' straggler source
+        # (the single-controller job: one trainer reports each step once).
+        self.tpu_metrics: MetricsHosts | None = None
+        if getattr(ns, "mode", "single-controller") != "multi-controller" and worker_reads_tpu_metrics():
+            self.tpu_metrics = MetricsHosts(keys)
 
     def _log(self, name: str) -> IO[bytes]:
         f = open(self.logs / name, "ab")  # noqa: SIM115
@@ -320,6 +338,12 @@ class Job:
             # Every host of the simulated job shares this machine's loopback: no per-worker HTTP.
             http_listen="none",
         )
+        if self.tpu_metrics is not None:
+            cmd += _flags(
+                tpu_metrics="service",
+                tpu_metrics_target=self.tpu_metrics.target(s, h),
+                straggler_window_seconds=self.ns.straggler_window_seconds,
+            )
         if (s, h) in self.metadata_ports:
             cmd += _flags(metadata_url=f"http://127.0.0.1:{self.metadata_ports[(s, h)]}/computeMetadata/v1")
         log = self._log(f"host-{s}.{h}.log")
@@ -344,6 +368,8 @@ class Job:
                     p.wait()
             self.reset_metadata(s, h)
             self.start_host(s, h)
+        if self.tpu_metrics is not None:
+            self.tpu_metrics.reset(s)
 
     def start_trainer(self) -> None:
         ns = self.ns
@@ -360,6 +386,7 @@ class Job:
             checkpoint_period=ns.checkpoint_period,
             step_seconds=ns.step_seconds,
             events=self.workdir / "trainer-events.jsonl",
+            slow_file=self.slowdowns.path,
         )
         # The hooks' self-guard: with the sidecar gone this long, flush and exit 42.
         cmd += _flags(elastic_timeout_seconds=ns.timeout)
@@ -426,6 +453,8 @@ class Job:
                 fwd.close()
         for link in self.host_links.values():
             link.close()
+        if self.tpu_metrics is not None:
+            self.tpu_metrics.stop()
         if self.publisher is not None:
             self.publisher.transport.close()
         if self.emulator is not None:
@@ -620,6 +649,8 @@ class Demo:
                 raise SetupError(f"notice faults need the Pub/Sub emulator (and Java 17): {e}") from None
         if "metadata" in kinds:
             self.job.start_metadata_servers()
+        if self.job.tpu_metrics is not None:
+            self.job.tpu_metrics.start()
         self.job.start_coordinator()
         for s in range(self.ns.slices):
             for h in range(self.ns.hosts_per_slice):
@@ -691,6 +722,14 @@ class Demo:
             coord = job.coordinator
             self._after(f.seconds, "coordinator continued (SIGCONT)", lambda: coord.send_signal(signal.SIGCONT))
             what = f"coordinator stopped (SIGSTOP) for {f.seconds:g} s"
+        elif f.kind == "slow":
+            assert f.factor is not None
+            handle = job.slowdowns.start(f.slice, f.factor)
+            where = "every slice" if f.slice is None else f"slice {f.slice}"
+            if f.seconds is not None:
+                self._after(f.seconds, f"{where} back to its pace", lambda: job.slowdowns.end(handle))
+            span = f" for {f.seconds:g} s" if f.seconds is not None else ""
+            what = f"{where}'s work takes {f.factor:g} times as long{span}"
         elif f.kind == "trainer-kill":
             code = job.kill_trainer()
             self.exits["trainer"].append(code)
@@ -699,7 +738,7 @@ class Demo:
             what = f"trainer killed (exit {code}); restart in {RESTART_DELAY:g} s"
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
-        self.records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, self.last_step, f.seconds))
+        self.records.append(FaultRecord(f.kind, f.slice, f.host, f.at_step, now, self.last_step, f.seconds, f.factor))
         self.say(f"  +{now - self.t_start:7.3f}s  [harness] {f.kind}: {what} at step {self.last_step}")
 
     def kill_coordinator(
@@ -752,6 +791,9 @@ class Demo:
         for ev in self.trainer_events():
             if ev.get("kind") == "step":
                 self.last_step = max(self.last_step, int(ev["step"]))
+                if self.job.tpu_metrics is not None and "slices" in ev:
+                    slowed = {int(k): float(v) for k, v in (ev.get("slowdowns") or {}).items()}
+                    self.job.tpu_metrics.step(float(ev["seconds"]), ev["slices"], slowed)
         if not self.check_children():
             return False
         mono = time.monotonic()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +30,14 @@ HOST_TIMED_KINDS = ("sidecar-stall", "partition")
 that host's worker sidecar alone (its Pathways worker stays healthy), SIGCONT after SECONDS;
 partition: cut that host's links to the coordinator (its stream and its heartbeat datagrams pass a
 stand-in network path of their own, :class:`standins.netproxy.HostLink`) for SECONDS."""
-FAULT_KINDS = HOST_KINDS + HOST_TIMED_KINDS + JOB_KINDS
+SLICE_KINDS = ("slow",)
+"""Faults aimed at a slice's pace, ``slow:SLICE:FACTOR@STEP``: from STEP on, the slice's work takes
+FACTOR times as long (``slow:*:FACTOR@STEP``: every slice's); ``slow:SLICE:FACTOR@STEP+SECONDS``
+for SECONDS only. The trainer's step then takes as long as its slowest active slice makes it, and
+each host's stand-in libtpu metrics service shows what that host would (:mod:`simjob.slowdowns`)."""
+FAULT_KINDS = HOST_KINDS + HOST_TIMED_KINDS + JOB_KINDS + SLICE_KINDS
+MAX_SLOW_FACTOR = 100.0
+"""A slice a hundred times slower is a hang, not a straggler (and would outlast any demo run)."""
 ANNOUNCED = ("notice", "metadata")
 RESTART_DELAY = 1.0
 """Seconds from a coordinator, sidecar or trainer kill until the demo starts it again."""
@@ -36,12 +45,13 @@ SAME_STEP_GAP = 0.2
 """Seconds between faults due at the same step (injected in the order given)."""
 _FAULT_RE = re.compile(r"^(?P<kind>[a-z][a-z-]*)(?::(?P<arg>[^@]*))?@(?P<step>[^@]*)$")
 _HOST_RE = re.compile(r"^(?P<slice>\d+)\.(?P<host>\d+)$")
+_SLOW_RE = re.compile(r"^(?P<slice>\d+|\*):(?P<factor>[^:]+)$")
 DEFAULT_FAULTS = ("kill:1.0@40", "hang:2.0@120")
 FAULT_HELP = (
     "KIND:SLICE.HOST@STEP with KIND one of " + ", ".join(HOST_KINDS) + " (e.g. kill:1.0@40), "
     "or sidecar-stall:SLICE.HOST:SECONDS@STEP, partition:SLICE.HOST:SECONDS@STEP, coordinator-restart@STEP, "
     "coordinator-stall:SECONDS@STEP, "
-    "trainer-kill@STEP"
+    "trainer-kill@STEP, slow:SLICE:FACTOR@STEP, slow:SLICE:FACTOR@STEP+SECONDS or slow:*:FACTOR@STEP"
 )
 
 
@@ -52,8 +62,14 @@ class FaultSpec:
     host: int | None
     at_step: int
     seconds: float | None = None
+    factor: float | None = None
+    """``slow``: how many times as long the slice's work takes (its slice None: every slice's)."""
 
     def __str__(self) -> str:
+        if self.kind in SLICE_KINDS:
+            where = "*" if self.slice is None else str(self.slice)
+            until = "" if self.seconds is None else f"+{self.seconds:g}"
+            return f"{self.kind}:{where}:{self.factor:g}@{self.at_step}{until}"
         if self.slice is not None and self.seconds is not None:
             return f"{self.kind}:{self.slice}.{self.host}:{self.seconds:g}@{self.at_step}"
         if self.slice is not None:
@@ -79,6 +95,8 @@ def parse_fault(text: str) -> FaultSpec:
     kind, arg, step_s = m["kind"], m["arg"], m["step"]
     if kind not in FAULT_KINDS:
         raise bad(f"kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+    if kind in SLICE_KINDS:
+        return _parse_slow(kind, arg, step_s, bad)
     if not step_s.isdigit():
         raise bad(f"step {step_s!r} is not a whole number")
     step = int(step_s)
@@ -114,6 +132,33 @@ def parse_fault(text: str) -> FaultSpec:
     return FaultSpec(kind, None, None, step)
 
 
+def _parse_slow(kind: str, arg: str | None, step_s: str, bad: Callable[[str], argparse.ArgumentTypeError]) -> FaultSpec:
+    """``slow:SLICE:FACTOR@STEP[+SECONDS]``, SLICE a slice number or ``*`` (every slice)."""
+    example = f"{kind}:2:1.5@40 or {kind}:2:1.5@40+5"
+    m = _SLOW_RE.match(arg or "")
+    if not m:
+        raise bad(f"{kind} needs SLICE:FACTOR (SLICE a number or *), e.g. {example}")
+    step_text, plus, secs = step_s.partition("+")
+    if not step_text.isdigit():
+        raise bad(f"step {step_text!r} is not a whole number")
+    try:
+        factor = float(m["factor"])
+    except ValueError:
+        raise bad(f"factor {m['factor']!r} is not a number") from None
+    if not (math.isfinite(factor) and 1 < factor <= MAX_SLOW_FACTOR):
+        raise bad(f"factor {m['factor']!r} must be above 1 and at most {MAX_SLOW_FACTOR:g}")
+    seconds = None
+    if plus:
+        try:
+            seconds = float(secs)
+        except ValueError:
+            raise bad(f"seconds {secs!r} is not a number") from None
+        if not 0 < seconds <= 3600:
+            raise bad(f"seconds {secs!r} must be above 0 and at most 3600")
+    where = None if m["slice"] == "*" else int(m["slice"])
+    return FaultSpec(kind, where, None, int(step_text), seconds, factor)
+
+
 def check_faults(
     faults: list[FaultSpec], slices: int, hosts: int, steps: int, kinds: tuple[str, ...] = FAULT_KINDS
 ) -> None:
@@ -126,6 +171,8 @@ def check_faults(
                 raise ValueError(f"--fault {f}: slice {f.slice} does not exist (slices 0..{slices - 1})")
             if not 0 <= f.host < hosts:
                 raise ValueError(f"--fault {f}: host {f.host} does not exist (hosts 0..{hosts - 1} per slice)")
+        elif f.slice is not None and not 0 <= f.slice < slices:
+            raise ValueError(f"--fault {f}: slice {f.slice} does not exist (slices 0..{slices - 1})")
         if not 0 < f.at_step < steps:
             raise ValueError(f"--fault {f}: step {f.at_step} is outside 1..{steps - 1}")
 
@@ -140,6 +187,8 @@ class Given(argparse.Action):
 
 
 DEFAULT_MIN_SLICES = 2
+DEMO_STRAGGLER_WINDOW = 0.5
+"""Seconds: a demo step is tens of milliseconds, so a window of a real job's size would hold the whole run."""
 
 
 def min_slices(ns: argparse.Namespace) -> int:
@@ -231,11 +280,21 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         "SIGKILLs its worker sidecar alone and starts a new one; coordinator-restart SIGKILLs the "
         f"coordinator and starts it {RESTART_DELAY:g} s later on the same state, coordinator-stall "
         "SIGSTOPs it for SECONDS, trainer-kill SIGKILLs the trainer and starts it again (it restores "
-        f"from its checkpoint). Faults due at the same step go in the order given, {SAME_STEP_GAP:g} s "
+        "from its checkpoint); slow makes slice SLICE's work (every slice's for *) take FACTOR (above 1) "
+        "times as long from STEP on, for SECONDS only with +SECONDS, and the training step with it. "
+        f"Faults due at the same step go in the order given, {SAME_STEP_GAP:g} s "
         f"apart. Default when none is given: {' '.join(DEFAULT_FAULTS)} (moved into a shorter --steps, dropped "
         "where the host does not exist); not with --no-faults",
     )
     p.add_argument("--no-faults", action="store_true", help="run without any fault (not with --fault)")
+    p.add_argument(
+        "--straggler-window-seconds",
+        type=seconds(),
+        default=DEMO_STRAGGLER_WINDOW,
+        help="each worker sidecar's window over its host's libtpu metrics (the stand-in service the demo "
+        f"runs per host; default {DEMO_STRAGGLER_WINDOW:g}, demo-sized: the detector wants a few normal windows "
+        "for its baseline before a fault at step 40)",
+    )
     p.add_argument(
         "--no-sidecar",
         action="store_true",

@@ -33,6 +33,7 @@ coordinator's final state file, else of its last ``/status``), with
 ``failure_recoveries_journal``, the failure holds its journal records
 ("recovery N of M"; one per operation, see :func:`failure_recoveries`), as a
 cross-check across coordinator restarts.
+``stragglers``: each straggler verdict of the coordinator's journal (:func:`stragglers`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class FaultRecord:
     time: float
     step_seen: int
     seconds: float | None = None
+    factor: float | None = None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -106,6 +108,17 @@ def failure_recoveries(
 def _fault_detection(f: FaultRecord, journal: list[dict[str, Any]], t_next: float) -> dict[str, Any] | None:
     """The journal record where the coordinator first saw fault ``f``, if it did before the next fault."""
     window = [j for j in journal if f.time <= j["time"] < t_next]
+    if f.kind == "slow":  # seen when the coordinator decided to drain the slow slice (one of them, for *)
+        return next(
+            (
+                j
+                for j in window
+                if j.get("trigger") == VERDICT
+                and (j.get("event_detail") or {}).get("action") == "drain"
+                and f.slice in (None, (j.get("event_detail") or {}).get("slice"))
+            ),
+            None,
+        )
     if f.slice is not None:
         return next((j for j in window if f.slice not in j.get("up_slices", [])), None)
     if f.kind == "trainer-kill":
@@ -151,7 +164,7 @@ def summarize(
         # absorbs without a hold, e.g. a sidecar restart, must not borrow the next one's hold).
         detect = _fault_detection(f, journal, t_next)
         hold = None
-        if detect is not None or f.slice is None:
+        if detect is not None or (f.slice is None and f.kind != "slow"):
             t_from = detect["time"] if detect is not None else f.time
             hold = next(
                 (
@@ -242,10 +255,96 @@ def summarize(
         "failure_recoveries": recoveries,
         "failure_recoveries_source": rec_source,
         "failure_recoveries_journal": rec_journal,
+        "stragglers": stragglers(journal, tev, faults),
         "exit_codes": codes,
         "decisions": len(journal),
         "workdir": str(workdir),
     }
+
+
+VERDICT = "StragglerVerdict"
+MAX_VERDICT_LINES = 10
+
+
+def _rate(steps: list[float], start: float | None, end: float | None) -> float | None:
+    """Steps a second completed in (start, end]; None where there is no such span."""
+    if start is None or end is None or end <= start:
+        return None
+    return round(sum(1 for t in steps if start < t <= end) / (end - start), 3)
+
+
+def _slowdown_of(t: float, where: int | None, slows: list[FaultRecord]) -> FaultRecord | None:
+    """The injected slowdown a verdict answers: the latest begun by then on its slice (or on every
+    slice), for a job-wide verdict the latest of all."""
+    begun = [f for f in slows if f.time <= t]
+    if where is not None and where >= 0:
+        begun = [f for f in begun if f.slice in (None, where)] or begun
+    return begun[-1] if begun else None
+
+
+def stragglers(
+    journal: list[dict[str, Any]], tev: list[dict[str, Any]], faults: list[FaultRecord]
+) -> list[dict[str, Any]]:
+    """One object per ``StragglerVerdict`` line of the journal, with the step rate around it.
+
+    ``seconds_from_slowdown``: the verdict's time less the start of the injected slowdown it answers.
+    Step rates (steps a second, the trainer's completed steps): ``before`` from the first resume to the
+    slowdown, ``during`` from the slowdown to the verdict, ``after`` from the trainer's resume without
+    the slice (a drain) or from the slowdown's end (otherwise) to the last step; None where there is no
+    such span (no slowdown injected, one that never ended, a drain the trainer never resumed from).
+    """
+    steps = sorted(float(e["t"]) for e in tev if e.get("kind") == "step")
+    resumes = sorted((e for e in tev if e.get("kind") == "resumed"), key=lambda e: e["t"])
+    first = float(resumes[0]["t"]) if resumes else None
+    end = steps[-1] if steps else None
+    slows = sorted((f for f in faults if f.kind == "slow"), key=lambda f: f.time)
+    out = []
+    for v in sorted((j for j in journal if j.get("trigger") == VERDICT), key=lambda j: j["time"]):
+        d = v.get("event_detail") or {}
+        t = float(v["time"])
+        slow = _slowdown_of(t, d.get("slice"), slows)
+        began = slow.time if slow is not None else None
+        if d.get("action") == "drain":
+            back = next((r for r in resumes if r["t"] > t and d.get("slice") not in r.get("slices", [])), None)
+            after_from = float(back["t"]) if back is not None else None
+        else:
+            after_from = began + slow.seconds if slow is not None and slow.seconds is not None else None
+        out.append(
+            {
+                "time": round(t, 4),
+                "slice": d.get("slice"),
+                "scope": d.get("scope"),
+                "action": d.get("action"),
+                "reason": d.get("reason"),
+                "slowdown": d.get("slowdown"),
+                "lateness": d.get("lateness"),
+                "fault": _name(slow) if slow is not None else None,
+                "seconds_from_slowdown": round(t - began, 3) if began is not None else None,
+                "step_rate_before": _rate(steps, first, began),
+                "step_rate_during": _rate(steps, began, t),
+                "step_rate_after": _rate(steps, after_from, end),
+            }
+        )
+    return out
+
+
+def straggler_lines(verdicts: list[dict[str, Any]]) -> list[str]:
+    """A line per verdict: what, when from the slowdown, the step rate around it, and why."""
+    if not verdicts:
+        return []
+    lines = ["\nStraggler verdicts (step rates in steps/s before, during and after the slowdown):"]
+    shown = verdicts
+    if len(verdicts) > MAX_VERDICT_LINES:  # keep verdicts can come every window: counted, not listed
+        shown = [v for v in verdicts if v.get("action") != "keep"]
+    for v in shown:
+        who = "job-wide" if v.get("scope") == "job" else f"slice {v.get('slice')}"
+        rates = "/".join(_fmt(v.get(k)) for k in ("step_rate_before", "step_rate_during", "step_rate_after"))
+        text = f"{v.get('action')} {who}, {_fmt(v.get('seconds_from_slowdown'), ' s')} after the slowdown"
+        text += f" ({v.get('fault') or 'none injected'}); steps/s {rates}: {v.get('reason') or '-'}"
+        lines.append(fit("  ", text))
+    if len(shown) < len(verdicts):
+        lines.append(f"  and {len(verdicts) - len(shown)} keep verdicts (all in --summary-json)")
+    return lines
 
 
 def _fault_phases(
@@ -305,6 +404,9 @@ def trainer_row(e: dict[str, Any]) -> str | None:
 
 
 def _name(f: FaultRecord) -> str:
+    if f.kind == "slow":
+        until = "" if f.seconds is None else f"+{f.seconds:g}"
+        return f"slow:{'*' if f.slice is None else f.slice}:{f.factor:g}@{f.at_step}{until}"
     if f.slice is not None:
         return f"{f.kind}:{f.slice}.{f.host}@{f.at_step}"
     if f.seconds is not None:
@@ -345,6 +447,7 @@ def render(
         for t, text in sorted(rows):
             lines.append(fit(f"  +{t - t_start:7.3f}s  ", text))
     lines += fault_table(summary["faults"])
+    lines += straggler_lines(summary.get("stragglers") or [])
     codes = ", ".join(f"{k} {v}" for k, v in summary["exit_codes"].items())
     lines.append("")
     lines.append(
@@ -430,7 +533,11 @@ def fault_table(faults: list[dict[str, Any]]) -> list[str]:
         via = f"detected via {_fmt(f.get('detection_source'))}"
         if ph.get("total") is not None:
             via += f"; back on its slice {ph['total']:.3f} s after the fault"
-        elif rs.get("grow") is None and (f.get("slices_after") or 0) < (f.get("slices_before") or 0):
+        elif (
+            rs.get("grow") is None
+            and (f.get("kind") != "slow" or f.get("slices_after") is not None)  # a slowdown costs no slice
+            and (f.get("slices_after") or 0) < (f.get("slices_before") or 0)
+        ):
             via += "; not back on its slice before the run ended"
         lines.append(fit("    ", via))
     if not faults:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from simjob.commits import PeriodicCommits
+from simjob.slowdowns import SlowFile
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.interval import SnapshotInterval
 from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, snapshot_every_arg, state_layout
@@ -137,6 +138,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "that interval reaches --checkpoint-period (trainer_hooks.maxtext.interval). Default 1 (at most the "
         "step in flight is lost): the demo's state is small",
     )
+    ap.add_argument(
+        "--slow-file",
+        type=Path,
+        default=None,
+        help="the demo's slow faults: a JSON object of slice -> factor, read at every step; a step on slices "
+        "of which one is slowed takes its slowest active slice's factor times as long (simjob.slowdowns)",
+    )
     ap.add_argument("--events", type=Path, default=None)
     ap.add_argument(
         "--elastic-timeout-seconds",
@@ -223,6 +231,7 @@ class Trainer:
         self._slot: tuple[float, bool, bool] | None = None
         """The step slot in progress (auto): when it started (before any snapshot), whether a snapshot was
         taken at its start, and whether it counts (not when a checkpoint was started in it)."""
+        self.slow = SlowFile(getattr(ns, "slow_file", None))
         self.session = self._connect() if connect else None
         # Periodic saves count as committed steps (admin status, the state file) once Orbax committed them.
         self.commits = PeriodicCommits(self.manager, self.session, events)
@@ -732,6 +741,10 @@ class Trainer:
             pad = ns.step_seconds - (time.monotonic() - t0)
             if pad > 0:
                 time.sleep(pad)
+            # A synchronous step waits for its slowest slice: the step's work, that many times as long.
+            factor, slowed = self.slow.step_factor(self.active)
+            if factor > 1.0:
+                time.sleep((time.monotonic() - t0) * (factor - 1.0))
             step += 1
             dt = time.monotonic() - t0
             self.session.report_step(step, dt)
@@ -751,6 +764,8 @@ class Trainer:
                     "loss": loss_v,
                     "slices": list(self.active),
                     "generation": self.session.generation,
+                    # The demo's slow faults on this step's slices (the harness's stand-in metrics follow them).
+                    **({"slowdowns": {str(k): v for k, v in slowed.items()}} if slowed else {}),
                 },
             )
             if step % ns.checkpoint_period == 0:

@@ -112,6 +112,11 @@ class TpuMetricsStandIn(pb_grpc.RuntimeMetricServiceServicer):
             for h in self.hlo:  # every chip runs the step's program
                 h.add(step_s * 1e6)
 
+    def reset(self) -> None:
+        """A new host in this one's place (a recreated slice): its libtpu counts from zero."""
+        self.collective = _Histogram()
+        self.hlo = [_Histogram() for _ in range(self.model.chips)]
+
     def _metric(self, name: str) -> pb.TPUMetric | None:
         if name == COLLECTIVE:
             metrics = [pb.Metric(attribute=_kv("buffer-size", "8MB+"), distribution=self.collective.proto())]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from simjob.options import FAULT_KINDS, FaultSpec, add_demo_args, check_faults, parse_fault
+from simjob.options import FAULT_KINDS, MC_KINDS, FaultSpec, add_demo_args, check_faults, parse_fault
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,10 @@ from simjob.options import FAULT_KINDS, FaultSpec, add_demo_args, check_faults, 
         ("coordinator-stall:0.5@9", FaultSpec("coordinator-stall", None, None, 9, 0.5)),
         ("trainer-kill@30", FaultSpec("trainer-kill", None, None, 30)),
         (" trainer-kill@30 ", FaultSpec("trainer-kill", None, None, 30)),
+        ("slow:2:1.5@40", FaultSpec("slow", 2, None, 40, None, 1.5)),
+        ("slow:2:1.5@40+5", FaultSpec("slow", 2, None, 40, 5.0, 1.5)),
+        ("slow:*:1.3@40", FaultSpec("slow", None, None, 40, None, 1.3)),
+        ("slow:0:2@1+0.5", FaultSpec("slow", 0, None, 1, 0.5, 2.0)),
     ],
 )
 def test_fault_specs_parse_and_print_back(text: str, spec: FaultSpec) -> None:
@@ -53,6 +57,20 @@ def test_fault_specs_parse_and_print_back(text: str, spec: FaultSpec) -> None:
         ("coordinator-restart:1.0@3", "coordinator-restart takes no argument"),
         ("trainer-kill:2@3", "trainer-kill takes no argument"),
         ("trainer-kill@-3", "step '-3' is not a whole number"),
+        ("slow@40", "slow needs SLICE:FACTOR"),
+        ("slow:2@40", "slow needs SLICE:FACTOR"),
+        ("slow:2.0:1.5@40", "slow needs SLICE:FACTOR"),
+        ("slow:x:1.5@40", "slow needs SLICE:FACTOR"),
+        ("slow:2:fast@40", "factor 'fast' is not a number"),
+        ("slow:2:1@40", "factor '1' must be above 1"),
+        ("slow:2:0.5@40", "factor '0.5' must be above 1"),
+        ("slow:2:inf@40", "factor 'inf' must be above 1"),
+        ("slow:2:nan@40", "factor 'nan' must be above 1"),
+        ("slow:2:1.5@x", "step 'x' is not a whole number"),
+        ("slow:2:1.5@40+", "seconds '' is not a number"),
+        ("slow:2:1.5@40+0", "seconds '0' must be above 0"),
+        ("slow:2:1.5@40+abc", "seconds 'abc' is not a number"),
+        ("slow:2:1.5@+5", "step '' is not a whole number"),
     ],
 )
 def test_bad_fault_specs_name_the_value(text: str, needle: str) -> None:
@@ -72,6 +90,16 @@ def test_range_checks_skip_the_host_for_job_faults() -> None:
         check_faults([parse_fault("trainer-kill@3")], 4, 1, 10, kinds=("kill", "hang"))
 
 
+def test_a_slow_fault_names_an_existing_slice_or_every_slice() -> None:
+    check_faults([parse_fault("slow:3:1.5@4"), parse_fault("slow:*:1.2@5+2")], 4, 1, 10)
+    with pytest.raises(ValueError, match=r"--fault slow:4:1.5@4: slice 4 does not exist \(slices 0..3\)"):
+        check_faults([parse_fault("slow:4:1.5@4")], 4, 1, 10)
+    with pytest.raises(ValueError, match="step 10 is outside 1..9"):
+        check_faults([parse_fault("slow:*:1.5@10")], 4, 1, 10)
+    with pytest.raises(ValueError, match="kind 'slow' is not supported here"):
+        check_faults([parse_fault("slow:1:1.5@4")], 4, 1, 10, kinds=MC_KINDS)
+
+
 def test_help_names_every_fault_kind() -> None:
     p = argparse.ArgumentParser()
     add_demo_args(p)
@@ -80,6 +108,9 @@ def test_help_names_every_fault_kind() -> None:
     for kind in FAULT_KINDS:
         assert kind in text, kind
     assert "coordinator-stall:SECONDS@STEP" in text and "0.2 s apart" in text
+    for form in ("slow:SLICE:FACTOR@STEP", "slow:SLICE:FACTOR@STEP+SECONDS", "slow:*:FACTOR@STEP"):
+        assert form in text, form
+    assert "--straggler-window-seconds" in text
 
 
 def test_bad_fault_on_the_command_line_exits_2_naming_it(tmp_path: Path) -> None:
@@ -91,6 +122,17 @@ def test_bad_fault_on_the_command_line_exits_2_naming_it(tmp_path: Path) -> None
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "coordinator-stall:zz@4" in proc.stderr and "seconds 'zz'" in proc.stderr, proc.stderr
+
+
+def test_bad_fault_on_the_command_line_slow_on_a_missing_slice_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent", "demo", "--workdir", str(tmp_path), "--slices", "2", "--fault", "slow:2:1.5@4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "slow:2:1.5@4" in proc.stderr and "slice 2 does not exist" in proc.stderr, proc.stderr
 
 
 @pytest.mark.e2e
