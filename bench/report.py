@@ -68,9 +68,11 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
     by = (s.get("config") or {}).get("by_trainer") or {}
     trainers = sorted({str(r.get("trainer")) for r in s.get("results", [])})
     out = [
-        "One fault (`kill`: a slice lost mid-step) on the real MaxText (4 slices of 2 CPU devices), 5 runs a row; "
+        "Faults on the real MaxText (4 slices of 2 CPU devices; `kill`: a slice lost mid-step, `notice`: a "
+        "maintenance notice for one slice, the sidecar only), 5 runs a row; "
         "lost steps are completed steps run again, recovery the fault to the first new step, fault cost the "
-        "time beyond the run's own step time over a window past the fault (bench/recovery_maxtext.py).",
+        "time beyond the run's own step time over a window past the fault, phases where that time went "
+        "(bench/recovery_maxtext.py).",
         "",
     ]
     for t in trainers:
@@ -80,15 +82,17 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
             src = {**s, **(by.get(f"{t} (period {p})") or by.get(t) or {})}
             out += [f"**{t}**, checkpoint period {p} ({fmt(rows[0].get('params'))} parameters). {run_line(src)}", ""]
             out += table(
-                ["strategy", "runs", "lost steps (median, max)", "recovery s (median, p90)"]
-                + ["fault cost s (median, p90)", "snapshot ms/step", "status"],
+                ["strategy", "fault", "runs", "lost steps (median, max)", "recovery s (median, p90)"]
+                + ["fault cost s (median, p90)", "phases s (median)", "snapshot ms/step", "status"],
                 [
                     [
                         r["strategy"],
+                        r.get("fault", "kill"),
                         r.get("runs"),
                         f"{fmt(r.get('lost_steps_median'))}, {fmt(r.get('lost_steps_max'))}",
                         f"{fmt(r.get('recovery_seconds_median'))}, {fmt(r.get('recovery_seconds_p90'))}",
                         f"{fmt(r.get('fault_cost_seconds_median'))}, {fmt(r.get('fault_cost_seconds_p90'))}",
+                        ", ".join(f"{k} {fmt(v)}" for k, v in (r.get("phase_seconds_median") or {}).items()),
                         r.get("snapshot_ms_per_step_median"),
                         status(r),
                     ]
