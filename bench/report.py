@@ -68,11 +68,9 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
     by = (s.get("config") or {}).get("by_trainer") or {}
     trainers = sorted({str(r.get("trainer")) for r in s.get("results", [])})
     out = [
-        "Faults on the real MaxText (4 slices of 2 CPU devices; `kill`: a slice lost mid-step, `notice`: a "
-        "maintenance notice for one slice, the sidecar only), 5 runs a row; "
+        "One fault (`kill`: a slice lost mid-step) on the real MaxText (4 slices of 2 CPU devices), 5 runs a row; "
         "lost steps are completed steps run again, recovery the fault to the first new step, fault cost the "
-        "time beyond the run's own step time over a window past the fault, phases where that time went "
-        "(bench/recovery_maxtext.py).",
+        "time beyond the run's own step time over a window past the fault (bench/recovery_maxtext.py).",
         "",
     ]
     for t in trainers:
@@ -81,18 +79,20 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
             rows = [r for r in mine if r.get("checkpoint_period") == p]
             src = {**s, **(by.get(f"{t} (period {p})") or by.get(t) or {})}
             out += [f"**{t}**, checkpoint period {p} ({fmt(rows[0].get('params'))} parameters). {run_line(src)}", ""]
+            phased = any(r.get("phase_seconds_median") for r in rows)  # older results have no phases
             out += table(
-                ["strategy", "fault", "runs", "lost steps (median, max)", "recovery s (median, p90)"]
-                + ["fault cost s (median, p90)", "phases s (median)", "snapshot ms/step", "status"],
+                ["strategy", *(["fault"] if phased else []), "runs", "lost steps (median, max)"]
+                + ["recovery s (median, p90)", "fault cost s (median, p90)"]
+                + [*(["phases s (median)"] if phased else []), "snapshot ms/step", "status"],
                 [
                     [
                         r["strategy"],
-                        r.get("fault", "kill"),
+                        *([r.get("fault", "kill")] if phased else []),
                         r.get("runs"),
                         f"{fmt(r.get('lost_steps_median'))}, {fmt(r.get('lost_steps_max'))}",
                         f"{fmt(r.get('recovery_seconds_median'))}, {fmt(r.get('recovery_seconds_p90'))}",
                         f"{fmt(r.get('fault_cost_seconds_median'))}, {fmt(r.get('fault_cost_seconds_p90'))}",
-                        ", ".join(f"{k} {fmt(v)}" for k, v in (r.get("phase_seconds_median") or {}).items()),
+                        *([", ".join(f"{k} {fmt(v)}" for k, v in r["phase_seconds_median"].items())] if phased else []),
                         r.get("snapshot_ms_per_step_median"),
                         status(r),
                     ]
