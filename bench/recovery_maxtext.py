@@ -442,8 +442,10 @@ def recovery_phases(
     """A faulted run's recovery split into phases (seconds), from its event log (wall-clock ``t``).
 
     ``detect``: the fault (or notice) to the decision: ``decided`` (the sidecar's), else the failed step's
-    error surfacing in MaxText. ``hold``: the decision to the trainer held (the hook's HeldAck, a time in
-    ``held``), else to the next attempt's mesh (the failed attempt ends, ``elastic_retry`` waits for slices).
+    error surfacing in MaxText (``step_failed``; 0 without one: the time then falls in ``hold``). ``hold``: the
+    decision to the trainer held (the hook's HeldAck, a time in ``held``), else to the next attempt's mesh (the
+    failed attempt ends, ``elastic_retry`` waits for slices; for a full restart, the new process starts).
+    When the replacement comes before the smaller mesh ran a step, ``rebuild`` holds both attempts.
     ``restore``: the attempt's ``load_state_if_possible`` (a snapshot or a checkpoint). ``first_step``: the
     attempt's first step less the compiles in it (MaxText compiles its train step at the first call).
     ``rebuild``: the rest up to that step (re-initialise, compile). They sum to the fault to the first step.
