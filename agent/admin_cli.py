@@ -311,7 +311,8 @@ def render_status(st: admin_pb2.Status) -> str:
 def render_event(ev: admin_pb2.DecisionEvent) -> str:
     t = time.strftime("%H:%M:%S", time.localtime(ev.time_unix)) + f".{int(ev.time_unix * 1000) % 1000:03d}"
     active = "[" + ",".join(map(str, ev.active_slices)) + "]"
-    return f"{t}  gen {ev.generation:<3} {ev.phase:<9} {active:<10} {ev.trigger:<18} {ev.reason}"
+    phases = " (" + ", ".join(f"{k} {v:.3f} s" for k, v in ev.phases.items()) + ")" if ev.phases else ""
+    return f"{t}  gen {ev.generation:<3} {ev.phase:<9} {active:<10} {ev.trigger:<18} {ev.reason}{phases}"
 
 
 def _events(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:

@@ -51,6 +51,7 @@ from agent.gc_freeze import GcFreezer
 from agent.links import EOF_GRACE_SECONDS, Link
 from agent.loop_watch import LoopWatch
 from agent.metrics import Metrics
+from agent.phase_clock import PhaseClock
 from agent.servers import listen
 from agent.servers.feed import EventFeed
 from agent.sources.heartbeat_datagrams import DatagramReceiver
@@ -97,6 +98,7 @@ class Coordinator:
         self.last_reason = ""
         self._recovery: int | None = None
         """Generation of the hold that began the recovery in progress (its log operation id)."""
+        self._phases = PhaseClock()  # a recovery's phases, for the journal and the admin events stream
         self._decided_at = time.monotonic()
         """When the decision loop last finished a batch (monotonic)."""
         self.decisions_wedged = False
@@ -302,12 +304,12 @@ class Coordinator:
             for g, f in self._flush_waiters:
                 if ev.generation >= g and not f.done():
                     f.set_result(ev)
-        self._record(ev, d, before)
+        self._record(ev, d, before, self._phases.observe(ev, d, before, now))
         return d
 
-    def _record(self, ev: Event, d: Decision, before: State) -> None:
+    def _record(self, ev: Event, d: Decision, before: State, phases: dict[str, float]) -> None:
         quiet = isinstance(ev, (Tick, TrainerStepped)) and not d.actions and d.state.phase == before.phase
-        if quiet:
+        if quiet and not phases:
             return
         s = d.state
         fields: dict[str, Any] = {
@@ -317,6 +319,7 @@ class Coordinator:
             "active_slices": sorted(s.active),
             "up_slices": sorted(s.up_slices()),
             "actions": [action_record(a) for a in d.actions],
+            **({"phases": {k: round(v, 6) for k, v in phases.items()}} if phases else {}),
         }
         flags: dict[str, bool] = {}
         if self._recovery is None and any(isinstance(a, HoldTrainer) for a in d.actions):

@@ -27,6 +27,7 @@ from agent.core.model import (
     TrainerStepped,
     WorkerLost,
 )
+from agent.phase_clock import PhaseClock
 
 # A `_created` series per counter and histogram doubles the series count and tells
 # a dashboard nothing it needs: turn them off for every registry of the process.
@@ -310,16 +311,8 @@ class Metrics(ServerMetrics):
 
 
 class RecoveryPhases:
-    """``recovery_phase_seconds{phase}``: a recovery's phases as the coordinator sees them.
-
-    ``detect`` (a lost host's silence before its loss was decided, or a notice's delivery), ``hold``
-    (the hold decision until the trainer's held ack), ``wait`` (that ack until the decision to resume:
-    waiting for enough slices), ``rebuild_restore`` (that decision until the trainer's resumed ack: it
-    rebuilds its mesh and restores its state in between, reported as one sum), ``first_step`` (the resumed ack until the next step report), ``degraded`` (the first step
-    on fewer slices than the job has until the hold that grows it back), and ``grow_hold``,
-    ``grow_wait``, ``grow_rebuild_restore``, ``grow_first_step`` for that grow. The demo's summary splits rebuild
-    from restore with the trainer's own marks (simjob/phases.py).
-    """
+    """``recovery_phase_seconds{phase}``: a recovery's phases as the coordinator sees them
+    (:class:`agent.phase_clock.PhaseClock` says which), and a notice's delivery as its ``detect``."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.seconds = Histogram(
@@ -329,41 +322,9 @@ class RecoveryPhases:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._decided: float | None = None  # the hold decision of the recovery in progress
-        self._held: float | None = None  # when its trainer acknowledged the hold
-        self._resume: float | None = None  # when the resume was decided
-        self._resumed: tuple[str, float] | None = None  # ("" or "grow_", when) until the next step report
-        self._degraded_since: float | None = None
+        self.clock = PhaseClock()
 
     def observe(self, ev: Event, d: Decision, before: State, now: float) -> None:
         """Advance the recovery in progress by one decision (from :meth:`Metrics.observe`)."""
-        s = d.state
-        if self._decided is None and any(isinstance(a, HoldTrainer) for a in d.actions):
-            self._decided, self._held, self._resume = now, None, None
-            if isinstance(ev, WorkerLost):
-                self.seconds.labels("detect").observe(max(0.0, ev.silent_seconds))
-        if self._decided is not None and any(isinstance(a, ResumeTrainer) for a in d.actions):
-            self._resume = now
-        match ev:
-            case TrainerHeld() if self._decided is not None and self._held is None and ev.generation == s.generation:
-                self._held = now
-            case TrainerResumed() if self._decided is not None and ev.generation == s.generation:
-                grow = "grow_" if before.active and len(ev.active) > len(before.active) else ""
-                if grow and self._degraded_since is not None:
-                    self.seconds.labels("degraded").observe(max(0.0, self._decided - self._degraded_since))
-                    self._degraded_since = None
-                held = self._held if self._held is not None else self._decided
-                resume = max(held, self._resume if self._resume is not None else held)
-                self.seconds.labels(grow + "hold").observe(held - self._decided)
-                self.seconds.labels(grow + "wait").observe(resume - held)
-                self.seconds.labels(grow + "rebuild_restore").observe(now - resume)
-                self._decided = self._held = self._resume = None
-                self._resumed = (grow, now)
-            case TrainerStepped() if self._resumed is not None:
-                grow, resumed = self._resumed
-                self._resumed = None
-                self.seconds.labels(grow + "first_step").observe(max(0.0, now - resumed))
-                if len(s.active) < s.policy.num_slices and self._degraded_since is None:
-                    self._degraded_since = now
-                elif len(s.active) >= s.policy.num_slices:
-                    self._degraded_since = None
+        for phase, seconds in self.clock.observe(ev, d, before, now).items():
+            self.seconds.labels(phase).observe(seconds)

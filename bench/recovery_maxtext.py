@@ -45,18 +45,25 @@ its phase, not the period's whole start. Only what happens on a fault differs:
   snapshot and grows back (``ScaleUpSignalError`` from the hook) from the
   snapshot of the step boundary where it grows.
 
-The fault (``kill``): slice :data:`LOST_SLICE` dies while step index F runs,
-as on Pathways (:mod:`simjob.maxtext.cpu_elastic`): nothing is raised then,
-the step's donated state is gone, what lived only on the slice is deleted and
-the ``DATA_LOSS`` error surfaces at MaxText's next read or wait;
-pathwaysutils' own health computation finds the survivors. F at a seeded random phase of the period that starts after the first
-periodic save of the run (a save still in flight then leaves the pre-trained
-checkpoint, :data:`LEAD_STEPS` before it), the rounds' phases stratified over
-the period (:func:`fault_index`);
-the replacement (the simulator reconnects the slice, and for the sidecar a new
-worker registers) comes ``replacement_delay`` seconds after the fault.
-``hang`` and ``notice`` are not run on MaxText (rows say why), nor is the
-example trainer's ``memory_snapshot`` baseline.
+The faults: ``kill``: slice :data:`LOST_SLICE` dies while step index F runs, as on Pathways
+(:mod:`simjob.maxtext.cpu_elastic`): nothing is raised then, the step's donated state is gone, what
+lived only on the slice is deleted and the ``DATA_LOSS`` error surfaces at MaxText's next read or
+wait; pathwaysutils' own health computation finds the survivors. ``notice`` (the sidecar only:
+MaxText has no notice path of its own): once F steps are done a maintenance notice names the slice's
+node; the job drains it at a step boundary and goes on on the others from memory
+(``elastic_min_slice_count`` at most 3 for these runs). F is at a seeded random phase of the period
+that starts after the first periodic save of the run (a save still in flight then leaves the
+pre-trained checkpoint, :data:`LEAD_STEPS` before it), the rounds' phases stratified over the period
+(:func:`fault_index`); the replacement (the simulator reconnects the slice, and for the sidecar a
+new worker registers) comes ``replacement_delay`` seconds after the fault (after the notice's
+drain). ``hang`` is not run on MaxText (its rows say why), nor is the example trainer's
+``memory_snapshot`` baseline. Every run starts with an empty compile cache (``jax_cache_dir``), as a
+new job's: its rebuilds compile, none loads an earlier run's program.
+
+Each faulted run's recovery is split into phases (:func:`recovery_phases`: ``detect``, ``hold``,
+``rebuild``, ``restore``, ``first_step``, and when the job went on on fewer slices ``degraded`` and
+the grow's own), rows give their medians (``phase_seconds_median``) and, for the sidecar, the bytes
+its holds and flushes wrote to storage from the fault on (``flush_bytes_median``).
 
 Every MaxText process appends its completed steps with wall-clock times to an
 event log (:mod:`simjob.maxtext.cpu_elastic`), read the same way for every
@@ -110,7 +117,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +135,9 @@ from bench.common import (
 )
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
-FAULTS = ("kill",)
+FAULTS = ("kill", "notice")
+NOTICE_STRATEGIES = ("sidecar",)
+"""Only the sidecar delivers a maintenance notice to MaxText, which has no notice path of its own."""
 NOT_RUN_STRATEGIES = {
     "memory_snapshot": (
         "not run on MaxText: MaxText has no in-memory snapshot of its own (elastic_backup_kind is not wired "
@@ -140,7 +149,6 @@ NOT_RUN_FAULTS = {
         "not run on MaxText: pathwaysutils' DeviceLossSimulator only raises DATA_LOSS; there is no way here "
         "to hang one CPU slice inside a single MaxText process"
     ),
-    "notice": "not run on MaxText yet: no MaxText runner delivers a maintenance notice in this benchmark",
 }
 WARMUP_STEP = 3
 """Completed steps after which work is counted (the first steps compile)."""
@@ -428,6 +436,75 @@ def analyse(
     return out
 
 
+def recovery_phases(
+    events: Sequence[dict[str, Any]], decided: float | None = None, held: Sequence[float] = ()
+) -> dict[str, float]:
+    """A faulted run's recovery split into phases (seconds), from its event log (wall-clock ``t``).
+
+    ``detect``: the fault (or notice) to the decision: ``decided`` (the sidecar's), else the failed step's
+    error surfacing in MaxText (``step_failed``; 0 without one: the time then falls in ``hold``). ``hold``: the
+    decision to the trainer held (the hook's HeldAck, a time in ``held``), else to the next attempt's mesh (the
+    failed attempt ends, ``elastic_retry`` waits for slices; for a full restart, the new process starts).
+    When the replacement comes before the smaller mesh ran a step, ``rebuild`` holds both attempts.
+    ``restore``: the attempt's ``load_state_if_possible`` (a snapshot or a checkpoint). ``first_step``: the
+    attempt's first step less the compiles in it (MaxText compiles its train step at the first call).
+    ``rebuild``: the rest up to that step (re-initialise, compile). They sum to the fault to the first step.
+    A job that goes on on fewer slices adds ``degraded`` (its first step there to the grow: a HeldAck, else
+    its last step there) and the grow's ``grow_rebuild``, ``grow_restore`` and ``grow_first_step``."""
+    evs = sorted(events, key=lambda e: float(e["t"]))
+    fault = next((e for e in evs if e.get("kind") == "fault"), None)
+    if fault is None:
+        return {}
+    ft = float(fault["t"])
+    surfaced = next((float(e["t"]) for e in evs if e.get("kind") == "step_failed" and float(e["t"]) >= ft), ft)
+    d = decided if decided is not None else surfaced
+    first = _attempt(evs, d, next((h for h in held if h >= d), None))
+    if first is None:
+        return {}
+    out = {"detect": d - ft, **first[0]}
+    full = max(int(e.get("devices") or 0) for e in evs if e.get("kind") == "step")
+    if int(first[1].get("devices") or full) < full:
+        t1 = float(first[1]["t"])
+        back = next(
+            (e for e in evs if e.get("kind") == "step" and float(e["t"]) > t1 and e.get("devices") == full), None
+        )
+        if back is not None:
+            shrunk = [float(e["t"]) for e in evs if e.get("kind") == "step" and t1 <= float(e["t"]) < float(back["t"])]
+            grow_at = next((h for h in held if t1 < h < float(back["t"])), shrunk[-1])
+            grow = _attempt(evs, grow_at, grow_at)
+            out["degraded"] = grow_at - t1
+            out.update({f"grow_{k}": v for k, v in (grow[0] if grow else {}).items() if k != "hold"})
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def _attempt(evs: Sequence[dict[str, Any]], after: float, held: float | None) -> tuple[dict[str, float], dict] | None:
+    """The phases of the first attempt that builds its mesh after ``after`` (:func:`recovery_phases`), and its
+    first step's event; None if it never completed a step."""
+
+    def first(kind: str, since: float) -> dict[str, Any] | None:
+        return next((e for e in evs if e.get("kind") == kind and float(e["t"]) > since), None)
+
+    mesh = first("mesh", after)
+    start = first("state", float(mesh["t"])) if mesh else None
+    step = first("step", float(start["t"])) if start else None
+    if mesh is None or start is None or step is None:
+        return None
+    m, s, t1 = float(mesh["t"]), float(start["t"]), float(step["t"])
+
+    def seconds(kind: str, lo: float, hi: float) -> float:
+        return sum(float(e["seconds"]) for e in evs if e.get("kind") == kind and lo < float(e["t"]) <= hi)
+
+    h = held if held is not None else m
+    restore = seconds("restore", m, s)
+    first_step = max(0.0, (t1 - s) - seconds("compile", s, t1))
+    return {
+        "hold": h - after,
+        "rebuild": t1 - h - restore - first_step,
+        "restore": restore,
+        "first_step": first_step,
+    }, step
+
+
 def steady_before_fault(
     done: Sequence[dict[str, Any]], warm: int, before: int, save_every: int | None
 ) -> tuple[float, int] | None:
@@ -662,6 +739,13 @@ def summarise(
             if not plain_step_s
             else "no steady step time or no measured fault cost"
         )
+    phases = [r["phases"] for r in ok if r.get("phases")]
+    if phases:
+        names = dict.fromkeys(k for p in phases for k in p)
+        row["phase_seconds_median"] = {k: rnd(median(p[k] for p in phases if k in p), 3) for k in names}
+    written = [r["flush_bytes"] for r in ok if r.get("flush_bytes") is not None]
+    if written:
+        row["flush_bytes_median"] = median(written)
     for key in ("mesh_slices_before", "mesh_slices_after"):
         seen = [int(r[key]) for r in ok if r.get(key) is not None]
         mid = median(seen)
@@ -731,13 +815,24 @@ def run_one(
     fault_step: int | None,
     delay: float,
     start: Path | None = None,
+    fault: str = "kill",
 ) -> dict[str, Any]:
     """One MaxText job under ``strategy`` (with a fault at ``fault_step``, or none), read by :func:`analyse`.
 
     ``start``: the pre-trained checkpoint (:func:`pretrain`), copied into the run's checkpoint
     directory, which MaxText restores at its start; without it the run trains from step 0.
+    ``fault``: ``kill`` (the slice dies in step ``fault_step``) or ``notice`` (the sidecar only: a maintenance
+    notice for the slice's node once ``fault_step`` steps are done; the replacement registers ``delay``
+    seconds after the job went on without it).
     """
-    from agent.core.model import WorkerJoined
+    from agent.core.model import (
+        NodeNotice,
+        TrainerFlushed,
+        TrainerHeld,
+        TrainerResumed,
+        TrainerSliceError,
+        WorkerJoined,
+    )
     from simjob.maxtext import cpu_elastic
     from simjob.maxtext.job import PATCHED_MODULE, MaxTextRun, Sidecar, maxtext_args
     from trainer_hooks.maxtext.snapshot import ENV_SNAPSHOT_EVERY
@@ -759,7 +854,8 @@ def run_one(
     }
     if strategy == "sidecar" and job.snapshot_every is not None:
         env[ENV_SNAPSHOT_EVERY] = str(job.snapshot_every)
-    fault_env = {cpu_elastic.ENV_FAIL_AT: f"{fault_step}:{LOST_SLICE}"} if fault_step is not None else {}
+    killed = fault_step is not None and fault == "kill"
+    fault_env = {cpu_elastic.ENV_FAIL_AT: f"{fault_step}:{LOST_SLICE}"} if killed else {}
     sc = Sidecar(num_slices=SLICES) if strategy == "sidecar" else None
     procs: list[MaxTextRun] = []
     out: dict[str, Any] = {
@@ -771,6 +867,7 @@ def run_one(
     }
     t0 = time.monotonic()
     replaced: float | None = None
+    decided: float | None = None
     try:
         if sc is not None:
             for s in range(SLICES):
@@ -780,12 +877,29 @@ def run_one(
         )
         procs.append(first)
         budget = START_SECONDS + steps * 2.0 + delay + 60.0
-        if fault_step is not None:
-            fault = _wait_for_fault(events, first, budget)
-            if fault is None:
+        if fault_step is not None and sc is not None and fault == "notice":
+            if not _wait_for(lambda: any(e.get("step", 0) >= fault_step for e in read_jsonl(events)), first, budget):
+                out["error"] = f"step {fault_step} never completed; {first.name} exit code {first.poll()}"
+            else:
+                cpu_elastic.record(events, "fault", slice=LOST_SLICE, during="notice")
+                deadline = time.monotonic() + 120.0
+                sc.request(
+                    NodeNotice("terminate_on_host_maintenance", "bench", f"node-{LOST_SLICE}", deadline=deadline)
+                )
+                decided = time.time()
+                went_on = lambda: sc.applied(TrainerResumed, 0.0, lambda e: LOST_SLICE not in e.active)  # noqa: E731
+                _wait_for(went_on, first, budget)
+                time.sleep(delay)
+                replaced = time.time()  # a new host for the slice: the drained node is under maintenance
+                sc.request(WorkerJoined(LOST_SLICE, 0, "inc-2", node=f"node-{LOST_SLICE}-new"))
+        elif fault_step is not None:
+            fault_ev = _wait_for(
+                lambda: next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None), first, budget
+            )
+            if fault_ev is None:
                 out["error"] = f"no fault event; {first.name} exit code {first.poll()}"
             else:
-                due = float(fault["t"]) + delay
+                due = float(fault_ev["t"]) + delay
                 if strategy == "full_restart":
                     # The failed step ends the process (JobSet then recreates the job): wait for it, not longer
                     # than the replacement, and start a new MaxText process once the replacement is there.
@@ -822,6 +936,10 @@ def run_one(
         if sc is not None:
             sc.stop()
     evs = read_jsonl(events)
+    noticed = next((float(e["t"]) for e in evs if e.get("kind") == "fault"), None)
+    if fault == "notice" and noticed is not None:  # the steps done when the notice came
+        fault_step = max((e["step"] for e in evs if e.get("kind") == "step" and float(e["t"]) <= noticed), default=0)
+        out["fault_step"] = fault_step
     figures = analyse(
         evs,
         steps=steps,
@@ -833,6 +951,15 @@ def run_one(
     if "error" in out:
         figures.pop("error", None)
     out.update(figures)
+    if noticed is not None:
+        wall = time.time() - time.monotonic()
+        if sc is not None and decided is None:
+            decided = next((a.at + wall for a in sc.applied(TrainerSliceError)), None)
+        held = [a.at + wall for a in sc.applied(TrainerHeld)] if sc is not None else []
+        out["phases"] = recovery_phases(evs, decided, held)
+        if sc is not None:  # what the sidecar's holds and flushes wrote to storage from the fault on
+            acks = [a.event for a in [*sc.applied(TrainerHeld), *sc.applied(TrainerFlushed)] if a.at + wall >= noticed]
+            out["flush_bytes"] = sum(int(a.flush_bytes) for a in acks)
     sizes = next((e for e in evs if e.get("kind") == "state"), {})
     out["params"], out["state_bytes"] = sizes.get("params"), sizes.get("state_bytes")
     finished = procs[-1].hook_lines("finished") if procs else []
@@ -894,16 +1021,14 @@ def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[st
         }
 
 
-def _wait_for_fault(events: Path, run: Any, timeout: float) -> dict[str, Any] | None:
+def _wait_for(cond: Any, run: Any, timeout: float) -> Any:
+    """``cond()`` once it is true, polled until ``run`` exits or ``timeout`` passes (then its last value)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fault = next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None)
-        if fault is not None:
-            return fault
-        if run.poll() is not None:
-            return next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None)
+    while time.monotonic() < deadline and run.poll() is None:
+        if got := cond():
+            return got
         time.sleep(0.02)
-    return None
+    return cond()
 
 
 def run(
@@ -940,6 +1065,8 @@ def run(
         no_venv = f"not run: no MaxText interpreter at {MAXTEXT_PYTHON} (python3.12 venv with maxtext[tpu]==0.2.5)"
         log(f"recovery maxtext: {no_venv}")
         ours = []
+    if any(s in NOTICE_STRATEGIES for s in ours):  # the sidecar's notice row beside each kill case
+        cases = [*cases, *(("notice", p, d) for f, p, d in cases if f == "kill" and ("notice", p, d) not in cases)]
     periods = sorted({p for f, p, _ in cases if f in FAULTS})
     refs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     done: list[dict[str, Any]] = []
@@ -947,6 +1074,8 @@ def run(
     starts: dict[int, Path] = {}
     no_start: dict[int, str] = {}
     jobs = {p: Job(model, p, min_slices=min_slices, local_checkpoint_period=local_checkpoint_period) for p in periods}
+    # A notice drains one slice: the job goes on on the others (from memory), so it must be allowed to.
+    notice_min = SLICES - 1 if min_slices == -1 else min(min_slices, SLICES - 1)
     journal = Journal(
         root / JOURNAL,
         {
@@ -998,9 +1127,9 @@ def run(
         for fault, period, delay in cases:
             if fault not in FAULTS or period not in starts:
                 continue
-            job = jobs[period]
+            job = jobs[period] if fault != "notice" else replace(jobs[period], min_slices=notice_min)
             at = fault_index(job, seed, rep, runs)
-            for s in order:
+            for s in order if fault != "notice" else [s for s in order if s in NOTICE_STRATEGIES]:
                 what = f"{s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}"
                 tag = f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}"
                 r = journal.get(tag)
@@ -1009,14 +1138,15 @@ def run(
                     done.append(r)
                     continue
                 log(f"recovery maxtext: {what}")
-                r = guarded(job, s, root, tag, fault_step=at, delay=delay, start=starts[period])
+                r = guarded(job, s, root, tag, fault_step=at, delay=delay, start=starts[period], fault=fault)
                 r.update({"fault": fault, "checkpoint_period": period})
                 journal.add(tag, r)
                 log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s{_err(r)}")
                 done.append(r)
     rows = []
     for fault, period, delay in cases:
-        for s in strategies:
+        row_min = min_slices if fault != "notice" else notice_min
+        for s in strategies if fault != "notice" else [s for s in strategies if s in NOTICE_STRATEGIES]:
             if s in NOT_RUN_STRATEGIES:
                 rows.append(not_run_row(s, fault, period, delay, model, NOT_RUN_STRATEGIES[s], min_slices))
             elif no_venv is not None:
@@ -1037,7 +1167,7 @@ def run(
                         model,
                         runs_at(done, s, case),
                         refs.get((s, period), []),
-                        min_slices,
+                        row_min,
                         plain_step_s=plain,
                     )
                 )

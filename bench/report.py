@@ -76,16 +76,20 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
             rows = [r for r in mine if r.get("checkpoint_period") == p]
             src = {**s, **(by.get(f"{t} (period {p})") or by.get(t) or {})}
             out += [f"**{t}**, checkpoint period {p} ({fmt(rows[0].get('params'))} parameters). {run_line(src)}", ""]
+            phased = any(r.get("phase_seconds_median") for r in rows)  # older results have no phases
             out += table(
-                ["strategy", "runs", "lost steps (median, max)", "recovery s (median, p90)"]
-                + ["fault cost s (median, p90)", "snapshot ms/step", "status"],
+                ["strategy", *(["fault"] if phased else []), "runs", "lost steps (median, max)"]
+                + ["recovery s (median, p90)", "fault cost s (median, p90)"]
+                + [*(["phases s (median)"] if phased else []), "snapshot ms/step", "status"],
                 [
                     [
                         r["strategy"],
+                        *([r.get("fault", "kill")] if phased else []),
                         r.get("runs"),
                         f"{fmt(r.get('lost_steps_median'))}, {fmt(r.get('lost_steps_max'))}",
                         f"{fmt(r.get('recovery_seconds_median'))}, {fmt(r.get('recovery_seconds_p90'))}",
                         f"{fmt(r.get('fault_cost_seconds_median'))}, {fmt(r.get('fault_cost_seconds_p90'))}",
+                        *([", ".join(f"{k} {fmt(v)}" for k, v in r["phase_seconds_median"].items())] if phased else []),
                         r.get("snapshot_ms_per_step_median"),
                         status(r),
                     ]

@@ -209,6 +209,7 @@ def decision_event(rec: Record) -> admin_pb2.DecisionEvent:
         generation=int(rec.get("generation", 0)),
         active_slices=list(rec.get("active_slices", [])),
         actions=[_action_text(a) if isinstance(a, dict) else str(a) for a in rec.get("actions", [])],
+        phases={str(k): float(v) for k, v in (rec.get("phases") or {}).items()},
     )
 
 

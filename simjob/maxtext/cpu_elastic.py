@@ -66,7 +66,8 @@ and Pathways, and tells MaxText nothing the real thing would not.
    asynchronously); a step whose state spans a lost device did not complete and
    gets no line. With a grain pipeline each step's line carries a hash of the
    input batch it consumed (``batch``) and of each of its rows (``rows``), taken
-   from the host array MaxText's ``multihost_dataloading`` puts on the devices.
+   from the host array MaxText's ``multihost_dataloading`` puts on the devices. Each compile
+   (``jax.monitoring``) and each restore (``load_state_if_possible``) gets a line with its seconds.
 6. **A grow whose snapshot load fails** (``ELASTIC_SIDECAR_TEST_FAIL_GROW_LOAD=N``): the first N
    calls of Orbax's ``Snapshotter.load`` onto more slices than the snapshot's replicas raise the
    ``DATA_LOSS`` error above, as a copy to a host that went away during the grow would.
@@ -206,6 +207,7 @@ def apply() -> None:
     if os.environ.get(ENV_FAIL_AT):
         _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
     if events is not None:
+        _record_compiles(events)
         _record_meshes(events)
         _record_steps(events)
     _applied.append("yes")
@@ -572,9 +574,53 @@ def _record_meshes(path: Path) -> None:
         devices = list(getattr(mesh, "flat", []))
         slices = sorted({int(getattr(d, "slice_index", 0)) for d in devices})
         record(path, "mesh", slices=len(slices), slice_indices=slices, devices=len(devices), shape=list(mesh.shape))
+        _time_restores(path)  # each attempt builds its mesh before it restores; by then the hook has wrapped it
         return mesh
 
     maxtext_utils.create_device_mesh = create_device_mesh
+
+
+COMPILE_EVENTS = "/jax/core/compile/"
+"""``jax.monitoring``'s duration events of a program's trace, lowering and backend compile (the last includes a
+load from the persistent cache: ``pxla`` times ``compile_or_get_cached`` as a whole)."""
+
+
+def _record_compiles(path: Path) -> None:
+    """A ``compile`` event per ``jax.monitoring`` compile duration (its seconds): a recovery's rebuild."""
+    import jax
+
+    def listener(event: str, duration: float, **_: Any) -> None:
+        if event.startswith(COMPILE_EVENTS):
+            record(path, "compile", what=event.rsplit("/", 1)[-1], seconds=round(duration, 6))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+_restore_timer: list[Callable[..., Any]] = []
+_restoring: list[float] = []
+
+
+def _time_restores(path: Path) -> None:
+    """Wrap the outermost ``checkpointing.load_state_if_possible`` (the hook's, once it has wrapped it, so a
+    snapshot's load counts too): a ``restore`` event with its seconds, for the outermost call only."""
+    from maxtext.common import checkpointing
+
+    inner = checkpointing.load_state_if_possible
+    if _restore_timer and inner is _restore_timer[-1]:
+        return
+
+    def load_state_if_possible(*args: Any, **kwargs: Any) -> Any:
+        _restoring.append(time.monotonic())
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            t0 = _restoring.pop()
+            if not _restoring:
+                record(path, "restore", seconds=round(time.monotonic() - t0, 6))
+
+    load_state_if_possible.__dict__.update(inner.__dict__)  # the hook's own mark: it does not wrap this again
+    _restore_timer.append(load_state_if_possible)
+    checkpointing.load_state_if_possible = load_state_if_possible
 
 
 def _record_steps(path: Path) -> None:

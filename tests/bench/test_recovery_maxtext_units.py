@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from bench import recovery_maxtext
-from bench.recovery_maxtext import Job, analyse, fault_index, maxtext_flags, snapshot_cost, summarise
+from bench.recovery_maxtext import (
+    Job,
+    analyse,
+    fault_index,
+    maxtext_flags,
+    recovery_phases,
+    snapshot_cost,
+    summarise,
+)
 
 
 def test_fault_phases_are_seeded_and_cover_the_checkpoint_period() -> None:
@@ -257,14 +265,14 @@ def test_snapshot_cost_needs_snapshots() -> None:
 def test_maxtext_rows_that_cannot_run_here_say_why_and_run_nothing(tmp_path: Path) -> None:
     r = recovery_maxtext.run(
         strategies=["local_checkpoint_rewind", "memory_snapshot", "sidecar"],
-        cases=[("hang", 20, 1.0), ("notice", 20, 1.0)],
+        cases=[("hang", 20, 1.0)],
         runs=3,
         seed=0,
         root=tmp_path,
     )
     rows = r["rows"]
     assert {(x["strategy"], x["fault"]) for x in rows} == {
-        (s, f) for s in ("local_checkpoint_rewind", "memory_snapshot", "sidecar") for f in ("hang", "notice")
+        (s, "hang") for s in ("local_checkpoint_rewind", "memory_snapshot", "sidecar")
     }
     assert all(x["runs"] == 0 and x["status"] == "not_run" for x in rows)
     assert all(x["fault_cost_seconds_median"] is None and x["invalid_reason"] for x in rows)
@@ -442,11 +450,11 @@ def test_a_period_whose_pre_training_fails_has_rows_that_say_so_and_runs_nothing
     r = recovery_maxtext.run(
         strategies=["sidecar"], cases=[("kill", 20, 1.0), ("kill", 50, 1.0)], runs=1, seed=0, root=tmp_path
     )
-    (bad,) = [row for row in r["rows"] if row["checkpoint_period"] == 20]
-    assert (
-        bad["status"] == "not_run"
-        and "pre-training failed: RuntimeError: pre-training committed no" in (bad["invalid_reason"])
-    )
+    bad = [row for row in r["rows"] if row["checkpoint_period"] == 20]
+    assert [row["fault"] for row in bad] == ["kill", "notice"], bad  # the sidecar's notice row beside the kill
+    for row in bad:
+        assert row["status"] == "not_run"
+        assert "pre-training failed: RuntimeError: pre-training committed no" in row["invalid_reason"]
     assert all(x[1] == 50 for x in ran), ran  # nothing ran for the period without a start
     assert ("sidecar", 50, tmp_path / "ckpt") in ran, "every run of a period starts from its pre-trained checkpoint"
 
@@ -643,3 +651,59 @@ def test_every_strategy_runs_in_every_position_across_the_rounds() -> None:
         assert {o[pos] for o in orders[:4]} == set(ours)  # four rounds: each strategy once in each place
     assert all(sorted(o) == sorted(ours) for o in orders)
     assert rotated([], 3) == []
+
+
+def phase_events() -> list[dict[str, Any]]:
+    """Steps 1-5 on 8 devices, a fault, an attempt on 6 (mesh, restore, first iteration, compile, step),
+    steps on 6, then the grow's attempt back on 8."""
+    evs: list[dict[str, Any]] = [{"kind": "step", "step": k, "t": float(k), "devices": 8} for k in range(1, 6)]
+    evs += [
+        {"kind": "fault", "t": 5.5},
+        {"kind": "step_failed", "t": 5.8},
+        {"kind": "mesh", "t": 7.0},
+        {"kind": "restore", "t": 7.5, "seconds": 0.3},
+        {"kind": "state", "t": 8.0},
+        {"kind": "compile", "t": 8.5, "seconds": 0.6},
+        {"kind": "step", "step": 6, "t": 9.0, "devices": 6},
+        {"kind": "step", "step": 7, "t": 9.5, "devices": 6},
+        {"kind": "mesh", "t": 12.5},
+        {"kind": "restore", "t": 13.0, "seconds": 0.2},
+        {"kind": "state", "t": 13.2},
+        {"kind": "compile", "t": 13.5, "seconds": 0.5},
+        {"kind": "step", "step": 8, "t": 14.0, "devices": 8},
+    ]
+    return evs
+
+
+def test_a_recovery_splits_into_phases_that_sum_to_the_fault_to_the_first_step_and_the_grows_own() -> None:
+    p = recovery_phases(phase_events(), decided=5.6, held=[6.0, 12.0])  # the sidecar's decision and HeldAcks
+    assert p == pytest.approx(
+        {
+            "detect": 0.1,
+            "hold": 0.4,
+            "rebuild": 2.3,
+            "restore": 0.3,
+            "first_step": 0.4,
+            "degraded": 3.0,
+            "grow_rebuild": 1.5,
+            "grow_restore": 0.2,
+            "grow_first_step": 0.3,
+        }
+    )
+    assert sum(p[k] for k in ("detect", "hold", "rebuild", "restore", "first_step")) == pytest.approx(9.0 - 5.5)
+    # Without the sidecar: detected where the error surfaced, held when the next attempt builds its mesh, and
+    # the grow starts after the last step on fewer slices.
+    q = recovery_phases(phase_events())
+    assert (q["detect"], q["hold"], q["rebuild"], q["degraded"]) == pytest.approx((0.3, 1.2, 1.3, 0.5))
+    assert recovery_phases([e for e in phase_events() if e["kind"] != "fault"]) == {}
+
+
+def test_a_row_gives_the_median_of_each_phase_and_of_the_bytes_written_to_storage() -> None:
+    runs = [
+        faulted("sidecar", 13.0, 0, 4.0, phases={"detect": 0.1, "rebuild": 2.0}, flush_bytes=0),
+        faulted("sidecar", 14.0, 0, 5.0, phases={"detect": 0.3, "rebuild": 4.0, "degraded": 1.0}, flush_bytes=0),
+        faulted("sidecar", 15.0, 0, 6.0, phases={"detect": 0.2, "rebuild": 3.0}, flush_bytes=10),
+    ]
+    row = summarise("sidecar", "notice", 20, 1.0, "tiny", runs, [ref("sidecar", 10.0)])
+    assert row["phase_seconds_median"] == {"detect": 0.2, "rebuild": 3.0, "degraded": 1.0}
+    assert row["flush_bytes_median"] == 0

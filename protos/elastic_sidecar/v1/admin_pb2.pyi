@@ -119,7 +119,14 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, backlog: _Optional[int] = ...) -> None: ...
 
 class DecisionEvent(_message.Message):
-    __slots__ = ("time_unix", "trigger", "reason", "phase", "generation", "active_slices", "actions")
+    __slots__ = ("time_unix", "trigger", "reason", "phase", "generation", "active_slices", "actions", "phases")
+    class PhasesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +134,7 @@ class DecisionEvent(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SLICES_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
     time_unix: float
     trigger: str
     reason: str
@@ -134,7 +142,8 @@ class DecisionEvent(_message.Message):
     generation: int
     active_slices: _containers.RepeatedScalarFieldContainer[int]
     actions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, time_unix: _Optional[float] = ..., trigger: _Optional[str] = ..., reason: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., actions: _Optional[_Iterable[str]] = ...) -> None: ...
+    phases: _containers.ScalarMap[str, float]
+    def __init__(self, time_unix: _Optional[float] = ..., trigger: _Optional[str] = ..., reason: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., active_slices: _Optional[_Iterable[int]] = ..., actions: _Optional[_Iterable[str]] = ..., phases: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class HoldRequest(_message.Message):
     __slots__ = ("reason",)
