@@ -437,6 +437,8 @@ class Snapshots:
             if latest is None:
                 return []
             trees, step = latest
+            if not isinstance(trees, list):
+                return []  # not one tree per replica (Orbax before 0.12.8 splits at load): Orbax decides
             gone = {s for s, upto in self.lost.items() if step <= upto}
             keep, dropped = [], set()
             for tree in trees:
