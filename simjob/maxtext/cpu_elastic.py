@@ -337,8 +337,8 @@ class LostDevices:
                 raise jax.errors.JaxRuntimeError(DATA_LOSS_MESSAGE)
 
     def lose(self, device_ids: frozenset[int]) -> int:
-        """The devices are gone: delete what lived only there; reads of what spans them fail from now on.
-        Returns how many arrays were deleted."""
+        """The devices are gone: delete what lived only there (with the ``ready`` answer: keep it, its waits
+        answer "ready"); reads of what spans them fail from now on. Returns how many arrays were deleted."""
         import jax
 
         with self._lock:
