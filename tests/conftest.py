@@ -65,6 +65,7 @@ INTEGRATION = (
     "tests/deploy/test_manifests.py",  # kubectl kustomize (its render() is cached: any test may be first) and bash
     "tests/e2e/test_demo_faults.py::test_bad_fault_on_the_command_line",
     "tests/maxtext/test_cpu_elastic_unit.py::test_a_lost_slice_deletes",
+    "tests/maxtext/test_cpu_elastic_unit.py::test_the_kinder_runtime",
     "tests/maxtext/test_hook_unit.py::test_importing_the_maxtext_hooks",
     "tests/servers/test_admin_cli.py",
     "tests/servers/test_auth.py::test_the_admin_api_over_tls_with_the_cli",
@@ -83,6 +84,7 @@ INTEGRATION = (
     "tests/trainer_hooks/test_session.py::test_import_does_not_pull_in_the_daemon",
     "tests/trainer_hooks/test_snapshot.py::test_a_rebuild_reads_only_the_surviving_slices",
     "tests/trainer_hooks/test_snapshot.py::test_a_snapshot_is_rebuilt_from_the_surviving_slices",
+    "tests/trainer_hooks/test_snapshot_lost_replica.py",
 )
 PROCESS_FIXTURES = frozenset({"pubsub_emulator"})
 

@@ -57,6 +57,17 @@ and Pathways, and tells MaxText nothing the real thing would not.
    there comes back, and every array that spanned them during the loss stays
    unreadable (sticky, as in pathwaysutils' simulator: :class:`LostDevices`).
    The patches are installed at the loss, so a run without one runs unpatched.
+
+   **What a wait on a lost buffer answers** (``ELASTIC_SIDECAR_TEST_LOST_WAIT``): Pathways' answer
+   is not documented (docs/maxtext.md), so the stand-in gives either. ``error`` (the default, as
+   pathwaysutils' simulator): the arrays held only by the lost slice are deleted, and a wait on
+   anything that spans it raises. ``ready`` (the kinder runtime): arrays computed before the loss
+   stay, and a wait on them returns as if ready (their buffers were complete); reading their data
+   (``_value``, ``__array__``, ``__dlpack__``) or copying from them (pathwaysutils'
+   ``concatenate_by_mesh_axis``, the step of Orbax's ``Snapshotter.load`` that gathers the replicas)
+   still raises the ``DATA_LOSS`` error, and so does anything computed on the slice during the loss
+   (pathwaysutils' health check). So Orbax counts a lost replica as alive there, and a load from it
+   fails at the copy.
 5. **Events** (``ELASTIC_SIDECAR_TEST_EVENTS=PATH``): one JSON line per
    completed step and per injected loss, with the wall-clock time
    (``time.time()``, comparable across processes), which is how the tests and
@@ -101,6 +112,9 @@ ENV_CONTROL = "ELASTIC_SIDECAR_TEST_CONTROL"
 """A directory; a file ``reconnect`` in it ends the simulated loss."""
 ENV_FAIL_GROW_LOAD = "ELASTIC_SIDECAR_TEST_FAIL_GROW_LOAD"
 """A whole number N: the first N snapshot loads onto more slices than the snapshot was taken on (a grow) fail."""
+LOST_WAIT_ANSWERS = ("error", "ready")
+ENV_LOST_WAIT = "ELASTIC_SIDECAR_TEST_LOST_WAIT"
+"""What a wait on an array computed before a loss answers: ``error`` (default) or ``ready`` (module doc, 4)."""
 ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
 """A JSON-lines file: ``{"kind": "step", "step": N, "devices": D, "batch": H, "rows": [...], "t": ..., "cpu": C, "steal": S}``
 (N completed steps, the index run + 1; D the devices its new state spans; H the batch hash, grain only;
@@ -125,6 +139,14 @@ def cpu_slices() -> int:
     if n < 1:
         raise ValueError(f"{ENV_SLICES}={raw!r}: expected a whole number of slices >= 1")
     return n
+
+
+def lost_wait_answer() -> str:
+    """``ELASTIC_SIDECAR_TEST_LOST_WAIT``: ``error`` (unset) or ``ready``; any other value is a clear error."""
+    raw = (os.environ.get(ENV_LOST_WAIT) or "error").strip()
+    if raw not in LOST_WAIT_ANSWERS:
+        raise ValueError(f"{ENV_LOST_WAIT}={raw!r}: expected one of {', '.join(LOST_WAIT_ANSWERS)}")
+    return raw
 
 
 def slice_grouping(device_ids: Sequence[int], slices: int) -> dict[int, int]:
@@ -204,6 +226,7 @@ def apply() -> None:
     events = Path(os.environ[ENV_EVENTS]) if os.environ.get(ENV_EVENTS) else None
     if os.environ.get(ENV_FAIL_GROW_LOAD):
         _fail_grow_loads(int(os.environ[ENV_FAIL_GROW_LOAD]), events)
+    LOST.wait_answer = lost_wait_answer()
     if os.environ.get(ENV_FAIL_AT):
         _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
     if events is not None:
@@ -256,10 +279,14 @@ class LostDevices:
     when it began, made during it, or live when the slice came back) keeps failing every read and wait for
     good; only arrays made after the replacement slice came back read its devices again."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_answer: str = "error") -> None:
         self.ids: frozenset[int] = frozenset()
+        self.wait_answer = wait_answer
+        """What a wait on an array computed before the loss answers (module doc, 4)."""
         self._corrupted: dict[int, weakref.ref[Any]] = {}
         """id -> a weak reference to each array that spanned a lost device (dropped with the array)."""
+        self._ready: dict[int, weakref.ref[Any]] = {}
+        """With ``wait_answer="ready"``: the arrays live when their devices were lost (complete buffers)."""
         self._installed = False
         self._lock = threading.Lock()
         self._exempt = threading.local()
@@ -268,16 +295,22 @@ class LostDevices:
         """This thread's reads never fail (the event recorder: it observes, it is not the training)."""
         self._exempt.on = True
 
-    def _corrupt(self, x: Any) -> None:
+    @staticmethod
+    def _remember(refs: dict[int, weakref.ref[Any]], x: Any) -> None:
         key = id(x)
-        if key in self._corrupted:
-            return
-        corrupted = self._corrupted
-        corrupted[key] = weakref.ref(x, lambda _ref, key=key: corrupted.pop(key, None))
+        if key not in refs:
+            refs[key] = weakref.ref(x, lambda _ref, key=key: refs.pop(key, None))
+
+    @staticmethod
+    def _holds(refs: dict[int, weakref.ref[Any]], x: Any) -> bool:
+        ref = refs.get(id(x))
+        return ref is not None and ref() is x
+
+    def _corrupt(self, x: Any) -> None:
+        self._remember(self._corrupted, x)
 
     def corrupted(self, x: Any) -> bool:
-        ref = self._corrupted.get(id(x))
-        return ref is not None and ref() is x
+        return self._holds(self._corrupted, x)
 
     def spans_lost(self, x: Any) -> bool:
         import jax
@@ -291,17 +324,23 @@ class LostDevices:
             return True
         return False
 
-    def check(self, x: Any) -> None:
+    def check(self, x: Any, wait: bool = False) -> None:
+        """Raise the ``DATA_LOSS`` error if reading ``x`` (or waiting on it: ``wait``) touches a lost device."""
         import jax
 
         if getattr(self._exempt, "on", False):
             return
-        if (self.ids or self._corrupted) and any(self.spans_lost(leaf) for leaf in jax.tree_util.tree_leaves(x)):
-            raise jax.errors.JaxRuntimeError(DATA_LOSS_MESSAGE)
+        if not (self.ids or self._corrupted):
+            return
+        for leaf in jax.tree_util.tree_leaves(x):
+            if wait and self.wait_answer == "ready" and self._holds(self._ready, leaf):
+                continue  # computed before the loss: the kinder runtime answers "ready"
+            if self.spans_lost(leaf):
+                raise jax.errors.JaxRuntimeError(DATA_LOSS_MESSAGE)
 
     def lose(self, device_ids: frozenset[int]) -> int:
-        """The devices are gone: delete what lived only there; reads of what spans them fail from now on.
-        Returns how many arrays were deleted."""
+        """The devices are gone: delete what lived only there (with the ``ready`` answer: keep it, its waits
+        answer "ready"); reads of what spans them fail from now on. Returns how many arrays were deleted."""
         import jax
 
         with self._lock:
@@ -312,6 +351,9 @@ class LostDevices:
                 ids = _device_ids(x)
                 if ids & self.ids:
                     self._corrupt(x)
+                    if self.wait_answer == "ready":
+                        self._remember(self._ready, x)
+                        continue  # its buffers stay: a wait answers "ready", a read fails
                 if ids and ids <= self.ids and not x.is_deleted():
                     x.delete()
                     deleted += 1
@@ -338,14 +380,14 @@ class LostDevices:
         original_wait = jax.block_until_ready
 
         def block_until_ready(x: Any) -> Any:
-            lost.check(x)
+            lost.check(x, wait=True)
             return original_wait(x)
 
         jax.block_until_ready = block_until_ready
 
-        def checked(method: Callable[..., Any]) -> Callable[..., Any]:
+        def checked(method: Callable[..., Any], wait: bool = False) -> Callable[..., Any]:
             def wrapper(a: Any, *args: Any, **kwargs: Any) -> Any:
-                lost.check(a)
+                lost.check(a, wait)
                 return method(a, *args, **kwargs)
 
             return wrapper
@@ -354,11 +396,22 @@ class LostDevices:
             for name in ("block_until_ready", "__array__", "__dlpack__"):
                 method = vars(cls).get(name)
                 if callable(method):
-                    setattr(cls, name, checked(method))
+                    setattr(cls, name, checked(method, wait=name == "block_until_ready"))
             for name in ("_value",):  # a property: float(), np.asarray, jax.device_get read it
                 value = vars(cls).get(name)
                 if isinstance(value, property) and value.fget is not None:
                     setattr(cls, name, property(checked(value.fget)))
+        if self.wait_answer == "ready":
+            # Gathering the replicas moves their data: a copy from a lost host fails, whatever a wait said.
+            from pathwaysutils.experimental import concatenate_by_mesh_axis as concat
+
+            original_concat = concat.concatenate_by_mesh_axis
+
+            def concatenate_by_mesh_axis(array_trees: Any, mesh_axis: str) -> Any:
+                lost.check(array_trees)
+                return original_concat(array_trees, mesh_axis)
+
+            concat.concatenate_by_mesh_axis = concatenate_by_mesh_axis
         self._installed = True
 
 

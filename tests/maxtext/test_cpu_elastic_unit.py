@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from simjob.cpu_devices import cpu_device_env
-from simjob.maxtext.cpu_elastic import ENV_FAIL_AT, ENV_SLICES, Fault, parse_faults, slice_grouping
+from simjob.maxtext.cpu_elastic import (
+    ENV_FAIL_AT,
+    ENV_LOST_WAIT,
+    ENV_SLICES,
+    Fault,
+    lost_wait_answer,
+    parse_faults,
+    slice_grouping,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,13 +46,26 @@ def test_faults_are_parsed_in_step_order_and_a_bad_one_is_named() -> None:
         parse_faults("8:1,5:2")
 
 
+def test_the_answer_to_a_wait_on_a_lost_buffer_is_error_or_ready_and_anything_else_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ENV_LOST_WAIT, raising=False)
+    assert lost_wait_answer() == "error"
+    monkeypatch.setenv(ENV_LOST_WAIT, "ready")
+    assert lost_wait_answer() == "ready"
+    monkeypatch.setenv(ENV_LOST_WAIT, "maybe")
+    with pytest.raises(ValueError, match=f"{ENV_LOST_WAIT}='maybe': expected one of error, ready"):
+        lost_wait_answer()
+
+
 CHILD = r"""
-import json, threading
+import json, sys, threading
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from simjob.maxtext import cpu_elastic as ce
 
 out = {}
+ce.LOST.wait_answer = sys.argv[1]
 ce.install_slice_index(4)
 devs = jax.devices()
 out["slices"] = [d.slice_index for d in devs]
@@ -62,7 +83,12 @@ def fails(f):
         f()
     except jax.errors.JaxRuntimeError as e:
         return str(e)
+    except RuntimeError as e:  # a deleted array
+        return "deleted: " + str(e)
     return None
+
+out["wait_only3"] = fails(lambda: jax.block_until_ready(only3))
+out["read_only3"] = fails(lambda: np.asarray(only3))
 
 out["read_whole"] = fails(lambda: np.asarray(whole))
 out["float_whole"] = fails(lambda: float(whole[0]))
@@ -91,12 +117,18 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_fail_with_data_loss_for_good() -> None:
+def lose_slice_3(wait_answer: str) -> dict[str, object]:
     env = {**os.environ, **cpu_device_env(8)}
-    r = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, wait_answer], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, r.stderr[-3000:]
-    out = json.loads(line[len("RESULT ") :])
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_fail_with_data_loss_for_good() -> None:
+    out = lose_slice_3("error")
     assert out["slices"] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert out["deleted"] >= 1 and out["only3_deleted"] is True, out
     assert out["only0_sum"] == 2.0, "a survivor's array is untouched"
@@ -109,6 +141,19 @@ def test_a_lost_slice_deletes_what_lived_only_there_and_reads_of_what_spans_it_f
     for key in ("sticky_whole", "sticky_health", "sticky_during"):
         assert out[key] and out[key].startswith("DATA_LOSS"), ("the loss is sticky", key, out)
     assert out["only0_after"] == 2.0, "a survivor's array never spanned the lost slice"
+    assert out["wait_only3"].startswith("DATA_LOSS"), out  # what Orbax's replica test meets: a dead replica
+
+
+def test_the_kinder_runtime_answers_ready_to_a_wait_on_a_buffer_computed_before_the_loss_but_no_read_succeeds() -> None:
+    """``ELASTIC_SIDECAR_TEST_LOST_WAIT=ready``: nothing is deleted and a wait on what was computed before the loss
+    returns; every read of it, and anything computed on the lost slice (pathwaysutils' health check), fails."""
+    out = lose_slice_3("ready")
+    assert out["deleted"] == 0 and out["only3_deleted"] is False, out
+    assert out["wait_only3"] is None and out["wait_whole"] is None, out
+    for key in ("read_only3", "read_whole", "float_whole", "health_lost", "sticky_whole", "sticky_health"):
+        assert out[key] and out[key].startswith("DATA_LOSS"), (key, out)
+    assert out["sticky_during"] and out["sticky_during"].startswith("DATA_LOSS"), "made during the loss: never ready"
+    assert out["health_live"] is None and out["after_reconnect"] == 2.0 and out["only0_after"] == 2.0, out
 
 
 def test_every_maxtext_run_gets_an_empty_compile_cache_of_its_own(tmp_path: Path) -> None:

@@ -81,7 +81,8 @@ BOUNDS: tuple[Bound, ...] = (
         ">=0.12.8",
         Outside.UNTESTED,
         "the Pathways Snapshotter (orbax.checkpoint.v1.training.pathways) was tested on 0.12.8 only; "
-        "MaxText 0.2.5 allows >=0.12.4",
+        "MaxText 0.2.5 allows >=0.12.4. Before 0.12.8 it keeps one array a leaf and splits the replicas at "
+        "load (read in 0.12.4 to 0.12.7), so the hook cannot drop a lost slice's replica before Orbax's load",
     ),
     Bound(
         "orbax-checkpoint",

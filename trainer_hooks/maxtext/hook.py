@@ -312,6 +312,7 @@ class MaxTextHook:
         if self._elastic():
             self.seam = ElasticSeam(self._ask_sidecar, on_grow=self._maxtext_grew)
             self.seam.install(config)
+            self.snapshots.slices_of = self.seam.mesh_slices
             self._wrap_restore()
         try:
             d = self.session.start(step_in_memory=-1)
@@ -565,6 +566,7 @@ class MaxTextHook:
                             "snapshot_step": r.step,
                             "committed_step": committed,
                             "data": data,
+                            "dropped_lost_replicas": snaps.dropped,
                             "seconds": round(time.monotonic() - t0, 3),
                             "why": f"the newest snapshot (step {r.step}) is at least as new as the newest "
                             f"committed checkpoint (step {committed})",
@@ -731,6 +733,7 @@ class MaxTextHook:
         assert self.session is not None
         t0 = time.monotonic()
         lost = self.lost_slices(err)
+        self.snapshots.mark_lost(lost)
         try:
             d = self.session.slice_error(step, err, lost)
         except AbortTraining as e:
@@ -757,6 +760,7 @@ class MaxTextHook:
         t0 = time.monotonic()
         step = max(self.completed, 0)
         lost = self.lost_slices(err)
+        self.snapshots.mark_lost(lost)
         say("slice_error_outside_step", {"step": step, "slices": sorted(lost), "error": str(err)[:200]})
         try:
             d = self.session.slice_error(step, err, lost)
@@ -887,6 +891,7 @@ class MaxTextHook:
             except Exception as e:
                 say("warning", {"message": f"slice health probe failed, treating {lost} as lost: {e}"})
         if lost:
+            self.snapshots.mark_lost(lost)  # their snapshot replicas are gone with them
             raise RuntimeError(
                 f"the state after step {step} has shards on lost slice(s) {lost}; MaxText's checkpointer "
                 "reads its global arrays whole and cannot save from the surviving replicas alone: not flushed"

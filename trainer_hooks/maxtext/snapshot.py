@@ -13,8 +13,8 @@ and the next attempt would restore the last periodic checkpoint. Orbax
   into one copy per replica (pathwaysutils' ``split_by_mesh_axis``). The copy
   runs asynchronously; a background thread waits for it. The queue holds one
   request: a ``save`` while one is in flight is skipped, never waited for.
-* ``load(abstract_state)`` drops the replicas whose arrays can no longer be
-  read (a lost slice's), rebuilds the arrays from the others
+* ``load(abstract_state)`` drops the replicas whose arrays fail a wait
+  (``jax.block_until_ready``: a lost slice's, if the runtime says so), rebuilds the arrays from the others
   (``concatenate_by_mesh_axis``) and puts them onto the abstract state's
   shardings: the new, smaller or larger, mesh. Nothing passes through the
   trainer process's memory, NumPy or a checkpoint directory.
@@ -24,7 +24,10 @@ axis, the DCN ``data`` axis of its hybrid mesh, found from pathwaysutils'
 device-to-slice grouping, never guessed), keeps the data iterator's position
 inside each snapshot (so the two are always of the same step), and keys the
 state by its tree paths, so the abstract state MaxText builds for the next
-attempt (the same ``nnx.State`` paths, new shardings) maps onto it.
+attempt (the same ``nnx.State`` paths, new shardings) maps onto it. Before
+Orbax's load it also drops the replicas on slices pathwaysutils found lost
+(:meth:`Snapshots.mark_lost`), so no load reads a lost replica whatever a wait
+on its buffers answers (docs/maxtext.md, "Which replica counts as alive").
 
 Importing this module imports neither JAX nor Orbax; they load when a
 snapshot is configured.
@@ -305,6 +308,15 @@ class Snapshots:
     """The step of the newest save handed to the Snapshotter and not yet seen complete."""
     wait_seconds: float | None = None
     """The bound on every wait on the recovery path (join, load); past it the snapshot is unavailable."""
+    slices_of: Callable[[Iterable[Any]], set[int]] | None = None
+    """Devices -> the slices they belong to (pathwaysutils' grouping); None: lost replicas are left to Orbax."""
+    lost: dict[int, int] = field(default_factory=dict)
+    """Slice -> the newest step handed to a save when the slice was found lost: the replicas on that slice of a
+    snapshot of that step or older are never loaded (the hosts that held them are gone)."""
+    handed: int = -1
+    """The newest step handed to the Snapshotter."""
+    dropped: list[int] = field(default_factory=list)
+    """The slices whose replicas the last :meth:`load` dropped as lost."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def configure(self, layout: Layout) -> None:
@@ -348,6 +360,7 @@ class Snapshots:
             return False
         tree = {"state": keyed(state), "data": data}
         self.snapshotter.save(step, tree)
+        self.handed = max(self.handed, step)
         self.keys = frozenset(tree["state"])
         self.saved += 1
         self.pending = step
@@ -398,11 +411,61 @@ class Snapshots:
         if self.snapshotter is not None:
             bounded(self.snapshotter.join, self.wait_seconds, "waiting for the snapshot copy")
 
+    def mark_lost(self, slices: Iterable[int]) -> None:
+        """``slices`` were found lost: the replicas they held of every snapshot so far (one still copying
+        included) are not loaded, whatever a wait on their buffers answers (:meth:`drop_lost_replicas`)."""
+        for s in slices:
+            self.lost[s] = max(self.lost.get(s, -1), self.handed)
+
+    def drop_lost_replicas(self) -> list[int]:
+        """Remove from the newest snapshot its replicas on slices marked lost; returns their slices.
+
+        Orbax's ``load`` keeps every replica whose arrays pass ``jax.block_until_ready``. Whether Pathways
+        fails that wait for a buffer whose host has died is not documented: if it answers "ready", Orbax
+        would copy from a dead host. The Snapshotter has no public call to choose replicas, so this edits
+        its newest snapshot (its private ``_latest_snapshot``, under its ``_lock``); without those fields,
+        or without :attr:`slices_of`, nothing is removed and Orbax's own test decides. Raises
+        :class:`SnapshotUnavailable` when every replica is on a lost slice."""
+        snap, slices_of = self.snapshotter, self.slices_of
+        lock = getattr(snap, "_lock", None)
+        if not self.lost or slices_of is None or lock is None or not hasattr(snap, "_latest_snapshot"):
+            return []
+        import jax
+
+        with lock:
+            latest = snap._latest_snapshot
+            if latest is None:
+                return []
+            trees, step = latest
+            if not isinstance(trees, list):
+                return []  # not one tree per replica (Orbax before 0.12.8 splits at load): Orbax decides
+            gone = {s for s, upto in self.lost.items() if step <= upto}
+            keep, dropped = [], set()
+            for tree in trees:
+                devices = [
+                    d
+                    for x in jax.tree_util.tree_leaves(tree)
+                    if isinstance(x, jax.Array)
+                    for d in x.sharding.device_set
+                ]
+                on = slices_of(devices) & gone
+                if on:
+                    dropped |= on
+                else:
+                    keep.append(tree)
+            if not dropped:
+                return []
+            if not keep:
+                raise SnapshotUnavailable(f"every replica of the snapshot of step {step} was on a lost slice")
+            snap._latest_snapshot = (keep, step)
+        return sorted(dropped)
+
     def load(self, abstract: Any) -> Restored:
         """The newest snapshot, from the replicas still readable, on ``abstract``'s shardings.
 
-        Raises when no replica survives, or when ``abstract``'s paths are not the
-        snapshot's (a different model: the checkpoint decides then).
+        Replicas on slices marked lost are dropped first (:meth:`drop_lost_replicas`). Raises when no
+        replica survives, or when ``abstract``'s paths are not the snapshot's (a different model: the
+        checkpoint decides then).
         """
         import jax
 
@@ -418,9 +481,12 @@ class Snapshots:
                 f"({missing[:2]}), {len(extra)} only in the abstract state ({extra[:2]})"
             )
         snapshotter = self.snapshotter
+        self.dropped = self.drop_lost_replicas()
         out = bounded(
             lambda: snapshotter.load({"state": target, "data": DATA_NONE}), self.wait_seconds, "loading the snapshot"
         )
+        # Orbax's load keeps the loaded state as the new snapshot, split over the new mesh's live replicas.
+        self.lost.clear()
         state = jax.tree_util.tree_unflatten(treedef, [out["state"][jax.tree_util.keystr(p)] for p, _ in flat])
         return Restored(state, step, str(out["data"]))
 
