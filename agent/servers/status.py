@@ -141,7 +141,41 @@ def coordinator_status(c: CoordinatorView) -> admin_pb2.Status:
         state_problem=c.durability_problem or c.state_file_problem,
         trainer_processes=p.trainer_processes,
         trainer_processes_attached=sorted(c.trainer_conns),
+        **straggler_fields(getattr(c, "stragglers", None)),
     )
+
+
+def straggler_fields(collector: Any) -> dict[str, Any]:
+    """The straggler detector's part of the coordinator's Status (:mod:`agent.stragglers.collector`)."""
+    if collector is None:
+        return {}
+    st = collector.status()
+    slices = [
+        admin_pb2.StragglerSlice(
+            slice=x["slice"],
+            status=x["status"],
+            lateness=x["lateness"],
+            hits=x["hits"],
+            counted=x["counted"],
+            reason=x["reason"],
+        )
+        for x in st["slices"]
+    ]
+    verdicts = []
+    for v in st["verdicts"]:
+        msg = admin_pb2.StragglerVerdict(
+            time_unix=v["time"],
+            slice=v["slice"],
+            scope=v["scope"],
+            action=v["action"],
+            reason=v["reason"],
+            outcome=v["outcome"],
+        )
+        for name, field_name in (("slowdown", "slowdown"), ("lateness", "lateness"), ("since", "since_unix")):
+            if v[name] is not None:
+                setattr(msg, field_name, v[name])
+        verdicts.append(msg)
+    return {"straggler_detect": collector.enabled, "straggler_slices": slices, "straggler_verdicts": verdicts}
 
 
 def worker_status(w: WorkerView) -> admin_pb2.Status:

@@ -121,7 +121,10 @@ class StragglerCollector:
         *,
         replacement_seconds: float | None = None,
         on_window: Callable[[Detection, tuple[Verdict, ...]], None] | None = None,
+        enabled: bool = True,
     ) -> None:
+        self.enabled = enabled
+        """--straggler-detect: off, windows are dropped and nothing is judged."""
         self.thresholds = thresholds
         self.cost = cost
         self.replacement_seconds = replacement_seconds
@@ -142,10 +145,23 @@ class StragglerCollector:
         self._flush_at: float | None = None
         self.windows = 0
 
+    @classmethod
+    def from_config(cls, cfg: Any, metrics: Any) -> StragglerCollector:
+        """The coordinator's collector, as its flags (``CoordinatorConfig.straggler_*``) ask."""
+        return cls(
+            cfg.straggler_thresholds,
+            cfg.straggler_cost,
+            replacement_seconds=cfg.straggler_replacement_seconds,
+            on_window=lambda detection, _: metrics.observe_straggler_window(detection),
+            enabled=cfg.straggler_detect,
+        )
+
     # -- inputs ----------------------------------------------------------------
 
     def add_window(self, slice_: int, host: int, msg: Any) -> None:
         """A worker's window (``peer_pb2.MetricsWindow``); a newer one replaces an unused older one."""
+        if not self.enabled:
+            return
         self.pending[(slice_, host)] = HostWindow.from_message(msg)
 
     def note(self, ev: Event, d: Decision, before: State, wall: float, mono: float) -> None:
@@ -242,6 +258,8 @@ class StragglerCollector:
 
     def tick(self, state: State, wall: float, mono: float) -> list[StragglerVerdict]:
         """Close the job window if it is due; the verdicts that change something."""
+        if not self.enabled:
+            return []
         window = self.job_window(state, wall)
         if window is None:
             return []
