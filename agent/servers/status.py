@@ -248,15 +248,16 @@ def decision_event(rec: Record) -> admin_pb2.DecisionEvent:
 
 WORKER_FIELDS = ("slice", "host", "coordinator_connected")
 """Status fields a worker sidecar fills about itself (admin.proto): a coordinator leaves them out."""
+STRAGGLER_FIELDS = ("straggler_detect", "straggler_slices", "straggler_verdicts")
+"""Status fields only the coordinator fills (its straggler detector): a worker leaves them out."""
 
 
 def status_dict(status: admin_pb2.Status) -> dict[str, Any]:
     """A Status as JSON-ready data, without the worker's own fields when a coordinator answers
     (proto3 would show them as zeros: slice 0, host 0, coordinator not connected)."""
     doc = to_dict(status)
-    if status.role == "coordinator":
-        for name in WORKER_FIELDS:
-            doc.pop(name, None)
+    for name in WORKER_FIELDS if status.role == "coordinator" else STRAGGLER_FIELDS:
+        doc.pop(name, None)
     return doc
 
 
