@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent import constants as C
 from agent.core.model import Policy
@@ -737,15 +737,15 @@ class CoordinatorConfig:
         )
 
 
-def _stragglers(ns: argparse.Namespace) -> dict[str, object]:
+def _stragglers(ns: argparse.Namespace) -> dict[str, Any]:
     """The straggler detector's settings, each checked as Thresholds and CostParams check them."""
 
-    def take(params: object) -> dict[str, object]:
+    def take(params: Any) -> dict[str, Any]:
         return {f.name: getattr(ns, "straggler_" + f.name, getattr(params, f.name)) for f in fields(params)}
 
     try:
-        thresholds = Thresholds(**take(DEFAULT_THRESHOLDS))  # type: ignore[arg-type]
-        cost = CostParams(**take(DEFAULT_COST))  # type: ignore[arg-type]
+        thresholds = Thresholds(**take(DEFAULT_THRESHOLDS))
+        cost = CostParams(**take(DEFAULT_COST))
     except ValueError as e:
         raise ConfigError(f"--straggler-*: {e}") from e
     return {

@@ -174,7 +174,7 @@ class StragglerCollector:
         if isinstance(ev, StragglerVerdict):
             for v in reversed(self.verdicts):
                 if v["slice"] == ev.slice and v["action"] == ev.action and not v["outcome"]:
-                    v["outcome"] = f"refused: {d.rejected}" if d.rejected else d.reason.rpartition("; ")[2]
+                    v["outcome"] = outcome(ev, d, before)
                     break
 
     def _note_disturbance(self, ev: Event, d: Decision, before: State, wall: float) -> None:
@@ -319,6 +319,17 @@ class StragglerCollector:
                 }
             )
         return {"slices": slices, "verdicts": list(self.verdicts), "windows": self.windows}
+
+
+def outcome(ev: StragglerVerdict, d: Decision, before: State) -> str:
+    """What the decision core made of a verdict, in a few words."""
+    if d.rejected:
+        return f"refused: {d.rejected}"
+    if ev.action != "drain":
+        return "no action"
+    if d.outcome == "duplicate":
+        return "already draining"
+    return f"draining slice {ev.slice}" if ev.slice in d.state.drains and ev.slice not in before.drains else d.reason
 
 
 def verdict_record(ev: StragglerVerdict, wall: float) -> dict[str, Any]:

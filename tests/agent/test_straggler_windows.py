@@ -200,7 +200,7 @@ async def test_a_job_whose_slice_2_runs_slow_ends_with_a_drain_verdict_for_slice
                 await asyncio.sleep(0.01)
         assert slow in coord.state.drains, (coord.last_reason, coord.stragglers.status())
         drains = [v for v in coord.stragglers.verdicts if v["action"] == "drain"]
-        assert [v["slice"] for v in drains] == [slow], list(coord.stragglers.verdicts)
+        assert [(v["slice"], v["outcome"]) for v in drains] == [(slow, f"draining slice {slow}")], drains
         assert coord.state.drains[slow].source == "straggler"
         assert all(v["slice"] == slow for v in coord.stragglers.verdicts), list(coord.stragglers.verdicts)
         lines = [json.loads(x) for x in journal.read_text().splitlines()]
