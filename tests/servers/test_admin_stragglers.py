@@ -67,3 +67,15 @@ async def test_status_shows_the_stragglers_and_the_last_verdict(job: Job, tmp_pa
     code, out, err = await cli(job, tmp_path, "status", "--json")
     doc = json.loads(out)
     assert doc["straggler_verdicts"][0]["action"] == "drain" and "slice" not in doc  # no worker fields
+
+
+async def test_the_status_page_lists_the_straggler_verdicts(job: Job, tmp_path: Path) -> None:
+    from tests.servers.test_status_page import chromium
+
+    await job.running()
+    dom = await chromium(tmp_path, job.http_url + "/", "--dump-dom")
+    assert '<div id="stragglers" class="muted">none</div>' in dom
+    judged(job)
+    dom = await chromium(tmp_path, job.http_url + "/", "--dump-dom")
+    assert '<tr data-straggler-slice="2"><td>now</td><td>2</td><td>straggler</td><td>slice 2 reason</td></tr>' in dom
+    assert '<tr data-verdict="drain">' in dom and "keeping it costs more [draining slice 2]" in dom
