@@ -11,9 +11,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from agent import log as logmod
 from agent.sources.tpu_metrics import Blind, MetricsSource, Windower, WindowSummary
 from protos.elastic_sidecar.v1 import peer_pb2
 
+log = logmod.get("worker")
 COLLECTIVE = "collective_e2e_latency"
 MICROSECONDS = 1e-6
 """libtpu names the distribution ``megascale.collective_end_to_end_latencies.microsecond...``
@@ -78,7 +80,11 @@ class WindowReporter:
         try:
             while True:
                 began = loop.time()
-                await self.once()
+                try:
+                    await self.once()
+                except Exception:  # one bad reading must not end the reports: the next starts afresh
+                    log.exception("metrics window failed; starting the next one afresh")
+                    self.windower = Windower()
                 # Keep the cadence: a slow read (at most its deadline) shortens the wait after it.
                 await asyncio.sleep(max(0.0, self.window_seconds - (loop.time() - began)))
         finally:
