@@ -40,7 +40,7 @@ import grpc
 from agent import constants as C
 from agent.auth import read_token_file
 from agent.config import ConfigError, address, is_loopback, nonneg_int, positive_float
-from agent.servers.status import status_dict, to_dict
+from agent.servers.status import STRAGGLER_FIELDS, status_dict, to_dict
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
 
 DEFAULT_TIMEOUT = 10.0
@@ -112,7 +112,9 @@ def _connection_options(p: argparse.ArgumentParser, top: bool) -> None:
 
 def add_admin_args(p: argparse.ArgumentParser) -> None:
     _connection_options(p, top=True)
-    sub = p.add_subparsers(dest="command", metavar="{status,events,hold,resume,checkpoint,drain,undrain,abort}")
+    sub = p.add_subparsers(
+        dest="command", metavar="{status,events,stragglers,hold,resume,checkpoint,drain,undrain,abort}"
+    )
     sub.required = True
 
     def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -134,6 +136,11 @@ def add_admin_args(p: argparse.ArgumentParser) -> None:
     ev = cmd("events", "the coordinator's recent decisions with their reasons (a worker's: its local events)")
     ev.add_argument("--backlog", type=nonneg_int, default=20, help="how many recent decisions first (default 20)")
     ev.add_argument("--follow", action="store_true", help="keep printing new decisions until interrupted")
+    cmd(
+        "stragglers",
+        "each slice's recent lateness at the cross-slice collective and the straggler detector's verdicts "
+        "(docs/stragglers.md)",
+    )
     for name, what in (
         ("hold", "hold training at the next step boundary (with a flush) until an operator resumes"),
         ("resume", "end an operator hold; training resumes when enough slices are up"),
@@ -303,9 +310,57 @@ def render_status(st: admin_pb2.Status) -> str:
         for n in st.pending_notices:
             when = f"deadline in {n.deadline_unix - now:.0f} s" if n.deadline_unix else "no deadline"
             lines.append(f"  slice {n.slice}: {n.kind} from {n.source}, {when}: {n.reason}")
+    if st.straggler_verdicts or any(x.status not in ("", "healthy") for x in st.straggler_slices):
+        standing = [f"slice {x.slice} {x.status}" for x in st.straggler_slices if x.status not in ("", "healthy")]
+        lines.append("stragglers: " + (", ".join(standing) or "none now"))
+        if st.straggler_verdicts:
+            lines.append("  last verdict: " + render_verdict(st.straggler_verdicts[-1]))
     if st.last_reason:
         lines.append(f"last decision: {st.last_reason}")
     return "\n".join(lines)
+
+
+def _pct(msg: Any, name: str) -> str:
+    return f"{getattr(msg, name):.0%}" if msg.HasField(name) else "-"
+
+
+def render_verdict(v: admin_pb2.StragglerVerdict) -> str:
+    who = "the job" if v.scope == "job" else f"slice {v.slice}"
+    since = f", since {time.strftime('%H:%M:%S', time.localtime(v.since_unix))}" if v.HasField("since_unix") else ""
+    outcome = f" [{v.outcome}]" if v.outcome else ""
+    return (
+        f"{time.strftime('%H:%M:%S', time.localtime(v.time_unix))} {who}: {v.action} "
+        f"(slowdown {_pct(v, 'slowdown')}, lateness {_pct(v, 'lateness')}{since}): {v.reason}{outcome}"
+    )
+
+
+def render_stragglers(st: admin_pb2.Status) -> str:
+    """Each slice's standing and recent lateness, then the verdicts, oldest first."""
+    lines = [f"straggler detection {'on' if st.straggler_detect else 'off'}"]
+    rows = [("SLICE", "STATUS", "STOOD OUT", "LATENESS (oldest first)", "REASON")]
+    for x in st.straggler_slices:
+        late = " ".join(f"{v:+.0%}" for v in x.lateness) or "-"
+        rows.append((str(x.slice), x.status, f"{x.hits}/{x.counted}", late, x.reason))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines += ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    else:
+        lines.append("no window judged yet")
+    lines.append("verdicts:" if st.straggler_verdicts else "verdicts: none")
+    lines += ["  " + render_verdict(v) for v in st.straggler_verdicts]
+    return "\n".join(ln.rstrip() for ln in lines)
+
+
+def _stragglers(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any) -> int:
+    st = stub.GetStatus(admin_pb2.GetStatusRequest(), metadata=md, timeout=_timeout(ns))
+    if st.role != "coordinator":
+        return _fail(ns, "stragglers are judged by the coordinator: give its admin address", C.ADMIN_EXIT_USAGE)
+    if ns.json:
+        doc = status_dict(st)
+        _print_json({k: doc.get(k, [] if k != "straggler_detect" else False) for k in STRAGGLER_FIELDS})
+    else:
+        print(render_stragglers(st))
+    return C.ADMIN_EXIT_OK
 
 
 def render_event(ev: admin_pb2.DecisionEvent) -> str:
@@ -391,6 +446,7 @@ def _checkpoint(ns: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, md: Any)
 _COMMANDS = {
     "status": _status,
     "events": _events,
+    "stragglers": _stragglers,
     "hold": _hold,
     "resume": _resume,
     "drain": _drain,

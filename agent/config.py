@@ -15,13 +15,15 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent import constants as C
 from agent.core.model import Policy
 from agent.errors import ConfigError as ConfigError  # re-exported: callers catch agent.config.ConfigError
+from agent.stragglers.cost import DEFAULT_COST, CostParams
+from agent.stragglers.detect import DEFAULT_THRESHOLDS, Thresholds
 
 if TYPE_CHECKING:
     from agent.auth import BearerToken
@@ -216,6 +218,64 @@ def _in_cluster_api() -> str | None:
     host = f"[{host}]" if ":" in host else host
     return f"https://{host}:{port or 443}"
 
+
+def seconds_or_none(value: str) -> float | None:
+    """An argparse type: "none", or seconds as :func:`seconds` takes them (0 or more)."""
+    if value.strip().lower() == "none":
+        return None
+    return nonneg_float(value)
+
+
+seconds_or_none.__name__ = "seconds or none"
+
+_STRAGGLER_HELP = {
+    "lateness_min": "a slice stands out when it waits at the cross-slice collective this share of the step "
+    "less than the others' median",
+    "slowdown_min": "the step must run this much over the job's own baseline to corroborate a lateness",
+    "windows": "counted windows remembered per slice (the n of k-of-n)",
+    "enter_hits": "a slice becomes a straggler when it stood out in this many of the last --straggler-windows",
+    "leave_hits": "a straggler recovers when it stood out in at most this many (hysteresis)",
+    "baseline_windows": "normal windows whose median step time is the baseline",
+    "baseline_min": "normal windows needed before any slowdown is judged",
+    "throttle_score_min": "with two slices, a tpu_throttle_score above this is a late slice's second signal",
+    "horizon_cap_seconds": "keeping a straggler is costed over the time left or this, whichever is less",
+    "margin": "drain only when keeping costs this many times what draining costs",
+    "drain_interval_seconds": "at most one straggler drain in this long unless an operator asks",
+}
+
+
+def _straggler_flags() -> tuple[Flag, ...]:
+    """One flag per field of the detector's Thresholds and the decision's CostParams, with their defaults."""
+    out = []
+    for params in (DEFAULT_THRESHOLDS, DEFAULT_COST):
+        for f in fields(params):
+            v = getattr(params, f.name)
+            kind = whole(0) if isinstance(v, int) else number(0.0, SECONDS_MAX)
+            what = _STRAGGLER_HELP[f.name]
+            out.append(Flag(f"--straggler-{f.name.replace('_', '-')}", f"{what} (default {v:g})", v, kind))
+    return tuple(out)
+
+
+STRAGGLER_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "--straggler-detect",
+        "on (default): judge each slice's lateness from the workers' libtpu metrics windows and drain a "
+        "straggler when that costs less than keeping it (docs/stragglers.md); a job whose workers are blind "
+        "never acts. off: windows are ignored",
+        "on",
+        on_off,
+    ),
+    *_straggler_flags(),
+    Flag(
+        "--straggler-replacement-seconds",
+        "expected seconds until a drained straggler's slice is replaced (an operator's undrain, a node "
+        "change); none (default): no replacement expected, so a drain must pay on one slice fewer for the "
+        "rest of the horizon",
+        "none",
+        seconds_or_none,
+        shown_default="none",
+    ),
+)
 
 COMMON_FLAGS: tuple[Flag, ...] = (
     Flag("--job", "JobSet name; peers of another job are refused (env ES_JOB)", "elastic-job"),
@@ -413,6 +473,7 @@ COORDINATOR_FLAGS: tuple[Flag, ...] = (
     Flag("--tls-cert-file", "PEM certificate chain: serve the admin API over TLS (with --tls-key-file)"),
     Flag("--tls-key-file", "PEM private key of --tls-cert-file"),
     _http_listen(f"127.0.0.1:{C.HTTP_PORT}"),
+    *STRAGGLER_FLAGS,
 )
 
 WORKER_FLAGS: tuple[Flag, ...] = (
@@ -503,6 +564,27 @@ WORKER_FLAGS: tuple[Flag, ...] = (
         "read-only admin gRPC API of this worker (GetStatus, WatchEvents; no token); default none: off",
         type=listen_address,
     ),
+    Flag(
+        "--tpu-metrics",
+        "where this host's libtpu runtime metrics are read for straggler detection: service (default) is "
+        "libtpu's RuntimeMetricService at --tpu-metrics-target, sdk is libtpu.sdk.tpumonitoring in this "
+        "process, off sends nothing. A source that cannot read reports blind, never healthy",
+        "service",
+        choices=("service", "sdk", "off"),
+    ),
+    Flag(
+        "--tpu-metrics-target",
+        f"libtpu's RuntimeMetricService HOST:PORT (default {C.LIBTPU_METRICS_TARGET})",
+        C.LIBTPU_METRICS_TARGET,
+        address,
+    ),
+    Flag(
+        "--straggler-window-seconds",
+        "report one metrics window to the coordinator this often (default 60: tens of steps of a large "
+        "model per window, docs/stragglers.md)",
+        C.STRAGGLER_WINDOW_SECONDS,
+        positive_float,
+    ),
 )
 
 
@@ -586,6 +668,10 @@ class CoordinatorConfig:
     peer_token: BearerToken | None = None
     tls_cert: bytes | None = field(default=None, repr=False)
     tls_key: bytes | None = field(default=None, repr=False)
+    straggler_detect: bool = True
+    straggler_thresholds: Thresholds = DEFAULT_THRESHOLDS
+    straggler_cost: CostParams = DEFAULT_COST
+    straggler_replacement_seconds: float | None = None
 
     @property
     def first_heartbeat_seconds(self) -> float:
@@ -647,7 +733,27 @@ class CoordinatorConfig:
             peer_token=_token(ns, "peer_token_file"),
             tls_cert=tls_cert,
             tls_key=tls_key,
+            **_stragglers(ns),
         )
+
+
+def _stragglers(ns: argparse.Namespace) -> dict[str, Any]:
+    """The straggler detector's settings, each checked as Thresholds and CostParams check them."""
+
+    def take(params: Any) -> dict[str, Any]:
+        return {f.name: getattr(ns, "straggler_" + f.name, getattr(params, f.name)) for f in fields(params)}
+
+    try:
+        thresholds = Thresholds(**take(DEFAULT_THRESHOLDS))
+        cost = CostParams(**take(DEFAULT_COST))
+    except ValueError as e:
+        raise ConfigError(f"--straggler-*: {e}") from e
+    return {
+        "straggler_detect": bool(getattr(ns, "straggler_detect", True)),
+        "straggler_thresholds": thresholds,
+        "straggler_cost": cost,
+        "straggler_replacement_seconds": getattr(ns, "straggler_replacement_seconds", None),
+    }
 
 
 def _policy(ns: argparse.Namespace) -> Policy:
@@ -663,6 +769,7 @@ def _policy(ns: argparse.Namespace) -> Policy:
             settle_seconds=float(getattr(ns, "settle_seconds", 1.0)),
             notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
             trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
+            straggler_drain_interval_seconds=float(getattr(ns, "straggler_drain_interval_seconds", 3600.0)),
         )
     except ValueError as e:
         raise ConfigError(str(e)) from e
@@ -772,6 +879,10 @@ class WorkerConfig:
     kubernetes_ca_file: str | None = None
     node_watch_seconds: float = 30.0
     """How often to poll the node's maintenance label and taints (0: off)."""
+    tpu_metrics: str = "service"
+    """Where the host's libtpu metrics are read: "service", "sdk" or "off" (agent.sources.tpu_metrics)."""
+    tpu_metrics_target: str = C.LIBTPU_METRICS_TARGET
+    straggler_window_seconds: float = C.STRAGGLER_WINDOW_SECONDS
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> WorkerConfig:
@@ -802,6 +913,9 @@ class WorkerConfig:
             kubernetes_token_file=getattr(ns, "kubernetes_token_file", None),
             kubernetes_ca_file=getattr(ns, "kubernetes_ca_file", None),
             node_watch_seconds=float(getattr(ns, "node_watch_seconds", 30.0)),
+            tpu_metrics=getattr(ns, "tpu_metrics", "service"),
+            tpu_metrics_target=getattr(ns, "tpu_metrics_target", C.LIBTPU_METRICS_TARGET),
+            straggler_window_seconds=float(getattr(ns, "straggler_window_seconds", C.STRAGGLER_WINDOW_SECONDS)),
         )
 
 

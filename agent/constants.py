@@ -153,3 +153,7 @@ LIBTPU_METRICS_TARGET = "localhost:8431"
 address; a multi-slice job may move it with ``TPU_RUNTIME_METRICS_PORTS``)."""
 LIBTPU_METRICS_DEADLINE_SECONDS = 2.0
 """How long one read of a metric may take before the source reports blind for that read."""
+STRAGGLER_WINDOW_SECONDS = 60.0
+"""A worker's metrics window (--straggler-window-seconds): tens of steps of a large model (a 70B step
+takes seconds), so a window's median is not one step's noise, and the detector's 3 of 5 windows
+call a straggler within minutes of a slowdown that would otherwise last hours (docs/stragglers.md)."""

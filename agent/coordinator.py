@@ -58,6 +58,7 @@ from agent.sources.heartbeat_datagrams import DatagramReceiver
 from agent.sources.peers import PEER_SERVICE, PeerService
 from agent.sources.pubsub import PubSubIntake, node_notice
 from agent.sources.trainer_link import TRAINER_SERVICE, TrainerLinkService
+from agent.stragglers.collector import StragglerCollector
 from agent.trainer_group import TrainerGroup
 from protos.elastic_sidecar.v1 import peer_pb2_grpc, trainer_pb2_grpc
 
@@ -103,6 +104,8 @@ class Coordinator:
         """When the decision loop last finished a batch (monotonic)."""
         self.decisions_wedged = False
         """Events have waited past DECISIONS_WEDGED_SECONDS with nothing decided."""
+        self.stragglers = StragglerCollector.from_config(self.cfg, self.metrics)
+        """Workers' metrics windows and step times into straggler verdicts (docs/stragglers.md)."""
 
     def _init_links(self) -> None:
         """The sources' open streams and the executors that write to them."""
@@ -304,6 +307,7 @@ class Coordinator:
             for g, f in self._flush_waiters:
                 if ev.generation >= g and not f.done():
                     f.set_result(ev)
+        self.stragglers.note(ev, d, before, time.time(), now)
         self._record(ev, d, before, self._phases.observe(ev, d, before, now))
         return d
 
@@ -555,6 +559,8 @@ class Coordinator:
             if self.gc_freezer.tick(len(self.workers)):
                 self.metrics.gc_frozen_objects.set(gc.get_freeze_count())
             self._check_decisions(now)
+            for verdict in self.stragglers.tick(self.state, time.time(), now):
+                self.submit(verdict)
             self.submit(Tick())
 
     def _check_decisions(self, now: float) -> None:

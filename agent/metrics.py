@@ -9,6 +9,7 @@ nodes are never labels. Each sidecar process has its own registry, served on
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -21,6 +22,7 @@ from agent.core.model import (
     Phase,
     ResumeTrainer,
     State,
+    StragglerVerdict,
     TrainerFlushed,
     TrainerHeld,
     TrainerResumed,
@@ -90,6 +92,7 @@ class Metrics(ServerMetrics):
         self._link_metrics(self.registry)
         self._pubsub_metrics(self.registry)
         self._durability_metrics(self.registry)
+        self._straggler_metrics(self.registry)
         self._hold_started: float | None = None
         self._hold_cause = ""
         self._operator_held = False  # an operator's hold was in force during the cycle being timed
@@ -227,12 +230,62 @@ class Metrics(ServerMetrics):
             f"{PREFIX}_coordinator_fenced", "1 when a newer coordinator has superseded this one", registry=r
         )
 
+    def _straggler_metrics(self, r: CollectorRegistry) -> None:
+        """The straggler detector (agent.stragglers): its windows, its slices' standing, its verdicts."""
+        self.straggler_windows = Counter(
+            f"{PREFIX}_straggler_windows_total",
+            "Job windows the straggler detector closed, by outcome (counted, or skipped: a hold, resize, "
+            "checkpoint or compile in it, or no step time)",
+            ["outcome"],
+            registry=r,
+        )
+        self.straggler_slices = Gauge(
+            f"{PREFIX}_straggler_slices",
+            "Slices by their standing in the newest window: straggler, suspect, healthy or blind",
+            ["status"],
+            registry=r,
+        )
+        self.straggler_lateness = Gauge(
+            f"{PREFIX}_straggler_max_lateness_ratio",
+            "Largest share of the step a slice arrived late at the collective, in the newest counted window",
+            registry=r,
+        )
+        self.straggler_slowdown = Gauge(
+            f"{PREFIX}_straggler_step_slowdown_ratio",
+            "The step time over the job's baseline, less one, in the newest counted window",
+            registry=r,
+        )
+        self.straggler_verdicts = Counter(
+            f"{PREFIX}_straggler_verdicts_total",
+            "Straggler verdicts that changed something, by scope and action",
+            ["scope", "action"],
+            registry=r,
+        )
+
+    def observe_straggler_window(self, detection: Any) -> None:
+        """One window's findings (:func:`agent.stragglers.detect`)."""
+        slices = [f for f in detection.findings if f.scope == "slice"]
+        skipped = detection.reason.startswith("window skipped")
+        self.straggler_windows.labels("skipped" if skipped else "counted").inc()
+        for status in ("straggler", "suspect", "healthy", "blind"):
+            self.straggler_slices.labels(status).set(sum(1 for f in slices if f.status == status))
+        if skipped:
+            return
+        late = [f.lateness for f in slices if f.lateness is not None]
+        self.straggler_lateness.set(max(late) if late else 0.0)
+        job = next((f for f in detection.findings if f.scope == "job"), None)
+        if job is not None and job.slowdown is not None:
+            self.straggler_slowdown.set(job.slowdown)
+
     def observe(self, ev: Event, d: Decision, before: State, now: float) -> None:
         """Account for one decision (called by the coordinator's loop)."""
         kind = type(ev).__name__
         source = "trainer" if kind.startswith("Trainer") else "worker" if kind.startswith("Worker") else "operator"
         if isinstance(ev, NodeNotice):
             source, kind = ev.source, ev.kind
+        elif isinstance(ev, StragglerVerdict):
+            source = "straggler"
+            self.straggler_verdicts.labels(ev.scope, ev.action).inc()
         elif kind == "Tick":
             source = "timer"
         if kind not in ("Tick", "TrainerStepped"):

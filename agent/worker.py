@@ -17,6 +17,7 @@ API (``--admin-listen``) serves GetStatus and WatchEvents of its local events.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import signal
 import time
@@ -34,6 +35,8 @@ from agent.servers.feed import EventFeed
 from agent.sources.health import HealthChecker
 from agent.sources.heartbeat_datagrams import DatagramSender, command_position
 from agent.sources.metadata import PREEMPTED_KEY, MetadataChange, MetadataWatcher
+from agent.sources.tpu_metrics import MetricsSource
+from agent.stragglers.reporter import WindowReporter
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
 log = logmod.get("worker")
@@ -44,6 +47,8 @@ DUPLICATE_RETRY_MAX_SECONDS = 10.0
 takes over only once the other's stream has ended."""
 HEALTH_STABLE_SECONDS = 1.0
 """How long a local worker must stay healthy after a failure before it counts again."""
+WINDOWS_QUEUED = 2
+"""Metrics windows kept for the stream while it is down: older ones are stale for the detector."""
 
 
 class Worker:
@@ -82,6 +87,8 @@ class Worker:
         """Heartbeat datagrams to the coordinator, when it offers them (this stream's registration)."""
         self._last_command: tuple[int, int] = (-1, 0)
         """(generation, COMMAND_ORDER) of the newest coordinator command acted on."""
+        self.windows: collections.deque[peer_pb2.MetricsWindow] = collections.deque(maxlen=WINDOWS_QUEUED)
+        """The host's libtpu metrics windows not yet on the stream (agent.stragglers.reporter)."""
 
     def _note(self, trigger: str, reason: str) -> None:
         """Record a local event for the read-only admin API and the status page."""
@@ -254,6 +261,8 @@ class Worker:
         reported = True
         self._unsent = {k for k, r in self.notices.items() if r.deadline_unix}
         while not reader.done():
+            while self.windows:
+                await call.write(peer_pb2.WorkerMessage(metrics_window=self.windows.popleft()))
             for key in sorted(self._unsent):
                 self._unsent.discard(key)
                 await call.write(peer_pb2.WorkerMessage(report=self.notices[key]))
@@ -417,7 +426,21 @@ class Worker:
         if c.metadata_url:
             watcher = MetadataWatcher(c.metadata_url, self._on_metadata)
             tasks.append(asyncio.create_task(watcher.run()))
+        if c.tpu_metrics != "off":
+            tasks.append(asyncio.create_task(self._window_reporter().run(), name="metrics-windows"))
         return tasks
+
+    def _window_reporter(self) -> WindowReporter:
+        """The host's libtpu metrics, one window per --straggler-window-seconds, onto the stream."""
+        c = self.cfg
+        options = {"target": c.tpu_metrics_target} if c.tpu_metrics == "service" else {}
+        source = MetricsSource.create(c.tpu_metrics, **options)
+
+        def send(msg: peer_pb2.MetricsWindow) -> None:
+            self.windows.append(msg)
+            self._health_changed.set()  # wakes the stream's writer (_report)
+
+        return WindowReporter(source, c.straggler_window_seconds, send)
 
     async def _link_failed(self, e: Exception, delay: float) -> float | None:
         """The Join stream ended in error: wait as the cause asks and return the next delay, or None when

@@ -68,6 +68,7 @@ INTEGRATION = (
     "tests/maxtext/test_cpu_elastic_unit.py::test_the_kinder_runtime",
     "tests/maxtext/test_hook_unit.py::test_importing_the_maxtext_hooks",
     "tests/servers/test_admin_cli.py",
+    "tests/servers/test_admin_stragglers.py",
     "tests/servers/test_auth.py::test_the_admin_api_over_tls_with_the_cli",
     "tests/servers/test_auth.py::test_the_daemon_refuses_a_placeholder_token",
     "tests/servers/test_layering.py::test_importing_the_servers",

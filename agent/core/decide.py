@@ -44,6 +44,7 @@ from agent.core.model import (
     OperatorCommand,
     Phase,
     State,
+    StragglerVerdict,
     Tick,
     TrainerAttached,
     TrainerDetached,
@@ -60,6 +61,7 @@ from agent.core.model import (
 )
 from agent.core.notices import node_notice
 from agent.core.operator import operator
+from agent.core.stragglers import straggler_verdict
 from agent.core.trainer import (
     trainer_attached,
     trainer_detached,
@@ -90,6 +92,7 @@ _HANDLERS = {
     TrainerFinished: trainer_finished,
     NodeNotice: node_notice,
     OperatorCommand: operator,
+    StragglerVerdict: straggler_verdict,
 }
 _WORKER_EVENTS = (WorkerJoined, WorkerLost, WorkerAway, WorkerHealth)
 

@@ -293,6 +293,9 @@ class Policy:
     lost slice means abort-and-restart (exit 42), after a collective flush when
     the loss was announced. The coordinator presents the processes to the core
     as one trainer (:mod:`agent.trainer_group`)."""
+    straggler_drain_interval_seconds: float = 3600.0
+    """At most one straggler drain in this long unless an operator asks (docs/stragglers.md): a
+    detector that is wrong must not drain the job down a slice at a time."""
 
     def __post_init__(self) -> None:
         # First, every field a number the checks below can compare: NaN fails no comparison
@@ -334,6 +337,10 @@ class Policy:
             raise ValueError(f"elastic_max_retries must be >= 1, got {self.elastic_max_retries}")
         if self.trainer_processes < 1:
             raise ValueError(f"trainer_processes must be >= 1, got {self.trainer_processes}")
+        if not self.straggler_drain_interval_seconds > 0:
+            raise ValueError(
+                f"straggler_drain_interval_seconds must be > 0, got {self.straggler_drain_interval_seconds}"
+            )
         if not self.notice_lead_seconds >= 0:
             raise ValueError(f"notice_lead_seconds must be >= 0, got {self.notice_lead_seconds}")
 
@@ -506,6 +513,9 @@ class State:
     hold_down: frozenset[int] = frozenset()
     trainer: TrainerView = TrainerView()
     exit_code: int | None = None
+    straggler_drained_at: float | None = None
+    """When the straggler detector last drained a slice (decision clock). Not persisted: a restarted
+    coordinator still sees a straggler drain that stands in ``drains``."""
 
     def __post_init__(self) -> None:
         # Any mapping or set given is kept in the form whose one-host changes copy one slice.
@@ -770,6 +780,30 @@ class OperatorCommand:
 
 
 @dataclass(frozen=True)
+class StragglerVerdict:
+    """A straggler verdict that changes something (a new straggler, a drain, an alert, a recovery).
+
+    From the coordinator's detector (:mod:`agent.stragglers`, docs/stragglers.md). ``drain`` drains
+    ``slice`` as an operator drain does, never below ``min_slices`` and at most one in
+    ``straggler_drain_interval_seconds`` unless ``operator_asked``; ``alert`` and ``keep`` change
+    nothing: their reason goes to the log and the journal.
+    """
+
+    slice: int
+    """-1 for a verdict on the whole job."""
+    scope: str
+    """"slice" or "job"."""
+    action: str
+    """"drain", "alert" or "keep"."""
+    reason: str
+    slowdown: float | None = None
+    lateness: float | None = None
+    since: float | None = None
+    """When the slowdown began to be seen (unix seconds)."""
+    operator_asked: bool = False
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed; lets deadlines fire."""
 
@@ -789,6 +823,7 @@ Event = (
     | TrainerFinished
     | NodeNotice
     | OperatorCommand
+    | StragglerVerdict
     | Tick
 )
 

@@ -88,6 +88,8 @@ def _drain(state: State, ev: OperatorCommand, now: float, why: str) -> Decision:
 def _undrain(state: State, ev: OperatorCommand, now: float, why: str) -> Decision:
     """Undo a drain: the slice counts again, and the job grows back onto it once its hosts are up.
 
+    An operator's or the straggler detector's drain is the operator's to lift (docs/stragglers.md).
+
     A notice's drain is the notice's to lift unless the operator forces it: a notice can be wrong,
     and nothing else would lift it.
     """
@@ -99,7 +101,7 @@ def _undrain(state: State, ev: OperatorCommand, now: float, why: str) -> Decisio
     plan = state.planned.get(s) if ev.force else None
     if d is None and plan is None:
         return _refuse(state, why, f"slice {s} is not drained")
-    if d is not None and d.source != "operator" and not ev.force:
+    if d is not None and d.source not in ("operator", "straggler") and not ev.force:
         return _refuse(
             state,
             why,
@@ -112,7 +114,7 @@ def _undrain(state: State, ev: OperatorCommand, now: float, why: str) -> Decisio
     forced = [
         f"the {what} from a {x.kind} notice ({x.source})"
         for x, what in ((d, "drain"), (plan, "planned drain"))
-        if x is not None and x.source != "operator"
+        if x is not None and x.source not in ("operator", "straggler")
     ]
     note = f"; forced: {' and '.join(forced)} lifted" if forced else ""
     new_state = replace(state, drains=_frozen(drains), planned=_frozen(planned))

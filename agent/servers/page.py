@@ -46,6 +46,8 @@ STATUS_PAGE = """<!doctype html>
 <div id="slices"><span class="muted">loading...</span></div>
 <h2>Pending notices</h2>
 <div id="notices" class="muted">none</div>
+<h2>Stragglers</h2>
+<div id="stragglers" class="muted">none</div>
 <h2>Recovery timeline</h2>
 <table id="timeline"><thead><tr><th>time</th><th>gen</th><th>phase</th><th>trigger</th><th>reason</th></tr></thead>
 <tbody></tbody></table>
@@ -114,6 +116,29 @@ function render(s) {
       t.append(tr);
     }
     notices.append(t);
+  }
+  const strag = document.getElementById("stragglers");
+  strag.replaceChildren();
+  const verdicts = s.straggler_verdicts || [];
+  const watched = (s.straggler_slices || []).filter(x => x.status && x.status !== "healthy");
+  if (!verdicts.length && !watched.length) strag.textContent = s.straggler_detect ? "none" : "detection off";
+  else {
+    const t = el("table");
+    t.append(el("tr"));
+    for (const h of ["time", "slice", "action", "reason"]) t.lastChild.append(el("th", {}, h));
+    for (const x of watched) {
+      const tr = el("tr", {"data-straggler-slice": x.slice});
+      for (const v of ["now", x.slice, x.status, x.reason]) tr.append(el("td", {}, v));
+      t.append(tr);
+    }
+    for (const v of verdicts.slice().reverse()) {
+      const tr = el("tr", {"data-verdict": v.action});
+      const who = v.scope === "job" ? "job" : v.slice;
+      for (const c of [clock(v.time_unix), who, v.action, v.reason + (v.outcome ? " [" + v.outcome + "]" : "")])
+        tr.append(el("td", {}, c));
+      t.append(tr);
+    }
+    strag.append(t);
   }
   const body = document.querySelector("#timeline tbody");
   body.replaceChildren();

@@ -141,7 +141,41 @@ def coordinator_status(c: CoordinatorView) -> admin_pb2.Status:
         state_problem=c.durability_problem or c.state_file_problem,
         trainer_processes=p.trainer_processes,
         trainer_processes_attached=sorted(c.trainer_conns),
+        **straggler_fields(getattr(c, "stragglers", None)),
     )
+
+
+def straggler_fields(collector: Any) -> dict[str, Any]:
+    """The straggler detector's part of the coordinator's Status (:mod:`agent.stragglers.collector`)."""
+    if collector is None:
+        return {}
+    st = collector.status()
+    slices = [
+        admin_pb2.StragglerSlice(
+            slice=x["slice"],
+            status=x["status"],
+            lateness=x["lateness"],
+            hits=x["hits"],
+            counted=x["counted"],
+            reason=x["reason"],
+        )
+        for x in st["slices"]
+    ]
+    verdicts = []
+    for v in st["verdicts"]:
+        msg = admin_pb2.StragglerVerdict(
+            time_unix=v["time"],
+            slice=v["slice"],
+            scope=v["scope"],
+            action=v["action"],
+            reason=v["reason"],
+            outcome=v["outcome"],
+        )
+        for name, field_name in (("slowdown", "slowdown"), ("lateness", "lateness"), ("since", "since_unix")):
+            if v[name] is not None:
+                setattr(msg, field_name, v[name])
+        verdicts.append(msg)
+    return {"straggler_detect": collector.enabled, "straggler_slices": slices, "straggler_verdicts": verdicts}
 
 
 def worker_status(w: WorkerView) -> admin_pb2.Status:
@@ -215,15 +249,16 @@ def decision_event(rec: Record) -> admin_pb2.DecisionEvent:
 
 WORKER_FIELDS = ("slice", "host", "coordinator_connected")
 """Status fields a worker sidecar fills about itself (admin.proto): a coordinator leaves them out."""
+STRAGGLER_FIELDS = ("straggler_detect", "straggler_slices", "straggler_verdicts")
+"""Status fields only the coordinator fills (its straggler detector): a worker leaves them out."""
 
 
 def status_dict(status: admin_pb2.Status) -> dict[str, Any]:
     """A Status as JSON-ready data, without the worker's own fields when a coordinator answers
     (proto3 would show them as zeros: slice 0, host 0, coordinator not connected)."""
     doc = to_dict(status)
-    if status.role == "coordinator":
-        for name in WORKER_FIELDS:
-            doc.pop(name, None)
+    for name in WORKER_FIELDS if status.role == "coordinator" else STRAGGLER_FIELDS:
+        doc.pop(name, None)
     return doc
 
 

@@ -358,6 +358,8 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             conn.last_seen = time.monotonic()
             if msg.HasField("report"):
                 self._report(ident, conn, msg.report)
+            elif msg.HasField("metrics_window"):
+                self.c.stragglers.add_window(ident.slice, ident.host, msg.metrics_window)
 
     def _report(self, ident: peer_pb2.HostIdentity, conn: Link, report: peer_pb2.LocalReport) -> None:
         kind = report.kind

@@ -46,6 +46,11 @@ COORDINATOR_METRICS = {
     "elastic_sidecar_pubsub_streaming",
     "elastic_sidecar_admin_requests_total",
     "elastic_sidecar_auth_failures_total",
+    "elastic_sidecar_straggler_windows_total",
+    "elastic_sidecar_straggler_slices",
+    "elastic_sidecar_straggler_max_lateness_ratio",
+    "elastic_sidecar_straggler_step_slowdown_ratio",
+    "elastic_sidecar_straggler_verdicts_total",
 }
 WORKER_METRICS = {
     "elastic_sidecar_up",

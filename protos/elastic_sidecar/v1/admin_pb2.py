@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%protos/elastic_sidecar/v1/admin.proto\x12\x12\x65lastic_sidecar.v1\"\x12\n\x10GetStatusRequest\"\x8b\x01\n\nHostStatus\x12\x0c\n\x04host\x18\x01 \x01(\x05\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x11\n\tnode_pool\x18\x05 \x01(\t\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x12\x14\n\x0csidecar_away\x18\x07 \x01(\x08\"j\n\x0bSliceStatus\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\r\n\x05state\x18\x02 \x01(\t\x12-\n\x05hosts\x18\x03 \x03(\x0b\x32\x1e.elastic_sidecar.v1.HostStatus\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"q\n\rPendingNotice\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x15\n\rdeadline_unix\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\x9f\x05\n\x06Status\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\r\n\x05phase\x18\x04 \x01(\t\x12/\n\x06slices\x18\x05 \x03(\x0b\x32\x1f.elastic_sidecar.v1.SliceStatus\x12\x15\n\ractive_slices\x18\x06 \x03(\x05\x12\x17\n\x0finactive_slices\x18\x07 \x03(\x05\x12\x11\n\tlast_step\x18\x08 \x01(\x03\x12\x1b\n\x13last_committed_step\x18\t \x01(\x03\x12:\n\x0fpending_notices\x18\n \x03(\x0b\x32!.elastic_sidecar.v1.PendingNotice\x12\x14\n\x0cretries_used\x18\x0b \x01(\x05\x12\x1f\n\x17\x65lastic_min_slice_count\x18\x0c \x01(\x05\x12\x1f\n\x17\x65lastic_timeout_seconds\x18\r \x01(\x01\x12\x1b\n\x13\x65lastic_max_retries\x18\x0e \x01(\x05\x12\x18\n\x10trainer_attached\x18\x0f \x01(\x08\x12\x15\n\roperator_hold\x18\x10 \x01(\x08\x12\x13\n\x0blast_reason\x18\x11 \x01(\t\x12\r\n\x05slice\x18\x12 \x01(\x05\x12\x0c\n\x04host\x18\x13 \x01(\x05\x12\x1d\n\x15\x63oordinator_connected\x18\x14 \x01(\x08\x12\r\n\x05\x65poch\x18\x15 \x01(\x03\x12\x17\n\x0f\x66\x65nced_by_epoch\x18\x16 \x01(\x03\x12\x15\n\rstate_durable\x18\x17 \x01(\x08\x12\x15\n\rstate_problem\x18\x18 \x01(\t\x12\x19\n\x11trainer_processes\x18\x19 \x01(\x05\x12\"\n\x1atrainer_processes_attached\x18\x1a \x03(\x05\"%\n\x12WatchEventsRequest\x12\x0f\n\x07\x62\x61\x63klog\x18\x01 \x01(\x05\"\xfc\x01\n\rDecisionEvent\x12\x11\n\ttime_unix\x18\x01 \x01(\x01\x12\x0f\n\x07trigger\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x15\n\ractive_slices\x18\x06 \x03(\x05\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12=\n\x06phases\x18\x08 \x03(\x0b\x32-.elastic_sidecar.v1.DecisionEvent.PhasesEntry\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1d\n\x0bHoldRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x1f\n\rResumeRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"<\n\x11\x43heckpointRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"2\n\x11\x44rainSliceRequest\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x13UndrainSliceRequest\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"/\n\x0c\x41\x62ortRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07restart\x18\x02 \x01(\x08\"A\n\x0c\x43ommandReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"T\n\x0f\x43heckpointReply\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x03\x12\x15\n\rflush_seconds\x18\x02 \x01(\x01\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x32\xa5\x05\n\x05\x41\x64min\x12M\n\tGetStatus\x12$.elastic_sidecar.v1.GetStatusRequest\x1a\x1a.elastic_sidecar.v1.Status\x12Z\n\x0bWatchEvents\x12&.elastic_sidecar.v1.WatchEventsRequest\x1a!.elastic_sidecar.v1.DecisionEvent0\x01\x12I\n\x04Hold\x12\x1f.elastic_sidecar.v1.HoldRequest\x1a .elastic_sidecar.v1.CommandReply\x12M\n\x06Resume\x12!.elastic_sidecar.v1.ResumeRequest\x1a .elastic_sidecar.v1.CommandReply\x12X\n\nCheckpoint\x12%.elastic_sidecar.v1.CheckpointRequest\x1a#.elastic_sidecar.v1.CheckpointReply\x12U\n\nDrainSlice\x12%.elastic_sidecar.v1.DrainSliceRequest\x1a .elastic_sidecar.v1.CommandReply\x12Y\n\x0cUndrainSlice\x12\'.elastic_sidecar.v1.UndrainSliceRequest\x1a .elastic_sidecar.v1.CommandReply\x12K\n\x05\x41\x62ort\x12 .elastic_sidecar.v1.AbortRequest\x1a .elastic_sidecar.v1.CommandReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%protos/elastic_sidecar/v1/admin.proto\x12\x12\x65lastic_sidecar.v1\"\x12\n\x10GetStatusRequest\"\x8b\x01\n\nHostStatus\x12\x0c\n\x04host\x18\x01 \x01(\x05\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x11\n\tnode_pool\x18\x05 \x01(\t\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x12\x14\n\x0csidecar_away\x18\x07 \x01(\x08\"j\n\x0bSliceStatus\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\r\n\x05state\x18\x02 \x01(\t\x12-\n\x05hosts\x18\x03 \x03(\x0b\x32\x1e.elastic_sidecar.v1.HostStatus\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"q\n\rPendingNotice\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x15\n\rdeadline_unix\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xb9\x06\n\x06Status\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\r\n\x05phase\x18\x04 \x01(\t\x12/\n\x06slices\x18\x05 \x03(\x0b\x32\x1f.elastic_sidecar.v1.SliceStatus\x12\x15\n\ractive_slices\x18\x06 \x03(\x05\x12\x17\n\x0finactive_slices\x18\x07 \x03(\x05\x12\x11\n\tlast_step\x18\x08 \x01(\x03\x12\x1b\n\x13last_committed_step\x18\t \x01(\x03\x12:\n\x0fpending_notices\x18\n \x03(\x0b\x32!.elastic_sidecar.v1.PendingNotice\x12\x14\n\x0cretries_used\x18\x0b \x01(\x05\x12\x1f\n\x17\x65lastic_min_slice_count\x18\x0c \x01(\x05\x12\x1f\n\x17\x65lastic_timeout_seconds\x18\r \x01(\x01\x12\x1b\n\x13\x65lastic_max_retries\x18\x0e \x01(\x05\x12\x18\n\x10trainer_attached\x18\x0f \x01(\x08\x12\x15\n\roperator_hold\x18\x10 \x01(\x08\x12\x13\n\x0blast_reason\x18\x11 \x01(\t\x12\r\n\x05slice\x18\x12 \x01(\x05\x12\x0c\n\x04host\x18\x13 \x01(\x05\x12\x1d\n\x15\x63oordinator_connected\x18\x14 \x01(\x08\x12\r\n\x05\x65poch\x18\x15 \x01(\x03\x12\x17\n\x0f\x66\x65nced_by_epoch\x18\x16 \x01(\x03\x12\x15\n\rstate_durable\x18\x17 \x01(\x08\x12\x15\n\rstate_problem\x18\x18 \x01(\t\x12\x19\n\x11trainer_processes\x18\x19 \x01(\x05\x12\"\n\x1atrainer_processes_attached\x18\x1a \x03(\x05\x12\x18\n\x10straggler_detect\x18\x1b \x01(\x08\x12<\n\x10straggler_slices\x18\x1c \x03(\x0b\x32\".elastic_sidecar.v1.StragglerSlice\x12@\n\x12straggler_verdicts\x18\x1d \x03(\x0b\x32$.elastic_sidecar.v1.StragglerVerdict\"p\n\x0eStragglerSlice\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08lateness\x18\x03 \x03(\x01\x12\x0c\n\x04hits\x18\x04 \x01(\x05\x12\x0f\n\x07\x63ounted\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xe4\x01\n\x10StragglerVerdict\x12\x11\n\ttime_unix\x18\x01 \x01(\x01\x12\r\n\x05slice\x18\x02 \x01(\x05\x12\r\n\x05scope\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\x08slowdown\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08lateness\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\nsince_unix\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07outcome\x18\t \x01(\tB\x0b\n\t_slowdownB\x0b\n\t_latenessB\r\n\x0b_since_unix\"%\n\x12WatchEventsRequest\x12\x0f\n\x07\x62\x61\x63klog\x18\x01 \x01(\x05\"\xfc\x01\n\rDecisionEvent\x12\x11\n\ttime_unix\x18\x01 \x01(\x01\x12\x0f\n\x07trigger\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x15\n\ractive_slices\x18\x06 \x03(\x05\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12=\n\x06phases\x18\x08 \x03(\x0b\x32-.elastic_sidecar.v1.DecisionEvent.PhasesEntry\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1d\n\x0bHoldRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x1f\n\rResumeRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"<\n\x11\x43heckpointRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"2\n\x11\x44rainSliceRequest\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"C\n\x13UndrainSliceRequest\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"/\n\x0c\x41\x62ortRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07restart\x18\x02 \x01(\x08\"A\n\x0c\x43ommandReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"T\n\x0f\x43heckpointReply\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x03\x12\x15\n\rflush_seconds\x18\x02 \x01(\x01\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x32\xa5\x05\n\x05\x41\x64min\x12M\n\tGetStatus\x12$.elastic_sidecar.v1.GetStatusRequest\x1a\x1a.elastic_sidecar.v1.Status\x12Z\n\x0bWatchEvents\x12&.elastic_sidecar.v1.WatchEventsRequest\x1a!.elastic_sidecar.v1.DecisionEvent0\x01\x12I\n\x04Hold\x12\x1f.elastic_sidecar.v1.HoldRequest\x1a .elastic_sidecar.v1.CommandReply\x12M\n\x06Resume\x12!.elastic_sidecar.v1.ResumeRequest\x1a .elastic_sidecar.v1.CommandReply\x12X\n\nCheckpoint\x12%.elastic_sidecar.v1.CheckpointRequest\x1a#.elastic_sidecar.v1.CheckpointReply\x12U\n\nDrainSlice\x12%.elastic_sidecar.v1.DrainSliceRequest\x1a .elastic_sidecar.v1.CommandReply\x12Y\n\x0cUndrainSlice\x12\'.elastic_sidecar.v1.UndrainSliceRequest\x1a .elastic_sidecar.v1.CommandReply\x12K\n\x05\x41\x62ort\x12 .elastic_sidecar.v1.AbortRequest\x1a .elastic_sidecar.v1.CommandReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,29 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PENDINGNOTICE']._serialized_start=331
   _globals['_PENDINGNOTICE']._serialized_end=444
   _globals['_STATUS']._serialized_start=447
-  _globals['_STATUS']._serialized_end=1118
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=1120
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=1157
-  _globals['_DECISIONEVENT']._serialized_start=1160
-  _globals['_DECISIONEVENT']._serialized_end=1412
-  _globals['_DECISIONEVENT_PHASESENTRY']._serialized_start=1367
-  _globals['_DECISIONEVENT_PHASESENTRY']._serialized_end=1412
-  _globals['_HOLDREQUEST']._serialized_start=1414
-  _globals['_HOLDREQUEST']._serialized_end=1443
-  _globals['_RESUMEREQUEST']._serialized_start=1445
-  _globals['_RESUMEREQUEST']._serialized_end=1476
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1478
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1538
-  _globals['_DRAINSLICEREQUEST']._serialized_start=1540
-  _globals['_DRAINSLICEREQUEST']._serialized_end=1590
-  _globals['_UNDRAINSLICEREQUEST']._serialized_start=1592
-  _globals['_UNDRAINSLICEREQUEST']._serialized_end=1659
-  _globals['_ABORTREQUEST']._serialized_start=1661
-  _globals['_ABORTREQUEST']._serialized_end=1708
-  _globals['_COMMANDREPLY']._serialized_start=1710
-  _globals['_COMMANDREPLY']._serialized_end=1775
-  _globals['_CHECKPOINTREPLY']._serialized_start=1777
-  _globals['_CHECKPOINTREPLY']._serialized_end=1861
-  _globals['_ADMIN']._serialized_start=1864
-  _globals['_ADMIN']._serialized_end=2541
+  _globals['_STATUS']._serialized_end=1272
+  _globals['_STRAGGLERSLICE']._serialized_start=1274
+  _globals['_STRAGGLERSLICE']._serialized_end=1386
+  _globals['_STRAGGLERVERDICT']._serialized_start=1389
+  _globals['_STRAGGLERVERDICT']._serialized_end=1617
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1619
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1656
+  _globals['_DECISIONEVENT']._serialized_start=1659
+  _globals['_DECISIONEVENT']._serialized_end=1911
+  _globals['_DECISIONEVENT_PHASESENTRY']._serialized_start=1866
+  _globals['_DECISIONEVENT_PHASESENTRY']._serialized_end=1911
+  _globals['_HOLDREQUEST']._serialized_start=1913
+  _globals['_HOLDREQUEST']._serialized_end=1942
+  _globals['_RESUMEREQUEST']._serialized_start=1944
+  _globals['_RESUMEREQUEST']._serialized_end=1975
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1977
+  _globals['_CHECKPOINTREQUEST']._serialized_end=2037
+  _globals['_DRAINSLICEREQUEST']._serialized_start=2039
+  _globals['_DRAINSLICEREQUEST']._serialized_end=2089
+  _globals['_UNDRAINSLICEREQUEST']._serialized_start=2091
+  _globals['_UNDRAINSLICEREQUEST']._serialized_end=2158
+  _globals['_ABORTREQUEST']._serialized_start=2160
+  _globals['_ABORTREQUEST']._serialized_end=2207
+  _globals['_COMMANDREPLY']._serialized_start=2209
+  _globals['_COMMANDREPLY']._serialized_end=2274
+  _globals['_CHECKPOINTREPLY']._serialized_start=2276
+  _globals['_CHECKPOINTREPLY']._serialized_end=2360
+  _globals['_ADMIN']._serialized_start=2363
+  _globals['_ADMIN']._serialized_end=3040
 # @@protoc_insertion_point(module_scope)

@@ -57,7 +57,7 @@ class PendingNotice(_message.Message):
     def __init__(self, slice: _Optional[int] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., source: _Optional[str] = ..., deadline_unix: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected", "epoch", "fenced_by_epoch", "state_durable", "state_problem", "trainer_processes", "trainer_processes_attached")
+    __slots__ = ("role", "job", "generation", "phase", "slices", "active_slices", "inactive_slices", "last_step", "last_committed_step", "pending_notices", "retries_used", "elastic_min_slice_count", "elastic_timeout_seconds", "elastic_max_retries", "trainer_attached", "operator_hold", "last_reason", "slice", "host", "coordinator_connected", "epoch", "fenced_by_epoch", "state_durable", "state_problem", "trainer_processes", "trainer_processes_attached", "straggler_detect", "straggler_slices", "straggler_verdicts")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,9 @@ class Status(_message.Message):
     STATE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     TRAINER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     TRAINER_PROCESSES_ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_DETECT_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_SLICES_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_VERDICTS_FIELD_NUMBER: _ClassVar[int]
     role: str
     job: str
     generation: int
@@ -110,7 +113,48 @@ class Status(_message.Message):
     state_problem: str
     trainer_processes: int
     trainer_processes_attached: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ..., epoch: _Optional[int] = ..., fenced_by_epoch: _Optional[int] = ..., state_durable: _Optional[bool] = ..., state_problem: _Optional[str] = ..., trainer_processes: _Optional[int] = ..., trainer_processes_attached: _Optional[_Iterable[int]] = ...) -> None: ...
+    straggler_detect: bool
+    straggler_slices: _containers.RepeatedCompositeFieldContainer[StragglerSlice]
+    straggler_verdicts: _containers.RepeatedCompositeFieldContainer[StragglerVerdict]
+    def __init__(self, role: _Optional[str] = ..., job: _Optional[str] = ..., generation: _Optional[int] = ..., phase: _Optional[str] = ..., slices: _Optional[_Iterable[_Union[SliceStatus, _Mapping]]] = ..., active_slices: _Optional[_Iterable[int]] = ..., inactive_slices: _Optional[_Iterable[int]] = ..., last_step: _Optional[int] = ..., last_committed_step: _Optional[int] = ..., pending_notices: _Optional[_Iterable[_Union[PendingNotice, _Mapping]]] = ..., retries_used: _Optional[int] = ..., elastic_min_slice_count: _Optional[int] = ..., elastic_timeout_seconds: _Optional[float] = ..., elastic_max_retries: _Optional[int] = ..., trainer_attached: _Optional[bool] = ..., operator_hold: _Optional[bool] = ..., last_reason: _Optional[str] = ..., slice: _Optional[int] = ..., host: _Optional[int] = ..., coordinator_connected: _Optional[bool] = ..., epoch: _Optional[int] = ..., fenced_by_epoch: _Optional[int] = ..., state_durable: _Optional[bool] = ..., state_problem: _Optional[str] = ..., trainer_processes: _Optional[int] = ..., trainer_processes_attached: _Optional[_Iterable[int]] = ..., straggler_detect: _Optional[bool] = ..., straggler_slices: _Optional[_Iterable[_Union[StragglerSlice, _Mapping]]] = ..., straggler_verdicts: _Optional[_Iterable[_Union[StragglerVerdict, _Mapping]]] = ...) -> None: ...
+
+class StragglerSlice(_message.Message):
+    __slots__ = ("slice", "status", "lateness", "hits", "counted", "reason")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    status: str
+    lateness: _containers.RepeatedScalarFieldContainer[float]
+    hits: int
+    counted: int
+    reason: str
+    def __init__(self, slice: _Optional[int] = ..., status: _Optional[str] = ..., lateness: _Optional[_Iterable[float]] = ..., hits: _Optional[int] = ..., counted: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StragglerVerdict(_message.Message):
+    __slots__ = ("time_unix", "slice", "scope", "action", "reason", "slowdown", "lateness", "since_unix", "outcome")
+    TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    LATENESS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    time_unix: float
+    slice: int
+    scope: str
+    action: str
+    reason: str
+    slowdown: float
+    lateness: float
+    since_unix: float
+    outcome: str
+    def __init__(self, time_unix: _Optional[float] = ..., slice: _Optional[int] = ..., scope: _Optional[str] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., slowdown: _Optional[float] = ..., lateness: _Optional[float] = ..., since_unix: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("backlog",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$protos/elastic_sidecar/v1/peer.proto\x12\x12\x65lastic_sidecar.v1\"n\n\x0cHostIdentity\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x11\n\tnode_pool\x18\x04 \x01(\t\x12\x0b\n\x03pod\x18\x05 \x01(\t\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\"\xf7\x01\n\x08Register\x12\x32\n\x08identity\x18\x01 \x01(\x0b\x32 .elastic_sidecar.v1.HostIdentity\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x12\n\nepoch_seen\x18\x03 \x01(\x03\x12\x17\n\x0fgeneration_seen\x18\x04 \x01(\x03\x12\x1e\n\x16\x65poch_seen_coordinator\x18\x08 \x01(\t\x12\x18\n\x10\x65poch_seen_proof\x18\t \x01(\x0c\x12\x15\n\rlocal_healthy\x18\x05 \x01(\x08\x12\x16\n\x0ehealth_address\x18\x06 \x01(\t\x12\x14\n\x0chealth_check\x18\x07 \x01(\t\"/\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x15\n\rlocal_healthy\x18\x02 \x01(\x08\"[\n\x0bLocalReport\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x15\n\rdeadline_unix\x18\x03 \x01(\x01\x12\x17\n\x0f\x65vent_time_unix\x18\x04 \x01(\x01\"\xaf\x01\n\rWorkerMessage\x12\x30\n\x08register\x18\x01 \x01(\x0b\x32\x1c.elastic_sidecar.v1.RegisterH\x00\x12\x32\n\theartbeat\x18\x02 \x01(\x0b\x32\x1d.elastic_sidecar.v1.HeartbeatH\x00\x12\x31\n\x06report\x18\x03 \x01(\x0b\x32\x1f.elastic_sidecar.v1.LocalReportH\x00\x42\x05\n\x03msg\"\xc6\x01\n\nRegistered\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x1f\n\x17heartbeat_datagram_port\x18\x04 \x01(\r\x12 \n\x18heartbeat_datagram_token\x18\x05 \x01(\x0c\x12\x19\n\x11\x65poch_coordinator\x18\x06 \x01(\t\x12\x13\n\x0b\x65poch_proof\x18\x07 \x01(\x0c\"v\n\x11HeartbeatDatagram\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0b\n\x03seq\x18\x04 \x01(\x03\x12\x16\n\x0e\x61\x63k_generation\x18\x05 \x01(\x03\x12\x10\n\x08\x61\x63k_kind\x18\x06 \x01(\t\",\n\x0f\x43ommandDatagram\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"d\n\x13\x43ommandDatagramBody\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\x30\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x1f.elastic_sidecar.v1.PeerCommand\"\x13\n\x11\x44\x61tagramsReceived\"N\n\x0bPeerCommand\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\"\xca\x01\n\x12\x43oordinatorMessage\x12\x34\n\nregistered\x18\x01 \x01(\x0b\x32\x1e.elastic_sidecar.v1.RegisteredH\x00\x12\x32\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x1f.elastic_sidecar.v1.PeerCommandH\x00\x12\x43\n\x12\x64\x61tagrams_received\x18\x03 \x01(\x0b\x32%.elastic_sidecar.v1.DatagramsReceivedH\x00\x42\x05\n\x03msg2]\n\x04Peer\x12U\n\x04Join\x12!.elastic_sidecar.v1.WorkerMessage\x1a&.elastic_sidecar.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$protos/elastic_sidecar/v1/peer.proto\x12\x12\x65lastic_sidecar.v1\"n\n\x0cHostIdentity\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x11\n\tnode_pool\x18\x04 \x01(\t\x12\x0b\n\x03pod\x18\x05 \x01(\t\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\"\xf7\x01\n\x08Register\x12\x32\n\x08identity\x18\x01 \x01(\x0b\x32 .elastic_sidecar.v1.HostIdentity\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x12\n\nepoch_seen\x18\x03 \x01(\x03\x12\x17\n\x0fgeneration_seen\x18\x04 \x01(\x03\x12\x1e\n\x16\x65poch_seen_coordinator\x18\x08 \x01(\t\x12\x18\n\x10\x65poch_seen_proof\x18\t \x01(\x0c\x12\x15\n\rlocal_healthy\x18\x05 \x01(\x08\x12\x16\n\x0ehealth_address\x18\x06 \x01(\t\x12\x14\n\x0chealth_check\x18\x07 \x01(\t\"/\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x15\n\rlocal_healthy\x18\x02 \x01(\x08\"[\n\x0bLocalReport\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x15\n\rdeadline_unix\x18\x03 \x01(\x01\x12\x17\n\x0f\x65vent_time_unix\x18\x04 \x01(\x01\"\xd2\x02\n\rMetricsWindow\x12\x12\n\nstart_unix\x18\x01 \x01(\x01\x12\x10\n\x08\x65nd_unix\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05\x62lind\x18\x04 \x01(\t\x12#\n\x16\x63ollective_p50_seconds\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12$\n\x17\x63ollective_mean_seconds\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10\x63ollective_count\x18\x07 \x01(\r\x12\x1b\n\x0ethrottle_score\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0flinks_unhealthy\x18\t \x01(\x08H\x03\x88\x01\x01\x42\x19\n\x17_collective_p50_secondsB\x1a\n\x18_collective_mean_secondsB\x11\n\x0f_throttle_scoreB\x12\n\x10_links_unhealthy\"\xec\x01\n\rWorkerMessage\x12\x30\n\x08register\x18\x01 \x01(\x0b\x32\x1c.elastic_sidecar.v1.RegisterH\x00\x12\x32\n\theartbeat\x18\x02 \x01(\x0b\x32\x1d.elastic_sidecar.v1.HeartbeatH\x00\x12\x31\n\x06report\x18\x03 \x01(\x0b\x32\x1f.elastic_sidecar.v1.LocalReportH\x00\x12;\n\x0emetrics_window\x18\x04 \x01(\x0b\x32!.elastic_sidecar.v1.MetricsWindowH\x00\x42\x05\n\x03msg\"\xc6\x01\n\nRegistered\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x1f\n\x17heartbeat_datagram_port\x18\x04 \x01(\r\x12 \n\x18heartbeat_datagram_token\x18\x05 \x01(\x0c\x12\x19\n\x11\x65poch_coordinator\x18\x06 \x01(\t\x12\x13\n\x0b\x65poch_proof\x18\x07 \x01(\x0c\"v\n\x11HeartbeatDatagram\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\r\n\x05token\x18\x03 \x01(\x0c\x12\x0b\n\x03seq\x18\x04 \x01(\x03\x12\x16\n\x0e\x61\x63k_generation\x18\x05 \x01(\x03\x12\x10\n\x08\x61\x63k_kind\x18\x06 \x01(\t\",\n\x0f\x43ommandDatagram\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"d\n\x13\x43ommandDatagramBody\x12\r\n\x05slice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\x30\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x1f.elastic_sidecar.v1.PeerCommand\"\x13\n\x11\x44\x61tagramsReceived\"N\n\x0bPeerCommand\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\"\xca\x01\n\x12\x43oordinatorMessage\x12\x34\n\nregistered\x18\x01 \x01(\x0b\x32\x1e.elastic_sidecar.v1.RegisteredH\x00\x12\x32\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x1f.elastic_sidecar.v1.PeerCommandH\x00\x12\x43\n\x12\x64\x61tagrams_received\x18\x03 \x01(\x0b\x32%.elastic_sidecar.v1.DatagramsReceivedH\x00\x42\x05\n\x03msg2]\n\x04Peer\x12U\n\x04Join\x12!.elastic_sidecar.v1.WorkerMessage\x1a&.elastic_sidecar.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,22 +39,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEAT']._serialized_end=469
   _globals['_LOCALREPORT']._serialized_start=471
   _globals['_LOCALREPORT']._serialized_end=562
-  _globals['_WORKERMESSAGE']._serialized_start=565
-  _globals['_WORKERMESSAGE']._serialized_end=740
-  _globals['_REGISTERED']._serialized_start=743
-  _globals['_REGISTERED']._serialized_end=941
-  _globals['_HEARTBEATDATAGRAM']._serialized_start=943
-  _globals['_HEARTBEATDATAGRAM']._serialized_end=1061
-  _globals['_COMMANDDATAGRAM']._serialized_start=1063
-  _globals['_COMMANDDATAGRAM']._serialized_end=1107
-  _globals['_COMMANDDATAGRAMBODY']._serialized_start=1109
-  _globals['_COMMANDDATAGRAMBODY']._serialized_end=1209
-  _globals['_DATAGRAMSRECEIVED']._serialized_start=1211
-  _globals['_DATAGRAMSRECEIVED']._serialized_end=1230
-  _globals['_PEERCOMMAND']._serialized_start=1232
-  _globals['_PEERCOMMAND']._serialized_end=1310
-  _globals['_COORDINATORMESSAGE']._serialized_start=1313
-  _globals['_COORDINATORMESSAGE']._serialized_end=1515
-  _globals['_PEER']._serialized_start=1517
-  _globals['_PEER']._serialized_end=1610
+  _globals['_METRICSWINDOW']._serialized_start=565
+  _globals['_METRICSWINDOW']._serialized_end=903
+  _globals['_WORKERMESSAGE']._serialized_start=906
+  _globals['_WORKERMESSAGE']._serialized_end=1142
+  _globals['_REGISTERED']._serialized_start=1145
+  _globals['_REGISTERED']._serialized_end=1343
+  _globals['_HEARTBEATDATAGRAM']._serialized_start=1345
+  _globals['_HEARTBEATDATAGRAM']._serialized_end=1463
+  _globals['_COMMANDDATAGRAM']._serialized_start=1465
+  _globals['_COMMANDDATAGRAM']._serialized_end=1509
+  _globals['_COMMANDDATAGRAMBODY']._serialized_start=1511
+  _globals['_COMMANDDATAGRAMBODY']._serialized_end=1611
+  _globals['_DATAGRAMSRECEIVED']._serialized_start=1613
+  _globals['_DATAGRAMSRECEIVED']._serialized_end=1632
+  _globals['_PEERCOMMAND']._serialized_start=1634
+  _globals['_PEERCOMMAND']._serialized_end=1712
+  _globals['_COORDINATORMESSAGE']._serialized_start=1715
+  _globals['_COORDINATORMESSAGE']._serialized_end=1917
+  _globals['_PEER']._serialized_start=1919
+  _globals['_PEER']._serialized_end=2012
 # @@protoc_insertion_point(module_scope)

@@ -63,15 +63,39 @@ class LocalReport(_message.Message):
     event_time_unix: float
     def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ..., deadline_unix: _Optional[float] = ..., event_time_unix: _Optional[float] = ...) -> None: ...
 
+class MetricsWindow(_message.Message):
+    __slots__ = ("start_unix", "end_unix", "source", "blind", "collective_p50_seconds", "collective_mean_seconds", "collective_count", "throttle_score", "links_unhealthy")
+    START_UNIX_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BLIND_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_MEAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    LINKS_UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
+    start_unix: float
+    end_unix: float
+    source: str
+    blind: str
+    collective_p50_seconds: float
+    collective_mean_seconds: float
+    collective_count: int
+    throttle_score: float
+    links_unhealthy: bool
+    def __init__(self, start_unix: _Optional[float] = ..., end_unix: _Optional[float] = ..., source: _Optional[str] = ..., blind: _Optional[str] = ..., collective_p50_seconds: _Optional[float] = ..., collective_mean_seconds: _Optional[float] = ..., collective_count: _Optional[int] = ..., throttle_score: _Optional[float] = ..., links_unhealthy: _Optional[bool] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "report")
+    __slots__ = ("register", "heartbeat", "report", "metrics_window")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_WINDOW_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     report: LocalReport
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., report: _Optional[_Union[LocalReport, _Mapping]] = ...) -> None: ...
+    metrics_window: MetricsWindow
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., report: _Optional[_Union[LocalReport, _Mapping]] = ..., metrics_window: _Optional[_Union[MetricsWindow, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("generation", "heartbeat_interval_seconds", "epoch", "heartbeat_datagram_port", "heartbeat_datagram_token", "epoch_coordinator", "epoch_proof")
