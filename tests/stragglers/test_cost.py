@@ -69,8 +69,8 @@ def test_what_keeping_costs(remaining: float, slowdown: float, want: float) -> N
 
 CASES = [
     # id, finding, outlook, now, action, words in the reason
-    ("worth-it-a-day-left", straggler(), OUTLOOK, NOW, "drain", "over 1.5 times"),
-    ("not-worth-it-ten-minutes-left", straggler(), replace(OUTLOOK, remaining_seconds=600.0), NOW, "alert", "not 1.5"),
+    ("worth-it-a-day-left", straggler(), OUTLOOK, NOW, "drain", "over 1.25 times"),
+    ("not-worth-it-ten-minutes-left", straggler(), replace(OUTLOOK, remaining_seconds=600.0), NOW, "alert", "not 1.25"),
     # 10% over a day is 8,640 s; a day on 3 of 4 slices with no replacement costs 28,800 s.
     (
         "fewer-slices-cost-more-than-the-straggler",
@@ -78,9 +78,9 @@ CASES = [
         replace(OUTLOOK, replacement_seconds=None),
         NOW,
         "alert",
-        "not 1.5",
+        "not 1.25",
     ),
-    ("within-the-margin", straggler(slowdown=0.005), OUTLOOK, NOW, "alert", "not 1.5"),  # 432 s against 390 s
+    ("within-the-margin", straggler(slowdown=0.005), OUTLOOK, NOW, "alert", "not 1.25"),  # 432 s against 390 s
     (
         "at-the-minimum-slice-count",
         straggler(),
@@ -103,7 +103,7 @@ CASES = [
         replace(OUTLOOK, last_straggler_drain_at=NOW - 3_700),
         NOW,
         "drain",
-        "over 1.5 times",
+        "over 1.25 times",
     ),
     (
         "an-operator-asks-within-the-hour",
@@ -111,7 +111,7 @@ CASES = [
         replace(OUTLOOK, last_straggler_drain_at=NOW - 1_800, operator_asked=True),
         NOW,
         "drain",
-        "over 1.5 times",
+        "over 1.25 times",
     ),
     (
         "an-operator-cannot-go-below-the-minimum",
