@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import signal
@@ -52,6 +53,7 @@ from simjob.demo_common import flags as _flags
 from simjob.options import (
     ANNOUNCED,
     DEFAULT_FAULTS,
+    DEMO_STRAGGLER_EVIDENCE_SECONDS,
     FAULT_KINDS,
     RESTART_DELAY,
     SAME_STEP_GAP,
@@ -69,14 +71,16 @@ _Tail = JsonTail
 """The old name, which :mod:`simjob.strategies.common` imports."""
 
 
-def worker_reads_tpu_metrics() -> bool:
-    """Whether this build's worker sidecar takes ``--tpu-metrics-target`` (issue 55's metrics
-    source); without it the demo starts no stand-in metrics services and passes no such flags."""
-    from agent.config import add_worker_args
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_worker_args(p)
-    return "--tpu-metrics-target" in p._option_string_actions
+def straggler_flags(window_seconds: float) -> dict[str, int]:
+    """The coordinator's k-of-n for demo-sized windows: a production window is a minute and a slice
+    enters after 3 of 5 (minutes of evidence); a demo's windows are a fraction of a second, so the
+    counts grow until entering takes ``DEMO_STRAGGLER_EVIDENCE_SECONDS`` of standing out, with the
+    production ratios (enter at 3/5 of n, leave at 1/5). Windows that already hold that: no flags."""
+    enter = math.ceil(DEMO_STRAGGLER_EVIDENCE_SECONDS / window_seconds)
+    if enter <= 3:
+        return {}
+    windows = math.ceil(enter * 5 / 3)
+    return {"straggler_windows": windows, "straggler_enter_hits": enter, "straggler_leave_hits": max(1, windows // 5)}
 
 
 def signal_name(signum: int) -> str:
@@ -170,7 +174,7 @@ class Job:
         # A stand-in libtpu metrics service per host, for the worker sidecars' straggler source
         # (the single-controller job: one trainer reports each step once).
         self.tpu_metrics: MetricsHosts | None = None
-        if getattr(ns, "mode", "single-controller") != "multi-controller" and worker_reads_tpu_metrics():
+        if getattr(ns, "mode", "single-controller") != "multi-controller":
             self.tpu_metrics = MetricsHosts(keys)
 
     def _log(self, name: str) -> IO[bytes]:
@@ -290,6 +294,8 @@ class Job:
             peer_token_file=self.peer_token_file,
         )
         cmd += _flags(state_dir=state_dir or self.state_dir, trainer_listen=trainer_listen or self.trainer_addr)
+        if self.tpu_metrics is not None:
+            cmd += _flags(**straggler_flags(ns.straggler_window_seconds))
         cmd += list(getattr(ns, "coordinator_arg", None) or [])
         env = self.env
         if self.emulator is not None:

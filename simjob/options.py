@@ -189,6 +189,9 @@ class Given(argparse.Action):
 DEFAULT_MIN_SLICES = 2
 DEMO_STRAGGLER_WINDOW = 0.5
 """Seconds: a demo step is tens of milliseconds, so a window of a real job's size would hold the whole run."""
+DEMO_STRAGGLER_EVIDENCE_SECONDS = 7.0
+"""How long a slice must stand out before the demo's coordinator calls it a straggler: longer than
+a transient the issue names (5 s), short enough for a 400-step run."""
 
 
 def min_slices(ns: argparse.Namespace) -> int:
