@@ -52,9 +52,11 @@ class Recorder:
 def test_one_compile_per_slice_set_in_the_background_with_the_latest_argv() -> None:
     release = threading.Event()
     calls: list[tuple[list[str], tuple[int, ...]]] = []
+    daemon: list[bool] = []
 
     def compile(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
         calls.append((list(argv), tuple(slices)))
+        daemon.append(threading.current_thread().daemon)
         assert release.wait(10)
         return {"devices": 2 * len(slices), "seconds": 0.0}
 
@@ -67,6 +69,7 @@ def test_one_compile_per_slice_set_in_the_background_with_the_latest_argv() -> N
     release.set()
     assert first.result(10) == {"devices": 6, "seconds": 0.0}
     assert calls == [(["train.py", "steps=5"], (0, 1, 2))]
+    assert daemon == [True], "a compile in flight must not keep the process from exiting"
     assert events.events == [("prepared", {"slices": [0, 1, 2], "devices": 6, "seconds": 0.0})]
 
 

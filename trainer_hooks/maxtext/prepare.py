@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 OVERRIDES = (
@@ -113,8 +113,8 @@ class NextMeshCompiler:
         self._argv = argv
         self._on_event = on_event
         self._compile = compile
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maxtext-prepare")
         self._lock = threading.Lock()
+        self._one_at_a_time = threading.Lock()
         self._futures: dict[tuple[int, ...], Future[object]] = {}
 
     def __call__(self, slices: tuple[int, ...]) -> Future[object] | None:
@@ -123,18 +123,24 @@ class NextMeshCompiler:
             if key in self._futures:
                 return None  # in flight or done: the cache has it (or a failure was logged)
             argv = list(self._argv())
-            future: Future[object] = self._pool.submit(self._run, argv, key)
+            future: Future[object] = Future()
             self._futures[key] = future
+        # A daemon thread, not an executor's: those are joined at interpreter exit, which would then wait
+        # for a compile nobody needs any more.
+        name = "maxtext-prepare-" + "-".join(map(str, key))
+        threading.Thread(target=self._run, args=(argv, key, future), name=name, daemon=True).start()
         return future
 
-    def _run(self, argv: list[str], slices: tuple[int, ...]) -> object:
-        try:
-            done = self._compile(argv, slices)
-        except Exception as e:  # best effort: the attempt compiles as before
-            self._on_event("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
-            return None
+    def _run(self, argv: list[str], slices: tuple[int, ...], future: Future[object]) -> None:
+        with self._one_at_a_time:
+            try:
+                done = self._compile(argv, slices)
+            except Exception as e:  # best effort: the attempt compiles as before
+                self._on_event("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
+                future.set_result(None)
+                return
         self._on_event("prepared", {"slices": list(slices), **done})
-        return done
+        future.set_result(done)
 
     def wait_for(self, slices: Sequence[int], timeout: float) -> bool:
         """Wait (at most ``timeout`` s) for a compile of ``slices`` in flight: the attempt about to build that
