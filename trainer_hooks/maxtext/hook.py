@@ -45,8 +45,8 @@ A drain's hold that asks for a snapshot makes the newest snapshot the held step'
 shrink then restores it from the slices that remain, writing nothing to storage (``_keep_in_memory``).
 With ``elastic_enabled``, a prepare (the slices the job will run on next, sent with a drain's
 hold) compiles that mesh's train step in the background into MaxText's persistent compilation cache, and
-the next attempt loads it from there (:mod:`.prepare`). A resume on the same slice set continues from memory. An abort flushes and
-exits with the abort's exit code.
+the next attempt loads it from there (:mod:`.prepare`). A resume on the same slice set continues from
+memory. An abort flushes and exits with the abort's exit code.
 
 The hook never waits for ever: blocked on a sidecar (at start, in a hold, or
 after a slice-loss error) that has been gone for MaxText's own
