@@ -78,7 +78,8 @@ and Pathways, and tells MaxText nothing the real thing would not.
    gets no line. With a grain pipeline each step's line carries a hash of the
    input batch it consumed (``batch``) and of each of its rows (``rows``), taken
    from the host array MaxText's ``multihost_dataloading`` puts on the devices. Each compile
-   (``jax.monitoring``) and each restore (``load_state_if_possible``) gets a line with its seconds.
+   (``jax.monitoring``) and each restore (``load_state_if_possible``) gets a line with its seconds, and each
+   program loaded from JAX's persistent compilation cache a ``cache_hit`` line with its name.
 6. **A grow whose snapshot load fails** (``ELASTIC_SIDECAR_TEST_FAIL_GROW_LOAD=N``): the first N
    calls of Orbax's ``Snapshotter.load`` onto more slices than the snapshot's replicas raise the
    ``DATA_LOSS`` error above, as a copy to a host that went away during the grow would.
@@ -121,8 +122,9 @@ ENV_EVENTS = "ELASTIC_SIDECAR_TEST_EVENTS"
 C the process's CPU seconds over all its threads, ``time.process_time()``; S the machine's steal seconds,
 :func:`machine_steal_seconds`: a step's wall time on a shared VM moves with the steal, its CPU time much less),
 ``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}``, ``{"kind": "mesh", "slices": K, ...}`` (each mesh
-MaxText builds), ``{"kind": "state", ...}`` (sizes, once per
-attempt), ``{"kind": "reconnected", ...}`` and ``{"kind": "start", "pid": ..., "t": ...}``."""
+MaxText builds; ``mesh_prepared``: one the hook builds ahead, in another thread), ``{"kind": "cache_hit",
+"what": ...}``, ``{"kind": "state", ...}`` (sizes, once per attempt), ``{"kind": "reconnected", ...}`` and
+``{"kind": "start", "pid": ..., "t": ...}``."""
 
 DATA_LOSS_MESSAGE = "DATA_LOSS: Simulated device loss error accessing array on lost device"
 """The error text of pathwaysutils' ``test.mock_fault_injection.DeviceLossSimulator``."""
@@ -231,6 +233,7 @@ def apply() -> None:
         _lose_a_slice_during_a_step(os.environ[ENV_FAIL_AT], Path(os.environ.get(ENV_CONTROL) or "."), events)
     if events is not None:
         _record_compiles(events)
+        _record_cache_hits(events)
         _record_meshes(events)
         _record_steps(events)
     _applied.append("yes")
@@ -617,7 +620,8 @@ def _hash_batches() -> None:
 
 def _record_meshes(path: Path) -> None:
     """Wrap ``maxtext_utils.create_device_mesh``: a ``mesh`` event with the slices of the devices of the mesh
-    MaxText built (by ``slice_index``), its device count and shape (``mesh_slices_before``/``_after``)."""
+    MaxText built (by ``slice_index``), its device count and shape (``mesh_slices_before``/``_after``); a
+    ``mesh_prepared`` event for one built outside MaxText's training thread (the hook's prepare)."""
     from maxtext.utils import maxtext_utils
 
     original = maxtext_utils.create_device_mesh
@@ -626,8 +630,12 @@ def _record_meshes(path: Path) -> None:
         mesh = original(*args, **kwargs)
         devices = list(getattr(mesh, "flat", []))
         slices = sorted({int(getattr(d, "slice_index", 0)) for d in devices})
-        record(path, "mesh", slices=len(slices), slice_indices=slices, devices=len(devices), shape=list(mesh.shape))
-        _time_restores(path)  # each attempt builds its mesh before it restores; by then the hook has wrapped it
+        # MaxText trains in the main thread; a mesh built in another is the hook's prepare of the next one.
+        attempt = threading.current_thread() is threading.main_thread()
+        kind = "mesh" if attempt else "mesh_prepared"
+        record(path, kind, slices=len(slices), slice_indices=slices, devices=len(devices), shape=list(mesh.shape))
+        if attempt:
+            _time_restores(path)  # each attempt builds its mesh before it restores; by then the hook has wrapped it
         return mesh
 
     maxtext_utils.create_device_mesh = create_device_mesh
@@ -647,6 +655,26 @@ def _record_compiles(path: Path) -> None:
             record(path, "compile", what=event.rsplit("/", 1)[-1], seconds=round(duration, 6))
 
     jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+def _record_cache_hits(path: Path) -> None:
+    """A ``cache_hit`` event (``what``: the program's name, e.g. ``jit_train_step``) for each program JAX loads
+    from its persistent compilation cache: jax 0.12's ``compiler.log_persistent_cache_hit`` logs it, with the
+    module name as its first argument, at DEBUG on ``jax._src.compiler``. A filter on that logger records it and
+    lets through only what the logger's own level would have (so nothing more is printed)."""
+    import logging
+
+    logger = logging.getLogger("jax._src.compiler")
+    shown = logger.getEffectiveLevel()
+
+    def keep(rec: logging.LogRecord) -> bool:
+        if str(rec.msg).startswith("Persistent compilation cache hit") and rec.args:
+            args = rec.args if isinstance(rec.args, tuple) else (rec.args,)
+            record(path, "cache_hit", what=str(args[0]))
+        return rec.levelno >= shown
+
+    logger.addFilter(keep)
+    logger.setLevel(min(shown, logging.DEBUG))
 
 
 _restore_timer: list[Callable[..., Any]] = []

@@ -6,6 +6,10 @@ step boundary; the hook makes the newest snapshot that step's and the next ``ela
 it on slices 0-2 from their hosts' memory: no checkpoint is written for the drain. The reference is plain
 MaxText run to the same step on 4 slices with a checkpoint at its end, then resumed from it on 3 slices: the
 drained job must consume the same batches and have the same losses after the drain (1e-5).
+
+The notice also names the mesh the job will run on next: the hook compiles the train step for slices 0-2 in
+the background into MaxText's persistent compilation cache (``jax_cache_dir``, empty at the start), and the
+attempt on 3 slices loads its train step from there instead of compiling it.
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ def test_a_notice_drain_goes_on_on_three_slices_from_memory_with_no_checkpoint_a
     sc = Sidecar(num_slices=MULTI_SLICES)
     run = None
     try:
-        run = start_snapshot_run(tmp_path, sc, "drain", 100_000, 3, "", grain_file)
+        # JAX writes a program to the persistent cache only if it took at least a second to compile (its
+        # default): the tiny model's train step may compile faster on an idle machine.
+        no_threshold = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+        run = start_snapshot_run(tmp_path, sc, "drain", 100_000, 3, "", grain_file, extra_env=no_threshold)
         sc.wait_for(
             lambda: sc.applied(TrainerStepped, 0.0, lambda e: e.step >= 3), "three steps", run, timeout=SLOW_START
         )
@@ -89,6 +96,12 @@ def test_a_notice_drain_goes_on_on_three_slices_from_memory_with_no_checkpoint_a
     assert (loaded["source"], int(loaded["step"]), loaded.get("data")) == ("snapshot", drained, "restored"), loaded
     evs = run.events(tmp_path / "events.jsonl")
     assert [e["slices"] for e in evs if e["kind"] == "mesh"] == [4, 3], "MaxText's own mesh: 4 slices, then 3"
+    # The 3-slice train step: prepared during the notice, then loaded from the persistent cache by the attempt.
+    assert [f["slices"] for _, f in run.hook_lines("prepared")] == [[0, 1, 2]], run.tail()
+    assert [e["slice_indices"] for e in evs if e["kind"] == "mesh_prepared"] == [[0, 1, 2]]
+    shrunk_at = next(e["t"] for e in evs if e["kind"] == "mesh" and e["slices"] == 3)
+    hits = [e["t"] for e in evs if e["kind"] == "cache_hit" and e["what"] == "jit_train_step"]
+    assert hits and min(hits) > shrunk_at, ("the attempt on 3 slices compiled its train step", hits, shrunk_at)
     got_steps = kept_steps(evs)
 
     # The reference: the same job to the drained step on 4 slices, then resumed from a checkpoint on 3.

@@ -43,8 +43,10 @@ flush) and then
 
 A drain's hold that asks for a snapshot makes the newest snapshot the held step's, and the
 shrink then restores it from the slices that remain, writing nothing to storage (``_keep_in_memory``).
-A resume on the same slice set continues from memory. An abort flushes and
-exits with the abort's exit code.
+With ``elastic_enabled``, a prepare (the slices the job will run on next, sent with a drain's
+hold) compiles that mesh's train step in the background into MaxText's persistent compilation cache, and
+the next attempt loads it from there (:mod:`.prepare`). A resume on the same slice set continues from
+memory. An abort flushes and exits with the abort's exit code.
 
 The hook never waits for ever: blocked on a sidecar (at start, in a hold, or
 after a slice-loss error) that has been gone for MaxText's own
@@ -67,6 +69,8 @@ from typing import Any, NoReturn
 
 from trainer_hooks.maxtext.elastic_seam import ElasticSeam, is_scale_up_signal, slices_named_in
 from trainer_hooks.maxtext.interval import SnapshotInterval
+from trainer_hooks.maxtext.prepare import NextMeshCompiler
+from trainer_hooks.maxtext.prepare import refusal as prepare_refusal
 from trainer_hooks.maxtext.snapshot import (
     ENV_SNAPSHOT_EVERY,
     Layout,
@@ -211,6 +215,10 @@ class MaxTextHook:
         """The step at which a grow whose load failed is tried again."""
         self._kept_in_memory: int | None = None
         """The step a drain's hold kept as a snapshot (:meth:`_keep_in_memory`): its shrink needs no flush."""
+        self._argv: list[str] = []
+        """MaxText's arguments as ``train.initialize`` last got them (a prepare builds its config from them)."""
+        self._next_mesh: NextMeshCompiler | None = None
+        """Compiles the next mesh's train step on a prepare, with ``elastic_enabled`` (:mod:`.prepare`)."""
         self._own_seconds = 0.0
         self._own_steps = 0
         """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
@@ -280,9 +288,30 @@ class MaxTextHook:
     ) -> tuple[Any, Any]:
         config, recorder = initialize(argv)
         self._config = config
+        self._argv = list(argv)
         if self.session is None:  # elastic_retry calls initialize again for every attempt
             self._start(config)
+        elif self._next_mesh is not None:
+            self._await_prepared(config)
         return config, recorder
+
+    def _prepare_mesh(self, slices: tuple[int, ...]) -> Any:
+        """The session's ``prepare`` hook: compile the train step for ``slices`` in the background (:mod:`.prepare`)."""
+        assert self._next_mesh is not None
+        return self._next_mesh(slices)
+
+    def _await_prepared(self, config: Any) -> None:
+        """A new attempt about to build its mesh waits for the prepare of that mesh still compiling (at most
+        MaxText's ``elastic_timeout_seconds``): its own jit would compile the same program alongside it."""
+        assert self._next_mesh is not None
+        try:
+            from maxtext.utils import elastic_utils
+
+            slices = sorted(elastic_utils.live_slice_indices(config))
+        except Exception as e:  # noqa: BLE001 - no wait then: the attempt compiles
+            say("warning", {"message": f"cannot read the attempt's slices: {type(e).__name__}: {e}"[:300]})
+            return
+        self._next_mesh.wait_for(slices, float(getattr(config, "elastic_timeout_seconds", 0) or 0))
 
     def _start(self, config: Any) -> None:
         if self._elastic() and self.interval.every != 0:
@@ -292,6 +321,12 @@ class MaxTextHook:
                 print(f"{LOG_PREFIX}: error: {refused}", file=sys.stderr, flush=True)
                 raise SystemExit(EXIT_USAGE)
         settings = settings_from_config(config)
+        if self._elastic():
+            why = prepare_refusal(config)
+            if why is None:
+                self._next_mesh = NextMeshCompiler(lambda: self._argv, say)
+            else:
+                say("prepare_off", {"why": why})
         self.snapshots.wait_seconds = RECOVERY_WAIT_FRACTION * settings.elastic_timeout_seconds
         self.session = self._connect(
             self.address,
@@ -300,6 +335,7 @@ class MaxTextHook:
             settings=settings,
             flush=self.flush,
             snapshot=self._keep_in_memory,
+            prepare=self._prepare_mesh if self._next_mesh is not None else None,
             on_event=say,
             **process_identity(),
         )

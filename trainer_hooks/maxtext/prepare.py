@@ -1,0 +1,158 @@
+"""The next mesh's train step, compiled ahead into JAX's persistent compilation cache (issue 52).
+
+A prepare names the slices the job will run on next. In a background thread this module builds a
+MaxText config for exactly those devices (``pyconfig`` overrides, without touching the module-global
+active slice set the running attempt reads) and compiles the train step through MaxText's own AOT path
+(``train_compile.get_shaped_inputs``, ``jit_and_compile``). JAX writes the program to MaxText's
+persistent cache (``jax_cache_dir``), whose key covers the lowered module, the compile options and the
+device assignment; the next ``elastic_retry`` attempt's own jit of the same step on the same devices then
+loads it instead of compiling (docs/maxtext.md, "Preparing the next mesh"). Best effort: a failure is
+logged and the attempt compiles as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+OVERRIDES = (
+    "internal_compile",
+    "internal_compile_num_devices",
+    "num_slices",
+    "elastic_enabled",
+    "log_config",
+    "skip_jax_distributed_system",
+)
+"""The MaxText keys the prepare's config sets itself (any the job gave are replaced)."""
+
+
+def next_mesh_argv(argv: Sequence[str], devices: int, slices: int) -> list[str]:
+    """MaxText's argv for a config of ``devices`` devices in ``slices`` slices, the job's settings otherwise.
+
+    ``internal_compile_num_devices`` is the device count MaxText's config derives the global batch from
+    in place of ``elastic_utils.live_devices`` (``configs/types.py``, ``get_num_target_devices``);
+    ``elastic_enabled=false`` makes ``create_device_mesh`` use the devices it is given instead of the live
+    ones, with ``num_slices`` of them along DCN; ``skip_jax_distributed_system`` keeps ``pyconfig`` from
+    initialising anything a second time. None of these is read by the train step itself."""
+    if devices < 1 or slices < 1:
+        raise ValueError(f"a mesh of {devices} devices in {slices} slices")
+    kept = [a for a in argv if a.split("=", 1)[0] not in OVERRIDES]
+    return [
+        *kept,
+        "internal_compile=true",
+        f"internal_compile_num_devices={devices}",
+        f"num_slices={slices}",
+        "elastic_enabled=false",
+        "log_config=false",
+        "skip_jax_distributed_system=true",
+    ]
+
+
+def refusal(config: Any) -> str | None:
+    """Why a prepared program could not serve the next attempt (None: it can)."""
+    if not getattr(config, "jax_cache_dir", ""):
+        return "jax_cache_dir is empty: no persistent compilation cache for the next attempt to load from"
+    if getattr(config, "dump_hlo", False):
+        return "dump_hlo=true: MaxText turns the persistent compilation cache off"
+    if getattr(config, "compiled_trainstep_file", ""):
+        return "compiled_trainstep_file is set: MaxText loads its train step from that file"
+    if getattr(config, "enable_diloco", False):
+        return "enable_diloco=true: its train step is built another way"
+    return None
+
+
+def compile_train_step(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
+    """Compile MaxText's train step for the mesh over ``slices`` (``slice_index`` of ``jax.devices()``), as
+    ``train_compile.main`` does for a topology; returns its devices and seconds."""
+    import jax
+    from maxtext.configs import pyconfig
+    from maxtext.trainers.pre_train import train, train_compile
+    from maxtext.utils import maxtext_utils, sharding
+
+    t0 = time.monotonic()
+    wanted = set(slices)
+    devices = [d for d in jax.devices() if getattr(d, "slice_index", 0) in wanted]
+    if not devices:
+        raise ValueError(f"no device has a slice_index in {sorted(wanted)}")
+    config = pyconfig.initialize(next_mesh_argv(argv, len(devices), len(wanted)))
+    mesh = maxtext_utils.get_mesh_from_config(config, devices)
+    shaped_args, shaped_kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
+    params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
+    input_shardings = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
+    data_sharding = sharding.get_input_data_sharding(config, mesh)
+    func, in_shard, out_shard, static_argnums, donate_argnums = maxtext_utils.get_functional_train_with_signature(
+        train.train_step, data_sharding, input_shardings, model, config, params_shardings
+    )
+    train_compile.jit_and_compile(
+        func,
+        shaped_args,
+        shaped_kwargs,
+        mesh,
+        in_shard,
+        out_shard,
+        static_argnums,
+        donate_argnums,
+        config,
+        train_compile.axis_rules(config.logical_axis_rules),
+    )
+    return {"devices": len(devices), "seconds": round(time.monotonic() - t0, 3)}
+
+
+class NextMeshCompiler:
+    """One background compile at a time, one per slice set; ``__call__`` is the session's ``MeshPreparer``."""
+
+    def __init__(
+        self,
+        argv: Callable[[], Sequence[str]],
+        on_event: Callable[[str, dict[str, object]], None],
+        compile: Callable[[Sequence[str], Sequence[int]], dict[str, Any]] = compile_train_step,
+    ) -> None:
+        self._argv = argv
+        self._on_event = on_event
+        self._compile = compile
+        self._lock = threading.Lock()
+        self._one_at_a_time = threading.Lock()
+        self._futures: dict[tuple[int, ...], Future[object]] = {}
+
+    def __call__(self, slices: tuple[int, ...]) -> Future[object] | None:
+        key = tuple(sorted(slices))
+        with self._lock:
+            if key in self._futures:
+                return None  # in flight or done: the cache has it (or a failure was logged)
+            argv = list(self._argv())
+            future: Future[object] = Future()
+            self._futures[key] = future
+        # A daemon thread, not an executor's: those are joined at interpreter exit, which would then wait
+        # for a compile nobody needs any more.
+        name = "maxtext-prepare-" + "-".join(map(str, key))
+        threading.Thread(target=self._run, args=(argv, key, future), name=name, daemon=True).start()
+        return future
+
+    def _run(self, argv: list[str], slices: tuple[int, ...], future: Future[object]) -> None:
+        with self._one_at_a_time:
+            try:
+                done = self._compile(argv, slices)
+            except Exception as e:  # best effort: the attempt compiles as before
+                self._on_event("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
+                future.set_result(None)
+                return
+        self._on_event("prepared", {"slices": list(slices), **done})
+        future.set_result(done)
+
+    def wait_for(self, slices: Sequence[int], timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) for a compile of ``slices`` in flight: the attempt about to build that
+        mesh would compile the same program again alongside it. True when one was waited for."""
+        with self._lock:
+            future = self._futures.get(tuple(sorted(slices)))
+        if future is None or future.done():
+            return False
+        t0 = time.monotonic()
+        try:
+            future.result(timeout=max(0.0, timeout))
+        except Exception:  # noqa: BLE001 - a timeout: the attempt compiles itself
+            pass
+        self._on_event("prepare_waited", {"slices": sorted(slices), "seconds": round(time.monotonic() - t0, 3)})
+        return True
