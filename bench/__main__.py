@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and, started again with the same DIR, commit and arguments, goes on where it stopped",
     )
     g = ap.add_argument_group("recovery (the real MaxText; needs .venv-maxtext)")
+    g.add_argument(
+        "--trainer",
+        choices=["maxtext"],
+        default="maxtext",
+        help="the trainer recovered: maxtext (the only one; the example trainer's rows were retired)",
+    )
     g.add_argument("--maxtext-model", choices=["tiny", "larger"], default="tiny", help="model size (default tiny)")
     g.add_argument(
         "--maxtext-min-slices",
