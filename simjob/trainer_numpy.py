@@ -206,11 +206,11 @@ class NumpyTrainer:
         """Whether a slice of the mesh not in ``exclude`` holds the state (each slice holds a replica)."""
         return self.state is not None and any(s not in exclude for s in self.active)
 
-    def _flush(self, step: int, down: frozenset[int]) -> FlushResult:
+    def _flush(self, step: int, down_slices: frozenset[int]) -> FlushResult:
         """The session's flusher: commit ``step`` from a surviving replica."""
         if step in self.store.steps():
             return FlushResult(step, 0)
-        if not self._readable(down | self.runtime.lost_slices() | self._seen_lost):
+        if not self._readable(down_slices | self.runtime.lost_slices() | self._seen_lost):
             raise RuntimeError(f"cannot flush step {step}: no surviving replica of the state")
         assert self.state is not None
         return FlushResult(step, self.store.save(step, self.state))
@@ -255,6 +255,7 @@ class NumpyTrainer:
             step = 0 if latest is None else latest
             restored_from = restore_source = "fresh" if latest is None else "checkpoint"
         t_restore = time.monotonic()
+        assert self.state is not None
         self.active = d.active_slices
         dt = time.monotonic() - t0
         self.session.resumed(d, step, restored_from, dt)
