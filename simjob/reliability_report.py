@@ -35,7 +35,7 @@ Orbax checkpoints), which the rows whose outcome rests on the real trainer run a
    (plus {settle} s, and {startup} s more where the scenario starts the trainer again) with no
    completed step and the run not ended.
 2. **No committed checkpoint lost or replaced by an older one**: the newest committed step in the
-   Orbax directory, sampled every 50 ms, never goes down and is still there at the end.
+   checkpoint directory, sampled every 50 ms, never goes down and is still there at the end.
 3. **At most 1 lost step** (completed steps that had to be computed again). A SIGKILLed trainer
    loses its memory, so there the bound is the checkpoint period.
 4. **Training continues to the final step** (trainer and coordinator exit 0), **or every process

@@ -9,7 +9,7 @@ and asserts the four promises of issue 9:
   longer than ``elastic_timeout_seconds`` (plus the start-up allowance of a
   process the scenario restarts) without a completed step or the run ending;
 * no committed checkpoint lost or replaced by an older one: the newest
-  committed step in the Orbax directory, sampled every 50 ms, never goes
+  committed step in the checkpoint directory, sampled every 50 ms, never goes
   down, and is still there at the end;
 * at most 1 lost step (completed steps that had to be recomputed);
   a SIGKILLed trainer loses its memory, so there the bound is the
