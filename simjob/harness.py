@@ -384,6 +384,7 @@ class Job:
         sidecar = self.trainer_proxy.address if self.trainer_proxy else self.trainer_addr
         cmd = [PY, "-m", "simjob.trainer"] + _flags(
             sidecar=sidecar,
+            backend=getattr(ns, "trainer_backend", "jax"),
             job=DEMO_JOB,
             workdir=self.workdir,
             slices=ns.slices,

@@ -208,7 +208,12 @@ def check_flags(ns: argparse.Namespace) -> None:
         if ns.no_sidecar:
             raise ValueError("--no-sidecar needs --mode multi-controller")
     else:
-        for flag, on in (("--via-proxy", ns.via_proxy), ("--trainer-arg", ns.trainer_arg)):
+        numpy = getattr(ns, "trainer_backend", "jax") == "numpy"
+        for flag, on in (
+            ("--via-proxy", ns.via_proxy),
+            ("--trainer-arg", ns.trainer_arg),
+            ("--trainer-backend numpy", numpy),
+        ):
             if on:
                 raise ValueError(f"{flag} is for the single-controller demo, not --mode multi-controller")
     if getattr(ns, "plot", None) is not None:
@@ -347,6 +352,13 @@ def add_demo_args(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="pass ARG on to the example trainer (repeatable; write --trainer-arg=--donate or "
         "--trainer-arg=--hidden=65536 for a larger state)",
+    )
+    p.add_argument(
+        "--trainer-backend",
+        choices=["jax", "numpy"],
+        default="jax",
+        help="the example trainer's backend: jax (default; JAX on CPU devices, Orbax checkpoints) or numpy (the "
+        "same loop, hooks and events on NumPy arrays, .npz checkpoints: no jit, sharding or Orbax)",
     )
     p.add_argument("--log-format", choices=["json", "console"], default="json", help="sidecar log format")
     p.add_argument("--quiet", action="store_true", help="print only the summary")

@@ -4,7 +4,8 @@
     python -m simjob.reliability_report /tmp/rel.json [more.json ...] --out docs/reliability.md
 
 Each input is what ``tests/e2e/test_fault_matrix.py`` writes (``commit`` and
-one record per scenario run). Rows are the scenarios; a scenario run several
+one record per scenario run). Rows are the scenarios on each trainer backend
+(a record without one is from the JAX trainer); a scenario run several
 times (several inputs, or ``ES_RELIABILITY_APPEND=1``) shows how many runs
 passed and the median (and range) of each figure. Nothing in the document is
 typed in by hand: every figure comes from the records.
@@ -22,16 +23,19 @@ from typing import Any
 
 PROMISES = """\
 Every scenario runs the simulated job (`elastic-sidecar demo`'s processes: the coordinator, one
-worker sidecar and one stand-in Pathways worker per host, the example JAX trainer with Orbax
-checkpoints; 4 slices of 1 host, 2 CPU devices each, steps of 0.1 s unless the row says otherwise,
+worker sidecar and one stand-in Pathways worker per host, the example trainer; 4 slices of 1 host,
+2 CPU devices each, steps of 0.1 s unless the row says otherwise,
 a checkpoint every {period} steps, `elastic_timeout_seconds` {timeout} s unless the row says
-otherwise), puts one failure of the sidecar machinery in and checks four promises:
+otherwise), puts one failure of the sidecar machinery in and checks four promises. The *trainer*
+column says which example trainer ran: `numpy` (`--trainer-backend numpy`: the same loop, hooks and
+events on NumPy arrays, checkpoints as `.npz` step directories) or `jax` (JAX on CPU devices with
+Orbax checkpoints), which the rows whose outcome rests on the real trainer run as well.
 
 1. **No hang**: after the fault there is never a stretch longer than `elastic_timeout_seconds`
    (plus {settle} s, and {startup} s more where the scenario starts the trainer again) with no
    completed step and the run not ended.
 2. **No committed checkpoint lost or replaced by an older one**: the newest committed step in the
-   Orbax directory, sampled every 50 ms, never goes down and is still there at the end.
+   checkpoint directory, sampled every 50 ms, never goes down and is still there at the end.
 3. **At most 1 lost step** (completed steps that had to be computed again). A SIGKILLed trainer
    loses its memory, so there the bound is the checkpoint period.
 4. **Training continues to the final step** (trainer and coordinator exit 0), **or every process
@@ -74,10 +78,10 @@ def _cell(text: str) -> str:
 
 def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: float, startup: float) -> str:
     commits = list(OrderedDict.fromkeys(d.get("commit", "unknown") for d in docs))
-    rows: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+    rows: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
     for d in docs:
         for r in d["runs"]:
-            rows.setdefault(r["key"], []).append(r)
+            rows.setdefault((r["key"], r.get("backend", "jax")), []).append(r)
     total = sum(len(v) for v in rows.values())
     passed_rows = sum(1 for v in rows.values() if all(r["passed"] for r in v))
     out = [
@@ -103,10 +107,10 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
         "brackets, failure holds in the journal where that differs). A figure over several runs is the "
         "median (range).",
         "",
-        "| scenario | how | expected | outcome | detection | recovery | lost steps | retries | runs | passed |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| scenario | trainer | how | expected | outcome | detection | recovery | lost steps | retries | runs | passed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for _key, runs in rows.items():
+    for (_key, backend), runs in rows.items():
         first = runs[0]
         spent = _num([r.get("retries_spent") for r in runs])
         journal = _num([r.get("retries_in_journal") for r in runs])
@@ -122,6 +126,7 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
                 _cell(x)
                 for x in (
                     first["title"],
+                    backend,
                     first.get("how", ""),
                     first.get("expected", ""),
                     _same([r.get("result") for r in runs]),
@@ -135,16 +140,16 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
             )
             + " |"
         )
-    failing = [(k, r) for k, runs in rows.items() for r in runs if not r["passed"]]
+    failing = [(k, b, r) for (k, b), runs in rows.items() for r in runs if not r["passed"]]
     out += ["", "## Failures", ""]
     if not failing:
         out.append("None: every scenario kept every promise in every run.")
-    for key, r in failing:
+    for key, backend, r in failing:
         # The assertion's own message; pytest's introspection lines after it stay in the JSON.
         why = (str(r.get("failure") or "").splitlines() or [""])[0]
-        out.append(f"- **{r['title']}** (`{key}`): {_cell(why)}")
+        out.append(f"- **{r['title']}** (`{key}`, {backend}): {_cell(why)}")
     notes = []
-    for key, runs in rows.items():
+    for (key, backend), runs in rows.items():
         extra = {
             k: v
             for k, v in runs[-1].items()
@@ -168,7 +173,8 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
         }
         if extra:
             notes.append(
-                f"- `{key}`: " + "; ".join(f"{k.replace('_', ' ')}: {_cell(str(v))[:240]}" for k, v in extra.items())
+                f"- `{key}` ({backend}): "
+                + "; ".join(f"{k.replace('_', ' ')}: {_cell(str(v))[:240]}" for k, v in extra.items())
             )
     if notes:
         out += ["", "## What each scenario saw (its last run)", "", *notes]
@@ -181,6 +187,8 @@ def render(docs: list[dict[str, Any]], *, period: int, timeout: float, settle: f
         "python -m simjob.reliability_report /tmp/reliability.json --out docs/reliability.md",
         "```",
         "",
+        "The rows on the NumPy trainer are in the integration tier (`make test-integration`), those on the JAX "
+        "trainer in the end-to-end tier (`make test-e2e`); the command above runs both. "
         "Without `--runslow` the default test run leaves out the rarer variants (the coordinator killed "
         "without its state file in the starting, holding, waiting and failed phases, and with it while "
         "waiting for a slice that never returns). The two ENOSPC rows mount a 1 MiB tmpfs for the coordinator's state "

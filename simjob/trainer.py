@@ -10,7 +10,8 @@ deliver it: pathwaysutils' fault injection raises ``DATA_LOSS`` when a step
 touches a lost device (:mod:`standins.pathways_runtime`).
 
 Writes one JSON line per event to ``--events`` (steps, holds, resumes), which
-the demo harness reads for its timeline and summary.
+the demo harness reads for its timeline and summary. ``--backend numpy`` runs
+the same loop without JAX or Orbax (:mod:`simjob.trainer_numpy`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from simjob.commits import PeriodicCommits
 from simjob.slowdowns import SlowFile
+from simjob.trainer_numpy import NumpyTrainer
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.interval import SnapshotInterval
 from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, snapshot_every_arg, state_layout
@@ -94,6 +96,13 @@ class EventLog:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sidecar", required=True, help="coordinator sidecar HOST:PORT")
+    ap.add_argument(
+        "--backend",
+        choices=["jax", "numpy"],
+        default="jax",
+        help="jax (default): JAX on CPU devices, Orbax checkpoints; numpy: the same loop, hooks and events on "
+        "NumPy arrays, checkpoints as .npz files, no JAX imported (simjob.trainer_numpy)",
+    )
     ap.add_argument("--job", default="elastic-demo")
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--slices", type=int, default=4)
@@ -152,15 +161,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=300.0,
         help="give up (exit 42) when blocked on a sidecar that has been gone this long (MaxText's default: 300)",
     )
-    return ap.parse_args(argv)
+    ns = ap.parse_args(argv)
+    if ns.backend == "numpy" and ns.donate:
+        ap.error("--donate needs --backend jax: the NumPy backend has no jit to donate into")
+    return ns
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
-    trainer: Trainer | None = None
+    trainer: Trainer | NumpyTrainer | None = None
     try:
-        trainer = Trainer(ns, events)
+        trainer = NumpyTrainer(ns, events) if ns.backend == "numpy" else Trainer(ns, events)
         return trainer.run()
     except AbortTraining as e:
         events("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})

@@ -64,6 +64,8 @@ INTEGRATION = (
     "tests/bench/test_recovery_maxtext_units.py::test_without_the_maxtext_venv",
     "tests/deploy/test_manifests.py",  # kubectl kustomize (its render() is cached: any test may be first) and bash
     "tests/e2e/test_demo_faults.py::test_bad_fault_on_the_command_line",
+    "tests/e2e/test_fault_matrix.py",  # on the NumPy trainer; its [jax] runs are marked e2e
+    "tests/e2e/test_trainer_numpy.py::test_the_numpy_backend_imports_no_jax",
     "tests/maxtext/test_cpu_elastic_unit.py::test_a_lost_slice_deletes",
     "tests/maxtext/test_cpu_elastic_unit.py::test_the_kinder_runtime",
     "tests/maxtext/test_hook_unit.py::test_importing_the_maxtext_hooks",

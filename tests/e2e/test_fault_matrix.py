@@ -1,15 +1,15 @@
 """The fault matrix: the sidecar's own failures must never make the job's failure worse.
 
 Every scenario runs the simulated job with real processes (coordinator,
-worker sidecars, stand-in Pathways workers, the JAX trainer with Orbax
-checkpoints) through :class:`simjob.harness.Demo`, puts one failure of the
-sidecar machinery in, and asserts the four promises of issue 9:
+worker sidecars, stand-in Pathways workers, the example trainer) through
+:class:`simjob.harness.Demo`, puts one failure of the sidecar machinery in,
+and asserts the four promises of issue 9:
 
 * no hang: from the fault to the end of the run there is never a stretch
   longer than ``elastic_timeout_seconds`` (plus the start-up allowance of a
   process the scenario restarts) without a completed step or the run ending;
 * no committed checkpoint lost or replaced by an older one: the newest
-  committed step in the Orbax directory, sampled every 50 ms, never goes
+  committed step in the checkpoint directory, sampled every 50 ms, never goes
   down, and is still there at the end;
 * at most 1 lost step (completed steps that had to be recomputed);
   a SIGKILLed trainer loses its memory, so there the bound is the
@@ -21,6 +21,12 @@ Each scenario also records what it measured (detection, recovery, lost
 steps, retries spent) to a JSON file: ``$ES_RELIABILITY_JSON`` if set, else
 ``reliability.json`` in pytest's base temp directory;
 ``python -m simjob.reliability_report`` renders docs/reliability.md from it.
+
+Every scenario runs on the trainer's NumPy backend (the integration tier: what
+is tested here is the sidecar machinery, not JAX); those whose outcome rests on
+the real trainer (its checkpoint restore after a kill, the surviving slices'
+replicas of a sharded state, an Orbax flush before a self-abort) run on the
+JAX trainer with Orbax as well (``[jax]``, the e2e tier).
 """
 
 from __future__ import annotations
@@ -44,12 +50,22 @@ from simjob.demo_common import PY, flags
 from simjob.harness import DEMO_JOB, Demo, free_port
 from simjob.options import RESTART_DELAY, add_demo_args, parse_fault
 
-pytestmark = pytest.mark.e2e
+JAX_TOO = pytest.mark.parametrize(
+    "backend", [pytest.param("numpy", id="numpy"), pytest.param("jax", id="jax", marks=pytest.mark.e2e)]
+)
+"""A scenario whose outcome rests on the real trainer: on the NumPy backend and on the JAX trainer."""
+
+
+@pytest.fixture
+def backend() -> str:
+    """The trainer backend of a scenario not parametrized over it (``JAX_TOO``)."""
+    return "numpy"
+
 
 TIMEOUT = 10.0
 """elastic_timeout_seconds of every scenario but the ones that wait for it to pass."""
 STARTUP = 8.0
-"""Allowance for a process the scenario starts again (a trainer imports JAX and compiles: ~6 s here;
+"""Allowance for a process the scenario starts again (the JAX trainer imports JAX and compiles: ~6 s here;
 a coordinator starts in 1-2 s, then gives known hosts their rejoin grace)."""
 SETTLE = 4.0
 """Allowance for the normal machinery around a fault (a flush, a mesh rebuild, the replacement delay's rounding)."""
@@ -107,7 +123,8 @@ def _commit() -> str:
 
 
 class CheckpointWatch(threading.Thread):
-    """Samples the committed steps of the Orbax directory (step directories with a plain number name)."""
+    """Samples the committed steps of the checkpoint directory (step directories with a plain number name:
+    Orbax's, and the NumPy backend's, both renamed into place once complete)."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(daemon=True)
@@ -147,6 +164,7 @@ class Scenario:
     title: str
     tmp: Path
     args: list[str]
+    backend: str = "numpy"
     expect: str = "complete"  # "complete" or "exit42"
     lost_max: int = 1
     restarts_trainer: bool = False
@@ -183,6 +201,8 @@ class Scenario:
                 "150",
                 "--min-slices",
                 "2",
+                "--trainer-backend",
+                self.backend,
                 *self.args,
             ]
         )
@@ -388,6 +408,7 @@ class Scenario:
             end = round(self.t_end - self.t_fault, 3)
         return {
             "key": self.key,
+            "backend": self.backend,
             "title": self.title,
             "how": self.how,
             "passed": failure is None,
@@ -419,9 +440,9 @@ def _said(line: str) -> str:
 
 @contextlib.contextmanager
 def scenario(
-    outcomes: list[dict[str, Any]], tmp: Path, key: str, title: str, *args: str, **kw: Any
+    outcomes: list[dict[str, Any]], tmp: Path, backend: str, key: str, title: str, *args: str, **kw: Any
 ) -> Iterator[Scenario]:
-    sc = Scenario(key, title, tmp, list(args), **kw)
+    sc = Scenario(key, title, tmp, list(args), backend=backend, **kw)
     failure: str | None = None
     try:
         sc.start()
@@ -456,10 +477,13 @@ STATE_ALWAYS = pytest.mark.parametrize(
 
 
 @STATE
-def test_coordinator_kill_while_starting(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+def test_coordinator_kill_while_starting(
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, keep_state: bool
+) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"coordinator-kill-starting-{'state' if keep_state else 'nostate'}",
         f"coordinator SIGKILL while starting, {'with' if keep_state else 'without'} its state file",
         how="kill before the trainer attaches, restart 1 s later",
@@ -473,10 +497,13 @@ def test_coordinator_kill_while_starting(outcomes: list[dict[str, Any]], tmp_pat
 
 
 @STATE_ALWAYS
-def test_coordinator_kill_while_running(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+def test_coordinator_kill_while_running(
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, keep_state: bool
+) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"coordinator-kill-running-{'state' if keep_state else 'nostate'}",
         f"coordinator SIGKILL while running, {'with' if keep_state else 'without'} its state file",
         how="kill at step 8, restart 1 s later",
@@ -490,22 +517,25 @@ def test_coordinator_kill_while_running(outcomes: list[dict[str, Any]], tmp_path
 
 
 @pytest.mark.parametrize(
-    ("flush", "keep_state"),
+    ("flush", "keep_state", "backend"),
     [
-        pytest.param(True, True, id="flush-with-state"),
-        pytest.param(True, False, id="flush-without-state", marks=pytest.mark.slow),
-        pytest.param(False, True, id="no-flush-with-state"),
-        pytest.param(False, False, id="no-flush-without-state", marks=pytest.mark.slow),
+        pytest.param(True, True, "numpy", id="flush-with-state"),
+        pytest.param(True, False, "numpy", id="flush-without-state", marks=pytest.mark.slow),
+        pytest.param(False, True, "numpy", id="no-flush-with-state"),
+        pytest.param(False, False, "numpy", id="no-flush-without-state", marks=pytest.mark.slow),
+        # The survivors' replicas of the sharded state (pathwaysutils' split and concatenate) on the real trainer.
+        pytest.param(False, True, "jax", id="no-flush-with-state-jax", marks=pytest.mark.e2e),
     ],
 )
 def test_coordinator_kill_while_holding(
-    outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool, flush: bool
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, keep_state: bool, flush: bool
 ) -> None:
     """A host dies; the coordinator is killed while its hold waits for the trainer's step boundary."""
     # min -1: the hold waits for the replacement and flushes; min 2: the survivors go on from memory.
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"coordinator-kill-holding-{'flush' if flush else 'noflush'}-{'state' if keep_state else 'nostate'}",
         f"coordinator SIGKILL while holding {'with' if flush else 'without'} flush, "
         f"{'with' if keep_state else 'without'} its state file",
@@ -537,7 +567,7 @@ def test_coordinator_kill_while_holding(
     ],
 )
 def test_coordinator_kill_while_waiting(
-    outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool, replaced: bool
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, keep_state: bool, replaced: bool
 ) -> None:
     """Replaced: the slice comes back 5 s after the loss and training goes on. Never replaced: the
     restarted coordinator must still end the wait at the timeout (4 s) with exit 42."""
@@ -545,6 +575,7 @@ def test_coordinator_kill_while_waiting(
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"coordinator-kill-waiting-{state}" + ("" if replaced else "-never-replaced"),
         f"coordinator SIGKILL while waiting for slices, {'with' if keep_state else 'without'} its state file"
         + ("" if replaced else ", the slice never comes back"),
@@ -566,10 +597,13 @@ def test_coordinator_kill_while_waiting(
 
 
 @STATE
-def test_coordinator_kill_when_failed(outcomes: list[dict[str, Any]], tmp_path: Path, keep_state: bool) -> None:
+def test_coordinator_kill_when_failed(
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, keep_state: bool
+) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"coordinator-kill-failed-{'state' if keep_state else 'nostate'}",
         f"coordinator SIGKILL after the job failed, {'with' if keep_state else 'without'} its state file",
         "--min-slices",
@@ -631,13 +665,14 @@ def _fill(where: Path) -> Path:
     return filler
 
 
-def test_state_writes_fail_then_recover(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_state_writes_fail_then_recover(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     state_dir = tmp_path / "state-tmpfs"
     _mount_tmpfs(state_dir, "1m")
     try:
         with scenario(
             outcomes,
             tmp_path,
+            backend,
             "state-writes-enospc",
             "state-file writes fail (ENOSPC) for 3 s, then recover",
             "--state-dir",
@@ -668,10 +703,11 @@ def test_state_writes_fail_then_recover(outcomes: list[dict[str, Any]], tmp_path
         subprocess.run(["umount", "-l", str(state_dir)], check=False)
 
 
-def test_coordinator_stall(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_coordinator_stall(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "coordinator-stall-3s",
         "coordinator stalled 3 s (SIGSTOP, SIGCONT)",
         how="coordinator-stall:3@8",
@@ -684,10 +720,11 @@ def test_coordinator_stall(outcomes: list[dict[str, Any]], tmp_path: Path) -> No
         sc.retries(0)
 
 
-def test_two_coordinators_on_one_state_dir(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_two_coordinators_on_one_state_dir(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "two-coordinators-same-state-dir",
         "a second coordinator starts on the same state directory",
         how="at step 8 a second coordinator (own ports) starts on the same state dir",
@@ -719,11 +756,12 @@ def test_two_coordinators_on_one_state_dir(outcomes: list[dict[str, Any]], tmp_p
         assert epoch_during == epoch_before, f"state file epoch went {epoch_before} -> {epoch_during}"
 
 
-def test_two_coordinators_older_is_fenced(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_two_coordinators_older_is_fenced(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """A replacement coordinator on another state dir takes the workers and the trainer; the old one is fenced."""
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "two-coordinators-other-state-dir",
         "a second coordinator on another state directory takes over; the older is fenced",
         "--via-proxy",
@@ -779,10 +817,12 @@ def test_two_coordinators_older_is_fenced(outcomes: list[dict[str, Any]], tmp_pa
 # ---------------------------------------------------------------------------
 
 
-def test_trainer_kill(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+@JAX_TOO
+def test_trainer_kill(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "trainer-kill",
         "trainer SIGKILL (started again, as the JobSet would)",
         lost_max=CHECKPOINT_PERIOD,
@@ -797,10 +837,12 @@ def test_trainer_kill(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
         sc.notes["restored_from"] = again["restored_from"]
 
 
-def test_sidecar_gone_while_trainer_holds(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+@JAX_TOO
+def test_sidecar_gone_while_trainer_holds(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "sidecar-gone-while-held",
         "coordinator gone for good while the trainer holds",
         "--min-slices",
@@ -826,10 +868,11 @@ def test_sidecar_gone_while_trainer_holds(outcomes: list[dict[str, Any]], tmp_pa
         assert sc.ckpt.newest >= 8, f"the hold did not flush: newest committed step {sc.ckpt.newest}"  # type: ignore[union-attr]
 
 
-def test_worker_sidecar_restart_on_healthy_host(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_worker_sidecar_restart_on_healthy_host(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "sidecar-restart-healthy-host",
         "worker sidecar restart on a healthy host",
         how="sidecar-restart:1.0@8 (SIGKILL the sidecar alone, a new one 1 s later; Pathways stays up)",
@@ -842,10 +885,11 @@ def test_worker_sidecar_restart_on_healthy_host(outcomes: list[dict[str, Any]], 
         sc.retries(0)
 
 
-def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "stream-blip",
         "every worker stream cut once (same processes reconnect)",
         "--via-proxy",
@@ -869,13 +913,14 @@ def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
 # 12 s is past every link's timeout (the workers' peer keepalive, 5 + 2 s, the longest) and past the
 # coordinator's DECISIONS_WEDGED_SECONDS (10 s); 30 s takes the same paths, under --runslow.
 @pytest.mark.parametrize("seconds", [12, pytest.param(30, marks=pytest.mark.slow)])
-def test_coordinator_paused(outcomes: list[dict[str, Any]], tmp_path: Path, seconds: int) -> None:
+def test_coordinator_paused(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, seconds: int) -> None:
     """Long enough that the worker sidecars' and the trainer's links time out and reconnect: the old
     streams' ends and their hosts' checks are decided after the new registrations, and must not touch them."""
     steps = 80 + 10 * seconds
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"coordinator-paused-{seconds}s",
         f"coordinator paused {seconds} s (SIGSTOP, SIGCONT)",
         "--timeout",
@@ -891,10 +936,11 @@ def test_coordinator_paused(outcomes: list[dict[str, Any]], tmp_path: Path, seco
         sc.retries(0)
 
 
-def test_sidecar_paused(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_sidecar_paused(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "sidecar-paused-3s",
         "one worker sidecar paused 3 s, its Pathways worker healthy",
         steps=120,
@@ -912,7 +958,7 @@ def test_sidecar_paused(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
         assert away, "the coordinator never found host 1.0's Pathways worker up while its sidecar was paused"
 
 
-def test_forged_epoch(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_forged_epoch(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """One Join with the peer token and epoch_seen=2**62 but no valid proof: logged and ignored."""
     import grpc
 
@@ -921,6 +967,7 @@ def test_forged_epoch(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "forged-epoch",
         "a Join claims epoch 2**62 with the peer token but no valid proof",
         steps=80,
@@ -984,13 +1031,16 @@ def _shift_state_times(path: Path, seconds: float) -> None:
 # Forward under --runslow: the default run keeps the process path (back), and
 # tests/agent/test_clock_steps.py restores and repairs a state file stepped either way.
 @pytest.mark.parametrize("step", [-3600, pytest.param(3600, marks=pytest.mark.slow)])
-def test_clock_stepped_across_a_coordinator_restart(outcomes: list[dict[str, Any]], tmp_path: Path, step: int) -> None:
+def test_clock_stepped_across_a_coordinator_restart(
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, step: int
+) -> None:
     """A host is killed (one retry), the coordinator is killed before the replacement settles and
     restarts with the wall clock stepped by ``step``: the replacement repairs the slice, the job grows
     back to 4 slices and finishes with that one retry."""
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         f"clock-step-{'back' if step < 0 else 'forward'}-1h",
         f"the wall clock stepped {'back' if step < 0 else 'forward'} 1 h across a coordinator restart",
         steps=150,
@@ -1017,10 +1067,13 @@ def test_clock_stepped_across_a_coordinator_restart(outcomes: list[dict[str, Any
         assert len(last["slices"]) == 4, f"the job did not grow back onto the replaced slice: {last}"
 
 
-def test_sidecar_restarted_while_the_coordinator_is_down(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_sidecar_restarted_while_the_coordinator_is_down(
+    outcomes: list[dict[str, Any]], tmp_path: Path, backend: str
+) -> None:
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "sidecar-restart-while-coordinator-down",
         "a worker sidecar restarted (new incarnation) while the coordinator was down",
         steps=120,
@@ -1043,12 +1096,13 @@ def test_sidecar_restarted_while_the_coordinator_is_down(outcomes: list[dict[str
         sc.retries(0)
 
 
-def test_host_partitioned(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_host_partitioned(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """Host 1.0's stream and heartbeat datagrams pass a stand-in network path of their own
     (standins.netproxy.HostLink), cut for 10 s; its Pathways worker stays up."""
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "host-partitioned-10s",
         "one host's links to the coordinator cut for 10 s, its Pathways worker healthy",
         "--fault",
@@ -1073,12 +1127,13 @@ BESIDE_SECONDS = float(os.environ.get("ES_BESIDE_SECONDS", "8"))
 within 8 s; ES_BESIDE_SECONDS=60 runs its done-when's minute)."""
 
 
-def test_a_second_sidecar_for_one_host(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_a_second_sidecar_for_one_host(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """Two sidecar processes claim one host (a stale pod beside its replacement, a manifest mistake): the
     newer one speaks for the host, the older one is refused and stands by; no recovery, no shrink."""
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "duplicate-sidecar",
         f"a second worker sidecar for host 1.0 beside the first for {BESIDE_SECONDS:g} s",
         steps=max(130, int(BESIDE_SECONDS * 10) + 80),
@@ -1124,11 +1179,12 @@ STALE_REASON = "ignored: the disruption was to be over"
 """What the coordinator's journal says of a notice whose window ended long ago (agent.core.decide)."""
 
 
-def test_a_two_day_old_notice_for_a_live_node(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_a_two_day_old_notice_for_a_live_node(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """Put in by the demo itself, as `elastic-sidecar demo --fault stale-notice:1.0@15` does."""
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "stale-notice",
         "a maintenance notice two days old for a live node",
         "--fault",
@@ -1161,13 +1217,14 @@ def _acts(entry: dict[str, Any], kind: str) -> bool:
     return any(a.get("type") == kind for a in entry.get("actions", []))
 
 
-def test_state_dir_full_at_exit(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_state_dir_full_at_exit(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     state_dir = tmp_path / "state-tmpfs"
     _mount_tmpfs(state_dir, "1m")
     try:
         with scenario(
             outcomes,
             tmp_path,
+            backend,
             "state-dir-full-at-exit",
             "the coordinator's state directory full when the job completes",
             "--state-dir",
@@ -1190,7 +1247,7 @@ def test_state_dir_full_at_exit(outcomes: list[dict[str, Any]], tmp_path: Path) 
         subprocess.run(["umount", "-l", str(state_dir)], check=False)
 
 
-def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """A second trainer process for the job (a stale pod, a second launch) connects with the job's name."""
     from protos.elastic_sidecar.v1 import trainer_pb2
     from trainer_hooks.link import SidecarLink
@@ -1198,6 +1255,7 @@ def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path) -
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "second-trainer-link",
         "a second trainer link for the job, for 5 s",
         steps=90,
@@ -1227,13 +1285,14 @@ def test_a_second_trainer_link(outcomes: list[dict[str, Any]], tmp_path: Path) -
         assert not again, f"the trainer attached again after the second link came: {again}"
 
 
-def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_two_host_slice_one_host_lost_and_back(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str) -> None:
     """The trainer names a slice, not a host: one host of it lost and back proves nothing of the other,
     so the slice returns only with its replacement (every host new). Either may be decided first, the
     trainer's report or the host's timeout: a report of the older generation still marks a slice that is out."""
     with scenario(
         outcomes,
         tmp_path,
+        backend,
         "two-host-slice-one-host-back",
         "in a slice of 2 hosts one host hangs and comes back; the slice returns only when replaced",
         "--hosts-per-slice",

@@ -52,8 +52,29 @@ def test_rows_count_runs_and_show_median_range_and_failures(tmp_path: Path, caps
     assert "2.00 s (1.00 s-3.00 s)" in row1, row1
     row2 = next(ln for ln in doc.splitlines() if ln.startswith("| title of k2"))
     assert "| 7 | 0 (1) | 1 | 0/1 **FAIL** |" in row2, row2
-    assert "(`k2`): AssertionError: lost 7 steps (at most 1)" in doc and "where ..." not in doc
+    assert "(`k2`, jax): AssertionError: lost 7 steps (at most 1)" in doc and "where ..." not in doc
     assert str(Path.cwd()) not in doc  # no path of the machine that ran it
+
+
+def test_a_scenario_on_two_trainer_backends_is_two_rows(tmp_path: Path) -> None:
+    """A record names its backend; one without is from the JAX trainer (the matrix ran only on it before)."""
+    doc = {
+        "commit": "abc123",
+        "settings": SETTINGS,
+        "runs": [
+            {**run("k1", True, recovery=1.0), "backend": "numpy"},
+            run("k1", True, recovery=3.0),
+            {**run("k1", False, lost=7), "backend": "jax"},
+        ],
+    }
+    p, out = tmp_path / "a.json", tmp_path / "r.md"
+    p.write_text(json.dumps(doc))
+    assert main([str(p), "--out", str(out)]) == 0
+    rows = [ln for ln in out.read_text().splitlines() if ln.startswith("| title of k1")]
+    assert len(rows) == 2, rows
+    assert rows[0].startswith("| title of k1 | numpy |") and "| 1.00 s |" in rows[0] and "| 1/1 |" in rows[0], rows[0]
+    assert rows[1].startswith("| title of k1 | jax |") and "| 1/2 **FAIL** |" in rows[1], rows[1]
+    assert "(`k1`, jax): AssertionError" in out.read_text()
 
 
 def test_unreadable_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
