@@ -5,6 +5,7 @@ absent or too slow is logged and counted, never raised, and the coordinator goes
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -137,4 +138,54 @@ async def test_the_coordinator_carries_it_out_and_counts_it_and_goes_on(cluster:
         # The coordinator still decides.
         await asyncio.wait_for(coord.request(Tick()), 10.0)
     finally:
+        await coord.stop(grace=0)
+
+
+async def test_a_straggler_drain_replaces_the_slice_and_the_job_grows_back_onto_the_new_pods(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A real coordinator and trainer link: the verdict drains slice 1, the resume on the others sends the
+    replacement (journaled), the stand-in's pods of slice 1 are deleted and its nodes cordoned, and the
+    new pods' hosts registering bring the job back onto three slices, spending no retry."""
+    from agent.coordinator import Coordinator
+    from agent.core.model import Phase, StragglerVerdict, WorkerJoined, WorkerLost
+    from tests.agent.coordinators import FakeTrainer
+
+    policy = Policy(
+        num_slices=SLICES, hosts_per_slice=HOSTS, elastic_min_slice_count=2, settle_seconds=0.0, straggler_replace=True
+    )
+    journal = tmp_path / "journal.jsonl"
+    coord = Coordinator(coordinator_config(JOB, policy, kubeconfig=cluster.kubeconfig, journal=journal))
+    await coord.start()
+    trainer = FakeTrainer(f"127.0.0.1:{coord.trainer_port}", JOB)
+    try:
+        for s in range(SLICES):
+            for h in range(HOSTS):
+                await coord.request(WorkerJoined(s, h, f"a{s}.{h}", node=node(s, h)))
+        await trainer.attach()
+        await wait_for(lambda: coord.state.phase == Phase.RUNNING, 10.0, "running")
+        await trainer.advance(3)
+        d = await coord.request(StragglerVerdict(1, "slice", "drain", "late 30% for 3 windows"))
+        assert 1 in coord.state.drains and not d.rejected, d.reason
+        await wait_for(
+            lambda: coord.state.active == frozenset({0, 2}) and not coord.state.trainer.resume_pending,
+            10.0,
+            "resumed on 0, 2",
+        )
+        name, labels = "elastic_sidecar_straggler_replacements_total", {"outcome": "replaced"}
+        await wait_for(lambda: coord.metrics.registry.get_sample_value(name, labels) == 1, 30.0, "replaced")
+        assert cluster.api.unschedulable == {node(1, 0), node(1, 1)}
+        assert cluster.terminating() == {(1, 0), (1, 1)}
+        lines = [json.loads(x) for x in journal.read_text().splitlines()]
+        asked = [a for rec in lines for a in rec["actions"] if a["type"] == "ReplaceSlice"]
+        assert [a["slice"] for a in asked] == [1]
+        # The JobSet's new pods: the old sidecars go, new ones register on other nodes.
+        for h in range(HOSTS):
+            await coord.request(WorkerLost(1, h, f"a1.{h}", "stream_closed"))
+        for h in range(HOSTS):
+            await coord.request(WorkerJoined(1, h, f"b1.{h}", node=f"spare-{h}"))
+        await wait_for(lambda: coord.state.active == frozenset({0, 1, 2}), 10.0, "grown back onto slice 1")
+        assert 1 not in coord.state.drains and coord.state.retries_used == 0
+    finally:
+        await trainer.close()
         await coord.stop(grace=0)
