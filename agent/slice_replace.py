@@ -58,7 +58,7 @@ class KubeSlices:
         cfg.retries = 0
         self.api = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api)
-        self.ApiException: type[Exception] = client.exceptions.ApiException
+        self.ApiException: Any = client.exceptions.ApiException
 
     def slice_pods(self, job: str, slice_: int, timeout: float) -> list[Any]:
         # xpk's JobSet labels every pod with its JobSet's name and its Job's index, the slice (FACTS.md).
