@@ -25,10 +25,11 @@ COPY trainer_hooks/ trainer_hooks/
 COPY protos/ protos/
 
 # The wheel holds agent, trainer_hooks and protos (pyproject.toml); runtime
-# dependencies only: the core ones plus the `pubsub` and `tpu` extras (not demo/test).
+# dependencies only: the core ones plus the `pubsub`, `tpu` and `drill` extras (not demo/test):
+# `drill` is the official kubernetes client, which the coordinator's --straggler-replace uses.
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install -c constraints.txt "$(echo /wheels/elastic_sidecar-*.whl)[pubsub,tpu]" \
+ && /opt/venv/bin/pip install -c constraints.txt "$(echo /wheels/elastic_sidecar-*.whl)[pubsub,tpu,drill]" \
  && /opt/venv/bin/elastic-sidecar --help > /dev/null
 
 

@@ -275,6 +275,21 @@ STRAGGLER_FLAGS: tuple[Flag, ...] = (
         seconds_or_none,
         shown_default="none",
     ),
+    Flag(
+        "--straggler-replace",
+        "on: once the job runs without a straggler it drained, cordon that slice's nodes and delete its pods "
+        "so that the JobSet recreates them elsewhere; needs the kubernetes package, RBAC to patch nodes and "
+        "delete pods (deploy/components/straggler-replace) and the Kubernetes API (--kubeconfig). off "
+        "(default): the slice waits drained until an operator undrains it or a new host registers for it",
+        "off",
+        on_off,
+    ),
+    Flag(
+        "--kubeconfig",
+        "with --straggler-replace: the kubeconfig file to reach the Kubernetes API with (its current context's "
+        "namespace); default: the pod's service account (in-cluster)",
+        shown_default="in-cluster",
+    ),
 )
 
 COMMON_FLAGS: tuple[Flag, ...] = (
@@ -672,6 +687,8 @@ class CoordinatorConfig:
     straggler_thresholds: Thresholds = DEFAULT_THRESHOLDS
     straggler_cost: CostParams = DEFAULT_COST
     straggler_replacement_seconds: float | None = None
+    kubeconfig: Path | None = None
+    """With ``policy.straggler_replace``: the kubeconfig to reach the Kubernetes API with (None: in-cluster)."""
 
     @property
     def first_heartbeat_seconds(self) -> float:
@@ -753,7 +770,30 @@ def _stragglers(ns: argparse.Namespace) -> dict[str, Any]:
         "straggler_thresholds": thresholds,
         "straggler_cost": cost,
         "straggler_replacement_seconds": getattr(ns, "straggler_replacement_seconds", None),
+        "kubeconfig": _replace_api(ns),
     }
+
+
+def _replace_api(ns: argparse.Namespace) -> Path | None:
+    """--kubeconfig, checked when --straggler-replace is on: the client is there, the API can be found."""
+    kubeconfig = getattr(ns, "kubeconfig", None)
+    path = Path(kubeconfig) if kubeconfig else None
+    if not getattr(ns, "straggler_replace", False):
+        return path
+    import importlib.util
+
+    if importlib.util.find_spec("kubernetes") is None:
+        raise ConfigError(
+            "--straggler-replace on needs the kubernetes package: pip install 'elastic-sidecar[drill]' (or kubernetes)"
+        )
+    if path is None:
+        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise ConfigError(
+                "--straggler-replace on: not in a cluster (KUBERNETES_SERVICE_HOST is unset): give --kubeconfig PATH"
+            )
+    elif not path.is_file():
+        raise ConfigError(f"--kubeconfig {kubeconfig!r}: no such file")
+    return path
 
 
 def _policy(ns: argparse.Namespace) -> Policy:
@@ -770,6 +810,7 @@ def _policy(ns: argparse.Namespace) -> Policy:
             notice_lead_seconds=float(getattr(ns, "notice_lead_seconds", 120.0)),
             trainer_processes=int(getattr(ns, "trainer_processes", 1) or 1),
             straggler_drain_interval_seconds=float(getattr(ns, "straggler_drain_interval_seconds", 3600.0)),
+            straggler_replace=bool(getattr(ns, "straggler_replace", False)),
         )
     except ValueError as e:
         raise ConfigError(str(e)) from e

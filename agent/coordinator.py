@@ -34,6 +34,7 @@ from agent.core.model import (
     HoldTrainer,
     Phase,
     PrepareTrainer,
+    ReplaceSlice,
     ResumeTrainer,
     State,
     TellWorkers,
@@ -54,6 +55,7 @@ from agent.metrics import Metrics
 from agent.phase_clock import PhaseClock
 from agent.servers import listen
 from agent.servers.feed import EventFeed
+from agent.slice_replace import SliceReplacer
 from agent.sources.heartbeat_datagrams import DatagramReceiver
 from agent.sources.peers import PEER_SERVICE, PeerService
 from agent.sources.pubsub import PubSubIntake, node_notice
@@ -119,6 +121,11 @@ class Coordinator:
         self.datagrams = DatagramReceiver(self.peers.datagram_heartbeat, self.metrics.count_heartbeat_datagrams)
         self.to_trainer = TrainerExecutor(self)
         self.to_workers = WorkerExecutor(self)
+        self.replacer: SliceReplacer | None = None
+        """Cordons a replaced straggler slice's nodes and deletes its pods (--straggler-replace)."""
+        if self.cfg.policy.straggler_replace:
+            count = self.metrics.straggler_replacements
+            self.replacer = SliceReplacer(self.cfg.job, self.cfg.kubeconfig, lambda o: count.labels(o).inc())
 
     def _init_durability(self) -> None:
         """What survives a restart (:mod:`agent.durable`): state file, journal, lock, epoch."""
@@ -367,6 +374,9 @@ class Coordinator:
             case TellWorkers():
                 self._steered = True
                 self.to_workers.carry_out(a)
+            case ReplaceSlice():
+                if self.replacer is not None:
+                    self.replacer.carry_out(a)
             case ExitCoordinator():
                 if self.exit_code is not None and not self.exit_code.done():
                     # Give the streams a moment to deliver the last commands.
@@ -626,6 +636,8 @@ class Coordinator:
             await self.server.stop(grace)
         if self.trainer_server is not None:
             await self.trainer_server.stop(min(grace, 0.5))
+        if self.replacer is not None:
+            self.replacer.close()
         self.journal.close()
         self.lock.release()
 

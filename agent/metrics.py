@@ -261,6 +261,13 @@ class Metrics(ServerMetrics):
             ["scope", "action"],
             registry=r,
         )
+        self.straggler_replacements = Counter(
+            f"{PREFIX}_straggler_replacements_total",
+            "Straggler slices replaced under --straggler-replace (nodes cordoned, pods deleted), by outcome: "
+            "replaced, no_pods, or failed (the Kubernetes API refused, was absent or too slow; the slice stays drained)",
+            ["outcome"],
+            registry=r,
+        )
 
     def observe_straggler_window(self, detection: Any) -> None:
         """One window's findings (:func:`agent.stragglers.detect`)."""

@@ -6,7 +6,9 @@ with ``reason: NotFound`` and HTTP 404, as the real server does. When built with
 other bearers with 401, and it answers 403 (``reason: Forbidden``) for nodes listed in
 ``forbidden``, to mimic missing RBAC. A test may put GKE's maintenance label and taints on a node
 (``labels``, ``taints``; shapes from GKE "Monitor maintenance events" and the Node ``spec.taints``
-schema).
+schema). ``PATCH /api/v1/nodes/{name}`` takes a merge or strategic-merge patch of
+``spec.unschedulable`` (what ``kubectl cordon`` sends) and records the node in ``unschedulable``.
+``refuse`` names calls ("patch nodes", "list pods", "delete pods") answered 403, as without RBAC.
 
 Pods and the JobSet (``elastic-sidecar drill``), when built with a :class:`PodTable`: list pods in
 a namespace with a ``labelSelector`` (equality, inequality and existence terms), get and delete one
@@ -36,7 +38,11 @@ from agent.sources.node_pool import NODE_POOL_LABEL
 
 
 def node_object(
-    name: str, pool: str, extra_labels: Mapping[str, str] | None = None, taints: list[dict] | None = None
+    name: str,
+    pool: str,
+    extra_labels: Mapping[str, str] | None = None,
+    taints: list[dict] | None = None,
+    unschedulable: bool = False,
 ) -> dict:
     labels = {
         "kubernetes.io/hostname": name,
@@ -49,7 +55,11 @@ def node_object(
         "kind": "Node",
         "apiVersion": "v1",
         "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels},
-        "spec": {"providerID": f"gce://tpu-proj/us-east5-a/{name}", **({"taints": taints} if taints else {})},
+        "spec": {
+            "providerID": f"gce://tpu-proj/us-east5-a/{name}",
+            **({"taints": taints} if taints else {}),
+            **({"unschedulable": True} if unschedulable else {}),
+        },
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
 
@@ -345,11 +355,16 @@ class KubeAPIStandIn:
         token: str | None = None,
         forbidden: set[str] | None = None,
         pods: PodTable | None = None,
+        refuse: set[str] | None = None,
     ) -> None:
         self.nodes = dict(nodes)
         self.token = token
         self.forbidden = set(forbidden or ())
         self.pods = pods
+        self.refuse = set(refuse or ())
+        """Calls answered 403: "patch nodes", "list pods", "delete pods"."""
+        self.unschedulable: set[str] = set()
+        """Nodes cordoned through PATCH (``spec.unschedulable: true``)."""
         self.requests: list[str] = []
         self.labels: dict[str, dict[str, str]] = {}
         """Extra labels per node (e.g. cloud.google.com/scheduled-maintenance-time), set by a test."""
@@ -373,7 +388,38 @@ class KubeAPIStandIn:
         pool = self.nodes.get(name)
         if pool is None:
             return _status(404, "NotFound", f'nodes "{name}" not found')
-        return web.json_response(node_object(name, pool, self.labels.get(name), self.taints.get(name)))
+        return web.json_response(self._node(name, pool))
+
+    def _node(self, name: str, pool: str) -> dict:
+        return node_object(name, pool, self.labels.get(name), self.taints.get(name), name in self.unschedulable)
+
+    def _forbidden(self, verb: str, resource: str, name: str) -> web.Response | None:
+        if f"{verb} {resource}" not in self.refuse:
+            return None
+        what = f'{resource} "{name}" is forbidden' if name else f"{resource} is forbidden"
+        return _status(403, "Forbidden", f'{what}: cannot {verb} resource "{resource}"')
+
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.requests.append(f"patch node {name}")
+        if refused := self._refused(request) or self._forbidden("patch", "nodes", name):
+            return refused
+        if request.content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            return _status(
+                415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {request.content_type}"
+            )
+        pool = self.nodes.get(name)
+        if pool is None:
+            return _status(404, "NotFound", f'nodes "{name}" not found')
+        patch = await request.json()
+        spec = patch.get("spec") if isinstance(patch, dict) else None
+        if not isinstance(spec, dict) or set(spec) - {"unschedulable"}:
+            return _status(422, "Invalid", "this stand-in patches spec.unschedulable only")
+        if spec.get("unschedulable"):
+            self.unschedulable.add(name)
+        else:
+            self.unschedulable.discard(name)
+        return web.json_response(self._node(name, pool))
 
     def _table(self, request: web.Request) -> PodTable | None:
         """The pod table when the request's namespace is the JobSet's (other namespaces are empty)."""
@@ -383,7 +429,7 @@ class KubeAPIStandIn:
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         self.requests.append(f"list pods {request.query_string}")
-        if refused := self._refused(request):
+        if refused := self._refused(request) or self._forbidden("list", "pods", ""):
             return refused
         try:
             terms = parse_label_selector(request.query.get("labelSelector", ""))
@@ -397,7 +443,7 @@ class KubeAPIStandIn:
     async def _pod(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         self.requests.append(f"{request.method} pod {name}")
-        if refused := self._refused(request):
+        if refused := self._refused(request) or self._forbidden(request.method.lower(), "pods", name):
             return refused
         table = self._table(request)
         if request.method == "DELETE":
@@ -421,6 +467,7 @@ class KubeAPIStandIn:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         if self.pods is not None:
             group, version, plural = C.JOBSET_API
             app.router.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)

@@ -296,6 +296,9 @@ class Policy:
     straggler_drain_interval_seconds: float = 3600.0
     """At most one straggler drain in this long unless an operator asks (docs/stragglers.md): a
     detector that is wrong must not drain the job down a slice at a time."""
+    straggler_replace: bool = False
+    """``--straggler-replace``: once the job runs without a straggler it drained, cordon that slice's nodes
+    and delete its pods (:class:`ReplaceSlice`), so the JobSet recreates them elsewhere."""
 
     def __post_init__(self) -> None:
         # First, every field a number the checks below can compare: NaN fails no comparison
@@ -467,6 +470,9 @@ class Drain:
     """When the announced disruption begins (decision clock), if the notice said."""
     ends_at: float | None = None
     """When the announced disruption is over (decision clock), if the notice said: its window's end."""
+    replace: bool = False
+    """A straggler drain under ``--straggler-replace`` whose :class:`ReplaceSlice` has not gone out yet: it
+    goes out once the trainer resumed without the slice (:func:`agent.core.stragglers.replacements`)."""
 
 
 @dataclass(frozen=True)
@@ -892,12 +898,30 @@ class TellWorkers:
 
 
 @dataclass(frozen=True)
+class ReplaceSlice:
+    """Cordon the nodes of ``slice``'s pods and delete the pods, so that the JobSet recreates them on other
+    nodes (``--straggler-replace``); the new hosts' registrations lift the slice's drain and it grows back."""
+
+    slice: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ExitCoordinator:
     exit_code: int
     reason: str
 
 
-Action = HoldTrainer | ResumeTrainer | PrepareTrainer | AbortTrainer | FlushTrainer | TellWorkers | ExitCoordinator
+Action = (
+    HoldTrainer
+    | ResumeTrainer
+    | PrepareTrainer
+    | AbortTrainer
+    | FlushTrainer
+    | TellWorkers
+    | ReplaceSlice
+    | ExitCoordinator
+)
 
 
 @dataclass(frozen=True)

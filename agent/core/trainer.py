@@ -23,6 +23,7 @@ from agent.core.model import (
     TrainerView,
     _frozen,
 )
+from agent.core.stragglers import replacements
 from agent.core.transitions import cannot_shrink, draining, fail, fmt, replace, restart, start_hold
 
 RECENT_STEPS = 15
@@ -257,4 +258,7 @@ def trainer_resumed(state: State, ev: TrainerResumed, now: float) -> Decision:
         return start_hold(new, now, why, failure=False)
     if idle:
         why += f"; mesh mismatch: decided slice(s) {fmt(idle)} not in the trainer's mesh"
-    return Decision(new, (), why)
+    new, replacing = replacements(new, ev.active)
+    if replacing:
+        why += f"; replacing straggler slice(s) {fmt(frozenset(a.slice for a in replacing))} (--straggler-replace)"
+    return Decision(new, replacing, why)

@@ -248,6 +248,7 @@ def _drain_record(d: Drain, off: float) -> dict[str, Any]:
         "node": d.node,
         "starts_at": _wall(d.starts_at, off),
         "ends_at": _wall(d.ends_at, off),
+        "replace": d.replace,
     }
 
 
@@ -261,6 +262,7 @@ def _drain(d: Mapping[str, Any], off: float, now: float) -> Drain:
         node=str(d.get("node", "")),
         starts_at=_mono(d.get("starts_at"), off),
         ends_at=_mono(d.get("ends_at"), off),
+        replace=d.get("replace") is True,
     )
 
 

@@ -350,3 +350,27 @@ def test_every_parser_flag_comes_from_the_table() -> None:
     for role, table in (("coordinator", COORDINATOR_FLAGS), ("worker", WORKER_FLAGS)):
         options = [o for a in subs.choices[role]._actions for o in a.option_strings if o not in ("-h", "--help")]
         assert options == [f.name for f in table]
+
+
+def test_straggler_replace_is_off_by_default_and_needs_a_way_to_the_api(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2")).policy.straggler_replace is False
+    with pytest.raises(ConfigError, match="give --kubeconfig PATH"):
+        CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2", "--straggler-replace=on"))
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match=f"--kubeconfig '{missing}': no such file"):
+        CoordinatorConfig.from_args(
+            parse("coordinator", "--num-slices=2", "--straggler-replace=on", f"--kubeconfig={missing}")
+        )
+    kc = tmp_path / "kubeconfig"
+    kc.write_text("apiVersion: v1\nkind: Config\n")
+    cfg = CoordinatorConfig.from_args(
+        parse("coordinator", "--num-slices=2", "--straggler-replace=on", f"--kubeconfig={kc}")
+    )
+    assert cfg.policy.straggler_replace is True and cfg.kubeconfig == kc
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("ES_STRAGGLER_REPLACE", "on")
+    cfg = CoordinatorConfig.from_args(parse("coordinator", "--num-slices=2"))
+    assert cfg.policy.straggler_replace is True and cfg.kubeconfig is None  # in-cluster

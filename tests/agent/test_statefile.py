@@ -107,10 +107,12 @@ def test_everything_that_carries_intent_survives(tmp_path: Path) -> None:
         starts_at=5120.0,
         ends_at=8720.0,
     )
+    # A straggler drain whose replacement (--straggler-replace) has not gone out yet.
+    straggler = Drain(since=70.0, kind="straggler", source="straggler", reason="s", replace=True)
     st = saved_state(
         Phase.WAITING,
         operator_hold=True,
-        drains=_frozen({1: drain}),
+        drains=_frozen({1: drain, 0: straggler}),
         planned=_frozen({2: later}),
         slice_errors=_frozen({2: 60.0}),
         notice_times=_frozen({"node-a": 1234.5}),
@@ -123,7 +125,7 @@ def test_everything_that_carries_intent_survives(tmp_path: Path) -> None:
     r = roundtrip(tmp_path, st, now=500.0)
     assert r.phase == Phase.WAITING and r.operator_hold
     assert r.deadline == pytest.approx(500.0 + POLICY.elastic_timeout_seconds)
-    assert dict(r.drains) == {1: drain}
+    assert dict(r.drains) == {1: drain, 0: straggler}
     assert dict(r.planned) == {2: later}  # a window a week ahead is not forgotten
     assert dict(r.slice_errors) == {2: pytest.approx(60.0)}
     assert dict(r.notice_times) == {"node-a": 1234.5}

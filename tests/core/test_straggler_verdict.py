@@ -1,4 +1,5 @@
-"""StragglerVerdict in the decision core: a drain as an operator's, its limits, and no action otherwise."""
+"""StragglerVerdict in the decision core: a drain as an operator's, its limits, and no action otherwise;
+under --straggler-replace, a ReplaceSlice once the job runs without the slice, and the grow back."""
 
 from __future__ import annotations
 
@@ -8,20 +9,39 @@ from agent.core.model import (
     HoldTrainer,
     OperatorCommand,
     Phase,
+    ReplaceSlice,
     ResumeTrainer,
     StragglerVerdict,
     TrainerHeld,
     TrainerResumed,
+    WorkerJoined,
+    WorkerLost,
 )
 from tests.core.driver import Job as _Job
-from tests.core.driver import Policy, one
+from tests.core.driver import Policy, of, one
 
 
 class Job(_Job):
     """A running job of ``n`` one-host slices; 0.1 s per event."""
 
-    def __init__(self, n: int = 4, min_slices: int = 2, interval: float = 3600.0) -> None:
-        policy = Policy(num_slices=n, elastic_min_slice_count=min_slices, straggler_drain_interval_seconds=interval)
+    def __init__(
+        self,
+        n: int = 4,
+        min_slices: int = 2,
+        interval: float = 3600.0,
+        *,
+        replace: bool = False,
+        hosts: int = 1,
+        settle: float = 0.0,
+    ) -> None:
+        policy = Policy(
+            num_slices=n,
+            hosts_per_slice=hosts,
+            elastic_min_slice_count=min_slices,
+            straggler_drain_interval_seconds=interval,
+            straggler_replace=replace,
+            settle_seconds=settle,
+        )
         super().__init__(policy, dt=0.1)
         self.join_all()
         self.attach_and_start("fresh")
@@ -100,3 +120,71 @@ def test_an_operator_undrains_a_straggler_drain_without_force() -> None:
     job.drained(2)
     d = job.feed(OperatorCommand("undrain", "node fixed", slice=2))
     assert not d.rejected and 2 not in job.state.drains, d.reason
+
+
+# -- --straggler-replace ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replace", [True, False])
+def test_replace_goes_out_once_the_job_runs_without_the_slice_and_only_when_on(replace: bool) -> None:
+    job = Job(replace=replace, hosts=2)
+    drain = job.feed(StragglerVerdict(2, "slice", "drain", "late 30%"))
+    hold = one(drain, HoldTrainer)
+    # Not with the drain, nor at the hold's acknowledgement: the slice's pods serve the step the
+    # trainer is finishing until it resumed without them.
+    held = job.feed(TrainerHeld(hold.generation, 50, 50))
+    assert of(drain, ReplaceSlice) == [] and of(held, ReplaceSlice) == []
+    resume = one(held, ResumeTrainer)
+    resumed = job.feed(TrainerResumed(resume.generation, 50, resume.active, str(resume.source)))
+    if replace:
+        assert one(resumed, ReplaceSlice).slice == 2 and "replacing straggler slice(s) [2]" in resumed.reason
+        assert not job.state.drains[2].replace  # asked for once
+    else:
+        assert of(resumed, ReplaceSlice) == [] and "replacing" not in resumed.reason
+    # A later resume (a re-synchronisation) does not ask again.
+    again = job.feed(OperatorCommand("hold", "look"))
+    held = job.feed(TrainerHeld(one(again, HoldTrainer).generation, 60, 60))
+    job.feed(OperatorCommand("resume", "done"))
+    later = [d for d in job.decisions[-3:] if of(d, ResumeTrainer)]
+    assert later, [d.reason for d in job.decisions[-3:]]
+    r = one(later[-1], ResumeTrainer)
+    assert of(job.feed(TrainerResumed(r.generation, 60, r.active, str(r.source))), ReplaceSlice) == []
+
+
+def test_the_replaced_slice_grows_back_when_its_new_hosts_register() -> None:
+    job = Job(replace=True, hosts=2)
+    job.drained(2)
+    assert job.decisions[-1].actions == (ReplaceSlice(2, job.decisions[-1].actions[0].reason),)
+    # The pods are deleted: their sidecars go, which costs no retry and holds nothing (the slice is out).
+    for h in range(2):
+        d = job.feed(WorkerLost(2, h, f"a2.{h}", "stream_closed"))
+        assert d.actions == () and job.state.phase == Phase.RUNNING, d.reason
+    assert job.state.retries_used == 0
+    # The JobSet's new pods register new incarnations: the drain is lifted and the job grows onto them.
+    job.feed(WorkerJoined(2, 0, "b2.0"))
+    grow = job.feed(WorkerJoined(2, 1, "b2.1"))
+    hold = one(grow, HoldTrainer)
+    assert 2 not in job.state.drains and job.state.retries_used == 0
+    resume = one(job.feed(TrainerHeld(hold.generation, 70, 70)), ResumeTrainer)
+    assert resume.active == frozenset({0, 1, 2, 3})
+
+
+def test_a_slice_already_being_replaced_is_not_replaced_again() -> None:
+    """A host of the slice registered anew during the hold (its node went) and has not settled yet, so the
+    drain stands: its new pod is left alone."""
+    job = Job(replace=True, hosts=2, settle=30.0)
+    hold = one(job.feed(StragglerVerdict(2, "slice", "drain", "late 30%")), HoldTrainer)
+    job.feed(WorkerLost(2, 0, "a2.0", "stream_closed"))
+    job.feed(WorkerJoined(2, 0, "b2.0"))
+    resume = one(job.feed(TrainerHeld(hold.generation, 50, 50)), ResumeTrainer)
+    assert 2 not in resume.active and 2 in job.state.drains
+    resumed = job.feed(TrainerResumed(resume.generation, 50, resume.active, str(resume.source)))
+    assert of(resumed, ReplaceSlice) == [], resumed.reason
+
+
+def test_an_operator_drain_is_never_replaced() -> None:
+    job = Job(replace=True)
+    hold = one(job.feed(OperatorCommand("drain", "maintenance", slice=1)), HoldTrainer)
+    resume = one(job.feed(TrainerHeld(hold.generation, 50, 50)), ResumeTrainer)
+    resumed = job.feed(TrainerResumed(resume.generation, 50, resume.active, str(resume.source)))
+    assert 1 not in resume.active and of(resumed, ReplaceSlice) == []

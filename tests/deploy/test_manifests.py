@@ -56,7 +56,7 @@ DOCKERIGNORE = REPO / ".dockerignore"
 
 # Every kustomization meant to be applied (deploy/common is only included by them).
 KUSTOMIZATIONS = ("deploy/base", "deploy/overlays/pathways", "deploy/overlays/multi-controller")
-INCLUDED_ONLY = ("deploy/common", "deploy/components/podmonitoring")
+INCLUDED_ONLY = ("deploy/common", "deploy/components/podmonitoring", "deploy/components/straggler-replace")
 
 # Flags of `elastic-sidecar coordinator|worker` that the manifests already pass
 # but that agent/config.py does not define yet (none at present: every flag the
@@ -1120,6 +1120,44 @@ def test_podmonitoring_component_scrapes_every_sidecar(kustomization: str, tmp_p
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_straggler_replace_component_grants_what_the_replacement_calls(kustomization: str, tmp_path: Path) -> None:
+    """deploy/components/straggler-replace, added as deploy/README.md says: the pods' service account may
+    patch (cordon) nodes and list and delete pods in the job's namespace (agent/slice_replace.py); without
+    the component it may not."""
+    rel = lambda p: os.path.relpath(REPO / p, tmp_path)  # noqa: E731  (kustomize wants relative roots)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-a\n"
+        f"resources:\n  - {rel(kustomization)}\ncomponents:\n  - {rel('deploy/components/straggler-replace')}\n"
+    )
+    proc = subprocess.run([_tool("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    (sa,) = by_name(docs, "ServiceAccount").values()
+    subject = {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "team-a"}
+
+    def grants(binding_kind: str, role_kind: str, rendered: tuple[dict[str, Any], ...]) -> set[tuple[str, str, str]]:
+        roles = by_name(rendered, role_kind)
+        return {
+            (g, res, v)
+            for b in of_kind(rendered, binding_kind)
+            if subject in b["subjects"] and b["roleRef"]["kind"] == role_kind
+            for r in roles[b["roleRef"]["name"]]["rules"]
+            for g in r["apiGroups"]
+            for res in r["resources"]
+            for v in r["verbs"]
+        }
+
+    role = [d for d in of_kind(docs, "Role") if "straggler" in d["metadata"]["name"]]
+    assert len(role) == 1 and role[0]["metadata"]["namespace"] == "team-a", "pods: the job's namespace only"
+    assert {("", "pods", "list"), ("", "pods", "delete")} <= grants("RoleBinding", "Role", docs)
+    assert ("", "nodes", "patch") in grants("ClusterRoleBinding", "ClusterRole", docs)
+    alone = render(kustomization)
+    subject["namespace"] = by_name(alone, "ServiceAccount")[sa["metadata"]["name"]]["metadata"]["namespace"]
+    without = grants("RoleBinding", "Role", alone) | grants("ClusterRoleBinding", "ClusterRole", alone)
+    assert not {("", "nodes", "patch"), ("", "pods", "delete")} & without, "off unless the component is added"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_images_are_pinned(kustomization: str) -> None:
     for pod in pods(kustomization):
         for c in pod.all_containers():
@@ -1416,7 +1454,8 @@ def test_dockerfile_builds_the_wheel_and_installs_with_constraints() -> None:
     for cmd in installs:
         assert "-c constraints.txt" in cmd, f"pip install without -c constraints.txt: {cmd}"
         extras = set(re.findall(r"\[([a-z0-9_,-]+)\]", cmd))
-        assert extras == {"pubsub,tpu"}, f"install only the pubsub and tpu extras, got {extras}"
+        # drill: the kubernetes client, for the coordinator's --straggler-replace.
+        assert extras == {"pubsub,tpu,drill"}, f"install only the pubsub, tpu and drill extras, got {extras}"
     text = DOCKERFILE.read_text()
     for bad in ("http://", "https://", " -i ", "--find-links", "[demo", "[test", ",test", ",demo"):
         assert bad not in text, f"Dockerfile contains {bad!r}"

@@ -51,6 +51,7 @@ COORDINATOR_METRICS = {
     "elastic_sidecar_straggler_max_lateness_ratio",
     "elastic_sidecar_straggler_step_slowdown_ratio",
     "elastic_sidecar_straggler_verdicts_total",
+    "elastic_sidecar_straggler_replacements_total",
 }
 WORKER_METRICS = {
     "elastic_sidecar_up",

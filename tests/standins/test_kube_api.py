@@ -143,3 +143,30 @@ def test_another_token_is_refused(api, tmp_path: Path) -> None:
     with client.ApiClient(cfg) as other, pytest.raises(ApiException) as e:
         client.CoreV1Api(other).list_namespaced_pod("team-a")
     assert e.value.status == 401
+
+
+def test_a_node_patch_cordons_it_as_kubectl_cordon_does_and_refusals_are_the_apis(tmp_path: Path) -> None:
+    standin = KubeAPIStandIn({"node-a": "pool-0", "node-b": "pool-1"}, token=TOKEN, refuse=set())
+    server = InThread(standin)
+    url = server.start()
+    cfg = client.Configuration()
+    kc = tmp_path / "kubeconfig"
+    write_kubeconfig(kc, url, TOKEN)
+    config.load_kube_config(config_file=str(kc), client_configuration=cfg)
+    try:
+        with client.ApiClient(cfg) as api_client:
+            core = client.CoreV1Api(api_client)
+            patched = core.patch_node("node-a", {"spec": {"unschedulable": True}})
+            assert patched.spec.unschedulable is True and standin.unschedulable == {"node-a"}
+            assert core.read_node("node-a").spec.unschedulable is True
+            assert not core.read_node("node-b").spec.unschedulable
+            with pytest.raises(ApiException) as e:
+                core.patch_node("node-c", {"spec": {"unschedulable": True}})
+            assert e.value.status == 404
+            standin.refuse.add("patch nodes")
+            with pytest.raises(ApiException) as e:
+                core.patch_node("node-b", {"spec": {"unschedulable": True}})
+            assert e.value.status == 403 and json.loads(e.value.body)["reason"] == "Forbidden"
+            assert standin.unschedulable == {"node-a"}
+    finally:
+        server.stop()
