@@ -20,6 +20,7 @@ from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Policy
 from agent.durable import fencing
+from agent.servers.status import coordinator_readiness
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.agent.coordinators import coordinator_config
 
@@ -87,7 +88,7 @@ async def test_a_forged_epoch_claim_is_ignored_and_the_coordinator_keeps_serving
         for who, proof in (("", b""), ("someone", b"x" * 32), ("someone", fencing.proof(None, JOB, 2**62, "x"))):
             first = await join(coord, 2**62, who, proof)
             assert first.HasField("registered") and first.registered.epoch == coord.epoch
-        assert coord.fenced_by == 0 and coord.readiness()["not_fenced"]
+        assert coord.fenced_by == 0 and coordinator_readiness(coord)["not_fenced"]
         assert await health(coord) == health_pb2.HealthCheckResponse.SERVING
         # The worker got this coordinator's own proof, which verifies.
         r = first.registered
@@ -111,7 +112,7 @@ async def test_a_verified_newer_epoch_fences_and_health_says_not_serving(tmp_pat
             await join(coord, newer, "c-newer", fencing.proof(TOKEN, JOB, newer, "c-newer"))
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert f"superseded by epoch {newer}" in (ei.value.details() or "")
-        assert coord.fenced_by == newer and coord.readiness()["not_fenced"] is False
+        assert coord.fenced_by == newer and coordinator_readiness(coord)["not_fenced"] is False
         for _ in range(50):
             if await health(coord) == health_pb2.HealthCheckResponse.NOT_SERVING:
                 break
