@@ -55,7 +55,7 @@ from agent.servers.feed import EventFeed
 from agent.slice_replace import SliceReplacer
 from agent.sources.heartbeat_datagrams import DatagramReceiver
 from agent.sources.peers import PEER_SERVICE, PeerService
-from agent.sources.pubsub import PubSubIntake, node_notice
+from agent.sources.pubsub import PubSubIntake, decide_notice
 from agent.sources.trainer_link import TRAINER_SERVICE, TrainerLinkService
 from agent.stragglers.collector import StragglerCollector
 from agent.trainer_group import TrainerGroup
@@ -426,7 +426,7 @@ class Coordinator:
         if cfg.pubsub_subscription:
             self.intake = PubSubIntake(
                 cfg.pubsub_subscription,
-                self._on_node_event,
+                lambda ev: decide_notice(ev, self.request, self.metrics),
                 cluster=cfg.cluster_name,
                 project=cfg.pubsub_project,
                 on_count=self.metrics.count_pubsub,
@@ -514,19 +514,6 @@ class Coordinator:
         serving = not self.decisions.wedged and not self.fenced_by
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         asyncio.get_running_loop().create_task(self.health.set("", status))
-
-    async def _on_node_event(self, ev: Any) -> None:
-        """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake
-        acks once this returns."""
-        wall, mono = time.time(), time.monotonic()
-        notice = node_notice(ev, wall, mono)
-        if ev.delivery_seconds is not None:
-            self.metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))
-        d = await self.request(notice)
-        if not d.outcome:
-            # From the message's arrival at this subscriber (the callback thread), not from this handler.
-            arrived = mono - max(0.0, wall - ev.received_at) if ev.received_at is not None else mono
-            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - arrived)
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False
