@@ -32,7 +32,6 @@ from agent.core.model import (
     ExitCoordinator,
     FlushTrainer,
     HoldTrainer,
-    Phase,
     PrepareTrainer,
     ReplaceSlice,
     ResumeTrainer,
@@ -40,25 +39,23 @@ from agent.core.model import (
     TellWorkers,
     Tick,
     TrainerFlushed,
-    TrainerResumed,
-    TrainerStepped,
 )
 from agent.durable import fencing, statefile
-from agent.durable.journal import Journal, action_record, event_detail
+from agent.durable.journal import Journal
 from agent.durable.lock import StateLock, lock_path
 from agent.durable.writer import StateWriter
 from agent.executors import TrainerExecutor, WorkerExecutor
 from agent.gc_freeze import GcFreezer
 from agent.links import EOF_GRACE_SECONDS, Link
-from agent.loop_watch import LoopWatch
+from agent.loop_watch import DecisionWatch, LoopWatch
 from agent.metrics import Metrics
-from agent.phase_clock import PhaseClock
+from agent.record import DecisionRecord
 from agent.servers import listen
 from agent.servers.feed import EventFeed
 from agent.slice_replace import SliceReplacer
 from agent.sources.heartbeat_datagrams import DatagramReceiver
 from agent.sources.peers import PEER_SERVICE, PeerService
-from agent.sources.pubsub import PubSubIntake, node_notice
+from agent.sources.pubsub import PubSubIntake, decide_notice
 from agent.sources.trainer_link import TRAINER_SERVICE, TrainerLinkService
 from agent.stragglers.collector import StragglerCollector
 from agent.trainer_group import TrainerGroup
@@ -70,9 +67,6 @@ TICK_SECONDS = 0.2
 is enough, and an idle coordinator should cost next to nothing."""
 STALL_SECONDS = 0.5
 """A tick this late means the event loop was blocked: liveness deadlines restart from its end."""
-DECISIONS_WEDGED_SECONDS = 10.0
-"""Events waiting and nothing decided for this long (or twice --durability-bound, if longer): the
-decision loop is wedged; readiness and gRPC health say so (see _check_decisions)."""
 GROUP_COMMIT_MAX = 1024
 """Most events decided before one state write (write-ahead still holds: all are durable before any acts)."""
 
@@ -98,14 +92,8 @@ class Coordinator:
         self.feed = EventFeed()
         """The newest decisions and their subscribers, for WatchEvents and the status page."""
         self._flush_waiters: list[tuple[int, asyncio.Future[TrainerFlushed]]] = []
-        self.last_reason = ""
-        self._recovery: int | None = None
-        """Generation of the hold that began the recovery in progress (its log operation id)."""
-        self._phases = PhaseClock()  # a recovery's phases, for the journal and the admin events stream
-        self._decided_at = time.monotonic()
-        """When the decision loop last finished a batch (monotonic)."""
-        self.decisions_wedged = False
-        """Events have waited past DECISIONS_WEDGED_SECONDS with nothing decided."""
+        self.decisions = DecisionWatch(self.cfg.durability_bound)
+        """The decision loop's watchdog (:mod:`agent.loop_watch`)."""
         self.stragglers = StragglerCollector.from_config(self.cfg, self.metrics)
         """Workers' metrics windows and step times into straggler verdicts (docs/stragglers.md)."""
 
@@ -135,24 +123,15 @@ class Coordinator:
         )
         """The state file under the write-ahead rule (:mod:`agent.durable.writer`)."""
         self.journal = Journal(cfg.journal, cfg.journal_max_bytes, self.metrics.journal_write_failures.inc)
+        self.records = DecisionRecord(self.feed, self.journal)
+        """Each decision to the log, the feed and the journal (:mod:`agent.record`)."""
         self.lock = StateLock(lock_path(cfg.state_dir, cfg.state_file))
         self.state_file_note = ""
         """What happened to the state file at start (restored, unreadable and moved aside, ...)."""
         self.state_file_problem = ""
         """Set when the state file found at start could not be used (it was moved aside)."""
-        self.epoch = 0
-        """This process's epoch: it grows at every coordinator start (fencing)."""
-        self.fenced_by = 0
-        """A newer coordinator's epoch, once a participant reported one: this one no longer steers."""
-        self.coordinator_id = fencing.new_coordinator_id()
-        """Who issues this process's epochs (part of their proof)."""
-        self.epoch_proof = b""
-        """The proof of :attr:`epoch` (agent.durable.fencing)."""
-        self._blind = True
-        """Started with no usable state file: its epoch rests on the wall clock."""
-        self._steered = False
-        """A command went to the trainer or the workers (a blind epoch can no longer be moved)."""
-        self._claims_ignored = 0
+        self.fencing = fencing.Epoch(cfg.peer_token, cfg.job)
+        """This process's epoch and whether a newer coordinator fenced it (:mod:`agent.durable.fencing`)."""
 
     def _init_servers(self) -> None:
         self.port: int = 0
@@ -181,6 +160,30 @@ class Coordinator:
     def trainer(self) -> Link | None:
         """The link of trainer process 0 (the only one unless multi-controller)."""
         return self.trainer_conns.get(0)
+
+    @property
+    def last_reason(self) -> str:
+        return self.records.last_reason
+
+    @property
+    def decisions_wedged(self) -> bool:
+        return self.decisions.wedged
+
+    @property
+    def epoch(self) -> int:
+        return self.fencing.epoch
+
+    @property
+    def epoch_proof(self) -> bytes:
+        return self.fencing.proof
+
+    @property
+    def coordinator_id(self) -> str:
+        return self.fencing.coordinator_id
+
+    @property
+    def fenced_by(self) -> int:
+        return self.fencing.fenced_by
 
     # -- sources -------------------------------------------------------------
 
@@ -211,15 +214,10 @@ class Coordinator:
         file_epoch = 0
         if loaded.restored is not None:
             self.state, file_epoch = loaded.restored.state, loaded.restored.epoch
-        self._blind = cfg.state_file is None or not loaded.note or bool(loaded.problem)
-        self._take_epoch(fencing.next_epoch(None if self._blind else file_epoch))
+        self.fencing.blind = cfg.state_file is None or not loaded.note or bool(loaded.problem)
+        self.fencing.take(fencing.next_epoch(None if self.fencing.blind else file_epoch))
         self.metrics.epoch.set(self.epoch)
         self.metrics.state_durable.set(1 if self.durable else 0)
-
-    def _take_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.epoch_proof = fencing.proof(self.cfg.peer_token, self.cfg.job, epoch, self.coordinator_id)
-        self.metrics.epoch.set(epoch)
 
     async def epoch_claim(self, epoch: int, coordinator: str, proof: bytes, who: str) -> None:
         """A participant says it has seen ``epoch`` (above ours): believe it only if its proof verifies.
@@ -227,31 +225,28 @@ class Coordinator:
         Verified: a blind start that has not steered yet moves above it (durable before it is
         used); otherwise this coordinator is fenced. Not verified: logged and ignored.
         """
-        if epoch <= self.epoch:
-            return
-        if not fencing.verify(self.cfg.peer_token, self.cfg.job, epoch, coordinator, proof):
-            self._claims_ignored += 1
-            log.warning(
-                "a newer coordinator epoch was claimed without a valid proof; ignored (not fencing)",
-                claimed_epoch=epoch,
-                epoch=self.epoch,
-                reported_by=who,
-                claims_ignored=self._claims_ignored,
-            )
-            return
-        if self._blind and not self._steered and not self.fenced_by:
-            old = self.epoch
-            self._take_epoch(fencing.next_epoch(None, seen=epoch))
-            log.warning(
-                "started without a state file below an epoch already issued; taking the next one above it",
-                epoch=self.epoch,
-                was=old,
-                seen_epoch=epoch,
-                reported_by=who,
-            )
-            await self._make_durable()
-            return
-        self.fence(epoch, who)
+        old = self.epoch
+        match self.fencing.claim(epoch, coordinator, proof):
+            case "unproven":
+                log.warning(
+                    "a newer coordinator epoch was claimed without a valid proof; ignored (not fencing)",
+                    claimed_epoch=epoch,
+                    epoch=self.epoch,
+                    reported_by=who,
+                    claims_ignored=self.fencing.claims_ignored,
+                )
+            case "moved":
+                self.metrics.epoch.set(self.epoch)
+                log.warning(
+                    "started without a state file below an epoch already issued; taking the next one above it",
+                    epoch=self.epoch,
+                    was=old,
+                    seen_epoch=epoch,
+                    reported_by=who,
+                )
+                await self._make_durable()
+            case "fenced":
+                self.fence(epoch, who)
 
     @property
     def durable(self) -> bool:
@@ -298,7 +293,7 @@ class Coordinator:
                         log.exception("failed to carry out an action", action=type(a).__name__)
                 if fut is not None and not fut.done():
                     fut.set_result(d)
-            self._decided_at = time.monotonic()
+            self.decisions.decided_at = time.monotonic()
 
     def apply(self, ev: Event, now: float) -> Decision:
         """Decide on one event and record the decision (log, journal, feed, metrics).
@@ -315,51 +310,8 @@ class Coordinator:
                 if ev.generation >= g and not f.done():
                     f.set_result(ev)
         self.stragglers.note(ev, d, before, time.time(), now)
-        self._record(ev, d, before, self._phases.observe(ev, d, before, now))
+        self.records.record(ev, d, before, now)
         return d
-
-    def _record(self, ev: Event, d: Decision, before: State, phases: dict[str, float]) -> None:
-        quiet = isinstance(ev, (Tick, TrainerStepped)) and not d.actions and d.state.phase == before.phase
-        if quiet and not phases:
-            return
-        s = d.state
-        fields: dict[str, Any] = {
-            "trigger": type(ev).__name__,
-            "phase": str(s.phase),
-            "generation": s.generation,
-            "active_slices": sorted(s.active),
-            "up_slices": sorted(s.up_slices()),
-            "actions": [action_record(a) for a in d.actions],
-            **({"phases": {k: round(v, 6) for k, v in phases.items()}} if phases else {}),
-        }
-        flags: dict[str, bool] = {}
-        if self._recovery is None and any(isinstance(a, HoldTrainer) for a in d.actions):
-            self._recovery = s.generation
-            flags["first"] = True
-        if self._recovery is not None:
-            fields["operation"] = f"recovery-{self._recovery}"
-            resumed = (
-                isinstance(ev, TrainerResumed)
-                and ev.generation == s.generation
-                and s.phase == Phase.RUNNING
-                and not s.trainer.resume_pending
-            )
-            if resumed or s.phase.terminal:
-                flags["last"] = True
-                self._recovery = None
-        log.info(d.reason, **fields, **({"operation_flags": flags} if flags else {}))
-        self.last_reason = d.reason
-        rec = {"time": time.time(), "reason": d.reason, **{k: v for k, v in fields.items() if k != "operation"}}
-        self.feed.publish(rec)
-        if self.journal.file is not None:
-            rec = {
-                "time": time.time(),
-                "reason": d.reason,
-                **fields,
-                "retries_used": s.retries_used,
-                "event_detail": event_detail(ev),
-            }
-            self.journal.append(logmod.bounded(rec) + "\n")  # at most log.MAX_LINE_BYTES
 
     # -- executors -----------------------------------------------------------
 
@@ -369,10 +321,10 @@ class Coordinator:
             return
         match a:
             case HoldTrainer() | ResumeTrainer() | AbortTrainer() | FlushTrainer() | PrepareTrainer():
-                self._steered = True
+                self.fencing.steered = True
                 self.to_trainer.carry_out(a)
             case TellWorkers():
-                self._steered = True
+                self.fencing.steered = True
                 self.to_workers.carry_out(a)
             case ReplaceSlice():
                 if self.replacer is not None:
@@ -386,7 +338,7 @@ class Coordinator:
         """A participant has seen a newer coordinator: stop steering, say so."""
         if newer_epoch <= self.epoch or newer_epoch <= self.fenced_by:
             return
-        self.fenced_by = newer_epoch
+        self.fencing.fenced_by = newer_epoch
         self.metrics.fenced.set(1)
         # Its liveness probe (gRPC health) must see it: a fenced coordinator steers nothing.
         asyncio.get_running_loop().create_task(self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING))
@@ -474,7 +426,7 @@ class Coordinator:
         if cfg.pubsub_subscription:
             self.intake = PubSubIntake(
                 cfg.pubsub_subscription,
-                self._on_node_event,
+                lambda ev: decide_notice(ev, self.request, self.metrics),
                 cluster=cfg.cluster_name,
                 project=cfg.pubsub_project,
                 on_count=self.metrics.count_pubsub,
@@ -512,7 +464,12 @@ class Coordinator:
             )
         if cfg.http_listen is not None:
             from agent.servers.http import start_http_server
-            from agent.servers.status import coordinator_status, status_document
+            from agent.servers.status import (
+                coordinator_readiness,
+                coordinator_status,
+                readiness_reasons,
+                status_document,
+            )
 
             def status() -> dict[str, Any]:
                 doc = status_document(coordinator_status(self), self.feed)
@@ -523,34 +480,10 @@ class Coordinator:
             self.http = await start_http_server(
                 cfg.http_listen,
                 status=status,
-                ready=self.readiness,
+                ready=lambda: coordinator_readiness(self),
                 registry=self.metrics.registry,
-                reasons=self.readiness_reasons,
+                reasons=lambda: readiness_reasons(self),
             )
-
-    def readiness(self) -> dict[str, bool]:
-        """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
-        # Not the Pub/Sub intake: notices are an optimisation, and a subscription or
-        # permission mistake must not keep the job from starting (it shows in /status).
-        checks = {
-            "grpc": self.serving,
-            "not_fenced": not self.fenced_by,
-            "state_durable": self.durable,
-            "deciding": not self.decisions_wedged,
-        }
-        if self.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
-            checks["trainer"] = self.state.trainer.attached
-        return checks
-
-    def readiness_reasons(self) -> dict[str, str]:
-        """Why a failing readiness check fails (/readyz shows it beside the check)."""
-        return {
-            "not_fenced": f"a newer coordinator (epoch {self.fenced_by}) took over" if self.fenced_by else "",
-            "state_durable": self.durability_problem,
-            "deciding": "the decision loop is wedged: events wait and nothing was decided"
-            if self.decisions_wedged
-            else "",
-        }
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -574,38 +507,13 @@ class Coordinator:
             self.submit(Tick())
 
     def _check_decisions(self, now: float) -> None:
-        """Events waiting and nothing decided for long: the decision loop is wedged (awaiting something that
-        never returns). Not ready, and NOT_SERVING on gRPC health, the liveness probe's, so that a loop that
-        cannot recover by itself is restarted; SERVING again if it moves (and this coordinator is not fenced)."""
-        limit = max(DECISIONS_WEDGED_SECONDS, 2 * self.cfg.durability_bound)
-        wedged = not self.events.empty() and now - self._decided_at > limit
-        if wedged == self.decisions_wedged:
+        """A wedged decision loop is NOT_SERVING on gRPC health, the liveness probe's (:class:`DecisionWatch`);
+        SERVING again once it moves, unless this coordinator is fenced."""
+        if not self.decisions.changed(now, self.events.qsize()):
             return
-        self.decisions_wedged = wedged
-        serving = not wedged and not self.fenced_by
-        if wedged:
-            log.error(
-                "decision loop wedged: events are waiting and nothing was decided; not ready, NOT_SERVING",
-                seconds=round(now - self._decided_at, 1),
-                queued=self.events.qsize(),
-            )
-        else:
-            log.warning("decision loop deciding again")
+        serving = not self.decisions.wedged and not self.fenced_by
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         asyncio.get_running_loop().create_task(self.health.set("", status))
-
-    async def _on_node_event(self, ev: Any) -> None:
-        """A parsed Pub/Sub notice (:class:`agent.sources.gke_events.NodeEvent`): decide on it; the intake
-        acks once this returns."""
-        wall, mono = time.time(), time.monotonic()
-        notice = node_notice(ev, wall, mono)
-        if ev.delivery_seconds is not None:
-            self.metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))
-        d = await self.request(notice)
-        if not d.outcome:
-            # From the message's arrival at this subscriber (the callback thread), not from this handler.
-            arrived = mono - max(0.0, wall - ev.received_at) if ev.received_at is not None else mono
-            self.metrics.observe_notice_delivery("pubsub", time.monotonic() - arrived)
 
     async def stop(self, grace: float = 1.0) -> None:
         self.serving = False

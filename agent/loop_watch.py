@@ -1,5 +1,6 @@
 """Stalls of the coordinator's own event loop, and heartbeat datagrams the kernel dropped: time in which
-nobody can be judged silent, because the loop could not read what arrived."""
+nobody can be judged silent, because the loop could not read what arrived. And the decision loop's
+watchdog: events waiting with nothing decided."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ STALL_KEPT = 20
 """Durations of the newest stalls kept for the status page."""
 DROPS_LOG_SECONDS = 10.0
 """At most one warning about dropped datagrams this often."""
+DECISIONS_WEDGED_SECONDS = 10.0
+"""Events waiting and nothing decided for this long (or twice --durability-bound, if longer): the
+decision loop is wedged; readiness and gRPC health say so (see DecisionWatch)."""
 
 
 class LoopWatch:
@@ -63,3 +67,33 @@ class LoopWatch:
             # Of which Python's garbage collector (full collections grow with the objects live: the workers).
             gc_seconds=round(self.gc_clock.seconds_since(time.monotonic() - lag), 3),
         )
+
+
+class DecisionWatch:
+    """Events waiting and nothing decided for long: the decision loop is wedged (awaiting something that
+    never returns). The coordinator then reports not ready, and NOT_SERVING on gRPC health, the liveness
+    probe's, so that a loop that cannot recover by itself is restarted; SERVING again if it moves."""
+
+    def __init__(self, durability_bound: float) -> None:
+        self.durability_bound = durability_bound
+        self.decided_at = time.monotonic()
+        """When the decision loop last finished a batch (monotonic)."""
+        self.wedged = False
+        """Events have waited past DECISIONS_WEDGED_SECONDS with nothing decided."""
+
+    def changed(self, now: float, queued: int) -> bool:
+        """Whether :attr:`wedged` changed with this check (``queued``: events waiting to be decided)."""
+        limit = max(DECISIONS_WEDGED_SECONDS, 2 * self.durability_bound)
+        wedged = queued > 0 and now - self.decided_at > limit
+        if wedged == self.wedged:
+            return False
+        self.wedged = wedged
+        if wedged:
+            log.error(
+                "decision loop wedged: events are waiting and nothing was decided; not ready, NOT_SERVING",
+                seconds=round(now - self.decided_at, 1),
+                queued=queued,
+            )
+        else:
+            log.warning("decision loop deciding again")
+        return True

@@ -77,3 +77,41 @@ def next_epoch(file_epoch: int | None, seen: int = 0, wall_ms: int | None = None
     if file_epoch is not None:
         return base
     return max(base, int(time.time() * 1000) if wall_ms is None else wall_ms)
+
+
+class Epoch:
+    """One coordinator process's epoch, its proof, and the newer epoch that fenced it (0: none)."""
+
+    def __init__(self, token: BearerToken | None, job: str) -> None:
+        self.token = token
+        self.job = job
+        self.coordinator_id = new_coordinator_id()
+        """Who issues this process's epochs (part of their proof)."""
+        self.epoch = 0
+        """It grows at every coordinator start."""
+        self.proof = b""
+        self.fenced_by = 0
+        """A newer coordinator's epoch, once a participant reported one: this one no longer steers."""
+        self.blind = True
+        """Started with no usable state file: its epoch rests on the wall clock."""
+        self.steered = False
+        """A command went to the trainer or the workers (a blind epoch can no longer be moved)."""
+        self.claims_ignored = 0
+
+    def take(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.proof = proof(self.token, self.job, epoch, self.coordinator_id)
+
+    def claim(self, epoch: int, coordinator: str, claimed: bytes) -> str:
+        """A participant says it has seen ``epoch``: ``"older"`` (not above ours), ``"unproven"`` (its proof
+        does not verify: ignored), ``"moved"`` (a blind start that has not steered took the next epoch above
+        it) or ``"fenced"`` (a newer coordinator exists: the caller stops steering)."""
+        if epoch <= self.epoch:
+            return "older"
+        if not verify(self.token, self.job, epoch, coordinator, claimed):
+            self.claims_ignored += 1
+            return "unproven"
+        if self.blind and not self.steered and not self.fenced_by:
+            self.take(next_epoch(None, seen=epoch))
+            return "moved"
+        return "fenced"

@@ -60,6 +60,16 @@ class CoordinatorView(Protocol):
     def state_file_problem(self) -> str: ...
 
     @property
+    def serving(self) -> bool:
+        """The peer and trainer-link server is up."""
+        ...
+
+    @property
+    def decisions_wedged(self) -> bool:
+        """Events have waited long with nothing decided."""
+        ...
+
+    @property
     def trainer_conns(self) -> Mapping[int, object]:
         """Attached trainer processes, by process index."""
         ...

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import descriptor, json_format
 
-from agent.core.model import State
+from agent.core.model import Phase, State
 from agent.servers.contract import CoordinatorView, WorkerView
 from agent.servers.feed import Feed, Record
 from protos.elastic_sidecar.v1 import admin_pb2
@@ -143,6 +143,30 @@ def coordinator_status(c: CoordinatorView) -> admin_pb2.Status:
         trainer_processes_attached=sorted(c.trainer_conns),
         **straggler_fields(getattr(c, "stragglers", None)),
     )
+
+
+def coordinator_readiness(c: CoordinatorView) -> dict[str, bool]:
+    """What /readyz checks. Worker sidecars are not waited for: this pod starts first."""
+    # Not the Pub/Sub intake: notices are an optimisation, and a subscription or
+    # permission mistake must not keep the job from starting (it shows in /status).
+    checks = {
+        "grpc": c.serving,
+        "not_fenced": not c.fenced_by,
+        "state_durable": c.durable,
+        "deciding": not c.decisions_wedged,
+    }
+    if c.state.phase in (Phase.RUNNING, Phase.HOLDING, Phase.WAITING):
+        checks["trainer"] = c.state.trainer.attached
+    return checks
+
+
+def readiness_reasons(c: CoordinatorView) -> dict[str, str]:
+    """Why a failing readiness check fails (/readyz shows it beside the check)."""
+    return {
+        "not_fenced": f"a newer coordinator (epoch {c.fenced_by}) took over" if c.fenced_by else "",
+        "state_durable": c.durability_problem,
+        "deciding": "the decision loop is wedged: events wait and nothing was decided" if c.decisions_wedged else "",
+    }
 
 
 def straggler_fields(collector: Any) -> dict[str, Any]:

@@ -55,13 +55,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agent import log as agent_log
-from agent.core.model import NodeNotice
+from agent.core.model import Decision, Event, NodeNotice
 from agent.sources.gke_events import Kind, NodeEvent, Rejected, parse
 
 if TYPE_CHECKING:
     from google.cloud.pubsub_v1 import SubscriberClient
     from google.cloud.pubsub_v1.subscriber.futures import StreamingPullFuture
     from google.cloud.pubsub_v1.subscriber.message import Message
+
+    from agent.metrics import Metrics
 
 Handler = Callable[[NodeEvent], Awaitable[object] | concurrent.futures.Future[Any] | None]
 """Records one event. Called on the intake's asyncio loop; may be ``async``, or
@@ -538,3 +540,17 @@ def node_notice(ev: NodeEvent, wall: float, mono: float) -> NodeNotice:
         starts_at=clock(ev.start) if str(ev.kind) == "scheduled" else None,
         ends_at=clock(ev.end),
     )
+
+
+async def decide_notice(ev: NodeEvent, request: Callable[[Event], Awaitable[Decision]], metrics: Metrics) -> None:
+    """The coordinator's handler: decide on a parsed notice (``request``: submit and wait for the decision);
+    the intake acks once this returns."""
+    wall, mono = time.time(), time.monotonic()
+    notice = node_notice(ev, wall, mono)
+    if ev.delivery_seconds is not None:
+        metrics.pubsub_delivery_seconds.observe(max(0.0, ev.delivery_seconds))
+    d = await request(notice)
+    if not d.outcome:
+        # From the message's arrival at this subscriber (the callback thread), not from this handler.
+        arrived = mono - max(0.0, wall - ev.received_at) if ev.received_at is not None else mono
+        metrics.observe_notice_delivery("pubsub", time.monotonic() - arrived)

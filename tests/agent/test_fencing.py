@@ -20,6 +20,7 @@ from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Policy
 from agent.durable import fencing
+from agent.servers.status import coordinator_readiness
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.agent.coordinators import coordinator_config
 
@@ -81,13 +82,33 @@ def test_a_new_epoch_rests_on_the_state_file_and_the_wall_clock_only_without_one
     assert fencing.next_epoch(None, seen=5000, wall_ms=1000) == 5001  # never below what was seen
 
 
+def test_an_epoch_claim_is_older_unproven_moves_a_blind_start_or_fences() -> None:
+    e = fencing.Epoch(TOKEN, JOB)
+    e.take(10)
+    assert fencing.verify(TOKEN, JOB, 10, e.coordinator_id, e.proof)
+    assert e.claim(10, "c-other", fencing.proof(TOKEN, JOB, 10, "c-other")) == "older"
+    previous = 10**15  # above any wall-clock floor (milliseconds)
+    assert e.claim(previous, "c-other", b"x" * 32) == "unproven" and e.claims_ignored == 1
+    # Blind and not yet steered: it takes the next epoch above the verified one.
+    assert e.claim(previous, "c-other", fencing.proof(TOKEN, JOB, previous, "c-other")) == "moved"
+    assert e.epoch == previous + 1 and fencing.verify(TOKEN, JOB, previous + 1, e.coordinator_id, e.proof)
+    e.steered = True
+    newer = previous + 50
+    assert e.claim(newer, "c-newer", fencing.proof(TOKEN, JOB, newer, "c-newer")) == "fenced"
+    assert e.epoch == previous + 1 and e.fenced_by == 0  # the caller fences
+    restored = fencing.Epoch(TOKEN, JOB)
+    restored.blind = False  # its epoch came from a state file: a newer one fences it
+    restored.take(10)
+    assert restored.claim(20, "c-newer", fencing.proof(TOKEN, JOB, 20, "c-newer")) == "fenced"
+
+
 async def test_a_forged_epoch_claim_is_ignored_and_the_coordinator_keeps_serving(tmp_path: Path) -> None:
     coord = await started(tmp_path / "state")
     try:
         for who, proof in (("", b""), ("someone", b"x" * 32), ("someone", fencing.proof(None, JOB, 2**62, "x"))):
             first = await join(coord, 2**62, who, proof)
             assert first.HasField("registered") and first.registered.epoch == coord.epoch
-        assert coord.fenced_by == 0 and coord.readiness()["not_fenced"]
+        assert coord.fenced_by == 0 and coordinator_readiness(coord)["not_fenced"]
         assert await health(coord) == health_pb2.HealthCheckResponse.SERVING
         # The worker got this coordinator's own proof, which verifies.
         r = first.registered
@@ -111,7 +132,7 @@ async def test_a_verified_newer_epoch_fences_and_health_says_not_serving(tmp_pat
             await join(coord, newer, "c-newer", fencing.proof(TOKEN, JOB, newer, "c-newer"))
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert f"superseded by epoch {newer}" in (ei.value.details() or "")
-        assert coord.fenced_by == newer and coord.readiness()["not_fenced"] is False
+        assert coord.fenced_by == newer and coordinator_readiness(coord)["not_fenced"] is False
         for _ in range(50):
             if await health(coord) == health_pb2.HealthCheckResponse.NOT_SERVING:
                 break

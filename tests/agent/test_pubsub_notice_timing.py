@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from agent.coordinator import Coordinator
 from agent.core.model import WorkerJoined
 from agent.sources.gke_events import NodeEvent, parse
+from agent.sources.pubsub import decide_notice
 from simjob import notice_samples as S
 from tests.agent.coordinators import in_memory_coordinator
 
@@ -32,7 +33,7 @@ async def test_pubsub_notice_metrics_count_delivery_and_decision_from_receipt() 
         # As the intake hands it on: received 0.3 s ago, 0.1 s after Pub/Sub published it.
         received = time.time() - 0.3
         ev = replace(ev, received_at=received, delivery_seconds=0.1)
-        await coord._on_node_event(ev)
+        await decide_notice(ev, coord.request, coord.metrics)
     finally:
         await coord.stop(grace=0.1)
     assert sample(coord, "pubsub_delivery_seconds_count") == 1

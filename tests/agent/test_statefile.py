@@ -47,6 +47,7 @@ from agent.core.model import (
     initial_state,
 )
 from agent.durable import statefile
+from agent.servers.status import coordinator_readiness, readiness_reasons
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.agent.coordinators import coordinator_config as shared_config
 
@@ -500,14 +501,14 @@ async def test_writes_failing_hold_actions_until_the_bound_then_act_and_catch_up
         assert "ResumeTrainer" in sent and waited >= 0.5  # carried out only after the bound
         assert d.state.phase == Phase.RUNNING
         assert not coord.durable and "No space left" in coord.durability_problem
-        assert coord.readiness()["state_durable"] is False
+        assert coordinator_readiness(coord)["state_durable"] is False
         assert json.loads((state_dir / "state.json").read_text())["phase"] == "starting"  # the file is behind
         failing["on"] = False
         for _ in range(50):
             await asyncio.sleep(0.1)
             if coord.durable:
                 break
-        assert coord.durable and coord.readiness()["state_durable"]
+        assert coord.durable and coordinator_readiness(coord)["state_durable"]
         assert json.loads((state_dir / "state.json").read_text())["phase"] == "running"
     finally:
         await coord.stop(grace=0.1)
@@ -591,7 +592,7 @@ async def test_a_hung_state_write_is_a_failed_one_the_hold_goes_out_and_readines
         assert d.state.phase == Phase.HOLDING and "HoldTrainer" in sent
         assert 0.5 <= waited < 5, waited  # bounded: carried out after --durability-bound
         assert not coord.durable and "stalled disk" in coord.durability_problem
-        assert coord.readiness()["state_durable"] is False
+        assert coordinator_readiness(coord)["state_durable"] is False
         assert coord.metrics.state_durable._value.get() == 0  # noqa: SLF001
         # The loop still decides, at once: no new write starts behind the hung one.
         t0 = time.monotonic()
@@ -607,7 +608,7 @@ async def test_a_hung_state_write_is_a_failed_one_the_hold_goes_out_and_readines
             await asyncio.sleep(0.1)
             if coord.durable:
                 break
-        assert coord.durable and coord.readiness()["state_durable"]
+        assert coord.durable and coordinator_readiness(coord)["state_durable"]
         assert json.loads((state_dir / "state.json").read_text())["generation"] == coord.state.generation
     finally:
         release.set()
@@ -642,7 +643,7 @@ async def test_participants_with_a_newer_epoch_fence_the_older_coordinator(tmp_p
                 await call.read()
             assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert f"superseded by epoch {coord.epoch + 5}" in (ei.value.details() or "")
-        assert coord.fenced_by == coord.epoch + 5 and coord.readiness()["not_fenced"] is False
+        assert coord.fenced_by == coord.epoch + 5 and coordinator_readiness(coord)["not_fenced"] is False
         async with grpc.aio.insecure_channel(f"127.0.0.1:{coord.trainer_port}") as ch:
             call = trainer_pb2_grpc.TrainerLinkStub(ch).Attach()
             with pytest.raises(grpc.aio.AioRpcError) as ei:
@@ -830,9 +831,9 @@ async def test_a_wedged_decision_loop_is_not_ready_and_not_serving(
     say so, and serve again once it moves."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    import agent.coordinator as coordinator_module
+    import agent.loop_watch as loop_watch_module
 
-    monkeypatch.setattr(coordinator_module, "DECISIONS_WEDGED_SECONDS", 1.0)
+    monkeypatch.setattr(loop_watch_module, "DECISIONS_WEDGED_SECONDS", 1.0)
     coord = Coordinator(coordinator_config(tmp_path / "state", durability_bound=0.2))
     await coord.start()
     gate = asyncio.Event()
@@ -848,15 +849,15 @@ async def test_a_wedged_decision_loop_is_not_ready_and_not_serving(
             return reply.status
 
     try:
-        assert await health() == health_pb2.HealthCheckResponse.SERVING and coord.readiness()["deciding"]
+        assert await health() == health_pb2.HealthCheckResponse.SERVING and coordinator_readiness(coord)["deciding"]
         coord._make_durable = stuck  # type: ignore[method-assign]
         coord.submit(WorkerJoined(0, 0, "a"))  # a write is due: the loop waits in stuck()
         for _ in range(100):
             await asyncio.sleep(0.1)
             if coord.decisions_wedged:
                 break
-        assert coord.readiness()["deciding"] is False
-        assert "wedged" in coord.readiness_reasons()["deciding"]
+        assert coordinator_readiness(coord)["deciding"] is False
+        assert "wedged" in readiness_reasons(coord)["deciding"]
         await asyncio.sleep(0.1)
         assert await health() == health_pb2.HealthCheckResponse.NOT_SERVING
         gate.set()
@@ -864,7 +865,7 @@ async def test_a_wedged_decision_loop_is_not_ready_and_not_serving(
             await asyncio.sleep(0.1)
             if not coord.decisions_wedged:
                 break
-        assert coord.readiness()["deciding"] is True
+        assert coordinator_readiness(coord)["deciding"] is True
         await asyncio.sleep(0.1)
         assert await health() == health_pb2.HealthCheckResponse.SERVING
         assert (0, 0) in coord.state.hosts
