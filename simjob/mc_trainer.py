@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from simjob.commits import PeriodicCommits
+from simjob.slowdowns import SlowFile
+from simjob.steps import end_step, resumed
 from simjob.trainer import EventLog
 from trainer_hooks import AbortTraining, Directive, ElasticSession
 from trainer_hooks.orbax_flush import OrbaxFlusher
@@ -90,6 +92,7 @@ class McTrainer:
             ),
         )
         self.state: Any = None
+        self.slow = SlowFile(None)  # the demo's slow faults are single-controller only
         self.active: list[int] = []
         self.step_fn = self._build_step_fn()
         self.session: Any = (
@@ -166,21 +169,8 @@ class McTrainer:
         else:
             self.manager.wait_until_finished()
             self.state, step, restored_from = self._restore()
-        dt = time.monotonic() - t0
         self.active = list(d.active_slices)
-        self.session.resumed(d, step, restored_from, dt)
-        self.events(
-            "resumed",
-            {
-                "generation": d.generation,
-                "from_step": step,
-                "slices": list(d.active_slices),
-                "restored_from": restored_from,
-                "rebuild_seconds": dt,
-                "reason": d.reason,
-                "process": self.jax.process_index(),
-            },
-        )
+        resumed(self.session, self.events, d, step, restored_from, t0, {"process": self.jax.process_index()})
         return step
 
     def _collective_failed(self, step: int, err: Exception) -> None:
@@ -212,24 +202,10 @@ class McTrainer:
                 if self.session is None:
                     raise
                 self._collective_failed(step, e)
-            pad = ns.step_seconds - (time.monotonic() - t0)
-            if pad > 0:
-                time.sleep(pad)
             step += 1
-            dt = time.monotonic() - t0
-            if self.session is not None:
-                self.session.report_step(step, dt)
+            fields = end_step(self.session, step, t0, ns.step_seconds, self.active, self.slow, loss_v)
             self.commits.poll()
-            self.events(
-                "step",
-                {
-                    "step": step,
-                    "seconds": dt,
-                    "loss": loss_v,
-                    "slices": self.active,
-                    "generation": 0 if self.session is None else self.session.generation,
-                },
-            )
+            self.events("step", fields)
             if step % ns.checkpoint_period == 0:
                 try:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(self.state)))

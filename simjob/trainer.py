@@ -27,7 +27,8 @@ from typing import Any
 
 from simjob.commits import PeriodicCommits
 from simjob.slowdowns import SlowFile
-from simjob.trainer_numpy import NumpyTrainer
+from simjob.steps import end_step, resumed
+from simjob.trainer_numpy import NumpyTrainer, slices_named
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.interval import SnapshotInterval
 from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, snapshot_every_arg, state_layout
@@ -35,12 +36,6 @@ from trainer_hooks.orbax_flush import OrbaxFlusher
 
 SNAPSHOT_REPORT_EVERY = 50
 """Snapshots handed over between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
-
-
-def _slices_named(err: BaseException) -> set[int]:
-    import re
-
-    return {int(m) for m in re.findall(r"slice (\d+)", str(err))}
 
 
 def surviving(state: Any, slice_of: Any, exclude: frozenset[int]) -> Any | None:
@@ -675,16 +670,14 @@ class Trainer:
         self.active = d.active_slices
         if self.ns.donate and self.ns.snapshot_every != 0:
             self.snapshots.configure(state_layout(self.mesh, self.state, self.slice_devices))
-        dt = time.monotonic() - t0
-        self.session.resumed(d, step, restored_from, dt)
-        self.events(
-            "resumed",
+        resumed(
+            self.session,
+            self.events,
+            d,
+            step,
+            restored_from,
+            t0,
             {
-                "generation": d.generation,
-                "from_step": step,
-                "slices": list(d.active_slices),
-                "restored_from": restored_from,
-                "rebuild_seconds": dt,
                 # Of which waiting for a periodic save in flight, to know the newest committed step
                 # (none when the live state or the failed step's own snapshot stood in).
                 "checkpoint_wait_seconds": round(waited or 0.0, 4),
@@ -709,7 +702,6 @@ class Trainer:
                 "restored_t": restored_at,
                 "restore_source": restore_source,
                 "restore_bytes": nbytes_per_replica(self.state),
-                "reason": d.reason,
             },
         )
         return step
@@ -742,7 +734,7 @@ class Trainer:
             except self.jax.errors.JaxRuntimeError as e:
                 if not is_slice_down(e):
                     raise
-                lost = sorted((self.runtime.lost_slices() & set(self.active)) | _slices_named(e))
+                lost = sorted((self.runtime.lost_slices() & set(self.active)) | slices_named(e))
                 # Their replicas are gone even if a replacement is up by the time the hold ends.
                 self._seen_lost |= frozenset(lost)
                 self.events("step_failed", {"step": step + 1, "slices": lost, "error": str(e)[:200]})
@@ -750,34 +742,20 @@ class Trainer:
                 step = self._apply(self.session.slice_error(step, e, lost), step)
                 continue
             self.state = new_state
-            pad = ns.step_seconds - (time.monotonic() - t0)
-            if pad > 0:
-                time.sleep(pad)
-            # A synchronous step waits for its slowest slice: the step's work, that many times as long.
-            factor, slowed = self.slow.step_factor(self.active)
-            if factor > 1.0:
-                time.sleep((time.monotonic() - t0) * (factor - 1.0))
             step += 1
-            dt = time.monotonic() - t0
-            self.session.report_step(step, dt)
+            fields = end_step(self.session, step, t0, ns.step_seconds, self.active, self.slow, loss_v)
             committed = self.commits.poll()
             if committed is not None and self.interval.off:
                 self._drop_snapshots(committed)
             self.events(
                 "step",
                 {
-                    "step": step,
-                    "seconds": dt,
+                    **fields,
                     # What the boundary before the step took: the hooks' check and the fault stand-in,
                     # then handing the state to the Snapshotter (its copy runs on beside the step).
                     "boundary_seconds": round(ts - tb, 4),
                     "snapshot": saved,
                     "snapshot_seconds": round(t0 - ts, 4),
-                    "loss": loss_v,
-                    "slices": list(self.active),
-                    "generation": self.session.generation,
-                    # The demo's slow faults on this step's slices (the harness's stand-in metrics follow them).
-                    **({"slowdowns": {str(k): v for k, v in slowed.items()}} if slowed else {}),
                 },
             )
             if step % ns.checkpoint_period == 0:
