@@ -2,7 +2,7 @@
 
 As the single-controller demo (:mod:`simjob.harness`: the coordinator, one
 stand-in Pathways worker and one worker sidecar per host, the stand-in
-provisioner), but the trainer is :mod:`simjob.mc_trainer` started once per
+provisioner), but the trainer (its mode :mod:`simjob.mc_trainer`) is started once per
 host, joined by ``jax.distributed`` on loopback with CPU (gloo) collectives.
 The coordinator runs with ``--trainer-processes N``.
 
@@ -57,8 +57,8 @@ from simjob.demo_common import (
 )
 from simjob.demo_common import flags as _flags
 from simjob.harness import Demo, Job
-from simjob.mc_trainer import events_path
 from simjob.options import MC_DEFAULT_FAULTS, MC_KINDS, FaultSpec
+from simjob.steps import events_path
 from simjob.summary import read_jsonl, render
 
 RESTART_EXIT_CODES = frozenset({42, *range(127, 256)})
@@ -117,7 +117,7 @@ class McJob(Job):
                 "ELASTIC_SIDECAR_ADDRESS": self.trainer_addr,
                 "ELASTIC_SIDECAR_JOB": "elastic-demo",
             }
-            cmd = [PY, "-m", "simjob.mc_trainer"] + _flags(
+            cmd = [PY, "-m", "simjob.trainer", "--mode", "multi-controller"] + _flags(
                 sidecar=self.trainer_addr,
                 job="elastic-demo",
                 workdir=self.workdir,

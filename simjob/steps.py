@@ -3,16 +3,33 @@ multi-controller).
 
 A step is padded to ``--step-seconds``, stretched by the demo's slow faults, reported to the
 elastic session, and described by the fields of its ``step`` event; a resume is reported to the
-session and logged as a ``resumed`` event.
+session and logged as a ``resumed`` event. Each trainer process writes its events as JSON lines
+(:class:`EventLog`), which the demo harness reads.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from simjob.slowdowns import SlowFile
+
+
+class EventLog:
+    def __init__(self, path: Path) -> None:
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
+        self._f.write(json.dumps({"t": time.time(), "kind": kind, **fields}, default=str) + "\n")
+        self._f.flush()
+
+
+def events_path(base: Path, index: int) -> Path:
+    """Process ``index``'s event log: ``base`` for process 0, ``-p<index>`` before the suffix for the others."""
+    return base if index == 0 else base.with_name(f"{base.stem}-p{index}{base.suffix}")
 
 
 def end_step(

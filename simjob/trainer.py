@@ -11,13 +11,13 @@ touches a lost device (:mod:`standins.pathways_runtime`).
 
 Writes one JSON line per event to ``--events`` (steps, holds, resumes), which
 the demo harness reads for its timeline and summary. ``--backend numpy`` runs
-the same loop without JAX or Orbax (:mod:`simjob.trainer_numpy`).
+the same loop without JAX or Orbax (:mod:`simjob.trainer_numpy`); ``--mode
+multi-controller`` runs one JAX process per host instead (:mod:`simjob.mc_trainer`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,13 +27,15 @@ from typing import Any
 
 from simjob.commits import PeriodicCommits
 from simjob.slowdowns import SlowFile
-from simjob.steps import end_step, resumed
+from simjob.steps import EventLog, end_step, events_path, resumed
 from simjob.trainer_numpy import NumpyTrainer, slices_named
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.interval import SnapshotInterval
 from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, snapshot_every_arg, state_layout
 from trainer_hooks.orbax_flush import OrbaxFlusher
 
+SINGLE, MULTI = "single-controller", "multi-controller"
+"""``--mode``: one process drives every slice, or one process per host."""
 SNAPSHOT_REPORT_EVERY = 50
 """Snapshots handed over between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
 
@@ -79,15 +81,6 @@ def lose_replicas(snapshots: Snapshots, devices: set[int]) -> None:
                 x.delete()
 
 
-class EventLog:
-    def __init__(self, path: Path) -> None:
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
-
-    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
-        self._f.write(json.dumps({"t": time.time(), "kind": kind, **fields}, default=str) + "\n")
-        self._f.flush()
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sidecar", required=True, help="coordinator sidecar HOST:PORT")
@@ -97,6 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="jax",
         help="jax (default): JAX on CPU devices, Orbax checkpoints; numpy: the same loop, hooks and events on "
         "NumPy arrays, checkpoints as .npz files, no JAX imported (simjob.trainer_numpy)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=[SINGLE, MULTI],
+        default=SINGLE,
+        help="single-controller (default): this process drives every slice; multi-controller: this process is "
+        "one host's of a job with one JAX process per host, joined by jax.distributed (simjob.mc_trainer)",
     )
     ap.add_argument("--job", default="elastic-demo")
     ap.add_argument("--workdir", type=Path, required=True)
@@ -112,8 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--checkpoint-period", type=int, default=50)
     ap.add_argument("--step-seconds", type=float, default=0.05, help="pad each step to at least this long")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=None, help="default 256; 128 with --mode multi-controller")
+    ap.add_argument("--features", type=int, default=None, help="default 64; 32 with --mode multi-controller")
     ap.add_argument("--per-slice-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -156,26 +156,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=300.0,
         help="give up (exit 42) when blocked on a sidecar that has been gone this long (MaxText's default: 300)",
     )
+    mc = ap.add_argument_group("--mode multi-controller")
+    mc.add_argument("--process-id", type=int, default=None, help="this process's index among the job's")
+    mc.add_argument("--num-processes", type=int, default=None)
+    mc.add_argument("--jax-coordinator", default=None, help="jax.distributed coordinator 127.0.0.1:PORT")
+    mc.add_argument("--host-name", default="", help="the host this process stands for (reported to the sidecar)")
+    mc.add_argument("--per-device-batch", type=int, default=8)
+    mc.add_argument("--abort-grace-seconds", type=float, default=1.0)
+    mc.add_argument(
+        "--no-sidecar", action="store_true", help="train without the hooks (the baseline: what a job does without us)"
+    )
     ns = ap.parse_args(argv)
+    multi = ns.mode == MULTI
+    if ns.hidden is None:
+        ns.hidden = 128 if multi else 256
+    if ns.features is None:
+        ns.features = 32 if multi else 64
     if ns.backend == "numpy" and ns.donate:
         ap.error("--donate needs --backend jax: the NumPy backend has no jit to donate into")
+    if multi:
+        missing = [f for f in ("process_id", "num_processes", "jax_coordinator", "events") if getattr(ns, f) is None]
+        if missing:
+            ap.error(f"--mode multi-controller needs --{missing[0].replace('_', '-')}")
+        if ns.backend == "numpy" or ns.donate:
+            ap.error("--mode multi-controller runs on JAX without donation: drop --backend numpy and --donate")
+    elif ns.no_sidecar:
+        ap.error("--no-sidecar needs --mode multi-controller (the single-controller baselines are simjob.strategies)")
     return ns
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
-    trainer: Trainer | NumpyTrainer | None = None
+    multi = ns.mode == MULTI
+    events = EventLog(
+        events_path(ns.events, ns.process_id) if multi else ns.events or ns.workdir / "trainer-events.jsonl"
+    )
+    trainer: Any = None
     try:
-        trainer = NumpyTrainer(ns, events) if ns.backend == "numpy" else Trainer(ns, events)
-        return trainer.run()
+        if multi:
+            from simjob.mc_trainer import McTrainer
+
+            trainer = McTrainer(ns, events)
+        else:
+            trainer = NumpyTrainer(ns, events) if ns.backend == "numpy" else Trainer(ns, events)
+        code = trainer.run()
     except AbortTraining as e:
         events("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})
-        print(f"trainer: {e}", file=sys.stderr)
-        return e.exit_code
+        print(f"trainer{f' process {ns.process_id}' if multi else ''}: {e}", file=sys.stderr, flush=True)
+        code = e.exit_code
     finally:
-        if trainer is not None:
+        if trainer is not None and not multi:
             trainer.close()
+    if multi:
+        from simjob.mc_trainer import leave
+
+        leave(code, ns.process_id)
+    return code
 
 
 class Trainer:
