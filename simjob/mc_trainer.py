@@ -27,6 +27,7 @@ from typing import Any
 from simjob.commits import PeriodicCommits
 from simjob.slowdowns import SlowFile
 from simjob.steps import EventLog, end_step, resumed
+from simjob.trainer_numpy import init_state
 from trainer_hooks import Directive, ElasticSession
 from trainer_hooks.orbax_flush import OrbaxFlusher
 
@@ -84,14 +85,7 @@ class McTrainer:
         self.commits = PeriodicCommits(self.manager, self.session, events)
 
     def _init(self) -> dict[str, Any]:
-        np, ns = self.np, self.ns
-        rng = np.random.default_rng(ns.seed)
-        f, h = ns.features, ns.hidden
-        return {
-            "w1": (rng.standard_normal((f, h)) / np.sqrt(f)).astype(np.float32),
-            "b1": np.zeros((h,), np.float32),
-            "w2": (rng.standard_normal((h, 1)) / np.sqrt(h)).astype(np.float32),
-        }
+        return init_state(self.ns)["params"]  # the single-controller trainer's parameters, without its momentum
 
     def _build_step_fn(self) -> Any:
         jax = self.jax

@@ -706,40 +706,33 @@ class Trainer:
         self.active = d.active_slices
         if self.ns.donate and self.ns.snapshot_every != 0:
             self.snapshots.configure(state_layout(self.mesh, self.state, self.slice_devices))
-        resumed(
-            self.session,
-            self.events,
-            d,
-            step,
-            restored_from,
-            t0,
-            {
-                # Of which waiting for a periodic save in flight, to know the newest committed step
-                # (none when the live state or the failed step's own snapshot stood in).
-                "checkpoint_wait_seconds": round(waited or 0.0, 4),
-                # Host memory this process still holds for snapshots (none once ``auto`` took no more).
-                "snapshot_buffers_bytes": self._snapshot_bytes(),
-                # Where the rest went: Pathways' devices up, the mesh and its step (compiled on a mesh's
-                # first use), placing the state from memory (and the wait above), the checkpoint restore.
-                "phase_seconds": {
-                    "devices": round(t_avail - t0, 4),
-                    "mesh": round(t_place - t_mesh, 4),
-                    "place": round(t_restore - t_place, 4),
-                    "restore": round(time.monotonic() - t_restore, 4),
-                },
-                # The recovery's phases as wall-clock marks (simjob.phases): the new mesh's program compiled
-                # (none when this mesh's is kept from before), then the state on the devices, from where.
-                "directive_t": directive_at,
-                "program_ready_t": program_ready_at,
-                # Seconds the resume spent on the program: a compile now, the rest of one started ahead
-                # ("prepared"), or nothing ("kept" from an earlier mesh).
-                "compile_seconds": round(t_place - t_mesh, 4),
-                "program": program,
-                "restored_t": restored_at,
-                "restore_source": restore_source,
-                "restore_bytes": nbytes_per_replica(self.state),
+        fields = {
+            # Of which waiting for a periodic save in flight, to know the newest committed step
+            # (none when the live state or the failed step's own snapshot stood in).
+            "checkpoint_wait_seconds": round(waited or 0.0, 4),
+            # Host memory this process still holds for snapshots (none once ``auto`` took no more).
+            "snapshot_buffers_bytes": self._snapshot_bytes(),
+            # Where the rest went: Pathways' devices up, the mesh and its step (compiled on a mesh's
+            # first use), placing the state from memory (and the wait above), the checkpoint restore.
+            "phase_seconds": {
+                "devices": round(t_avail - t0, 4),
+                "mesh": round(t_place - t_mesh, 4),
+                "place": round(t_restore - t_place, 4),
+                "restore": round(time.monotonic() - t_restore, 4),
             },
-        )
+            # The recovery's phases as wall-clock marks (simjob.phases): the new mesh's program compiled
+            # (none when this mesh's is kept from before), then the state on the devices, from where.
+            "directive_t": directive_at,
+            "program_ready_t": program_ready_at,
+            # Seconds the resume spent on the program: a compile now, the rest of one started ahead
+            # ("prepared"), or nothing ("kept" from an earlier mesh).
+            "compile_seconds": round(t_place - t_mesh, 4),
+            "program": program,
+            "restored_t": restored_at,
+            "restore_source": restore_source,
+            "restore_bytes": nbytes_per_replica(self.state),
+        }
+        resumed(self.session, self.events, d, step, restored_from, t0, fields)
         return step
 
     # -- the loop ------------------------------------------------------------------

@@ -231,31 +231,24 @@ class NumpyTrainer:
         t_restore = time.monotonic()
         assert self.state is not None
         self.active = d.active_slices
-        resumed(
-            self.session,
-            self.events,
-            d,
-            step,
-            restored_from,
-            t0,
-            {
-                "checkpoint_wait_seconds": 0.0,
-                "snapshot_buffers_bytes": 0,
-                "phase_seconds": {
-                    "devices": round(t_avail - t0, 4),
-                    "mesh": 0.0,
-                    "place": 0.0 if restored_from != "memory" else round(t_restore - t_avail, 4),
-                    "restore": 0.0 if restored_from == "memory" else round(t_restore - t_avail, 4),
-                },
-                "directive_t": directive_at,
-                "program_ready_t": ready_at,
-                "compile_seconds": 0.0,
-                "program": "none",
-                "restored_t": time.time(),
-                "restore_source": restore_source,
-                "restore_bytes": sum(int(a.nbytes) for a in _flat(self.state).values()),
+        fields = {
+            "checkpoint_wait_seconds": 0.0,
+            "snapshot_buffers_bytes": 0,
+            "phase_seconds": {
+                "devices": round(t_avail - t0, 4),
+                "mesh": 0.0,
+                "place": 0.0 if restored_from != "memory" else round(t_restore - t_avail, 4),
+                "restore": 0.0 if restored_from == "memory" else round(t_restore - t_avail, 4),
             },
-        )
+            "directive_t": directive_at,
+            "program_ready_t": ready_at,
+            "compile_seconds": 0.0,
+            "program": "none",
+            "restored_t": time.time(),
+            "restore_source": restore_source,
+            "restore_bytes": sum(int(a.nbytes) for a in _flat(self.state).values()),
+        }
+        resumed(self.session, self.events, d, step, restored_from, t0, fields)
         return step
 
     # -- the loop: simjob.trainer.Trainer.run's, step for step -------------------------------
