@@ -1,10 +1,6 @@
-"""What both demo modes share: process helpers, set-up checks, signals, live output, one run.
+"""What the demo's runs share: process helpers, set-up checks, signals, live output, one run.
 
-:mod:`simjob.harness` (one trainer process) and :mod:`simjob.mc_harness` (one
-per host) both use this module; ``elastic-sidecar demo`` picks the mode in
-:mod:`agent.cli`. The multi-controller job extends the single-controller one's
-``Job`` and ``Demo`` classes; :mod:`simjob.harness` never imports
-:mod:`simjob.mc_harness`.
+:mod:`simjob.harness` runs both modes (one trainer process, or one per host) on this module.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from agent.config import is_loopback
 from simjob.options import FaultSpec, check_faults, check_flags, parse_fault
 from simjob.ports import free_port
 from simjob.summary import journal_row, trainer_row
-from simjob.text import fit  # re-exported: simjob.harness and mc_harness import it from here
+from simjob.text import fit  # re-exported: simjob.harness imports it from here
 
 __all__ = ["PY", "flags", "free_port"]
 

@@ -1,6 +1,7 @@
-"""The example trainer of the multi-controller demo: one JAX process per host.
+"""The example trainer's multi-controller mode (``python -m simjob.trainer --mode multi-controller``):
+one JAX process per host, for ``elastic-sidecar demo --mode multi-controller``.
 
-Every process runs this module with its own ``--process-id``; they join with
+Every process runs the trainer with its own ``--process-id``; they join with
 ``jax.distributed.initialize`` on loopback and train one data-parallel MLP
 over all processes' CPU devices with gloo CPU collectives, so a step needs
 every process (a dead peer leaves the others blocked inside the step, as on
@@ -21,45 +22,17 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from simjob.commits import PeriodicCommits
-from simjob.trainer import EventLog
-from trainer_hooks import AbortTraining, Directive, ElasticSession
+from simjob.slowdowns import SlowFile
+from simjob.steps import EventLog, end_step, resumed
+from simjob.trainer_numpy import init_state
+from trainer_hooks import Directive, ElasticSession
 from trainer_hooks.orbax_flush import OrbaxFlusher
 
 LEADER_EXIT_DELAY = 0.5
-"""Seconds process 0 waits before it exits after an abort (see main)."""
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sidecar", required=True, help="coordinator sidecar's trainer link HOST:PORT")
-    ap.add_argument("--job", default="elastic-demo")
-    ap.add_argument("--workdir", type=Path, required=True)
-    ap.add_argument("--process-id", type=int, required=True)
-    ap.add_argument("--num-processes", type=int, required=True)
-    ap.add_argument("--jax-coordinator", required=True, help="jax.distributed coordinator 127.0.0.1:PORT")
-    ap.add_argument("--host-name", default="", help="the host this process stands for (reported to the sidecar)")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--checkpoint-period", type=int, default=50)
-    ap.add_argument("--step-seconds", type=float, default=0.05, help="pad each step to at least this long")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--features", type=int, default=32)
-    ap.add_argument("--per-device-batch", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--events", type=Path, required=True)
-    ap.add_argument("--elastic-timeout-seconds", type=float, default=300.0)
-    ap.add_argument("--abort-grace-seconds", type=float, default=1.0)
-    ap.add_argument(
-        "--no-sidecar", action="store_true", help="train without the hooks (the baseline: what a job does without us)"
-    )
-    return ap.parse_args(argv)
-
-
-def events_path(base: Path, index: int) -> Path:
-    return base if index == 0 else base.with_name(f"{base.stem}-p{index}{base.suffix}")
+"""Seconds process 0 waits before it exits after an abort (see :func:`leave`)."""
 
 
 class McTrainer:
@@ -90,6 +63,7 @@ class McTrainer:
             ),
         )
         self.state: Any = None
+        self.slow = SlowFile(None)  # the demo's slow faults are single-controller only
         self.active: list[int] = []
         self.step_fn = self._build_step_fn()
         self.session: Any = (
@@ -111,14 +85,7 @@ class McTrainer:
         self.commits = PeriodicCommits(self.manager, self.session, events)
 
     def _init(self) -> dict[str, Any]:
-        np, ns = self.np, self.ns
-        rng = np.random.default_rng(ns.seed)
-        f, h = ns.features, ns.hidden
-        return {
-            "w1": (rng.standard_normal((f, h)) / np.sqrt(f)).astype(np.float32),
-            "b1": np.zeros((h,), np.float32),
-            "w2": (rng.standard_normal((h, 1)) / np.sqrt(h)).astype(np.float32),
-        }
+        return init_state(self.ns)["params"]  # the single-controller trainer's parameters, without its momentum
 
     def _build_step_fn(self) -> Any:
         jax = self.jax
@@ -166,21 +133,8 @@ class McTrainer:
         else:
             self.manager.wait_until_finished()
             self.state, step, restored_from = self._restore()
-        dt = time.monotonic() - t0
         self.active = list(d.active_slices)
-        self.session.resumed(d, step, restored_from, dt)
-        self.events(
-            "resumed",
-            {
-                "generation": d.generation,
-                "from_step": step,
-                "slices": list(d.active_slices),
-                "restored_from": restored_from,
-                "rebuild_seconds": dt,
-                "reason": d.reason,
-                "process": self.jax.process_index(),
-            },
-        )
+        resumed(self.session, self.events, d, step, restored_from, t0, {"process": self.jax.process_index()})
         return step
 
     def _collective_failed(self, step: int, err: Exception) -> None:
@@ -212,24 +166,10 @@ class McTrainer:
                 if self.session is None:
                     raise
                 self._collective_failed(step, e)
-            pad = ns.step_seconds - (time.monotonic() - t0)
-            if pad > 0:
-                time.sleep(pad)
             step += 1
-            dt = time.monotonic() - t0
-            if self.session is not None:
-                self.session.report_step(step, dt)
+            fields = end_step(self.session, step, t0, ns.step_seconds, self.active, self.slow, loss_v)
             self.commits.poll()
-            self.events(
-                "step",
-                {
-                    "step": step,
-                    "seconds": dt,
-                    "loss": loss_v,
-                    "slices": self.active,
-                    "generation": 0 if self.session is None else self.session.generation,
-                },
-            )
+            self.events("step", fields)
             if step % ns.checkpoint_period == 0:
                 try:
                     self.manager.save(step, args=self.ocp.args.Composite(state=self.ocp.args.StandardSave(self.state)))
@@ -254,24 +194,14 @@ class McTrainer:
         return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = parse_args(argv)
-    events = EventLog(events_path(ns.events, ns.process_id))
-    try:
-        code = McTrainer(ns, events).run()
-    except AbortTraining as e:
-        events("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})
-        print(f"trainer process {ns.process_id}: {e}", file=sys.stderr, flush=True)
-        code = e.exit_code
-    # jax.distributed's exit-time shutdown waits for every peer at a barrier: a peer that is
-    # gone would keep this process from exiting, so leave without it. Process 0 hosts the
-    # coordination service: it goes last, or JAX ends the others with SIGABRT instead of 42.
-    if code != 0 and ns.process_id == 0:
+def leave(code: int, process_id: int) -> None:
+    """Ends this process with ``code`` at once.
+
+    jax.distributed's exit-time shutdown waits for every peer at a barrier: a peer that is gone
+    would keep this process from exiting, so it leaves without it. Process 0 hosts the
+    coordination service: it goes last, or JAX ends the others with SIGABRT instead of 42."""
+    if code != 0 and process_id == 0:
         time.sleep(LEADER_EXIT_DELAY)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -11,13 +11,13 @@ touches a lost device (:mod:`standins.pathways_runtime`).
 
 Writes one JSON line per event to ``--events`` (steps, holds, resumes), which
 the demo harness reads for its timeline and summary. ``--backend numpy`` runs
-the same loop without JAX or Orbax (:mod:`simjob.trainer_numpy`).
+the same loop without JAX or Orbax (:mod:`simjob.trainer_numpy`); ``--mode
+multi-controller`` runs one JAX process per host instead (:mod:`simjob.mc_trainer`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,20 +27,17 @@ from typing import Any
 
 from simjob.commits import PeriodicCommits
 from simjob.slowdowns import SlowFile
-from simjob.trainer_numpy import NumpyTrainer
+from simjob.steps import EventLog, end_step, events_path, resumed
+from simjob.trainer_numpy import NumpyTrainer, slices_named
 from trainer_hooks import AbortTraining, Directive, ElasticSession, is_slice_down
 from trainer_hooks.maxtext.interval import SnapshotInterval
 from trainer_hooks.maxtext.snapshot import DATA_NONE, Snapshots, nbytes_per_replica, snapshot_every_arg, state_layout
 from trainer_hooks.orbax_flush import OrbaxFlusher
 
+SINGLE, MULTI = "single-controller", "multi-controller"
+"""``--mode``: one process drives every slice, or one process per host."""
 SNAPSHOT_REPORT_EVERY = 50
 """Snapshots handed over between ``snapshot_stats`` events (one event per snapshot would swamp the event log)."""
-
-
-def _slices_named(err: BaseException) -> set[int]:
-    import re
-
-    return {int(m) for m in re.findall(r"slice (\d+)", str(err))}
 
 
 def surviving(state: Any, slice_of: Any, exclude: frozenset[int]) -> Any | None:
@@ -84,15 +81,6 @@ def lose_replicas(snapshots: Snapshots, devices: set[int]) -> None:
                 x.delete()
 
 
-class EventLog:
-    def __init__(self, path: Path) -> None:
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
-
-    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
-        self._f.write(json.dumps({"t": time.time(), "kind": kind, **fields}, default=str) + "\n")
-        self._f.flush()
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sidecar", required=True, help="coordinator sidecar HOST:PORT")
@@ -102,6 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="jax",
         help="jax (default): JAX on CPU devices, Orbax checkpoints; numpy: the same loop, hooks and events on "
         "NumPy arrays, checkpoints as .npz files, no JAX imported (simjob.trainer_numpy)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=[SINGLE, MULTI],
+        default=SINGLE,
+        help="single-controller (default): this process drives every slice; multi-controller: this process is "
+        "one host's of a job with one JAX process per host, joined by jax.distributed (simjob.mc_trainer)",
     )
     ap.add_argument("--job", default="elastic-demo")
     ap.add_argument("--workdir", type=Path, required=True)
@@ -117,8 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--checkpoint-period", type=int, default=50)
     ap.add_argument("--step-seconds", type=float, default=0.05, help="pad each step to at least this long")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=None, help="default 256; 128 with --mode multi-controller")
+    ap.add_argument("--features", type=int, default=None, help="default 64; 32 with --mode multi-controller")
     ap.add_argument("--per-slice-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -161,26 +156,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=300.0,
         help="give up (exit 42) when blocked on a sidecar that has been gone this long (MaxText's default: 300)",
     )
+    mc = ap.add_argument_group("--mode multi-controller")
+    mc.add_argument("--process-id", type=int, default=None, help="this process's index among the job's")
+    mc.add_argument("--num-processes", type=int, default=None)
+    mc.add_argument("--jax-coordinator", default=None, help="jax.distributed coordinator 127.0.0.1:PORT")
+    mc.add_argument("--host-name", default="", help="the host this process stands for (reported to the sidecar)")
+    mc.add_argument("--per-device-batch", type=int, default=8)
+    mc.add_argument("--abort-grace-seconds", type=float, default=1.0)
+    mc.add_argument(
+        "--no-sidecar", action="store_true", help="train without the hooks (the baseline: what a job does without us)"
+    )
     ns = ap.parse_args(argv)
+    multi = ns.mode == MULTI
+    if ns.hidden is None:
+        ns.hidden = 128 if multi else 256
+    if ns.features is None:
+        ns.features = 32 if multi else 64
     if ns.backend == "numpy" and ns.donate:
         ap.error("--donate needs --backend jax: the NumPy backend has no jit to donate into")
+    if multi:
+        missing = [f for f in ("process_id", "num_processes", "jax_coordinator", "events") if getattr(ns, f) is None]
+        if missing:
+            ap.error(f"--mode multi-controller needs --{missing[0].replace('_', '-')}")
+        if ns.backend == "numpy" or ns.donate:
+            ap.error("--mode multi-controller runs on JAX without donation: drop --backend numpy and --donate")
+    elif ns.no_sidecar:
+        ap.error("--no-sidecar needs --mode multi-controller (the single-controller baselines are simjob.strategies)")
     return ns
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    events = EventLog(ns.events or ns.workdir / "trainer-events.jsonl")
-    trainer: Trainer | NumpyTrainer | None = None
+    multi = ns.mode == MULTI
+    events = EventLog(
+        events_path(ns.events, ns.process_id) if multi else ns.events or ns.workdir / "trainer-events.jsonl"
+    )
+    trainer: Any = None
     try:
-        trainer = NumpyTrainer(ns, events) if ns.backend == "numpy" else Trainer(ns, events)
-        return trainer.run()
+        if multi:
+            from simjob.mc_trainer import McTrainer
+
+            trainer = McTrainer(ns, events)
+        else:
+            trainer = NumpyTrainer(ns, events) if ns.backend == "numpy" else Trainer(ns, events)
+        code = trainer.run()
     except AbortTraining as e:
         events("abort", {"exit_code": e.exit_code, "reason": e.reason, "committed_step": e.committed_step})
-        print(f"trainer: {e}", file=sys.stderr)
-        return e.exit_code
+        print(f"trainer{f' process {ns.process_id}' if multi else ''}: {e}", file=sys.stderr, flush=True)
+        code = e.exit_code
     finally:
-        if trainer is not None:
+        if trainer is not None and not multi:
             trainer.close()
+    if multi:
+        from simjob.mc_trainer import leave
+
+        leave(code, ns.process_id)
+    return code
 
 
 class Trainer:
@@ -675,43 +706,33 @@ class Trainer:
         self.active = d.active_slices
         if self.ns.donate and self.ns.snapshot_every != 0:
             self.snapshots.configure(state_layout(self.mesh, self.state, self.slice_devices))
-        dt = time.monotonic() - t0
-        self.session.resumed(d, step, restored_from, dt)
-        self.events(
-            "resumed",
-            {
-                "generation": d.generation,
-                "from_step": step,
-                "slices": list(d.active_slices),
-                "restored_from": restored_from,
-                "rebuild_seconds": dt,
-                # Of which waiting for a periodic save in flight, to know the newest committed step
-                # (none when the live state or the failed step's own snapshot stood in).
-                "checkpoint_wait_seconds": round(waited or 0.0, 4),
-                # Host memory this process still holds for snapshots (none once ``auto`` took no more).
-                "snapshot_buffers_bytes": self._snapshot_bytes(),
-                # Where the rest went: Pathways' devices up, the mesh and its step (compiled on a mesh's
-                # first use), placing the state from memory (and the wait above), the checkpoint restore.
-                "phase_seconds": {
-                    "devices": round(t_avail - t0, 4),
-                    "mesh": round(t_place - t_mesh, 4),
-                    "place": round(t_restore - t_place, 4),
-                    "restore": round(time.monotonic() - t_restore, 4),
-                },
-                # The recovery's phases as wall-clock marks (simjob.phases): the new mesh's program compiled
-                # (none when this mesh's is kept from before), then the state on the devices, from where.
-                "directive_t": directive_at,
-                "program_ready_t": program_ready_at,
-                # Seconds the resume spent on the program: a compile now, the rest of one started ahead
-                # ("prepared"), or nothing ("kept" from an earlier mesh).
-                "compile_seconds": round(t_place - t_mesh, 4),
-                "program": program,
-                "restored_t": restored_at,
-                "restore_source": restore_source,
-                "restore_bytes": nbytes_per_replica(self.state),
-                "reason": d.reason,
+        fields = {
+            # Of which waiting for a periodic save in flight, to know the newest committed step
+            # (none when the live state or the failed step's own snapshot stood in).
+            "checkpoint_wait_seconds": round(waited or 0.0, 4),
+            # Host memory this process still holds for snapshots (none once ``auto`` took no more).
+            "snapshot_buffers_bytes": self._snapshot_bytes(),
+            # Where the rest went: Pathways' devices up, the mesh and its step (compiled on a mesh's
+            # first use), placing the state from memory (and the wait above), the checkpoint restore.
+            "phase_seconds": {
+                "devices": round(t_avail - t0, 4),
+                "mesh": round(t_place - t_mesh, 4),
+                "place": round(t_restore - t_place, 4),
+                "restore": round(time.monotonic() - t_restore, 4),
             },
-        )
+            # The recovery's phases as wall-clock marks (simjob.phases): the new mesh's program compiled
+            # (none when this mesh's is kept from before), then the state on the devices, from where.
+            "directive_t": directive_at,
+            "program_ready_t": program_ready_at,
+            # Seconds the resume spent on the program: a compile now, the rest of one started ahead
+            # ("prepared"), or nothing ("kept" from an earlier mesh).
+            "compile_seconds": round(t_place - t_mesh, 4),
+            "program": program,
+            "restored_t": restored_at,
+            "restore_source": restore_source,
+            "restore_bytes": nbytes_per_replica(self.state),
+        }
+        resumed(self.session, self.events, d, step, restored_from, t0, fields)
         return step
 
     # -- the loop ------------------------------------------------------------------
@@ -742,7 +763,7 @@ class Trainer:
             except self.jax.errors.JaxRuntimeError as e:
                 if not is_slice_down(e):
                     raise
-                lost = sorted((self.runtime.lost_slices() & set(self.active)) | _slices_named(e))
+                lost = sorted((self.runtime.lost_slices() & set(self.active)) | slices_named(e))
                 # Their replicas are gone even if a replacement is up by the time the hold ends.
                 self._seen_lost |= frozenset(lost)
                 self.events("step_failed", {"step": step + 1, "slices": lost, "error": str(e)[:200]})
@@ -750,34 +771,20 @@ class Trainer:
                 step = self._apply(self.session.slice_error(step, e, lost), step)
                 continue
             self.state = new_state
-            pad = ns.step_seconds - (time.monotonic() - t0)
-            if pad > 0:
-                time.sleep(pad)
-            # A synchronous step waits for its slowest slice: the step's work, that many times as long.
-            factor, slowed = self.slow.step_factor(self.active)
-            if factor > 1.0:
-                time.sleep((time.monotonic() - t0) * (factor - 1.0))
             step += 1
-            dt = time.monotonic() - t0
-            self.session.report_step(step, dt)
+            fields = end_step(self.session, step, t0, ns.step_seconds, self.active, self.slow, loss_v)
             committed = self.commits.poll()
             if committed is not None and self.interval.off:
                 self._drop_snapshots(committed)
             self.events(
                 "step",
                 {
-                    "step": step,
-                    "seconds": dt,
+                    **fields,
                     # What the boundary before the step took: the hooks' check and the fault stand-in,
                     # then handing the state to the Snapshotter (its copy runs on beside the step).
                     "boundary_seconds": round(ts - tb, 4),
                     "snapshot": saved,
                     "snapshot_seconds": round(t0 - ts, 4),
-                    "loss": loss_v,
-                    "slices": list(self.active),
-                    "generation": self.session.generation,
-                    # The demo's slow faults on this step's slices (the harness's stand-in metrics follow them).
-                    **({"slowdowns": {str(k): v for k, v in slowed.items()}} if slowed else {}),
                 },
             )
             if step % ns.checkpoint_period == 0:

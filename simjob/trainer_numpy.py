@@ -19,17 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from simjob.slowdowns import SlowFile
-from standins.pathways_runtime import _CHANNEL_OPTIONS, PathwaysRuntime
+from simjob.steps import end_step, resumed
+from standins.pathways_runtime import PathwaysRuntime
 from trainer_hooks import Directive, ElasticSession
 from trainer_hooks.session import FlushResult
 
-COLLECTIVE_TIMEOUT = 2.0
-"""A hung host fails the step after this long (the stand-in runtime's ``collective_timeout``)."""
 KEEP_CHECKPOINTS = 3
 """Step directories kept, the newest (the JAX backend's Orbax ``max_to_keep``)."""
 
@@ -157,7 +154,6 @@ class NumpyTrainer:
             key, _, addr = spec.partition("=")
             self.targets[int(key.partition(".")[0])].append(addr)
         self.runtime = PathwaysRuntime({s: t for s, t in self.targets.items() if t}).start()
-        self._channels: dict[str, grpc.Channel] = {}
         self.store = NpzCheckpoints((ns.workdir / "checkpoints").resolve())
         self.state: dict[str, Any] | None = None
         self.active: tuple[int, ...] = ()
@@ -177,28 +173,6 @@ class NumpyTrainer:
 
     def close(self) -> None:
         self.runtime.stop()
-        for ch in self._channels.values():
-            ch.close()
-
-    def _collective(self, slices: tuple[int, ...]) -> None:
-        """Every host of ``slices`` takes part in the step (the stand-in runtime's ``collective``, without JAX)."""
-        calls = []
-        for s in slices:
-            for target in self.targets.get(s, []):
-                ch = self._channels.get(target)
-                if ch is None:
-                    ch = self._channels[target] = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
-                req = health_pb2.HealthCheckRequest(service="")
-                calls.append((s, health_pb2_grpc.HealthStub(ch).Check.future(req, timeout=COLLECTIVE_TIMEOUT)))
-        for s, fut in calls:
-            try:
-                resp = fut.result()
-            except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
-                status = "DEADLINE_EXCEEDED" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "DATA_LOSS"
-                raise SliceDown(f"{status}: slice {s} did not take part in the step ({code.name})") from None
-            if resp.status != health_pb2.HealthCheckResponse.SERVING:
-                raise SliceDown(f"DATA_LOSS: slice {s} worker is not serving")
 
     # -- state movement ----------------------------------------------------------------
 
@@ -257,34 +231,24 @@ class NumpyTrainer:
         t_restore = time.monotonic()
         assert self.state is not None
         self.active = d.active_slices
-        dt = time.monotonic() - t0
-        self.session.resumed(d, step, restored_from, dt)
-        self.events(
-            "resumed",
-            {
-                "generation": d.generation,
-                "from_step": step,
-                "slices": list(d.active_slices),
-                "restored_from": restored_from,
-                "rebuild_seconds": dt,
-                "checkpoint_wait_seconds": 0.0,
-                "snapshot_buffers_bytes": 0,
-                "phase_seconds": {
-                    "devices": round(t_avail - t0, 4),
-                    "mesh": 0.0,
-                    "place": 0.0 if restored_from != "memory" else round(t_restore - t_avail, 4),
-                    "restore": 0.0 if restored_from == "memory" else round(t_restore - t_avail, 4),
-                },
-                "directive_t": directive_at,
-                "program_ready_t": ready_at,
-                "compile_seconds": 0.0,
-                "program": "none",
-                "restored_t": time.time(),
-                "restore_source": restore_source,
-                "restore_bytes": sum(int(a.nbytes) for a in _flat(self.state).values()),
-                "reason": d.reason,
+        fields = {
+            "checkpoint_wait_seconds": 0.0,
+            "snapshot_buffers_bytes": 0,
+            "phase_seconds": {
+                "devices": round(t_avail - t0, 4),
+                "mesh": 0.0,
+                "place": 0.0 if restored_from != "memory" else round(t_restore - t_avail, 4),
+                "restore": 0.0 if restored_from == "memory" else round(t_restore - t_avail, 4),
             },
-        )
+            "directive_t": directive_at,
+            "program_ready_t": ready_at,
+            "compile_seconds": 0.0,
+            "program": "none",
+            "restored_t": time.time(),
+            "restore_source": restore_source,
+            "restore_bytes": sum(int(a.nbytes) for a in _flat(self.state).values()),
+        }
+        resumed(self.session, self.events, d, step, restored_from, t0, fields)
         return step
 
     # -- the loop: simjob.trainer.Trainer.run's, step for step -------------------------------
@@ -309,7 +273,7 @@ class NumpyTrainer:
                     raise SliceDown(f"DATA_LOSS: slice {down[0]}'s devices are gone")
                 assert self.state is not None
                 new_state, loss = train_step(self.state, x, y, self.lr)
-                self._collective(self.active)
+                self.runtime.collective(self.active, SliceDown)
             except SliceDown as e:
                 lost = sorted((self.runtime.lost_slices() & set(self.active)) | slices_named(e))
                 self._seen_lost |= frozenset(lost)
@@ -317,28 +281,11 @@ class NumpyTrainer:
                 step = self._apply(self.session.slice_error(step, e, lost), step)
                 continue
             self.state = new_state
-            pad = ns.step_seconds - (time.monotonic() - t0)
-            if pad > 0:
-                time.sleep(pad)
-            factor, slowed = self.slow.step_factor(self.active)
-            if factor > 1.0:
-                time.sleep((time.monotonic() - t0) * (factor - 1.0))
             step += 1
-            dt = time.monotonic() - t0
-            self.session.report_step(step, dt)
+            fields = end_step(self.session, step, t0, ns.step_seconds, self.active, self.slow, loss)
             self.events(
                 "step",
-                {
-                    "step": step,
-                    "seconds": dt,
-                    "boundary_seconds": round(t0 - tb, 4),
-                    "snapshot": False,
-                    "snapshot_seconds": 0.0,
-                    "loss": loss,
-                    "slices": list(self.active),
-                    "generation": self.session.generation,
-                    **({"slowdowns": {str(k): v for k, v in slowed.items()}} if slowed else {}),
-                },
+                {**fields, "boundary_seconds": round(t0 - tb, 4), "snapshot": False, "snapshot_seconds": 0.0},
             )
             if step % ns.checkpoint_period == 0:
                 self._save(step)

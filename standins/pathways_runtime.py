@@ -109,15 +109,18 @@ class PathwaysRuntime:
             self._stop.wait(delay)
             delay = min(delay * 2, 0.5)
 
-    def collective(self, slices: Sequence[int]) -> None:
+    def collective(self, slices: Sequence[int], error: type[Exception] | None = None) -> None:
         """A step's collective over the hosts of ``slices``.
 
         Every host must take part: a dead host fails it at once, a hung one
         after ``collective_timeout``, each with the status Pathways reports.
-        Raises ``JaxRuntimeError`` like a real computation would.
+        Raises ``error`` (default ``JaxRuntimeError``, as a real computation
+        would; JAX is imported only then, so a trainer without JAX passes its own).
         """
-        import jax
+        if error is None:
+            import jax
 
+            error = jax.errors.JaxRuntimeError
         calls = []
         for s in slices:
             for target in self._targets.get(s, []):
@@ -134,11 +137,9 @@ class PathwaysRuntime:
             except grpc.RpcError as e:
                 code = e.code()  # type: ignore[attr-defined]
                 status = "DEADLINE_EXCEEDED" if code == grpc.StatusCode.DEADLINE_EXCEEDED else "DATA_LOSS"
-                raise jax.errors.JaxRuntimeError(
-                    f"{status}: slice {s} did not take part in the step ({code.name})"
-                ) from None
+                raise error(f"{status}: slice {s} did not take part in the step ({code.name})") from None
             if resp.status != health_pb2.HealthCheckResponse.SERVING:
-                raise jax.errors.JaxRuntimeError(f"DATA_LOSS: slice {s} worker is not serving")
+                raise error(f"DATA_LOSS: slice {s} worker is not serving")
 
     def available_slices(self) -> frozenset[int]:
         with self._lock:

@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from simjob.strategies.common import PlainTrainer, Strategy, add_strategy_args, parse_trainer_args, run_strategy
-from simjob.trainer import _slices_named
+from simjob.trainer_numpy import slices_named
 from trainer_hooks.maxtext.snapshot import DATA_NONE, state_layout
 
 DEFAULT_POLL_INTERVAL = 10.0
@@ -86,7 +86,7 @@ class SnapshotTrainer(PlainTrainer):
             return super().train(step, boundary)
         except self.jax.errors.JaxRuntimeError as e:
             # The slices the step failed on: their replicas are gone even if replaced before the re-run.
-            self._lost |= (self.runtime.lost_slices() & set(self.active)) | _slices_named(e)
+            self._lost |= (self.runtime.lost_slices() & set(self.active)) | slices_named(e)
             raise
 
     def snapshot(self, step: int) -> None:

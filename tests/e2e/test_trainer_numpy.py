@@ -1,4 +1,5 @@
-"""The example trainer's NumPy backend: its step's gradient, its checkpoints, the options that refuse it.
+"""The example trainer's NumPy backend: its step's gradient, its checkpoints, the options that refuse it;
+the trainer's two modes' options.
 
 Its behaviour under faults (holds, flushes, resumes, exit 42) is the fault matrix's
 (tests/e2e/test_fault_matrix.py), which runs every scenario on it.
@@ -93,3 +94,33 @@ def test_the_numpy_backend_imports_no_jax() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+MC = ["--sidecar", "x:1", "--workdir", "/w", "--mode", "multi-controller"]
+MC_PROCESS = ["--process-id", "1", "--num-processes", "4", "--jax-coordinator", "127.0.0.1:9", "--events", "/w/e"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (MC, "--mode multi-controller needs --process-id"),
+        (MC + MC_PROCESS[:2], "--mode multi-controller needs --num-processes"),
+        (MC + MC_PROCESS + ["--backend", "numpy"], "--mode multi-controller runs on JAX without donation"),
+        (["--sidecar", "x:1", "--workdir", "/w", "--no-sidecar"], "--no-sidecar needs --mode multi-controller"),
+    ],
+)
+def test_the_trainers_modes_refuse_what_they_cannot_run(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args(args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_each_mode_keeps_its_own_model_size() -> None:
+    single = parse_args(["--sidecar", "x:1", "--workdir", "/w"])
+    multi = parse_args(MC + MC_PROCESS)
+    assert (single.hidden, single.features) == (256, 64)
+    assert (multi.hidden, multi.features, multi.process_id) == (128, 32, 1)
+    assert parse_args(MC + MC_PROCESS + ["--hidden", "16"]).hidden == 16
