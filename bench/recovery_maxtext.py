@@ -171,34 +171,19 @@ def analyse(
     full = max((int(e.get("devices") or 0) for e in done), default=0)
     faults_at = [float(e["t"]) for e in events if e.get("kind") == "fault"]
     last_run: dict[int, dict[str, Any]] = {}  # a step completed again after a rewind replaces the earlier one
-    seconds_of: dict[int, float] = {}  # a step's own time: since the step before, in the same attempt
     lost = rewinds = high = 0
-    prev: dict[str, Any] | None = None
-    for e in done:
+    for prev, e in zip([None, *done], done, strict=False):
         lost += e["step"] <= high
         rewinds += prev is not None and e["step"] <= prev["step"]
-        # MaxText's elastic retries run in one process: a fault between two steps or a change of the devices
-        # the state spans (a shrink or a grow) starts a new attempt, whose first step carries its restart.
-        if (
-            prev is not None
-            and (prev.get("pid"), prev["step"] + 1, prev.get("devices")) == (e.get("pid"), e["step"], e.get("devices"))
-            and not any(prev["t"] < f <= e["t"] for f in faults_at)
-        ):
-            seconds_of[e["step"]] = e["t"] - prev["t"]
-        else:
-            seconds_of.pop(e["step"], None)
         high = max(high, e["step"])
         last_run[e["step"]] = e
-        prev = e
 
     def weight(e: dict[str, Any]) -> float:  # a step on fewer slices is that share of the job's work
         return int(e["devices"]) / full if full and e.get("devices") else 1.0
 
     kept = [e for k, e in last_run.items() if k > warm]
     out["work_steps"] = rnd(sum(weight(e) for e in kept), 3)
-    shrunk = [e for e in kept if weight(e) < 1.0]
-    out["shrunk_steps"] = len(shrunk)
-    out["shrunk_seconds"] = rnd(sum(seconds_of.get(e["step"], 0.0) for e in shrunk), 3)
+    out["shrunk_steps"] = sum(weight(e) < 1.0 for e in kept)
     last = max(e["step"] for e in done)
     if last != steps:
         out["error"] = f"training did not finish: last completed step {last}, expected {steps}"
@@ -244,16 +229,11 @@ def analyse(
     target = min(max(before, back["step"]) + local_tail, last)
     window = [e for k, e in last_run.items() if before < k <= target]
     cost = (last_run[target]["t"] - pre[before]) - sum(weight(e) for e in window) * ref_s
-    timed = [e for e in window if weight(e) < 1.0 and e["step"] in seconds_of]
     out["own_step_s"], out["own_step_reference_steps"] = rnd(ref_s, 6), n_ref
     out["local_window_s"] = rnd(last_run[target]["t"] - pre[before], 3)
     out["local_window_work_steps"] = rnd(sum(weight(e) for e in window), 3)
     out["local_window_tail_steps"] = target - max(before, back["step"])
     out["fault_cost_s"] = rnd(cost, 3)
-    # On this CPU a step on fewer slices is faster (the virtual devices share the cores); a TPU slice's is not.
-    out["fault_cost_if_shrunk_steps_took_full_time_s"] = rnd(
-        cost - sum(seconds_of[e["step"]] for e in timed) + len(timed) * ref_s, 3
-    )
     return out
 
 
@@ -338,17 +318,15 @@ def snapshot_cost(finished: dict[str, Any] | None) -> dict[str, Any]:
     saw fail, the interval it ended on, its own measure of the snapshots' overhead and its own seconds a step."""
     if not finished or not finished.get("snapshots"):
         return {}
-    out: dict[str, Any] = {"snapshots": int(finished["snapshots"])}
-    for key in ("snapshots_skipped", "snapshots_failed"):
-        if finished.get(key) is not None:
-            out[key] = int(finished[key])
-    if finished.get("snapshot_every_now") is not None:
-        out["snapshot_every"] = finished["snapshot_every_now"]
-    if finished.get("snapshot_overhead_fraction") is not None:
-        out["hook_overhead_fraction"] = rnd(float(finished["snapshot_overhead_fraction"]), 4)
-    if finished.get("hook_seconds_per_step") is not None:
-        out["hook_seconds_per_step"] = rnd(float(finished["hook_seconds_per_step"]), 7)
-    return out
+    names = (
+        ("snapshots", "snapshots", int),
+        ("snapshots_skipped", "snapshots_skipped", int),
+        ("snapshots_failed", "snapshots_failed", int),
+        ("snapshot_every_now", "snapshot_every", lambda v: v),
+        ("snapshot_overhead_fraction", "hook_overhead_fraction", lambda v: rnd(v, 4)),
+        ("hook_seconds_per_step", "hook_seconds_per_step", lambda v: rnd(v, 7)),
+    )
+    return {name: conv(finished[key]) for key, name, conv in names if finished.get(key) is not None}
 
 
 # ---------------------------------------------------------------------------
@@ -371,17 +349,9 @@ def _base_row(strategy: str, fault: str, period: int, delay: float, model: str, 
 def not_run_row(
     strategy: str, fault: str, period: int, delay: float, model: str, why: str, min_slices: int = -1
 ) -> dict[str, Any]:
-    return {
-        **_base_row(strategy, fault, period, delay, model, min_slices),
-        "runs": 0,
-        "failed_runs": 0,
-        "lost_steps_median": None,
-        "fault_cost_seconds_median": None,
-        "fault_cost_seconds_p90": None,
-        "recovery_seconds_median": None,
-        "status": "not_run",
-        "invalid_reason": why,
-    }
+    empty = dict.fromkeys(("lost_steps_median", "fault_cost_seconds_median", "fault_cost_seconds_p90"))
+    row = {**_base_row(strategy, fault, period, delay, model, min_slices), "runs": 0, "failed_runs": 0, **empty}
+    return row | {"recovery_seconds_median": None, "status": "not_run", "invalid_reason": why}
 
 
 def summarise(
@@ -415,9 +385,6 @@ def summarise(
             "recovery_after_replacement_seconds_median": mid("recovery_after_replacement_s"),
             "back_on_every_slice_after_replacement_seconds_median": mid("back_on_every_slice_after_replacement_s"),
             **{f"fault_cost_seconds_{k}": rnd(cost[k], 3) for k in ("median", "p90", "min", "max")},
-            "fault_cost_if_shrunk_steps_took_full_time_seconds_median": mid(
-                "fault_cost_if_shrunk_steps_took_full_time_s"
-            ),
             "shrunk_steps_median": median(r.get("shrunk_steps") for r in ok),
             "own_step_seconds_median": mid("own_step_s", 6),
             "local_window_work_steps_median": mid("local_window_work_steps"),
@@ -646,14 +613,10 @@ def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[st
     try:
         return run_one(job, strategy, root, tag, **kw)
     except Exception as e:  # noqa: BLE001 - recorded in the row's failures
-        return {
-            "trainer": "maxtext",
-            "strategy": strategy,
-            "tag": tag,
+        out = {"trainer": "maxtext", "strategy": strategy, "tag": tag, "lost_steps": None, "recovery_s": None}
+        return out | {
             "fault_step": kw.get("fault_step"),
             "replacement_delay": kw.get("delay"),
-            "lost_steps": None,
-            "recovery_s": None,
             "error": f"{type(e).__name__}: {e}",
         }
 
@@ -725,7 +688,7 @@ def run(
                 tag = f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}"
                 r = guarded(job, s, root, tag, fault_step=at, delay=delay, start=starts[period], fault=fault)
                 r.update({"fault": fault, "checkpoint_period": period})
-                log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s" + _err(r))
+                log(f"  -> lost {r.get('lost_steps')}, recovery {r.get('recovery_s')} s {r.get('error') or ''}")
                 done.append(r)
     rows = []
     for fault, period, delay in cases:
@@ -734,11 +697,9 @@ def run(
             if period in no_start:
                 rows.append(not_run_row(s, fault, period, delay, model, no_start[period], row_min))
                 continue
+            key = (s, fault, period, delay)
             mine = [
-                r
-                for r in done
-                if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"])
-                == (s, fault, period, delay)
+                r for r in done if (r["strategy"], r["fault"], r["checkpoint_period"], r["replacement_delay"]) == key
             ]
             rows.append(summarise(s, fault, period, delay, model, mine, row_min))
     return {
@@ -759,7 +720,3 @@ def run(
             "snapshot_every": "the hook's default (auto)",
         },
     }
-
-
-def _err(r: dict[str, Any]) -> str:
-    return f" ERROR {r['error']}" if r.get("error") else ""

@@ -123,19 +123,16 @@ def test_a_shrink_and_a_scale_up_that_both_rewind_count_every_step_run_again_and
     assert m["lost_steps"] == 5 and m["rewinds"] == 1
     assert m["shrunk_steps"] == 12  # 21..32 on two devices, kept
     assert m["work_steps"] == pytest.approx(37 - 12 * 0.5)
-    assert m["shrunk_seconds"] == pytest.approx(11 * 0.05, abs=1e-3)  # step 21 follows the fault: no own time
 
 
-def test_a_row_with_shrunk_steps_says_what_they_would_cost_at_a_full_steps_time() -> None:
+def test_a_row_gives_the_median_of_its_runs_shrunk_steps_and_its_min_slices() -> None:
     runs = [
-        faulted("sidecar", fault_cost_s=3.5, fault_cost_if_shrunk_steps_took_full_time_s=4.0, shrunk_steps=10),
-        faulted("sidecar", fault_cost_s=4.5, fault_cost_if_shrunk_steps_took_full_time_s=5.0, shrunk_steps=12),
+        faulted("sidecar", fault_cost_s=3.5, shrunk_steps=10),
+        faulted("sidecar", fault_cost_s=4.5, shrunk_steps=12),
     ]
     row = summarise("sidecar", "kill", 20, 1.0, "tiny", runs, min_slices=1)
     assert row["elastic_min_slice_count"] == 1
-    assert row["fault_cost_seconds_median"] == pytest.approx(4.0)
-    assert row["fault_cost_if_shrunk_steps_took_full_time_seconds_median"] == pytest.approx(4.5)
-    assert row["shrunk_steps_median"] == 11
+    assert row["fault_cost_seconds_median"] == pytest.approx(4.0) and row["shrunk_steps_median"] == 11
 
 
 def test_a_rewind_counts_the_steps_run_again_and_the_time_to_the_next_new_step() -> None:
@@ -309,12 +306,6 @@ def test_the_local_fault_cost_weighs_the_survivors_steps_and_ends_past_the_retur
     assert "error" not in m, m
     assert m["local_window_work_steps"] == pytest.approx(5 * 0.5 + 6)  # 26..30 at half, 31..36 whole
     assert m["fault_cost_s"] == pytest.approx((9.6 - 2.5) - 8.5 * 0.1)
-    # The first step after the fault and the first after the grow carry their attempt's start, not a step's
-    # time: only 27..30 count as shrunk steps' own time (0.05 s each), replaced by 0.1 s each.
-    assert m["shrunk_seconds"] == pytest.approx(4 * 0.05, abs=1e-3)
-    assert m["fault_cost_if_shrunk_steps_took_full_time_s"] == pytest.approx(
-        m["fault_cost_s"] - 4 * 0.05 + 4 * 0.1, abs=1e-3
-    )
 
 
 def test_the_config_records_the_pre_trained_start_and_the_tail_the_runs_have_on_the_survivor(
