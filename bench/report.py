@@ -192,10 +192,10 @@ TITLES = {
 }
 RENDER = {"recovery": sec_recovery, "detection": sec_detection, "scale": sec_scale, "footprint": sec_footprint}
 REFRESH = (
-    "A full refresh (`python -m bench all`) takes about 40 minutes on the 2-core machine, estimated from its "
-    "default matrix: recovery 3 rounds x (4 strategies' kill + the sidecar's notice) = 15 runs of about 80 s "
-    "(start-up, 200 lead steps, the fault's phase, 2,000 steps on the survivors and back) plus one pre-training, "
-    "about 22 min; scale 10,000 and 25,000 workers x 3 runs, about 13 min; detection and footprint about 1 min each."
+    "A full refresh (`python -m bench all`) takes about 40 minutes on a quiet 2-core machine, estimated from its "
+    "default matrix: recovery 3 rounds x (4 strategies' kill + the sidecar's notice) = 15 runs of about 90 s "
+    "(start-up, 200 lead steps, the fault's phase, 2,000 steps on the survivors and back) and a pre-training, "
+    "about 25 min; scale 10,000 and 25,000 workers x 3 runs, about 13 min; detection and footprint 1 min each."
 )
 _MERGE = "--require-clean --merge-into docs/benchmarks.json"
 COMMANDS = {
