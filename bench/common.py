@@ -84,13 +84,18 @@ def iso_to_epoch(s: str) -> float:
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
-    """Poll ``pred`` until it returns something truthy; returns it (None on timeout)."""
+def wait_until(
+    pred: Callable[[], Any], timeout: float, interval: float = 0.02, proc: subprocess.Popen[Any] | None = None
+) -> Any:
+    """Poll ``pred`` until it returns something truthy; returns it (None on timeout). With ``proc``, stop
+    once that process has exited, after one last look (a process writes its last lines as it ends)."""
     deadline = time.monotonic() + timeout
     while True:
         v = pred()
         if v:
             return v
+        if proc is not None and proc.poll() is not None:
+            return pred() or None
         if time.monotonic() > deadline:
             return None
         time.sleep(interval)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, median, read_jsonl, rnd, spread
+from bench.common import log, median, read_jsonl, rnd, spread, wait_until
 
 STRATEGIES = ("full_restart", "checkpoint_rewind", "local_checkpoint_rewind", "sidecar")
 FAULTS = ("kill", "notice")
@@ -493,7 +493,9 @@ def run_one(
         procs.append(first)
         budget = START_SECONDS + steps * 2.0 + delay + 60.0
         if sc is not None and fault == "notice":
-            if not _wait_for(lambda: any(e.get("step", 0) >= fault_step for e in read_jsonl(events)), first, budget):
+            if not wait_until(
+                lambda: any(e.get("step", 0) >= fault_step for e in read_jsonl(events)), budget, proc=first.proc
+            ):
                 out["error"] = f"step {fault_step} never completed; {first.name} exit code {first.poll()}"
             else:
                 cpu_elastic.record(events, "fault", slice=LOST_SLICE, during="notice")
@@ -503,13 +505,13 @@ def run_one(
                 )
                 decided = time.time()
                 went_on = lambda: sc.applied(TrainerResumed, 0.0, lambda e: LOST_SLICE not in e.active)  # noqa: E731
-                _wait_for(went_on, first, budget)
+                wait_until(went_on, budget, proc=first.proc)
                 time.sleep(delay)
                 replaced = time.time()  # a new host for the slice: the drained node is under maintenance
                 sc.request(WorkerJoined(LOST_SLICE, 0, "inc-2", node=f"node-{LOST_SLICE}-new"))
         else:
-            fault_ev = _wait_for(
-                lambda: next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None), first, budget
+            fault_ev = wait_until(
+                lambda: next((e for e in read_jsonl(events) if e.get("kind") == "fault"), None), budget, proc=first.proc
             )
             if fault_ev is None:
                 out["error"] = f"no fault event; {first.name} exit code {first.poll()}"
@@ -619,16 +621,6 @@ def guarded(job: Job, strategy: str, root: Path, tag: str, **kw: Any) -> dict[st
             "replacement_delay": kw.get("delay"),
             "error": f"{type(e).__name__}: {e}",
         }
-
-
-def _wait_for(cond: Any, run: Any, timeout: float) -> Any:
-    """``cond()`` once it is true, polled until ``run`` exits or ``timeout`` passes (then its last value)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and run.poll() is None:
-        if got := cond():
-            return got
-        time.sleep(0.02)
-    return cond()
 
 
 def run(
