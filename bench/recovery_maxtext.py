@@ -1,33 +1,18 @@
-"""Recovery on the real MaxText: ``python -m bench recovery``.
+"""Recovery on the real MaxText: ``python -m bench recovery`` (docs/recovery.md explains what it runs).
 
 One job (maxtext[tpu]==0.2.5 on the CPU, :mod:`simjob.maxtext`): eight CPU devices in four slices of two,
-each device with its ``slice_index`` (:mod:`simjob.maxtext.cpu_elastic`), so MaxText builds its own
-multi-slice mesh (the slices along ``data`` over DCN, each slice's devices along ``fsdp``), MaxText's
-periodic checkpoint every ``checkpoint_period`` steps (async Orbax). The job is trained once per period
-to :attr:`Job.start_label` (:func:`pretrain`); every run restores a copy of that checkpoint, trains to
-its fault and on for a tail. Only what happens on a fault differs:
+each with its ``slice_index`` (:mod:`simjob.maxtext.cpu_elastic`), so MaxText builds its own multi-slice
+mesh, and MaxText's periodic checkpoint every ``checkpoint_period`` steps. Every run restores a checkpoint
+pre-trained once per period (:func:`pretrain`), trains to its fault and on for a tail. The strategies
+(:data:`STRATEGIES`) differ only in what happens on the fault: a new process from the last checkpoint
+(``full_restart``), MaxText's elastic rewind to its periodic or a frequent local checkpoint
+(``checkpoint_rewind``, ``local_checkpoint_rewind``), or the sidecar's in-memory snapshot (``sidecar``).
+The faults: ``kill`` (slice :data:`LOST_SLICE` dies in a step at a seeded phase of the period,
+:func:`fault_index`) and, for the sidecar, ``notice`` (a maintenance notice, drained at a step boundary).
 
-* ``full_restart``: MaxText without ``elastic_enabled``; the failed step ends the process and a new one
-  (what JobSet starts) restores the last committed checkpoint once the replacement is there.
-* ``checkpoint_rewind``: MaxText's elastic mode (pathwaysutils ``Manager.elastic_retry``) rewinds to the
-  last committed checkpoint; with ``elastic_min_slice_count=1`` it goes on on the survivors and rewinds
-  again when ``maybe_elastic_scale_up`` raises ``ScaleUpSignalError`` at the grow (FACTS section 1).
-* ``local_checkpoint_rewind``: the same rewind to a checkpoint every ``local_checkpoint_period`` steps,
-  standing in for Orbax's emergency or multi-tier checkpointing, which do not run single-controller here.
-* ``sidecar``: the same elastic MaxText served by ``trainer_hooks.maxtext`` under a real coordinator in
-  this process, restoring the in-memory snapshot of the failed step's boundary.
-
-Faults: ``kill`` (slice :data:`LOST_SLICE` dies in step index F, as on Pathways: the ``DATA_LOSS`` error
-surfaces at MaxText's next read) and, for the sidecar only, ``notice`` (a maintenance notice once F steps
-are done; the job drains the slice at a step boundary). F is a seeded phase of the checkpoint period, the
-rounds stratified over it (:func:`fault_index`); the replacement comes ``replacement_delay`` seconds later.
-
-Each run is read from the step events MaxText's patched loop appends (:func:`analyse`): lost steps
-(completed steps run again, over every rewind), recovery (fault to the first new step), the fault cost
-(the seconds of a window from the fault to :data:`LOCAL_TAIL_STEPS` new steps past the return to every
-slice, less its work at the run's own step time before the fault) and the recovery's phases
-(:func:`recovery_phases`). A row gives medians over its runs; a run that did not do what it measures is
-counted in ``failed_runs`` with its reason, never as a figure.
+Each run is read from the step events MaxText's patched loop appends (:func:`analyse`, :func:`recovery_phases`);
+a row gives medians over its runs (:func:`summarise`), and a run that did not do what it measures is counted
+in ``failed_runs`` with its reason, never as a figure.
 """
 
 from __future__ import annotations
@@ -64,7 +49,10 @@ SLICES = 4
 DEVICES = 8
 LOST_SLICE = 1
 LOCAL_CHECKPOINT_PERIOD = 20
-"""MaxText's example ``local_checkpoint_period`` in its multi-tier checkpointing guide."""
+"""MaxText's example ``local_checkpoint_period`` in its multi-tier checkpointing guide. The local rewind stands
+in for Orbax's emergency and multi-tier checkpointing, neither of which runs single-controller (tried with
+maxtext 0.2.5 here): the emergency ``CheckpointManager`` then writes only the persistent tier, and the
+``ReplicatorCheckpointManager`` fails its first save asking for ``initialize_distributed_to_device_ids()``."""
 MESH_FLAGS = ("dcn_data_parallelism=-1", "ici_fsdp_parallelism=-1")
 ELASTIC_FLAGS = ("elastic_enabled=true", "enable_single_controller=true")
 START_SECONDS = 240.0
