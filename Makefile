@@ -81,11 +81,11 @@ BENCH := $(BIN)/python -m bench
 BENCH_OUT ?= docs/benchmarks.json
 
 # The real MaxText (docs/maxtext.md): 4 slices of 2 CPU devices, a kill, every strategy, checkpoint period
-# 1,000 steps, 5 rounds. MAXTEXT_MODEL=larger runs the ten-times-larger model (its rows: maxtext-larger).
-# With ARGS='--workdir DIR' a run stopped part-way goes on where it stopped (bench/recovery_maxtext.py's Journal).
+# 1,000 steps, 3 rounds (and the sidecar's notice). MAXTEXT_MODEL=larger runs the ten-times-larger model
+# (its rows: maxtext-larger).
 MAXTEXT_MODEL ?= tiny
 bench-recovery: setup setup-maxtext
-	$(BENCH) recovery --require-clean --maxtext-model $(MAXTEXT_MODEL) --repeats 5 --merge-into $(BENCH_OUT) $(ARGS)
+	$(BENCH) recovery --require-clean --maxtext-model $(MAXTEXT_MODEL) --merge-into $(BENCH_OUT) $(ARGS)
 
 # 10,000 and 25,000 workers (a 100,000-chip job's hosts) at the shipped heartbeats (0.25 s / 1.2 s),
 # registration unpaced, 3 hold cycles a run, 3 runs a size; then the coordinator SIGKILLed and

@@ -64,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workdir",
         type=Path,
         default=None,
-        help="keep the runs' files here (default: temp, removed); recovery journals each finished run there "
-        "and, started again with the same DIR, commit and arguments, goes on where it stopped",
+        help="keep the runs' files here (default: temp, removed)",
     )
     g = ap.add_argument_group("recovery (the real MaxText; needs .venv-maxtext)")
     g.add_argument(
@@ -86,7 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strategies", type=_words, default=None, help="comma list (default: all four)")
     g.add_argument("--delays", type=_floats, default=None, help="replacement delays in s (default 10; quick 1)")
     g.add_argument("--checkpoint-periods", type=_ints, default=None, help="in steps (default 1000; quick 20)")
-    g.add_argument("--fault-free-runs", type=int, default=None, help="rounds with fault-free runs (default 1)")
     g.add_argument("--local-checkpoint-period", type=int, default=None, help="local_checkpoint_rewind's, in steps")
     g.add_argument("--seed", type=int, default=0, help="seed of the fault phases")
     g = ap.add_argument_group("scale")
@@ -113,9 +111,11 @@ def run_recovery(ns: argparse.Namespace, wd: Path | None) -> dict[str, Any]:
 
     from bench import recovery_maxtext as rm
 
+    # The default matrix (one period, one delay, 3 rounds of the four strategies' kill and the sidecar's
+    # notice) keeps `python -m bench all` within about 45 minutes on the 2-core machine (bench/report.py).
     periods = ns.checkpoint_periods or ([20] if ns.quick else [1000])
     delays = ns.delays or ([1.0] if ns.quick else [10.0])
-    runs = ns.repeats or (3 if ns.quick else 5)
+    runs = ns.repeats or 3
     root = wd or Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     try:
         r = rm.run(
@@ -126,7 +126,6 @@ def run_recovery(ns: argparse.Namespace, wd: Path | None) -> dict[str, Any]:
             root=root,
             model=ns.maxtext_model,
             min_slices=ns.maxtext_min_slices,
-            fault_free_runs=ns.fault_free_runs if ns.fault_free_runs is not None else 1,
             local_checkpoint_period=ns.local_checkpoint_period,
         )
     finally:
@@ -136,7 +135,7 @@ def run_recovery(ns: argparse.Namespace, wd: Path | None) -> dict[str, Any]:
     label = maxtext_label(ns.maxtext_model)
     cfg = {"trainers": [label], "runs": runs, "checkpoint_periods": periods, "delays": delays, "quick": ns.quick}
     out: dict[str, Any] = {"quick": ns.quick, "config": cfg | {"maxtext": r["config"]}}
-    for key, rows in (("results", r["rows"]), ("runs", r["runs"]), ("fault_free_runs", r["fault_free_runs"])):
+    for key, rows in (("results", r["rows"]), ("runs", r["runs"])):
         out[key] = [{**x, "trainer": label} for x in rows]
     return out
 
@@ -288,7 +287,7 @@ def merge_recovery(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     by_trainer.update({t: {**new_cfg, **{k: new.get(k) for k in RUN_KEYS}} for t in mine})
     out = dict(new)
     out["config"] = {**new_cfg, "trainers": sorted(by_trainer), "by_trainer": by_trainer}
-    for key in ("results", "runs", "fault_free_runs"):
+    for key in ("results", "runs"):
         out[key] = [r for r in old.get(key) or [] if trainer_of(r) not in mine] + list(new.get(key) or [])
     return out
 

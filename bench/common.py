@@ -66,16 +66,6 @@ def rnd(x: float | None, n: int = 4) -> float | None:
     return None if x is None else round(float(x), n)
 
 
-def consecutive_steps(steps: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Pairs of ``step`` events (in time order) in which the second step directly follows the first in the
-    same process: the second one's own time is ``b["t"] - a["t"]``."""
-    return [
-        (a, b)
-        for a, b in zip(steps, steps[1:], strict=False)
-        if a.get("pid") == b.get("pid") and b["step"] == a["step"] + 1
-    ]
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a log or journal, one a line; other lines are skipped."""
     if not path.exists():
@@ -94,13 +84,18 @@ def iso_to_epoch(s: str) -> float:
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
-    """Poll ``pred`` until it returns something truthy; returns it (None on timeout)."""
+def wait_until(
+    pred: Callable[[], Any], timeout: float, interval: float = 0.02, proc: subprocess.Popen[Any] | None = None
+) -> Any:
+    """Poll ``pred`` until it returns something truthy; returns it (None on timeout). With ``proc``, stop
+    once that process has exited, after one last look (a process writes its last lines as it ends)."""
     deadline = time.monotonic() + timeout
     while True:
         v = pred()
         if v:
             return v
+        if proc is not None and proc.poll() is not None:
+            return pred() or None
         if time.monotonic() > deadline:
             return None
         time.sleep(interval)
@@ -367,20 +362,6 @@ def spread(xs: Sequence[float | None]) -> dict[str, Any]:
     return {"n": len(v), "median": statistics.median(v), "p90": percentile(v, 90), "min": v[0], "max": v[-1]}
 
 
-def cost_fields(costs: Sequence[float], measure: str, why_below: str) -> dict[str, Any]:
-    """A row's ``fault_cost_seconds_*`` (median, p90, min, max) from its runs' costs, and an
-    ``invalid_reason`` when any is below zero: a fault cannot make training faster, so such a cost
-    measures the reference's error (``why_below``), and the row's figures measure noise, not the fault."""
-    cost = spread(costs)
-    out: dict[str, Any] = {f"fault_cost_seconds_{k}": rnd(cost[k], 3) for k in ("median", "p90", "min", "max")}
-    below = [c for c in costs if c < 0]
-    if below:
-        out["invalid_reason"] = (
-            f"{measure} below zero in {len(below)} of {len(costs)} runs (lowest {rnd(min(below), 3)} s): {why_below}"
-        )
-    return out
-
-
 def trainer_of(record: dict[str, Any]) -> str:
     """A recovery row's or run's trainer; runs recorded before they named it: MaxText's are tagged ``mx-``."""
     if record.get("trainer"):
@@ -393,43 +374,6 @@ def maxtext_label(model: str | None) -> str:
     was before other sizes were published), ``maxtext-<model>`` for any other, so that one size's rows
     neither replace another's in docs/benchmarks.json nor mix with them in a verdict."""
     return "maxtext" if model in (None, "", "tiny") else f"maxtext-{model}"
-
-
-def fault_cost(
-    runs: Sequence[dict[str, Any]], refs: Sequence[dict[str, Any]]
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], float | None]:
-    """A recovery row's shared figures: each faulted run's fault cost (``seconds`` less its
-    ``work_steps`` at the median rate of the fault-free ``refs``, stored as ``fault_cost_s``), lost
-    steps and recovery time over the runs without an error.
-
-    Returns (row fields, successful runs, successful references, the reference rate in steps/s).
-    """
-    good_refs = [r for r in refs if not r.get("error")]
-    rate = median(r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds"))
-    ok = [r for r in runs if not r.get("error")]
-    costs = [r["seconds"] - r["work_steps"] / rate for r in ok] if rate else []
-    for r, c in zip(ok, costs, strict=False):
-        r["fault_cost_s"] = rnd(c)
-    lost, rec = spread([r["lost_steps"] for r in ok]), spread([r["recovery_s"] for r in ok])
-    rates = [r["work_steps"] / r["seconds"] for r in good_refs if r.get("seconds")]
-    fields = {
-        "runs": len(ok),
-        "failed_runs": len(runs) - len(ok),
-        "failures": sorted({r["error"] for r in runs if r.get("error")}),
-        "fault_free_runs": len(good_refs),
-        "fault_free_seconds_per_step": rnd(1 / rate, 5) if rate else None,
-        "lost_steps_median": lost["median"],
-        "lost_steps_max": lost["max"],
-        **cost_fields(
-            costs, "fault cost", "the fault-free runs' rate varies by more than the fault costs over runs this long"
-        ),
-        "recovery_seconds_median": rnd(rec["median"], 3),
-        "recovery_seconds_p90": rnd(rec["p90"], 3),
-        # How far apart the fault-free runs' rates are ((max - min) / median): each run's cost moves by
-        # about this fraction of its length when the rate is off by as much.
-        "fault_free_rate_spread": rnd((max(rates) - min(rates)) / rate, 4) if rate and len(rates) > 1 else None,
-    }
-    return fields, ok, good_refs, rate
 
 
 def portable_path(value: str) -> str:

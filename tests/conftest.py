@@ -59,7 +59,6 @@ INTEGRATION = (
     "tests/bench/test_heartbeat_clock.py",
     "tests/bench/test_host_link.py",
     "tests/bench/test_recovery_maxtext_units.py::test_a_period_whose_pre_training_fails",
-    "tests/bench/test_recovery_maxtext_units.py::test_maxtext_rows_that_cannot_run_here",
     "tests/bench/test_recovery_maxtext_units.py::test_the_config_records_the_pre_trained_start",
     "tests/bench/test_recovery_maxtext_units.py::test_without_the_maxtext_venv",
     "tests/deploy/test_manifests.py",  # kubectl kustomize (its render() is cached: any test may be first) and bash

@@ -139,9 +139,9 @@ def test_recovery_maxtext_smoke(tmp_path: Path) -> None:
     for r in ran.values():
         assert r["runs"] == 1 and r["failed_runs"] == 0, r
         assert is_number(r["fault_cost_seconds_median"]) and is_number(r["recovery_seconds_median"]), r
-        assert r["fault_cost_method"] == "local" and r["local_window_work_steps_median"] > 0, r
+        assert r["local_window_work_steps_median"] > 0, r
         assert is_number(r["params"]) and r["params"] > 0
     assert ran["sidecar"]["lost_steps_median"] == 0
-    assert ran["sidecar"]["snapshot_ms_per_step_median"] > 0 and ran["sidecar"]["snapshot_cost_runs"] == 1
+    assert ran["sidecar"]["hook_seconds_per_step_median"] > 0 and ran["sidecar"]["snapshot_cost_runs"] == 1
     # The frequent local checkpoint (every 5 steps against the period's 10) loses fewer steps than the rewind.
     assert ran["local_checkpoint_rewind"]["lost_steps_max"] <= 5, ran["local_checkpoint_rewind"]

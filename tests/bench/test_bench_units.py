@@ -86,3 +86,20 @@ def test_state_cost_measures_a_full_job_and_refuses_sizes_it_cannot_fill(capsys:
     with pytest.raises(SystemExit):
         state_cost.main(["--hosts", "2050"])
     assert "multiple of 100" in capsys.readouterr().err
+
+
+def test_waiting_on_a_process_stops_once_it_has_exited_after_one_last_look() -> None:
+    from typing import cast
+
+    from bench.common import wait_until
+
+    class Exited:
+        def poll(self) -> int:
+            return 0
+
+    proc = cast(Any, Exited())
+    looks: list[int] = []
+    assert wait_until(lambda: looks.append(1), 60.0, proc=proc) is None
+    assert len(looks) == 2, "one look, and one more once the process is seen to have exited"
+    answers = iter([None, "written as it ended"])
+    assert wait_until(lambda: next(answers), 60.0, proc=proc) == "written as it ended"
