@@ -129,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             from agent import plan
 
             return plan.run(ns)
-        if ns.mode == "multi-controller":
-            from simjob.mc_harness import run_mc_demo
-
-            return run_mc_demo(ns)
-        from simjob.harness import run_demo
+        from simjob.harness import run_demo  # either --mode
 
         return run_demo(ns)
     except ConfigError as e:
