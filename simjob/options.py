@@ -110,26 +110,25 @@ def parse_fault(text: str) -> FaultSpec:
         h = _HOST_RE.match(where)
         if not h or not secs:
             raise bad(f"{kind} needs SLICE.HOST:SECONDS, e.g. {kind}:2.0:3@{step}")
-        try:
-            seconds = float(secs)
-        except ValueError:
-            raise bad(f"seconds {secs!r} is not a number") from None
-        if not 0 < seconds <= 3600:
-            raise bad(f"seconds {secs!r} must be above 0 and at most 3600")
-        return FaultSpec(kind, int(h["slice"]), int(h["host"]), step, seconds)
+        return FaultSpec(kind, int(h["slice"]), int(h["host"]), step, _seconds(secs, bad))
     if kind == "coordinator-stall":
         if arg is None:
             raise bad(f"coordinator-stall needs SECONDS, e.g. coordinator-stall:3@{step}")
-        try:
-            seconds = float(arg)
-        except ValueError:
-            raise bad(f"seconds {arg!r} is not a number") from None
-        if not 0 < seconds <= 3600:
-            raise bad(f"seconds {arg!r} must be above 0 and at most 3600")
-        return FaultSpec(kind, None, None, step, seconds)
+        return FaultSpec(kind, None, None, step, _seconds(arg, bad))
     if arg is not None:
         raise bad(f"{kind} takes no argument, e.g. {kind}@{step}")
     return FaultSpec(kind, None, None, step)
+
+
+def _seconds(text: str, bad: Callable[[str], argparse.ArgumentTypeError]) -> float:
+    """A fault's SECONDS: a number above 0 and at most an hour."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise bad(f"seconds {text!r} is not a number") from None
+    if not 0 < seconds <= 3600:
+        raise bad(f"seconds {text!r} must be above 0 and at most 3600")
+    return seconds
 
 
 def _parse_slow(kind: str, arg: str | None, step_s: str, bad: Callable[[str], argparse.ArgumentTypeError]) -> FaultSpec:
@@ -147,14 +146,7 @@ def _parse_slow(kind: str, arg: str | None, step_s: str, bad: Callable[[str], ar
         raise bad(f"factor {m['factor']!r} is not a number") from None
     if not (math.isfinite(factor) and 1 < factor <= MAX_SLOW_FACTOR):
         raise bad(f"factor {m['factor']!r} must be above 1 and at most {MAX_SLOW_FACTOR:g}")
-    seconds = None
-    if plus:
-        try:
-            seconds = float(secs)
-        except ValueError:
-            raise bad(f"seconds {secs!r} is not a number") from None
-        if not 0 < seconds <= 3600:
-            raise bad(f"seconds {secs!r} must be above 0 and at most 3600")
+    seconds = _seconds(secs, bad) if plus else None
     where = None if m["slice"] == "*" else int(m["slice"])
     return FaultSpec(kind, where, None, int(step_text), seconds, factor)
 
