@@ -49,6 +49,7 @@ from agent.gc_freeze import GcFreezer
 from agent.links import EOF_GRACE_SECONDS, Link
 from agent.loop_watch import DecisionWatch, LoopWatch
 from agent.metrics import Metrics
+from agent.phase_clock import PhaseClock
 from agent.record import DecisionRecord
 from agent.servers import listen
 from agent.servers.feed import EventFeed
@@ -124,6 +125,7 @@ class Coordinator:
         """The state file under the write-ahead rule (:mod:`agent.durable.writer`)."""
         self.journal = Journal(cfg.journal, cfg.journal_max_bytes, self.metrics.journal_write_failures.inc)
         self.records = DecisionRecord(self.feed, self.journal)
+        self.phase_clock = PhaseClock()
         """Each decision to the log, the feed and the journal (:mod:`agent.record`)."""
         self.lock = StateLock(lock_path(cfg.state_dir, cfg.state_file))
         self.state_file_note = ""
@@ -304,13 +306,14 @@ class Coordinator:
         before = self.state
         d = decide(before, ev, now)
         self.state = d.state
-        self.metrics.observe(ev, d, before, now)
+        phases = self.phase_clock.observe(ev, d, before, now)  # one clock: the metric, journal and events share it
+        self.metrics.observe(ev, d, before, now, phases)
         if isinstance(ev, TrainerFlushed):
             for g, f in self._flush_waiters:
                 if ev.generation >= g and not f.done():
                     f.set_result(ev)
         self.stragglers.note(ev, d, before, time.time(), now)
-        self.records.record(ev, d, before, now)
+        self.records.record(ev, d, before, phases)
         return d
 
     # -- executors -----------------------------------------------------------

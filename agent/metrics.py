@@ -9,6 +9,7 @@ nodes are never labels. Each sidecar process has its own registry, served on
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import prometheus_client
@@ -29,7 +30,6 @@ from agent.core.model import (
     TrainerStepped,
     WorkerLost,
 )
-from agent.phase_clock import PhaseClock
 
 # A `_created` series per counter and histogram doubles the series count and tells
 # a dashboard nothing it needs: turn them off for every registry of the process.
@@ -284,8 +284,9 @@ class Metrics(ServerMetrics):
         if job is not None and job.slowdown is not None:
             self.straggler_slowdown.set(job.slowdown)
 
-    def observe(self, ev: Event, d: Decision, before: State, now: float) -> None:
-        """Account for one decision (called by the coordinator's loop)."""
+    def observe(self, ev: Event, d: Decision, before: State, now: float, phases: Mapping[str, float]) -> None:
+        """Account for one decision (called by the coordinator's loop); ``phases`` are the recovery
+        phases it ended (the coordinator's :class:`agent.phase_clock.PhaseClock`)."""
         kind = type(ev).__name__
         source = "trainer" if kind.startswith("Trainer") else "worker" if kind.startswith("Worker") else "operator"
         if isinstance(ev, NodeNotice):
@@ -332,7 +333,7 @@ class Metrics(ServerMetrics):
                 wall = time.monotonic() - self._first_step_at
                 if wall > 0:
                     self.goodput.set(min(1.0, self._step_seconds / wall))
-        self.recovery_phases.observe(ev, d, before, now)
+        self.recovery_phases.observe(phases)
         self.active_slices.set(len(s.active))
         self.up_slices.set(len(s.up_slices()))
         self.generation.set(s.generation)
@@ -382,9 +383,8 @@ class RecoveryPhases:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.clock = PhaseClock()
 
-    def observe(self, ev: Event, d: Decision, before: State, now: float) -> None:
-        """Advance the recovery in progress by one decision (from :meth:`Metrics.observe`)."""
-        for phase, seconds in self.clock.observe(ev, d, before, now).items():
+    def observe(self, phases: Mapping[str, float]) -> None:
+        """The phases one decision ended (from :meth:`Metrics.observe`)."""
+        for phase, seconds in phases.items():
             self.seconds.labels(phase).observe(seconds)

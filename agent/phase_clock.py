@@ -1,5 +1,5 @@
 """A recovery's phases as the coordinator's decisions show them: for the phase metric, the journal and the
-admin ``events`` stream (each keeps its own :class:`PhaseClock`, fed the same decisions)."""
+admin ``events`` stream, which share the coordinator's one :class:`PhaseClock`."""
 
 from __future__ import annotations
 

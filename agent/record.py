@@ -9,7 +9,6 @@ from typing import Any
 from agent import log as logmod
 from agent.core.model import Decision, Event, HoldTrainer, Phase, State, Tick, TrainerResumed, TrainerStepped
 from agent.durable.journal import Journal, action_record, event_detail
-from agent.phase_clock import PhaseClock
 from agent.servers.feed import EventFeed
 
 log = logmod.get("coordinator")
@@ -24,10 +23,9 @@ class DecisionRecord:
         self.last_reason = ""
         self._recovery: int | None = None
         """Generation of the hold that began the recovery in progress (its log operation id)."""
-        self._phases = PhaseClock()  # a recovery's phases, for the journal and the admin events stream
 
-    def record(self, ev: Event, d: Decision, before: State, now: float) -> None:
-        phases = self._phases.observe(ev, d, before, now)
+    def record(self, ev: Event, d: Decision, before: State, phases: dict[str, float]) -> None:
+        """``phases``: the recovery phases this decision ended (the coordinator's PhaseClock)."""
         quiet = isinstance(ev, (Tick, TrainerStepped)) and not d.actions and d.state.phase == before.phase
         if quiet and not phases:
             return

@@ -21,14 +21,15 @@ from agent.core.model import (
     initial_state,
 )
 from agent.metrics import Metrics
+from agent.phase_clock import PhaseClock
 
 BASE = replace(initial_state(Policy(num_slices=2), 0.0), phase=Phase.RUNNING, active=frozenset({0, 1}), generation=1)
 
 
 def _feed(m: Metrics, steps: list[tuple[float, object, State, tuple[object, ...]]]) -> None:
-    before = BASE
+    before, clock = BASE, PhaseClock()
     for now, ev, after, actions in steps:
-        m.recovery_phases.observe(ev, Decision(after, actions, ""), before, now)  # type: ignore[arg-type]
+        m.recovery_phases.observe(clock.observe(ev, Decision(after, actions, ""), before, now))  # type: ignore[arg-type]
         before = after
 
 
