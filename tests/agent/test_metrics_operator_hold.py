@@ -24,7 +24,7 @@ BASE = replace(initial_state(Policy(num_slices=2), 0.0), phase=Phase.RUNNING, ac
 
 def _feed(m: Metrics, before: State, steps: list[tuple[float, object, State, tuple[object, ...]]]) -> State:
     for now, ev, after, actions in steps:
-        m.observe(ev, Decision(after, actions, ""), before, now)  # type: ignore[arg-type]
+        m.observe(ev, Decision(after, actions, ""), before, now, {})  # type: ignore[arg-type]
         before = after
     return before
 
