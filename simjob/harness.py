@@ -649,7 +649,12 @@ class Demo:
     def _recreate(self, s: int) -> None:
         self.job.recreate_slice(s)
 
-    def start(self) -> None:
+    def start(self, *, hold_trainer: bool = False) -> None:
+        """Start the job's processes; ``hold_trainer``: all but the trainer, which ``start_trainer`` starts.
+
+        A test that must see the coordinator before any trainer attaches holds it: a fast trainer
+        can attach before the first status poll.
+        """
         from simjob import kube_demo
 
         if kube_demo.wanted(self.ns):
@@ -672,7 +677,10 @@ class Demo:
         for s in range(self.ns.slices):
             for h in range(self.ns.hosts_per_slice):
                 self.job.start_host(s, h)
-        self.job.start_trainer()
+        if hold_trainer:
+            self.trainer_down = True
+        else:
+            self.job.start_trainer()
         self.status.start()
         if self.kube is not None:
             url = self.kube.start()
@@ -751,7 +759,7 @@ class Demo:
             code = job.kill_trainer()
             self.exits["trainer"].append(code)
             self.trainer_down = True
-            self._after(RESTART_DELAY, "trainer started again", self._restart_trainer)
+            self._after(RESTART_DELAY, "trainer started again", self.start_trainer)
             what = f"trainer killed (exit {code}); restart in {RESTART_DELAY:g} s"
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
@@ -794,7 +802,8 @@ class Demo:
         self._after(restart_after, "coordinator started again on the same state", again)
         return f"coordinator killed (exit {code}); restart in {restart_after:g} s"
 
-    def _restart_trainer(self) -> None:
+    def start_trainer(self) -> None:
+        """Start the trainer (again, after a fault killed it, or first, after ``start(hold_trainer=True)``)."""
         self.job.start_trainer()
         self.trainer_down = False
 
@@ -838,8 +847,10 @@ class Demo:
             self.say(f"elastic-sidecar demo: giving up after --run-timeout {self.ns.run_timeout:g} s")
             self.gave_up = True
             return False
+        if self.trainer_down:
+            return True
         assert self.job.trainer is not None
-        return self.trainer_down or self.job.trainer.poll() is None
+        return self.job.trainer.poll() is None
 
     def run(self, until: Callable[[], bool] | None = None, timeout: float | None = None) -> bool:
         """Tick until the run ends or ``until()`` holds; True if ``until`` held (or the run ended normally)."""
