@@ -27,6 +27,12 @@ it: ``matmul`` (a chain of square matrix products, bfloat16 on a TPU: compute-bo
 ``memory`` (an element-wise update of a large array: bound by the chip's memory bandwidth, which
 the copy's reads share).
 
+With ``--beside compile`` the work beside the steps is not a copy but what the MaxText hook's prepare
+does ahead of a drain (trainer_hooks/maxtext/prepare.py): a thread of the same process compiling
+another program (a ``--compile-layers``-layer MLP train step, new for each run so nothing comes
+from a cache). ``compile`` gives its seconds alone, ``slowdown`` what it costs the steps beside it:
+on a TPU host the compiler's CPU work competes only with the step's dispatch.
+
 With ``--via snapshotter`` the copy is Orbax's ``Snapshotter.save`` itself (its queue of one,
 its thread), waited for with its ``join``; it needs orbax-checkpoint and pathwaysutils. The
 default, ``device_put``, is the same call the Snapshotter makes, and needs only JAX.
@@ -82,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, of {', '.join(STEP_KINDS)} (default both)",
     )
     ap.add_argument("--via", choices=("device_put", "snapshotter"), default="device_put")
+    ap.add_argument("--beside", choices=("copy", "compile"), default="copy", help="what runs beside the steps")
+    ap.add_argument(
+        "--compile-layers", type=_positive(int), default=48, help="--beside compile: the program's layers (48)"
+    )
+    ap.add_argument("--compile-width", type=_positive(int), default=2048, help="--beside compile: their width (2048)")
     ap.add_argument("--git-sha", default=None, help="the commit the run's files are (when .git is not there)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     return ap
@@ -131,6 +142,49 @@ class Copier:
         pinned memory overlaps the steps), and freeing 1 GiB on the caller's thread took about 0.5 s on
         the TPU machine this ran on, which would read as the copy's cost."""
         self.retired = None
+
+
+class Compiler:
+    """Compiles a new program in a thread of its own, as the hook's prepare does; ``wait`` joins it."""
+
+    def __init__(self, layers: int, width: int):
+        import threading
+
+        import jax
+        import jax.numpy as jnp
+
+        self._threading, self._jax, self._jnp = threading, jax, jnp
+        self.layers, self.width = layers, width
+        self.thread: Any = None
+        self.runs = 0
+
+    def _compile(self, salt: float) -> None:
+        jax, jnp = self._jax, self._jnp
+        dtype = jnp.bfloat16 if jax.default_backend() == "tpu" else jnp.float32
+
+        def loss(ws: list[Any], x: Any) -> Any:
+            for i, w in enumerate(ws):  # unrolled: a program with many ops, as a transformer's is
+                x = jnp.tanh(x @ w) * (1.0 + salt * (i + 1))
+            return jnp.mean(x.astype(jnp.float32) ** 2)
+
+        def train_step(ws: list[Any], x: Any) -> Any:
+            grads = jax.grad(loss)(ws, x)
+            return [w - 1e-3 * g for w, g in zip(ws, grads, strict=True)]
+
+        w = jax.ShapeDtypeStruct((self.width, self.width), dtype)
+        x = jax.ShapeDtypeStruct((256, self.width), dtype)
+        jax.jit(train_step).lower([w] * self.layers, x).compile()
+
+    def issue(self, state: dict[str, Any], step: int) -> None:
+        self.runs += 1  # a new constant in the program: nothing comes from a compile cache
+        self.thread = self._threading.Thread(target=self._compile, args=(self.runs * 1e-7,), daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        self.thread.join()
+
+    def release(self) -> None:
+        pass
 
 
 def make_state(gib: float, leaves: int) -> dict[str, Any]:
@@ -195,7 +249,9 @@ def make_step(kind: str, target_s: float) -> tuple[Any, Any, dict[str, Any]]:
     return step, x, info
 
 
-def timed_window(step: Any, x: Any, steps: int, copier: Copier | None, state: dict[str, Any], label: int) -> float:
+def timed_window(
+    step: Any, x: Any, steps: int, copier: Copier | Compiler | None, state: dict[str, Any], label: int
+) -> float:
     import jax
 
     t0 = time.perf_counter()
@@ -216,8 +272,13 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
     log(f"backend {jax.default_backend()}, {len(jax.local_devices())} devices; making {ns.state_gib} GiB of state")
     state = make_state(ns.state_gib, ns.leaves)
     state_bytes = sum(v.nbytes for v in state.values())
-    copier = Copier(ns.via, state)
-    log(f"state ready ({state_bytes} bytes); copying it to pinned_host via {ns.via}")
+    copier: Copier | Compiler
+    if ns.beside == "compile":
+        copier = Compiler(ns.compile_layers, ns.compile_width)
+        log(f"compiling a {ns.compile_layers}-layer train step of width {ns.compile_width} in a thread")
+    else:
+        copier = Copier(ns.via, state)
+        log(f"state ready ({state_bytes} bytes); copying it to pinned_host via {ns.via}")
 
     copies: list[float] = []
     releases: list[float] = []
@@ -229,7 +290,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         copier.release()
         releases.append(time.perf_counter() - t0)
-        log(f"copy {r}: {copies[-1]:.4f} s, then {releases[-1]:.4f} s to free the one before")
+        log(f"{ns.beside} {r}: {copies[-1]:.4f} s, then {releases[-1]:.4f} s to free the one before")
     first_copy, copies = copies[0], copies[1:]
     copy_s = statistics.median(copies)
 
@@ -252,7 +313,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
                 t[with_copy] = timed_window(step, x, window, copier if with_copy else None, state, 1000 + r)
                 copier.release()
             pairs.append({"without_s": round(t[False], 5), "with_s": round(t[True], 5), "copy_first": order[0]})
-            log(f"{kind} pair {r}: {window} steps {t[False]:.4f} s alone, {t[True]:.4f} s beside a copy")
+            log(f"{kind} pair {r}: {window} steps {t[False]:.4f} s alone, {t[True]:.4f} s beside a {ns.beside}")
         slow = [p["with_s"] - p["without_s"] for p in pairs]
         c = statistics.median(slow)
         rows.append(
@@ -290,6 +351,9 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
             "runs": ns.runs,
             "step_seconds_target": ns.step_seconds,
             "via": ns.via,
+            "beside": ns.beside,
+            "compile_layers": ns.compile_layers,
+            "compile_width": ns.compile_width,
             "argv": sys.argv[1:],
         },
         "state_bytes": state_bytes,
@@ -315,17 +379,21 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json is not None:
         ns.json.write_text(text + "\n")
     c = out["copy"]
+    what = (
+        f"a {ns.compile_layers}-layer train step compiled in a thread"
+        if ns.beside == "compile"
+        else f"{out['state_bytes'] / 2**30:.2f} GiB to pinned_host via {ns.via}"
+    )
     print(
-        f"{out['machine']['backend']} ({out['machine']['device_kind']}): {out['state_bytes'] / 2**30:.2f} GiB "
-        f"to pinned_host via {ns.via} in {c['seconds_median']:.3f} s median "
-        f"({c['gb_per_s_median']} GB/s, {c['runs']} runs; first {c['first_copy_seconds']:.3f} s)"
+        f"{out['machine']['backend']} ({out['machine']['device_kind']}): {what} in {c['seconds_median']:.3f} s "
+        f"median ({c['gb_per_s_median']} GB/s of state, {c['runs']} runs; first {c['first_copy_seconds']:.3f} s)"
     )
     for r in out["results"]:
         print(
-            f"  {r['step_kind']} step {r['step_seconds']:.4f} s: one copy beside {r['window_steps']} steps adds "
+            f"  {r['step_kind']} step {r['step_seconds']:.4f} s: one {ns.beside} beside {r['window_steps']} steps adds "
             f"{r['slowdown_seconds_median']:.4f} s median [{r['slowdown_seconds_min']:.4f}, "
             f"{r['slowdown_seconds_max']:.4f}] = {r['slowdown_over_step_median']:.3f} of a step, "
-            f"{r['slowdown_over_copy_median']:.3f} of the copy ({r['runs']} pairs)"
+            f"{r['slowdown_over_copy_median']:.3f} of the {ns.beside} ({r['runs']} pairs)"
         )
     return 0
 
