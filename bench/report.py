@@ -174,14 +174,36 @@ def sec_host_link(hl: dict[str, Any]) -> list[str]:
             f"{len(hl['runs']) - len(good)} runs marked invalid in that file are left out here (each says why there).",
             "",
         ]
-    rows = [
-        [str(run.get("git_sha"))[:12], (run.get("config") or {}).get("state_gib"), (run.get("config") or {}).get("via")]
-        + [(run.get("copy") or {}).get("gb_per_s_median"), r.get("step_kind"), r.get("step_seconds")]
-        + [r.get("slowdown_over_copy_median")]
-        for run in good
-        for r in run.get("results") or [{}]
+    rows = []
+    for run in good:
+        cfg = run.get("config") or {}
+        alone = run.get("copy") or {}
+        if cfg.get("beside") == "compile":
+            what, rate = f"compile, {cfg.get('compile_layers')}-layer step", None
+        else:
+            what, rate = f"copy {cfg.get('state_gib')} GiB, {cfg.get('via')}", alone.get("gb_per_s_median")
+        for r in run.get("results") or [{}]:
+            rows.append(
+                [str(run.get("git_sha"))[:7], what, alone.get("seconds_median"), rate, r.get("step_kind")]
+                + [
+                    r.get("step_seconds"),
+                    r.get("runs"),
+                    r.get("slowdown_seconds_median"),
+                    r.get("slowdown_over_copy_median"),
+                ]
+            )
+    cols = [
+        "commit",
+        "beside the steps",
+        "its s alone",
+        "copy GB/s",
+        "step",
+        "step s",
+        "pairs",
+        "slowdown s",
+        "slowdown / its s",
     ]
-    return out + table(["commit", "state GiB", "via", "copy GB/s (median)", "step", "step s", "slowdown / copy"], rows)
+    return out + table(cols, rows)
 
 
 TITLES = {
@@ -267,9 +289,10 @@ def render(
     if host_link:
         lines += [
             "",
-            "## Host link: a snapshot's copy on the TPU chip",
+            "## On the TPU chip: a snapshot's copy, and a compile, beside the steps",
             "",
-            "Run: `python -m bench.host_link --state-gib 0.5 --runs 5 --json PATH` on the chip.",
+            "Run: `python -m bench.host_link --state-gib 0.5 --runs 5 --json PATH` on the chip; `--beside compile "
+            "--compile-layers 160` for a program compiled beside the steps (the MaxText prepare).",
             "",
         ] + sec_host_link(host_link)
     return "\n".join(lines) + "\n"

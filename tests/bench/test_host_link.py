@@ -39,6 +39,24 @@ def test_a_copy_lands_in_pinned_host_memory_with_the_same_values_and_the_previou
     assert copier.retired is None
 
 
+def test_beside_compile_compiles_a_new_program_each_time_on_a_thread_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    seen: list[tuple[str, float]] = []
+    compiler = host_link.Compiler(2, 8)
+    real = compiler._compile
+    monkeypatch.setattr(
+        compiler, "_compile", lambda salt: (seen.append((threading.current_thread().name, salt)), real(salt))
+    )
+    for step in (1, 2):
+        compiler.issue({}, step)
+        compiler.wait()
+    assert len(seen) == 2 and all(name != threading.main_thread().name for name, _ in seen)
+    assert seen[0][1] != seen[1][1]  # a new constant each time: no compile cache can serve it
+
+
 def test_a_run_gives_each_step_kind_its_pairs_and_the_medians_read_from_them(tmp_path: Path) -> None:
     out = tmp_path / "hl.json"
     p = subprocess.run(
@@ -86,7 +104,10 @@ def test_a_run_gives_each_step_kind_its_pairs_and_the_medians_read_from_them(tmp
     assert "to pinned_host via device_put" in p.stdout
 
 
-@pytest.mark.parametrize(("args", "named"), [(["--step-kinds", "cache"], "cache"), (["--state-gib", "0"], "'0'")])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["--step-kinds", "cache"], "cache"), (["--state-gib", "0"], "'0'"), (["--beside", "eval"], "'eval'")],
+)
 def test_bad_arguments_name_the_bad_value(args: list[str], named: str) -> None:
     p = subprocess.run(
         [sys.executable, "-m", "bench.host_link", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
