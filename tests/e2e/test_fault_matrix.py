@@ -917,7 +917,7 @@ def test_stream_blip(outcomes: list[dict[str, Any]], tmp_path: Path, backend: st
 
 
 # 12 s is past every link's timeout (the workers' peer keepalive, 5 + 2 s, the longest) and past the
-# coordinator's DECISIONS_WEDGED_SECONDS (10 s); 30 s takes the same paths, under --runslow.
+# decision watch's DECISIONS_WEDGED_SECONDS (agent/loop_watch.py, 10 s); 30 s takes the same paths, under --runslow.
 @pytest.mark.parametrize("seconds", [12, pytest.param(30, marks=pytest.mark.slow)])
 def test_coordinator_paused(outcomes: list[dict[str, Any]], tmp_path: Path, backend: str, seconds: int) -> None:
     """Long enough that the worker sidecars' and the trainer's links time out and reconnect: the old
