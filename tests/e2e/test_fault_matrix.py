@@ -771,9 +771,10 @@ def test_two_coordinators_older_is_fenced(outcomes: list[dict[str, Any]], tmp_pa
         "two-coordinators-other-state-dir",
         "a second coordinator on another state directory takes over; the older is fenced",
         "--via-proxy",
-        steps=80,
+        steps=120,
         how="links pass a forwarder; at step 8 coordinator B (new state dir) starts and the forwarder moves every "
-        "link to it; 2 s later the links go back to A (a flap), which must refuse them as older",
+        "link to it; once B has the trainer and every host the links go back to A (a flap), which must refuse them "
+        "as older",
     ) as sc:
         sc.until_step(8)
         sc.mark_fault()
@@ -790,19 +791,32 @@ def test_two_coordinators_older_is_fenced(outcomes: list[dict[str, Any]], tmp_pa
             http_listen=b_http,
             state_dir=b_dir,
         )
-        time.sleep(1.5)
+        b_log, a_log_path = job.logs / "coordinator-b.log", job.logs / "coordinator.log"
+
+        def said(path: Path, *texts: str) -> list[str]:
+            text = path.read_text() if path.exists() else ""
+            return [ln for ln in text.splitlines() if any(t.lower() in ln.lower() for t in texts)]
+
+        # Each step waits for what it needs, not a fixed time: on two loaded cores B once took 5 s to
+        # listen, and the links flapped back to A before they had ever reached B.
+        sc.until("coordinator B listening", lambda: bool(said(b_log, "coordinator listening")), timeout=30)
         assert job.peer_proxy is not None and job.trainer_proxy is not None
         a_peer, a_trainer = job.peer_proxy.target, job.trainer_proxy.target
         job.peer_proxy.retarget(b_peer)
         job.trainer_proxy.retarget(b_trainer)
-        t_b = time.time()
-        sc.until("2 s on coordinator B", lambda: time.time() - t_b >= 2.0, timeout=10)
+        sc.until(
+            "the trainer and every host on coordinator B",
+            lambda: bool(said(b_log, "trainer attached")) and len(said(b_log, ") registered")) >= 4,
+            timeout=30,
+        )
         job.peer_proxy.retarget(a_peer)
         job.trainer_proxy.retarget(a_trainer)
-        t_a = time.time()
-        sc.until("2 s back on coordinator A", lambda: time.time() - t_a >= 2.0, timeout=10)
-        a_log = (job.logs / "coordinator.log").read_text()
-        fenced = [ln for ln in a_log.splitlines() if "fenc" in ln.lower() or "FAILED_PRECONDITION" in ln]
+        sc.until(
+            "coordinator A refusing the newer links",
+            lambda: bool(said(a_log_path, "fenc", "FAILED_PRECONDITION")),
+            timeout=30,
+        )
+        fenced = said(a_log_path, "fenc", "FAILED_PRECONDITION")
         sc.notes["older_said"] = _said(fenced[0]) if fenced else None
         job.peer_proxy.retarget(b_peer)
         job.trainer_proxy.retarget(b_trainer)
