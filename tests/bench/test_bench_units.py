@@ -1,5 +1,5 @@
 """The benchmarks' own arithmetic without running anything: the combined JSON's provenance, ports,
-detection's rows and the state's cost."""
+and detection's rows."""
 
 from __future__ import annotations
 
@@ -73,19 +73,6 @@ def test_a_detection_row_summarises_the_decisions_and_says_what_could_not_run() 
     assert "sent_to_decision_seconds_median" not in detection.row("kill", [{"kind": "kill", "decision_s": 0.01}], None)
     gone = detection.row("pubsub_notice", [], "not available: google-cloud-pubsub is not installed")
     assert gone["available"] is False and gone["runs"] == 0 and "not installed" in gone["note"]
-
-
-def test_state_cost_measures_a_full_job_and_refuses_sizes_it_cannot_fill(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import state_cost
-
-    out = state_cost.measure(2000, 2)
-    assert out["hosts"] == 2000 and out["slices"] == 20
-    assert out["state_file_mib"] > 0.3  # 2,000 hosts of about 200 bytes
-    assert out["hosts_in_state_mib"] > 0 and out["renderer_cache_mib"] > 0
-    assert all(out[k] > 0 for k in ("decision_ms_registration", "render_ms_one_host_changed"))
-    with pytest.raises(SystemExit):
-        state_cost.main(["--hosts", "2050"])
-    assert "multiple of 100" in capsys.readouterr().err
 
 
 def test_waiting_on_a_process_stops_once_it_has_exited_after_one_last_look() -> None:
