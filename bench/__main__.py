@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run_recovery(ns: argparse.Namespace, wd: Path | None) -> dict[str, Any]:
+def run_recovery(ns: argparse.Namespace, root: Path) -> dict[str, Any]:
     from bench import recovery_maxtext as rm
 
     # The default matrix (one period, one delay, 3 rounds) keeps `python -m bench all` within the refresh
@@ -105,21 +105,16 @@ def run_recovery(ns: argparse.Namespace, wd: Path | None) -> dict[str, Any]:
     periods = ns.checkpoint_periods or ([20] if ns.quick else [1000])
     delays = ns.delays or ([1.0] if ns.quick else [10.0])
     runs = ns.repeats or 3
-    root = wd or Path(tempfile.mkdtemp(prefix="bench-recovery-"))
-    try:
-        r = rm.run(
-            strategies=ns.strategies or list(rm.STRATEGIES),
-            cases=[("kill", p, d) for p in periods for d in delays],
-            runs=runs,
-            seed=ns.seed,
-            root=root,
-            model=ns.maxtext_model,
-            min_slices=ns.maxtext_min_slices,
-            local_checkpoint_period=ns.local_checkpoint_period,
-        )
-    finally:
-        if wd is None:
-            shutil.rmtree(root, ignore_errors=True)
+    r = rm.run(
+        strategies=ns.strategies or list(rm.STRATEGIES),
+        cases=[("kill", p, d) for p in periods for d in delays],
+        runs=runs,
+        seed=ns.seed,
+        root=root,
+        model=ns.maxtext_model,
+        min_slices=ns.maxtext_min_slices,
+        local_checkpoint_period=ns.local_checkpoint_period,
+    )
     label = maxtext_label(ns.maxtext_model)  # a run of one model size replaces only its rows
     cfg = {"trainers": [label], "runs": runs, "checkpoint_periods": periods, "delays": delays, "quick": ns.quick}
     out: dict[str, Any] = {"quick": ns.quick, "config": cfg | {"maxtext": r["config"]}}
@@ -129,12 +124,17 @@ def run_recovery(ns: argparse.Namespace, wd: Path | None) -> dict[str, Any]:
 
 
 def run_one(name: str, ns: argparse.Namespace) -> dict[str, Any]:
-    wd = ns.workdir / name if ns.workdir else None
-    if name == "recovery":
-        return run_recovery(ns, wd)
-    opts = {k: getattr(ns, k) for k in SCALE_OPTIONS} if name == "scale" else {}
-    module = importlib.import_module(f"bench.{name}")
-    return dict(module.run(quick=ns.quick, repeats=ns.repeats, workdir=wd, **opts))
+    """One benchmark in its own directory: under ``--workdir``, kept, or a temporary one, removed."""
+    wd = ns.workdir / name if ns.workdir else Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    wd.mkdir(parents=True, exist_ok=True)
+    try:
+        if name == "recovery":
+            return run_recovery(ns, wd)
+        opts = {k: getattr(ns, k) for k in SCALE_OPTIONS} if name == "scale" else {}
+        return dict(importlib.import_module(f"bench.{name}").run(wd, quick=ns.quick, repeats=ns.repeats, **opts))
+    finally:
+        if ns.workdir is None:
+            shutil.rmtree(wd, ignore_errors=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:

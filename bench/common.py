@@ -36,13 +36,11 @@ def free_port() -> int:
             return port
 
 
-def raise_nofile(want: int | None = None) -> int:
-    """Raise this process's RLIMIT_NOFILE soft limit (to the hard limit by default)."""
+def raise_nofile() -> None:
+    """Raise this process's RLIMIT_NOFILE soft limit to its hard limit (children inherit it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if want is None else min(hard, max(soft, want))
-    if target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -81,18 +79,20 @@ def rnd(x: float | None, n: int = 4) -> float | None:
     return None if x is None else round(float(x), n)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a log or journal, one a line; other lines are skipped."""
-    if not path.exists():
-        return []
+def json_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON objects among a log's or journal's lines; other lines are skipped."""
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in lines:
         if line.startswith("{"):
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
     return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return json_lines(path.read_text(encoding="utf-8", errors="replace").splitlines()) if path.exists() else []
 
 
 def iso_to_epoch(s: str) -> float:
@@ -186,7 +186,6 @@ class Rig:
         slices: int,
         hosts_per_slice: int = 1,
         coordinator_args: Sequence[str] = (),
-        coordinator_env: dict[str, str] | None = None,
     ) -> None:
         self.workdir, self.job, self.slices = workdir, job, slices
         workdir.mkdir(parents=True, exist_ok=True)
@@ -197,7 +196,7 @@ class Rig:
         self.cmd = [PY, "-m", "agent", "coordinator", "--job", job, "--listen", self.addr]
         self.cmd += ["--trainer-listen", self.trainer_addr, "--num-slices", str(slices)]
         self.cmd += ["--hosts-per-slice", str(hosts_per_slice), "--log-format", "json", *side, *coordinator_args]
-        self.coordinator_env = env(**(coordinator_env or {}))
+        self.coordinator_env = env()
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.hosts: dict[tuple[int, int], list[subprocess.Popen[bytes]]] = {}
         self.incarnation: dict[tuple[int, int], int] = {}

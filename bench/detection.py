@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -183,9 +182,8 @@ def row(kind: str, ss: list[dict[str, Any]], note: str | None) -> dict[str, Any]
     }
 
 
-def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = None) -> dict[str, Any]:
+def run(root: Path, quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     reps = repeats or (1 if quick else 5)
-    root = Path(workdir or tempfile.mkdtemp(prefix="bench-detection-"))
     samples: list[dict[str, Any]] = []
     notes: dict[str, str | None] = {}
 

@@ -6,7 +6,6 @@ coordinator's until its health check serves, a worker's until it logs "registere
 
 from __future__ import annotations
 
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -56,10 +55,9 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
         rig.stop()
 
 
-def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = None) -> dict[str, Any]:
+def run(root: Path, quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     reps = repeats or (1 if quick else 3)
     idle_s, settle_s = (3.0, 1.0) if quick else (10.0, 2.0)
-    root = Path(workdir or tempfile.mkdtemp(prefix="bench-footprint-"))
     rounds = []
     for r in range(reps):
         log(f"footprint: round {r + 1}/{reps}")

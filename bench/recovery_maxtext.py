@@ -620,13 +620,15 @@ def run(
     lcp = LOCAL_CHECKPOINT_PERIOD if local_checkpoint_period is None else local_checkpoint_period
     if model not in MODELS:
         raise ValueError(f"unknown MaxText model size {model!r}: expected one of {sorted(MODELS)}")
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
+    if unknown := [s for s in strategies if s not in STRATEGIES]:
         raise ValueError(f"unknown strategy {unknown}: expected some of {list(STRATEGIES)}")
-    bad = [c for c in cases if c[0] not in FAULTS]
-    if bad:
+    if bad := [c for c in cases if c[0] not in FAULTS]:
         raise ValueError(f"unknown fault in {bad}: expected one of {list(FAULTS)}")
     ours = list(strategies)
+
+    def run_under(fault: str) -> list[str]:
+        return ours if fault != "notice" else [s for s in ours if s in NOTICE_STRATEGIES]
+
     no_start: dict[int, str] = {}
     if ours and not MAXTEXT_PYTHON.exists():
         why = f"not run: no MaxText interpreter at {MAXTEXT_PYTHON} (python3.12 venv with maxtext[tpu]==0.2.5)"
@@ -654,7 +656,7 @@ def run(
                 continue
             job = jobs[period] if fault != "notice" else replace(jobs[period], min_slices=notice_min)
             at = fault_index(job, seed, rep, runs)
-            for s in ours if fault != "notice" else [s for s in ours if s in NOTICE_STRATEGIES]:
+            for s in run_under(fault):
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
                 tag = f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}"
                 r = guarded(job, s, root, tag, fault_step=at, delay=delay, start=starts[period], fault=fault)
@@ -664,7 +666,7 @@ def run(
     rows = []
     for fault, period, delay in cases:
         row_min = min_slices if fault != "notice" else notice_min
-        for s in ours if fault != "notice" else [s for s in ours if s in NOTICE_STRATEGIES]:
+        for s in run_under(fault):
             if period in no_start:
                 rows.append(not_run_row(s, fault, period, delay, model, no_start[period], row_min))
                 continue

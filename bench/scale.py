@@ -30,6 +30,7 @@ from bench.common import (
     cpu_seconds,
     env,
     iso_to_epoch,
+    json_lines,
     log,
     median,
     percentile,
@@ -126,12 +127,7 @@ class LogTail:
             self.buf += f.read()
             self.pos = f.tell()
         *lines, self.buf = self.buf.split("\n")
-        for line in lines:
-            if line.startswith("{"):
-                try:
-                    self.records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
+        self.records += json_lines(lines)
         return self.records
 
     def told(self, kind: str, after_gen: int) -> dict[str, Any] | None:
@@ -505,10 +501,10 @@ def too_few_open_files(n: int, streams_per_connection: int = 1) -> str | None:
 
 
 def run(
+    root: Path,
     quick: bool = False,
     sizes: list[int] | None = None,
     cycles: int | None = None,
-    workdir: Path | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
     repeats: int | None = None,
@@ -528,8 +524,6 @@ def run(
     hbt = heartbeat_timeout or C.HEARTBEAT_TIMEOUT_SECONDS
     sizes = sizes or ([200] if quick else [10000, 25000])
     cycles = cycles or (1 if quick else 3)
-    root = Path(workdir or tempfile.mkdtemp(prefix="bench-scale-"))
-    root.mkdir(parents=True, exist_ok=True)
     results, rows = [], []
     for scenario in scenarios:
         for n in sizes:
