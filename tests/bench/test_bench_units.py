@@ -3,6 +3,7 @@ and detection's rows."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,3 +91,37 @@ def test_waiting_on_a_process_stops_once_it_has_exited_after_one_last_look() -> 
     assert len(looks) == 2, "one look, and one more once the process is seen to have exited"
     answers = iter([None, "written as it ended"])
     assert wait_until(lambda: next(answers), 60.0, proc=proc) == "written as it ended"
+
+
+def test_the_runner_gives_each_benchmark_a_directory_and_removes_it_unless_asked_to_keep_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bench import __main__ as runner
+    from bench import footprint
+
+    seen: list[Path] = []
+
+    def fake_run(root: Path, quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
+        assert root.is_dir() and quick and repeats == 2
+        (root / "log").write_text("x")
+        seen.append(root)
+        return {"results": []}
+
+    monkeypatch.setattr(footprint, "run", fake_run)
+    runner.run_one("footprint", runner.build_parser().parse_args(["footprint", "--quick", "--repeats", "2"]))
+    assert not seen[-1].exists(), "a temporary directory is removed"
+    ns = runner.build_parser().parse_args(["footprint", "--quick", "--repeats", "2", "--workdir", str(tmp_path)])
+    runner.run_one("footprint", ns)
+    assert seen[-1] == tmp_path / "footprint" and (seen[-1] / "log").exists(), "--workdir keeps the files"
+
+
+def test_the_runner_forwards_every_scale_option_under_a_name_scale_run_takes() -> None:
+    import inspect
+
+    from bench import __main__ as runner
+    from bench import scale
+
+    ns = runner.build_parser().parse_args(["scale", "--sizes", "200", "--streams-per-connection", "2"])
+    opts = {k: getattr(ns, k) for k in runner.SCALE_OPTIONS}
+    bound = inspect.signature(scale.run).bind(Path("wd"), quick=True, repeats=None, **opts).arguments
+    assert bound["sizes"] == [200] and bound["streams_per_connection"] == 2
