@@ -188,7 +188,7 @@ SECTIONS: dict[str, tuple[str, Any, str]] = {
         sec_detection,
         "A coordinator with its journal on, four hosts and a fake trainer, so every loss ends in a hold. "
         "Detection is the journal's first record at or after the fault in which the slice is no longer up, the "
-        "decision the first with a `HoldTrainer`; the host is then replaced before the next fault. `kill` is a "
+        "decision the first with a `HoldTrainer`; the host is then replaced (or serves again) before the next fault. `kill` is a "
         "SIGKILL of the host's processes, `hang` a SIGSTOP, `not_serving` its stand-in Pathways worker turning "
         "NOT_SERVING; the notices come from the host's stand-in metadata server and a Pub/Sub emulator, and count "
         "from their delivery to the daemon (a Pub/Sub one from its receipt).",
@@ -196,9 +196,9 @@ SECTIONS: dict[str, tuple[str, Any, str]] = {
     "scale": (
         "Scale: one coordinator, many workers",
         sec_scale,
-        "The coordinator on a core of its own; load generators of 2,500 stand-in hosts each (a channel and a "
+        "The coordinator on a core of its own; load generators of up to 2,500 stand-in hosts each (a channel and a "
         "`Join` stream a host, heartbeats by datagram) register every host at once, as after a job restart. "
-        "`hold_cycles`: a host leaves and comes back, three times; a host's fan-out is its first copy of the "
+        "`hold_cycles`: a host leaves and comes back, three cycles a run; a host's fan-out is its first copy of the "
         "command (a datagram's kernel receive time) less the decision's time in the coordinator's log, and a row "
         "keeps the worst cycle's p99. `coordinator_restart`: SIGKILL under load, started again on the same ports, "
         "until its `workers_connected` counts every host. A run is valid only if every hold and resume reached "
