@@ -83,7 +83,11 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
                 [
                     [r["strategy"], *([r.get("fault", "kill")] if phased else []), r.get("runs")]
                     + [both(r, "lost_steps", b="max"), both(r, "recovery_seconds"), both(r, "fault_cost_seconds")]
-                    + ([", ".join(f"{k} {fmt(v)}" for k, v in r["phase_seconds_median"].items())] if phased else [])
+                    + (
+                        [", ".join(f"{k} {fmt(v)}" for k, v in (r.get("phase_seconds_median") or {}).items())]
+                        if phased
+                        else []
+                    )
                     + [r.get("hook_seconds_per_step_median"), status(r)]
                     for r in rows
                 ],
