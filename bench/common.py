@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -24,9 +25,8 @@ _HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
-    """A loopback port that was free just now and that this process has not handed out before
-    (the kernel can give a closed socket's port to the next ``bind(0)``: two servers of one rig
-    would then collide)."""
+    """A loopback port free just now and not handed out before by this process (the kernel can give a
+    closed socket's port to the next ``bind(0)``: two servers of one rig would then collide)."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
@@ -36,13 +36,26 @@ def free_port() -> int:
             return port
 
 
-def raise_nofile(want: int | None = None) -> int:
-    """Raise this process's RLIMIT_NOFILE soft limit (to the hard limit by default)."""
+def raise_nofile() -> None:
+    """Raise this process's RLIMIT_NOFILE soft limit to its hard limit (children inherit it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if want is None else min(hard, max(soft, want))
-    if target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` above 0, else an error naming the value."""
+
+    def parse(v: str) -> Any:
+        try:
+            x = kind(v)
+        except ValueError:
+            x = 0
+        if x <= 0:
+            raise argparse.ArgumentTypeError(f"{v!r}: expected a number above 0")
+        return x
+
+    return parse
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -66,18 +79,20 @@ def rnd(x: float | None, n: int = 4) -> float | None:
     return None if x is None else round(float(x), n)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a log or journal, one a line; other lines are skipped."""
-    if not path.exists():
-        return []
+def json_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON objects among a log's or journal's lines; other lines are skipped."""
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in lines:
         if line.startswith("{"):
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
     return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return json_lines(path.read_text(encoding="utf-8", errors="replace").splitlines()) if path.exists() else []
 
 
 def iso_to_epoch(s: str) -> float:
@@ -99,19 +114,6 @@ def wait_until(
         if time.monotonic() > deadline:
             return None
         time.sleep(interval)
-
-
-def stop_process(p: subprocess.Popen[Any] | None, grace: float = 5.0) -> int | None:
-    if p is None:
-        return None
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(grace)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    return p.returncode
 
 
 def log(msg: str) -> None:
@@ -139,14 +141,8 @@ def serving(addr: str) -> bool:
 
 
 def daemon_port_flags() -> list[str]:
-    """Free loopback ports for a daemon's HTTP and admin servers (their defaults are fixed ports, so
-    two daemons on one machine would collide)."""
+    """Free loopback ports for a daemon's HTTP and admin servers (their fixed defaults would collide)."""
     return ["--http-listen", f"127.0.0.1:{free_port()}", "--admin-listen", f"127.0.0.1:{free_port()}"]
-
-
-# ---------------------------------------------------------------------------
-# the rig: a coordinator, its hosts and a trainer on loopback
-# ---------------------------------------------------------------------------
 
 
 class FakeTrainer:
@@ -180,9 +176,8 @@ class FakeTrainer:
 
 
 class Rig:
-    """One coordinator (``python -m agent coordinator``, JSON logs in ``workdir``), hosts of one
-    stand-in Pathways worker and one worker sidecar in a process group each, and a
-    :class:`FakeTrainer`: what detection, footprint and scale each run against."""
+    """A coordinator (JSON logs in ``workdir``), hosts (a stand-in Pathways worker and a worker sidecar in
+    a process group each) and a :class:`FakeTrainer`: what detection, footprint and scale run against."""
 
     def __init__(
         self,
@@ -191,7 +186,6 @@ class Rig:
         slices: int,
         hosts_per_slice: int = 1,
         coordinator_args: Sequence[str] = (),
-        coordinator_env: dict[str, str] | None = None,
     ) -> None:
         self.workdir, self.job, self.slices = workdir, job, slices
         workdir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +196,7 @@ class Rig:
         self.cmd = [PY, "-m", "agent", "coordinator", "--job", job, "--listen", self.addr]
         self.cmd += ["--trainer-listen", self.trainer_addr, "--num-slices", str(slices)]
         self.cmd += ["--hosts-per-slice", str(hosts_per_slice), "--log-format", "json", *side, *coordinator_args]
-        self.coordinator_env = env(**(coordinator_env or {}))
+        self.coordinator_env = env()
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.hosts: dict[tuple[int, int], list[subprocess.Popen[bytes]]] = {}
         self.incarnation: dict[tuple[int, int], int] = {}
@@ -217,8 +211,7 @@ class Rig:
     def start_coordinator(
         self, log_name: str = "coordinator.log", timeout: float = 60.0, cpus: set[int] | None = None
     ) -> float:
-        """Start the coordinator (on ``cpus`` only, if given) and wait until it serves; returns the seconds
-        that took."""
+        """Start the coordinator (on ``cpus`` only, if given); returns the seconds until it served."""
         t0 = time.time()
         out = self.logfile(log_name)
         self.coordinator = subprocess.Popen(
@@ -290,14 +283,16 @@ class Rig:
             self.trainer.stop()
         for key in list(self.hosts):
             self.kill_host(*key)
-        stop_process(self.coordinator, grace=30.0)
+        if self.coordinator is not None and self.coordinator.poll() is None:
+            self.coordinator.terminate()
+            try:
+                self.coordinator.wait(30.0)
+            except subprocess.TimeoutExpired:
+                self.coordinator.kill()
+                self.coordinator.wait()
         for f in self.files:
             f.close()
 
-
-# ---------------------------------------------------------------------------
-# the JSON every benchmark writes
-# ---------------------------------------------------------------------------
 
 SCHEMA_VERSION = 2
 
@@ -329,15 +324,16 @@ def machine() -> dict[str, Any]:
             libs[dist] = version(dist)
         except PackageNotFoundError:
             libs[dist] = None
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in _lines("/proc/cpuinfo") if ln.lower().startswith("model name")),
-        platform.processor() or None,
-    )
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        info = []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.lower().startswith("model name")), None)
     return {
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "cpu_model": cpu,
+        "cpu_model": cpu or platform.processor() or None,
         "python": platform.python_version(),
         "jax": libs["jax"],
         "kernel": platform.release(),
@@ -345,13 +341,6 @@ def machine() -> dict[str, Any]:
         "libraries": libs,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
-
-
-def _lines(path: str) -> list[str]:
-    try:
-        return Path(path).read_text().splitlines()
-    except OSError:
-        return []
 
 
 def spread(xs: Sequence[float | None]) -> dict[str, Any]:
@@ -370,16 +359,14 @@ def trainer_of(record: dict[str, Any]) -> str:
 
 
 def maxtext_label(model: str | None) -> str:
-    """The recovery rows' trainer for a MaxText model size: ``maxtext`` for the tiny model (as every row
-    was before other sizes were published), ``maxtext-<model>`` for any other, so that one size's rows
-    neither replace another's in docs/benchmarks.json nor mix with them in a verdict."""
+    """The recovery rows' trainer for a MaxText model size (``maxtext`` for the tiny one), so that one
+    size's rows neither replace another's in docs/benchmarks.json nor mix with them."""
     return "maxtext" if model in (None, "", "tiny") else f"maxtext-{model}"
 
 
 def portable_path(value: str) -> str:
-    """``value`` as a published result records it: an absolute path inside the repository relative to its
-    root, any other absolute path as its last component under ``<outside>/`` (a scratch directory of the
-    machine that ran it, which means nothing elsewhere); anything else unchanged."""
+    """``value`` as a published result records it: an absolute path relative to the repository's root,
+    or outside it as ``<outside>/`` and its last component (a scratch directory means nothing elsewhere)."""
     if not value.startswith("/"):
         return value
     p = Path(value)

@@ -1,24 +1,15 @@
 """Detection: a fault until the coordinator's hold decision, by kind of fault.
 
-A coordinator (its journal on, the shipped liveness defaults), four hosts and a fake trainer
-(:class:`bench.common.Rig`), so every loss ends in a hold. For each fault the bench notes its time
-and reads the journal: *detection* is the first record at or after it in which the slice is no
-longer up, *decision* the first with a ``HoldTrainer`` action. The host is then replaced (or made
-healthy again) and the job runs on every slice before the next fault.
-
-Kinds: ``kill`` (SIGKILL of the host's process group), ``hang`` (SIGSTOP), ``not_serving`` (the
-stand-in Pathways worker turns NOT_SERVING on SIGUSR1), and two notices measured from their
-delivery to the daemon: ``metadata_notice`` (a maintenance event on the host's stand-in metadata
-server, which the worker long-polls) and ``pubsub_notice`` (from the coordinator's subscriber
-receiving it, its logged ``received_at``; publish-to-hold on the emulator is kept beside it as
-``sent_to_decision_seconds_*``).
+A :class:`bench.common.Rig` with the coordinator's journal on: *detection* is the journal's first record
+at or after the fault in which the slice is no longer up, *decision* the first with a ``HoldTrainer``.
+Kinds: :data:`FAULTS` on the host's processes, and :data:`NOTICES` from a Pub/Sub emulator and the host's
+stand-in metadata server, counted from their delivery to the daemon (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -191,9 +182,8 @@ def row(kind: str, ss: list[dict[str, Any]], note: str | None) -> dict[str, Any]
     }
 
 
-def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = None) -> dict[str, Any]:
+def run(root: Path, quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     reps = repeats or (1 if quick else 5)
-    root = Path(workdir or tempfile.mkdtemp(prefix="bench-detection-"))
     samples: list[dict[str, Any]] = []
     notes: dict[str, str | None] = {}
 

@@ -1,17 +1,11 @@
-"""Footprint: idle CPU and memory of each sidecar role, and its start-up time.
+"""Footprint: each sidecar role's idle CPU and memory (psutil), and its start-up time.
 
-A coordinator (the shipped heartbeat defaults; journal and state file off), four worker sidecars,
-each watching its stand-in Pathways worker, and a fake trainer (:class:`bench.common.Rig`): the job
-is RUNNING and nothing happens. After a settling time psutil reads each process's CPU time and RSS
-(and USS) over an idle window. Start-up: the process's start until it is ready: the coordinator
-until its ``grpc.health.v1`` Check answers SERVING, a worker until its "registered with
-coordinator" log line (its stand-in already serving, as on a running host; one worker at a time).
-Medians over rounds, each starting everything afresh.
+A :class:`bench.common.Rig` of four hosts with the job running and nothing happening. Start-up: the
+coordinator's until its health check serves, a worker's until it logs "registered with coordinator".
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -61,10 +55,9 @@ def one_round(root: Path, idle_s: float, settle_s: float) -> dict[str, Any]:
         rig.stop()
 
 
-def run(quick: bool = False, repeats: int | None = None, workdir: Path | None = None) -> dict[str, Any]:
+def run(root: Path, quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     reps = repeats or (1 if quick else 3)
     idle_s, settle_s = (3.0, 1.0) if quick else (10.0, 2.0)
-    root = Path(workdir or tempfile.mkdtemp(prefix="bench-footprint-"))
     rounds = []
     for r in range(reps):
         log(f"footprint: round {r + 1}/{reps}")

@@ -1,17 +1,10 @@
-"""The load generator's heartbeat clock: a small process that sends its stand-in hosts' heartbeat datagrams.
+"""The load generator's heartbeat clock: a process that sends its stand-in hosts' heartbeat datagrams.
 
-A generator (:mod:`bench.scale_loadgen`) stands in for 2,500 hosts, each of which heartbeats from a CPU
-of its own. Sent from a thread of the generator, the heartbeats waited for its GIL behind thousands of
-gRPC channels after a coordinator restart and fell behind by more than the heartbeat timeout. In a
-process of its own, at a higher priority, the clock no longer waits for the generator. It sends from
-the generator's datagram socket (the descriptor is inherited), so the coordinator's command datagrams
-still come back to the generator. Told over stdin, one line each::
-
-    + INDEX PORT INTERVAL HEXBYTES     send these bytes to PORT every INTERVAL seconds from now on
-    - INDEX                            stop
-
-It prints ``late SECONDS`` on stdout each time it has run later than ever (by 5 ms or more), and exits
-when its stdin closes: ``python -m bench.heartbeat_clock --fd FD --host 127.0.0.1 --name 0``.
+Each real host heartbeats from a CPU of its own; from a thread of the generator the heartbeats would
+wait for its GIL behind thousands of gRPC channels. The clock runs at a higher priority and sends from
+the generator's datagram socket (inherited), so command datagrams still reach the generator. Told over
+stdin ``+ INDEX PORT INTERVAL HEXBYTES`` (send these every INTERVAL from now) or ``- INDEX`` (stop); it
+prints ``late SECONDS`` each time it has run later than ever, and exits when its stdin closes.
 """
 
 from __future__ import annotations

@@ -1,45 +1,16 @@
-"""Host link: what one in-memory snapshot costs on the accelerator it runs on.
+"""Host link: what a snapshot's copy, or a compile, costs the training steps beside it.
 
-``python -m bench.host_link [--state-gib 4] [--runs 5] [--json PATH]``
+``python -m bench.host_link [--state-gib 4] [--runs 5] [--beside copy|compile] [--json PATH]``, on the
+JAX backend present (a TPU where there is one). ``copy``: the seconds to put the whole state in
+``pinned_host`` memory as Orbax's Pathways ``Snapshotter`` does (``_to_snapshot_state``: one
+``jax.device_put`` a leaf; ``--via snapshotter`` calls ``Snapshotter.save`` itself). ``slowdown``: a
+window of steps timed alone and beside one copy, in alternating order; the difference is ``c`` in
+docs/maxtext.md. ``--beside compile`` puts beside the steps what the MaxText hook's prepare does
+(trainer_hooks/maxtext/prepare.py): a thread compiling a new program. Steps are ``matmul``
+(compute-bound) or ``memory`` (bound by the memory bandwidth the copy shares).
 
-The MaxText hook's snapshots go through Orbax's Pathways ``Snapshotter``, whose synchronous part
-is one ``jax.device_put`` of each state leaf to the same sharding with memory kind
-``pinned_host`` (orbax-checkpoint 0.12.8, ``experimental/v1/_src/training/pathways/
-snapshotter.py``: ``_to_snapshot_state``); a thread of its own then waits for the copies. On a
-TPU that copy runs over the host link, beside the step's compute. docs/maxtext.md sizes the copy
-for Llama-3-8B and 70B on paper with an assumed per-chip link rate; this measures, on whatever
-JAX backend it runs on (a TPU where one is present, else the CPU):
-
-* ``copy``: the seconds to put the whole state in ``pinned_host`` memory and wait for it, and the
-  rate that gives (bytes / seconds; the previous copy is still held meanwhile, as the Snapshotter
-  holds its newest snapshot until the next one completes);
-* ``slowdown``: the seconds one copy adds to the steps it runs beside. Each run times a window of
-  ``window_steps`` steps twice, back to back in an order that alternates between runs: once
-  alone, once with a copy issued just before the first step (the window is sized to outlast
-  the copy, and its end also waits for the copy). The copy before it is freed after the window,
-  untimed (``free_previous_seconds`` gives what that took): the Snapshotter frees it on its own
-  thread. The difference is ``c`` in docs/maxtext.md,
-  the slowdown one snapshot costs; ``c`` over one step's seconds is what the hook's ``auto``
-  interval weighs.
-
-Two kinds of step bracket what a training step does to the chip's memory while the copy reads
-it: ``matmul`` (a chain of square matrix products, bfloat16 on a TPU: compute-bound) and
-``memory`` (an element-wise update of a large array: bound by the chip's memory bandwidth, which
-the copy's reads share).
-
-With ``--beside compile`` the work beside the steps is not a copy but what the MaxText hook's prepare
-does ahead of a drain (trainer_hooks/maxtext/prepare.py): a thread of the same process compiling
-another program (a ``--compile-layers``-layer MLP train step, new for each run so nothing comes
-from a cache). ``compile`` gives its seconds alone, ``slowdown`` what it costs the steps beside it:
-on a TPU host the compiler's CPU work competes only with the step's dispatch.
-
-With ``--via snapshotter`` the copy is Orbax's ``Snapshotter.save`` itself (its queue of one,
-its thread), waited for with its ``join``; it needs orbax-checkpoint and pathwaysutils. The
-default, ``device_put``, is the same call the Snapshotter makes, and needs only JAX.
-
-Imports only the standard library, NumPy, JAX and :mod:`bench.common` (standard library only at
-import; and Orbax with ``--via snapshotter``), so it runs on a machine where the project is not
-installed.
+Imports only the standard library, NumPy, JAX and :mod:`bench.common` (and Orbax with ``--via
+snapshotter``), so it runs on a machine where the project is not installed.
 """
 
 from __future__ import annotations
@@ -54,56 +25,38 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import log
+from bench.common import log, positive
 
 STEP_KINDS = ("matmul", "memory")
 
 
-def _positive(kind: type) -> Any:
-    def parse(v: str) -> Any:
-        try:
-            x = kind(v)
-        except ValueError:
-            x = 0
-        if x <= 0:
-            raise argparse.ArgumentTypeError(f"{v!r}: expected a number above 0")
-        return x
-
-    return parse
+def _kinds(v: str) -> list[str]:
+    kinds = [k.strip() for k in v.split(",") if k.strip()]
+    if not kinds or any(k not in STEP_KINDS for k in kinds):
+        raise argparse.ArgumentTypeError(f"{v!r}: expected some of {', '.join(STEP_KINDS)}")
+    return kinds
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench.host_link", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--state-gib", type=_positive(float), default=4.0, help="state size in GiB (default 4)")
-    ap.add_argument("--leaves", type=_positive(int), default=16, help="state leaves, equal sizes (default 16)")
-    ap.add_argument("--runs", type=_positive(int), default=5, help="interleaved pairs per step kind (default 5)")
+    ap.add_argument("--state-gib", type=positive(float), default=4.0, help="state size in GiB (default 4)")
+    ap.add_argument("--leaves", type=positive(int), default=16, help="state leaves, equal sizes (default 16)")
+    ap.add_argument("--runs", type=positive(int), default=5, help="interleaved pairs per step kind (default 5)")
     ap.add_argument(
-        "--step-seconds", type=_positive(float), default=0.2, help="aim for steps of about this long (default 0.2)"
+        "--step-seconds", type=positive(float), default=0.2, help="aim for steps of about this long (default 0.2)"
     )
-    ap.add_argument(
-        "--step-kinds",
-        default=",".join(STEP_KINDS),
-        help=f"comma-separated, of {', '.join(STEP_KINDS)} (default both)",
-    )
+    ap.add_argument("--step-kinds", type=_kinds, default=",".join(STEP_KINDS), help="comma list (default both)")
     ap.add_argument("--via", choices=("device_put", "snapshotter"), default="device_put")
     ap.add_argument("--beside", choices=("copy", "compile"), default="copy", help="what runs beside the steps")
     ap.add_argument(
-        "--compile-layers", type=_positive(int), default=48, help="--beside compile: the program's layers (48)"
+        "--compile-layers", type=positive(int), default=48, help="--beside compile: the program's layers (48)"
     )
-    ap.add_argument("--compile-width", type=_positive(int), default=2048, help="--beside compile: their width (2048)")
+    ap.add_argument("--compile-width", type=positive(int), default=2048, help="--beside compile: their width (2048)")
     ap.add_argument("--git-sha", default=None, help="the commit the run's files are (when .git is not there)")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     return ap
-
-
-def _kinds(v: str) -> list[str]:
-    kinds = [k.strip() for k in v.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in STEP_KINDS]
-    if bad or not kinds:
-        raise SystemExit(f"--step-kinds {v!r}: expected some of {', '.join(STEP_KINDS)}")
-    return kinds
 
 
 class Copier:
@@ -138,9 +91,8 @@ class Copier:
         self.retired, self.held, self.pending = self.held, self.pending, None
 
     def release(self) -> None:
-        """Free the retired copy. Timed apart: the Snapshotter frees it on its own thread (where freeing
-        pinned memory overlaps the steps), and freeing 1 GiB on the caller's thread took about 0.5 s on
-        the TPU machine this ran on, which would read as the copy's cost."""
+        """Free the retired copy, timed apart: the Snapshotter frees it on its own thread, where freeing
+        pinned memory overlaps the steps; on the caller's thread it would read as the copy's cost."""
         self.retired = None
 
 
@@ -268,7 +220,6 @@ def timed_window(
 def measure(ns: argparse.Namespace) -> dict[str, Any]:
     import jax
 
-    kinds = _kinds(ns.step_kinds)
     log(f"backend {jax.default_backend()}, {len(jax.local_devices())} devices; making {ns.state_gib} GiB of state")
     state = make_state(ns.state_gib, ns.leaves)
     state_bytes = sum(v.nbytes for v in state.values())
@@ -295,7 +246,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
     copy_s = statistics.median(copies)
 
     rows = []
-    for kind in kinds:
+    for kind in ns.step_kinds:
         log(f"{kind} step: sizing it")
         step, x, info = make_step(kind, ns.step_seconds)
         alone = []
@@ -373,7 +324,6 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    _kinds(ns.step_kinds)
     out = measure(ns)
     text = json.dumps(out, indent=1)
     if ns.json is not None:

@@ -1,18 +1,10 @@
-"""Recovery on the real MaxText: ``python -m bench recovery`` (docs/recovery.md explains what it runs).
+"""Recovery on the real MaxText: ``python -m bench recovery``; docs/recovery.md says what it runs and why.
 
-One job (maxtext[tpu]==0.2.5 on the CPU, :mod:`simjob.maxtext`): eight CPU devices in four slices of two,
-each with its ``slice_index`` (:mod:`simjob.maxtext.cpu_elastic`), so MaxText builds its own multi-slice
-mesh, and MaxText's periodic checkpoint every ``checkpoint_period`` steps. Every run restores a checkpoint
-pre-trained once per period (:func:`pretrain`), trains to its fault and on for a tail. The strategies
-(:data:`STRATEGIES`) differ only in what happens on the fault: a new process from the last checkpoint
-(``full_restart``), MaxText's elastic rewind to its periodic or a frequent local checkpoint
-(``checkpoint_rewind``, ``local_checkpoint_rewind``), or the sidecar's in-memory snapshot (``sidecar``).
-The faults: ``kill`` (slice :data:`LOST_SLICE` dies in a step at a seeded phase of the period,
-:func:`fault_index`) and, for the sidecar, ``notice`` (a maintenance notice, drained at a step boundary).
-
-Each run is read from the step events MaxText's patched loop appends (:func:`analyse`, :func:`recovery_phases`);
-a row gives medians over its runs (:func:`summarise`), and a run that did not do what it measures is counted
-in ``failed_runs`` with its reason, never as a figure.
+One MaxText job on 4 CPU slices (:mod:`simjob.maxtext`) restores a pre-trained checkpoint
+(:func:`pretrain`), loses a slice at a seeded phase of its checkpoint period (:func:`fault_index`) and
+trains on; the :data:`STRATEGIES` differ only in how it recovers. A run is read from the step events
+MaxText's patched loop appends (:func:`analyse`, :func:`recovery_phases`); a row gives medians over its
+runs (:func:`summarise`), and a run that did not measure what it should is a failed run, never a figure.
 """
 
 from __future__ import annotations
@@ -49,14 +41,13 @@ SLICES = 4
 DEVICES = 8
 LOST_SLICE = 1
 LOCAL_CHECKPOINT_PERIOD = 20
-"""MaxText's example ``local_checkpoint_period`` in its multi-tier checkpointing guide. The local rewind stands
-in for Orbax's emergency and multi-tier checkpointing, neither of which runs single-controller (tried with
-maxtext 0.2.5 here): the emergency ``CheckpointManager`` then writes only the persistent tier, and the
-``ReplicatorCheckpointManager`` fails its first save asking for ``initialize_distributed_to_device_ids()``."""
+"""MaxText's example ``local_checkpoint_period`` (its multi-tier checkpointing guide). The local rewind stands
+in for Orbax's emergency and multi-tier checkpointing, neither of which runs single-controller: the emergency
+``CheckpointManager`` writes only the persistent tier, the ``ReplicatorCheckpointManager`` fails its first save."""
 MESH_FLAGS = ("dcn_data_parallelism=-1", "ici_fsdp_parallelism=-1")
 ELASTIC_FLAGS = ("elastic_enabled=true", "enable_single_controller=true")
 START_SECONDS = 240.0
-"""A MaxText process's start to its first step, on a loaded 2-core machine (about 20 s when idle)."""
+"""The longest a MaxText process may take from its start to its first step, on a loaded machine."""
 
 
 @dataclass(frozen=True)
@@ -629,13 +620,15 @@ def run(
     lcp = LOCAL_CHECKPOINT_PERIOD if local_checkpoint_period is None else local_checkpoint_period
     if model not in MODELS:
         raise ValueError(f"unknown MaxText model size {model!r}: expected one of {sorted(MODELS)}")
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
+    if unknown := [s for s in strategies if s not in STRATEGIES]:
         raise ValueError(f"unknown strategy {unknown}: expected some of {list(STRATEGIES)}")
-    bad = [c for c in cases if c[0] not in FAULTS]
-    if bad:
+    if bad := [c for c in cases if c[0] not in FAULTS]:
         raise ValueError(f"unknown fault in {bad}: expected one of {list(FAULTS)}")
     ours = list(strategies)
+
+    def run_under(fault: str) -> list[str]:
+        return ours if fault != "notice" else [s for s in ours if s in NOTICE_STRATEGIES]
+
     no_start: dict[int, str] = {}
     if ours and not MAXTEXT_PYTHON.exists():
         why = f"not run: no MaxText interpreter at {MAXTEXT_PYTHON} (python3.12 venv with maxtext[tpu]==0.2.5)"
@@ -663,7 +656,7 @@ def run(
                 continue
             job = jobs[period] if fault != "notice" else replace(jobs[period], min_slices=notice_min)
             at = fault_index(job, seed, rep, runs)
-            for s in ours if fault != "notice" else [s for s in ours if s in NOTICE_STRATEGIES]:
+            for s in run_under(fault):
                 log(f"recovery maxtext: {s} {fault}@{at} period {period} delay {delay:g}s round {rep + 1}/{runs}")
                 tag = f"mx-{s}-{fault}-p{period}-d{delay:g}-r{rep}"
                 r = guarded(job, s, root, tag, fault_step=at, delay=delay, start=starts[period], fault=fault)
@@ -673,7 +666,7 @@ def run(
     rows = []
     for fault, period, delay in cases:
         row_min = min_slices if fault != "notice" else notice_min
-        for s in ours if fault != "notice" else [s for s in ours if s in NOTICE_STRATEGIES]:
+        for s in run_under(fault):
             if period in no_start:
                 rows.append(not_run_row(s, fault, period, delay, model, no_start[period], row_min))
                 continue

@@ -1,9 +1,9 @@
 """Render docs/benchmarks.md (and its plot) from docs/benchmarks.json alone.
 
-``python -m bench.report [--json docs/benchmarks.json] [--out docs/] [--no-plots]``. Each section
-gives the command that measures it and the commit, machine and time its rows came from; a row's
-``invalid_reason`` is printed beside it. Run history lives in git. The TPU host-link runs are read
-from ``host_link_tpu_v5e.json`` beside the JSON, when present.
+``python -m bench.report [--json docs/benchmarks.json] [--out docs/] [--no-plots]``. Each section says
+what it measures, the command that measures it now, and the commit, machine and time its rows came
+from; a row's ``invalid_reason`` is printed beside it. The TPU host-link runs are read from
+``host_link_tpu_v5e.json`` beside the JSON, when present. Run history lives in git.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def both(r: dict[str, Any], key: str, a: str = "median", b: str = "p90") -> str:
+    """Two figures of a row in one cell: ``key_a, key_b``."""
+    return f"{fmt(r.get(f'{key}_{a}'))}, {fmt(r.get(f'{key}_{b}'))}"
+
+
 def table(head: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     return out + ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
@@ -63,37 +68,27 @@ def run_line(s: dict[str, Any]) -> str:
 
 def sec_recovery(s: dict[str, Any]) -> list[str]:
     by = (s.get("config") or {}).get("by_trainer") or {}
-    trainers = sorted({str(r.get("trainer")) for r in s.get("results", [])})
-    out = [
-        "One fault on the real MaxText (4 slices of 2 CPU devices): `kill` (a slice lost mid-step) under each "
-        "strategy, and the sidecar's `notice` (a maintenance notice, drained at a step boundary). Lost steps are "
-        "completed steps run again, recovery the fault to the first new step, fault cost the time beyond the "
-        "run's own step time over a window past the fault (bench/recovery_maxtext.py).",
-        "",
-    ]
-    for t in trainers:
+    out: list[str] = []
+    for t in sorted({str(r.get("trainer")) for r in s.get("results", [])}):
         mine = [r for r in s["results"] if r.get("trainer") == t]
         for p in sorted({r.get("checkpoint_period") for r in mine}, key=str):
             rows = [r for r in mine if r.get("checkpoint_period") == p]
             src = {**s, **(by.get(f"{t} (period {p})") or by.get(t) or {})}
             out += [f"**{t}**, checkpoint period {p} ({fmt(rows[0].get('params'))} parameters). {run_line(src)}", ""]
             phased = any(r.get("phase_seconds_median") for r in rows)  # older results have no phases
+            head = ["strategy", *(["fault"] if phased else []), "runs", "lost steps (median, max)"]
+            head += ["recovery s (median, p90)", "fault cost s (median, p90)"]
             out += table(
-                ["strategy", *(["fault"] if phased else []), "runs", "lost steps (median, max)"]
-                + ["recovery s (median, p90)", "fault cost s (median, p90)"]
-                + [*(["phases s (median)"] if phased else []), "hook s/step", "status"],
+                head + [*(["phases s (median)"] if phased else []), "hook s/step", "status"],
                 [
-                    [
-                        r["strategy"],
-                        *([r.get("fault", "kill")] if phased else []),
-                        r.get("runs"),
-                        f"{fmt(r.get('lost_steps_median'))}, {fmt(r.get('lost_steps_max'))}",
-                        f"{fmt(r.get('recovery_seconds_median'))}, {fmt(r.get('recovery_seconds_p90'))}",
-                        f"{fmt(r.get('fault_cost_seconds_median'))}, {fmt(r.get('fault_cost_seconds_p90'))}",
-                        *([", ".join(f"{k} {fmt(v)}" for k, v in r["phase_seconds_median"].items())] if phased else []),
-                        r.get("hook_seconds_per_step_median"),
-                        status(r),
-                    ]
+                    [r["strategy"], *([r.get("fault", "kill")] if phased else []), r.get("runs")]
+                    + [both(r, "lost_steps", b="max"), both(r, "recovery_seconds"), both(r, "fault_cost_seconds")]
+                    + (
+                        [", ".join(f"{k} {fmt(v)}" for k, v in (r.get("phase_seconds_median") or {}).items())]
+                        if phased
+                        else []
+                    )
+                    + [r.get("hook_seconds_per_step_median"), status(r)]
                     for r in rows
                 ],
             ) + [""]
@@ -101,16 +96,14 @@ def sec_recovery(s: dict[str, Any]) -> list[str]:
 
 
 def sec_detection(s: dict[str, Any]) -> list[str]:
+    head = ["kind", "runs", "detection s", "decision s (median, p90, worst)", "errors", "via"]
     rows = [
         [r["kind"], r.get("runs"), r.get("detection_seconds_median")]
         + [", ".join(fmt(r.get(f"decision_seconds_{k}")) for k in ("median", "p90", "max")), r.get("errors")]
         + [r.get("via") if r.get("available", True) else r.get("note")]
         for r in s.get("results", [])
     ]
-    out = [run_line(s), ""] + table(
-        ["kind", "runs", "detection s", "decision s (median, p90, worst)"] + ["errors", "via"], rows
-    )
-    return out + ["", "A notice counts from its delivery to the daemon (a Pub/Sub one from its receipt)."]
+    return [run_line(s), ""] + table(head, rows)
 
 
 def sec_scale(s: dict[str, Any]) -> list[str]:
@@ -122,13 +115,10 @@ def sec_scale(s: dict[str, Any]) -> list[str]:
     out += [""] + table(
         head + ["delivered", "runs", "status"],
         [
-            [
-                _workers(r),
-                r.get("scenario") or "hold_cycles",
-                f"{fmt(r.get('heartbeat_interval'))} / {fmt(r.get('heartbeat_timeout'))}",
-            ]
-            + [r.get("coordinator_cores"), r.get("coordinator_rss_mib") or r.get("coordinator_rss_mib_at_collapse")]
-            + [r.get("fanout_p99_seconds"), r.get("delivered_fraction"), r.get("runs"), status(r)]
+            [_workers(r), r.get("scenario") or "hold_cycles"]
+            + [f"{fmt(r.get('heartbeat_interval'))} / {fmt(r.get('heartbeat_timeout'))}", r.get("coordinator_cores")]
+            + [r.get("coordinator_rss_mib") or r.get("coordinator_rss_mib_at_collapse"), r.get("fanout_p99_seconds")]
+            + [r.get("delivered_fraction"), r.get("runs"), status(r)]
             for r in holds
         ],
     )
@@ -153,14 +143,12 @@ def _workers(r: dict[str, Any]) -> str:
 
 def sec_footprint(s: dict[str, Any]) -> list[str]:
     head = ["role", "runs", "idle CPU % (median, worst)", "RSS MiB", "USS MiB", "start-up s"]
-    return [run_line(s), ""] + table(
-        head,
-        [
-            [r["role"], r.get("runs"), f"{fmt(r.get('idle_cpu_pct_median'))}, {fmt(r.get('idle_cpu_pct_max'))}"]
-            + [r.get("rss_mib_median"), r.get("uss_mib_median"), r.get("startup_seconds_median")]
-            for r in s.get("results", [])
-        ],
-    )
+    rows = [
+        [r["role"], r.get("runs"), both(r, "idle_cpu_pct", b="max"), r.get("rss_mib_median")]
+        + [r.get("uss_mib_median"), r.get("startup_seconds_median")]
+        for r in s.get("results", [])
+    ]
+    return [run_line(s), ""] + table(head, rows)
 
 
 def sec_host_link(hl: dict[str, Any]) -> list[str]:
@@ -170,14 +158,11 @@ def sec_host_link(hl: dict[str, Any]) -> list[str]:
     ]
     good = [r for r in hl.get("runs", []) if status(r) == "ok"]
     if len(good) < len(hl.get("runs", [])):
-        out += [
-            f"{len(hl['runs']) - len(good)} runs marked invalid in that file are left out here (each says why there).",
-            "",
-        ]
+        left_out = len(hl["runs"]) - len(good)
+        out += [f"{left_out} runs marked invalid in that file are left out here (each says why there).", ""]
     rows = []
     for run in good:
-        cfg = run.get("config") or {}
-        alone = run.get("copy") or {}
+        cfg, alone = run.get("config") or {}, run.get("copy") or {}
         if cfg.get("beside") == "compile":
             what, rate = f"compile, {cfg.get('compile_layers')}-layer step", None
         else:
@@ -185,34 +170,11 @@ def sec_host_link(hl: dict[str, Any]) -> list[str]:
         for r in run.get("results") or [{}]:
             rows.append(
                 [str(run.get("git_sha"))[:7], what, alone.get("seconds_median"), rate, r.get("step_kind")]
-                + [
-                    r.get("step_seconds"),
-                    r.get("runs"),
-                    r.get("slowdown_seconds_median"),
-                    r.get("slowdown_over_copy_median"),
-                ]
+                + [r.get("step_seconds"), r.get("runs"), r.get("slowdown_seconds_median")]
+                + [r.get("slowdown_over_copy_median")]
             )
-    cols = [
-        "commit",
-        "beside the steps",
-        "its s alone",
-        "copy GB/s",
-        "step",
-        "step s",
-        "pairs",
-        "slowdown s",
-        "slowdown / its s",
-    ]
-    return out + table(cols, rows)
-
-
-TITLES = {
-    "recovery": "Recovery phases on the real MaxText",
-    "detection": "Detection: fault to the coordinator's decision",
-    "scale": "Scale: one coordinator, many workers",
-    "footprint": "Footprint: idle daemons",
-}
-RENDER = {"recovery": sec_recovery, "detection": sec_detection, "scale": sec_scale, "footprint": sec_footprint}
+    head = ["commit", "beside the steps", "its s alone", "copy GB/s", "step", "step s", "pairs", "slowdown s"]
+    return out + table(head + ["slowdown / its s"], rows)
 
 
 def refresh_line(secs: dict[str, Any]) -> str:
@@ -226,6 +188,48 @@ def refresh_line(secs: dict[str, Any]) -> str:
 
 
 _MERGE = "--require-clean --merge-into docs/benchmarks.json"
+SECTIONS: dict[str, tuple[str, Any, str]] = {
+    "recovery": (
+        "Recovery phases on the real MaxText",
+        sec_recovery,
+        "One fault on the real MaxText (4 slices of 2 CPU devices): `kill` (a slice lost mid-step) under each "
+        "strategy, and the sidecar's `notice` (a maintenance notice, drained at a step boundary). Lost steps are "
+        "completed steps run again, recovery the fault to the first new step, fault cost the time beyond the "
+        "run's own step time over a window past the fault ([recovery.md](recovery.md)).",
+    ),
+    "detection": (
+        "Detection: fault to the coordinator's decision",
+        sec_detection,
+        "A coordinator with its journal on, four hosts and a fake trainer, so every loss ends in a hold. "
+        "Detection is the journal's first record at or after the fault in which the slice is no longer up, the "
+        "decision the first with a `HoldTrainer`; the host is then replaced (or serves again) before the next fault. `kill` is a "
+        "SIGKILL of the host's processes, `hang` a SIGSTOP, `not_serving` its stand-in Pathways worker turning "
+        "NOT_SERVING; the notices come from the host's stand-in metadata server and a Pub/Sub emulator, and count "
+        "from their delivery to the daemon (a Pub/Sub one from its receipt).",
+    ),
+    "scale": (
+        "Scale: one coordinator, many workers",
+        sec_scale,
+        "The coordinator on a core of its own; load generators of up to 2,500 stand-in hosts each (a channel and a "
+        "`Join` stream a host, heartbeats by datagram) register every host at once, as after a job restart. "
+        "`hold_cycles`: a host leaves and comes back, three cycles a run; a host's fan-out is its first copy of the "
+        "command (a datagram's kernel receive time) less the decision's time in the coordinator's log, and a row "
+        "keeps the worst cycle's p99. `coordinator_restart`: SIGKILL under load, started again on the same ports, "
+        "until its `workers_connected` counts every host. A run is valid only if every hold and resume reached "
+        "every live host, every host's datagrams were confirmed, the kernel dropped none on the coordinator's "
+        "socket and no host was lost; a row only if every run was. One process standing in for 2,500 hosts "
+        "sends their heartbeats from a clock process of its own and registers them only while its event loop "
+        "keeps time (bench/scale_loadgen.py).",
+    ),
+    "footprint": (
+        "Footprint: idle daemons",
+        sec_footprint,
+        "A coordinator, four worker sidecars and a fake trainer, the job running and nothing happening: each "
+        "process's CPU and memory over an idle window. Start-up: the coordinator's until its health check serves, "
+        "a worker's until it has registered.",
+    ),
+}
+"""Each section's title, renderer and what it measures."""
 COMMANDS = {
     "recovery": (
         f"python -m bench recovery --maxtext-model tiny {_MERGE}",
@@ -252,22 +256,21 @@ def make_plots(secs: dict[str, dict[str, Any]], out: Path) -> dict[str, str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return {}
-    made: dict[str, str] = {}
     rows = [r for r in secs.get("recovery", {}).get("results", []) if r.get("fault_cost_seconds_median") is not None]
-    if rows:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        med = [r["fault_cost_seconds_median"] for r in rows]
-        lo = [m - (r.get("fault_cost_seconds_min") or m) for m, r in zip(med, rows, strict=True)]
-        hi = [(r.get("fault_cost_seconds_max") or m) - m for m, r in zip(med, rows, strict=True)]
-        ax.bar(range(len(rows)), med, yerr=[lo, hi], capsize=3)
-        labels = [f"{r['trainer']} {r['strategy']} p{r.get('checkpoint_period')}" for r in rows]
-        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=60, ha="right")
-        ax.set_ylabel("fault cost, s (median, min-max)")
-        fig.tight_layout()
-        fig.savefig(out / "recovery.png", dpi=110)
-        plt.close(fig)
-        made["recovery"] = "recovery.png"
-    return made
+    if not rows:
+        return {}
+    fig, ax = plt.subplots(figsize=(8, 4))
+    med = [r["fault_cost_seconds_median"] for r in rows]
+    lo = [m - (r.get("fault_cost_seconds_min") or m) for m, r in zip(med, rows, strict=True)]
+    hi = [(r.get("fault_cost_seconds_max") or m) - m for m, r in zip(med, rows, strict=True)]
+    ax.bar(range(len(rows)), med, yerr=[lo, hi], capsize=3)
+    labels = [f"{r['trainer']} {r['strategy']} p{r.get('checkpoint_period')}" for r in rows]
+    ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=60, ha="right")
+    ax.set_ylabel("fault cost, s (median, min-max)")
+    fig.tight_layout()
+    fig.savefig(out / "recovery.png", dpi=110)
+    plt.close(fig)
+    return {"recovery": "recovery.png"}
 
 
 def render(
@@ -285,13 +288,10 @@ def render(
         "",
         refresh_line(secs),
     ]
-    for name in ORDER:
-        if name in secs:
-            lines += ["", f"## {TITLES[name]}", "", "Run: `{}` (`{}`).{}".format(*COMMANDS[name]), ""] + RENDER[name](
-                secs[name]
-            )
-            if name in plots:
-                lines += ["", f"![{name}]({plots[name]})"]
+    for name in [n for n in ORDER if n in secs]:
+        title, body, about = SECTIONS[name]
+        lines += ["", f"## {title}", "", "Run: `{}` (`{}`).{}".format(*COMMANDS[name]), "", about, ""]
+        lines += body(secs[name]) + (["", f"![{name}]({plots[name]})"] if name in plots else [])
     if host_link:
         lines += [
             "",

@@ -1,31 +1,9 @@
-"""Scale: one coordinator against thousands of worker sidecars on loopback.
+"""Scale: one coordinator against thousands of stand-in worker sidecars on loopback.
 
-The coordinator runs as its own process (:class:`bench.common.Rig`, the shipped heartbeat settings
-unless told otherwise, ``HOSTS_PER_SLICE`` hosts a slice). Load generators (:mod:`bench.scale_loadgen`,
-one process per ``PER_GENERATOR`` workers) stand in for the hosts: one gRPC channel and one ``Join``
-stream each, heartbeats by datagram as the worker sends them. Where the machine has two usable cores
-or more, the coordinator is pinned to one and everything else to the others. A fake trainer attaches,
-so once every worker has registered the job is RUNNING. Registration is unpaced (every worker at
-once, as after a job restart), within what each generator can set up at a time. Then:
-
-* steady state: the coordinator's CPU (cores used, median of windows) and RSS;
-* ``hold_cycles``: one stand-in disconnects, the coordinator decides a hold and tells every other
-  worker (a command datagram, the stream's copy to any that does not acknowledge it); each generator
-  records when each of its workers first heard it (a datagram from the kernel's receive time,
-  ``SO_TIMESTAMP``). The fan-out is that time less the decision's time in the coordinator's log, p50
-  and p99 over the workers; a row keeps the worst cycle's p99. The worker comes back, the job resumes
-  (that fan-out is kept too), and the cycle repeats;
-* ``coordinator_restart``: the coordinator (with a ``--state-dir``, as deployed) is SIGKILLed under
-  load and started again on the same ports while the workers keep heartbeating and re-register with
-  the worker's backoff: ``restart_to_serving_seconds``, ``all_back_seconds`` (until its
-  ``workers_connected`` gauge counts every worker) and ``hosts_lost``.
-
-A run is valid only if every cycle's hold came after the disconnect and reached every live worker,
-the resume reached every worker, no worker was lost to a heartbeat timeout, every worker's datagrams
-were confirmed, the kernel dropped no datagram on the coordinator's socket (its own
-``heartbeat_datagrams_total{result="dropped"}``), and after a restart every worker was back and none
-lost. Otherwise the row says ``valid: false`` and why. A size runs ``runs`` times; its row is valid
-only if every run was. bench/scale_loadgen.py says where its stand-ins differ from real hosts.
+The coordinator is a :class:`bench.common.Rig`'s, on a core of its own where there are two; load
+generators (:mod:`bench.scale_loadgen`) stand in for the hosts. ``hold_cycles`` times the fan-out of a
+hold and a resume, ``coordinator_restart`` the workers' return after a SIGKILL. docs/benchmarks.md says
+what each figure is and when a run is valid.
 """
 
 from __future__ import annotations
@@ -52,6 +30,7 @@ from bench.common import (
     cpu_seconds,
     env,
     iso_to_epoch,
+    json_lines,
     log,
     median,
     percentile,
@@ -148,12 +127,7 @@ class LogTail:
             self.buf += f.read()
             self.pos = f.tell()
         *lines, self.buf = self.buf.split("\n")
-        for line in lines:
-            if line.startswith("{"):
-                try:
-                    self.records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
+        self.records += json_lines(lines)
         return self.records
 
     def told(self, kind: str, after_gen: int) -> dict[str, Any] | None:
@@ -527,20 +501,20 @@ def too_few_open_files(n: int, streams_per_connection: int = 1) -> str | None:
 
 
 def run(
+    root: Path,
     quick: bool = False,
     sizes: list[int] | None = None,
     cycles: int | None = None,
-    workdir: Path | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
-    runs: int | None = None,
+    repeats: int | None = None,
     scenarios: list[str] | None = None,
     rejoin_grace: float | None = None,
     streams_per_connection: int = 1,
 ) -> dict[str, Any]:
     from agent import constants as C
 
-    runs = runs or (1 if quick else RUNS)
+    runs = repeats or (1 if quick else RUNS)
     scenarios = scenarios or ["hold_cycles"]
     bad = sorted(set(scenarios) - set(SCENARIOS))
     if bad:
@@ -550,8 +524,6 @@ def run(
     hbt = heartbeat_timeout or C.HEARTBEAT_TIMEOUT_SECONDS
     sizes = sizes or ([200] if quick else [10000, 25000])
     cycles = cycles or (1 if quick else 3)
-    root = Path(workdir or tempfile.mkdtemp(prefix="bench-scale-"))
-    root.mkdir(parents=True, exist_ok=True)
     results, rows = [], []
     for scenario in scenarios:
         for n in sizes:

@@ -1,41 +1,13 @@
-"""Load generator for the scale benchmark: many stand-in worker sidecars in one process.
+"""Load generator of the scale benchmark: many stand-in worker sidecars in one process.
 
-Each stand-in is what :mod:`agent.worker` is on the wire: its own gRPC channel (the worker's
-keepalive options, and a private subchannel pool, so a TCP connection of its own), one ``Peer.Join``
-stream, a ``Register`` with the coordinator epoch and generation it last saw, then heartbeats every
-interval the coordinator asks for: by UDP datagram once the coordinator offers a port, on the stream
-too until it confirms one (``DatagramsReceived``). When its stream breaks (a coordinator restart) it
-registers again with the worker's backoff (0.05 s doubling to 1 s), keeping its incarnation. It
-records when each ``PeerCommand`` reached it, the stream's copy or the coordinator's
-``CommandDatagram`` (checked with the worker's token and acknowledged at once, as the worker does),
-a datagram with the kernel's receive time (``SO_TIMESTAMP``).
+Each stand-in is :mod:`agent.worker` on the wire: a channel (the worker's keepalive, a connection of its
+own), one ``Peer.Join`` stream, heartbeats by datagram once the coordinator offers a port (from a clock
+process, :mod:`bench.heartbeat_clock`), re-registration with the worker's backoff, and the time each
+command reached it (a datagram's from the kernel, ``SO_TIMESTAMP``). Where one process standing in for
+thousands of hosts would judge them wrongly, the classes below say what makes up for it.
 
-Where one process standing in for 2,500 hosts on a share of a core differs from 2,500 hosts, each
-with a CPU of its own, and what makes up for it:
-
-* the heartbeat datagrams leave from one socket by a clock process of its own
-  (:mod:`bench.heartbeat_clock`), which the generator's busy event loop cannot hold up;
-* at most ``--concurrency`` stand-ins set up a connection at once (unbounded, thousands of
-  handshakes advanced in turn and none finished for tens of seconds);
-* a stand-in starts a registration only while the process's event loop keeps time (its timers
-  within ``LAG_OK`` for ``LAG_CALM``): a reply read late means heartbeats sent late, and a host
-  rightly judged lost for it, which a real host would not be;
-* a retry after a coordinator restart first asks :class:`CoordinatorGate` (one TCP connect for all
-  the process's stand-ins) whether the port is open, instead of opening a channel to be refused;
-* ``gc.freeze()`` after each registration: a full collection of the process's heap stopped every
-  stand-in at once.
-
-Controlled over stdin/stdout, one JSON object a line::
-
-    <- {"event": "registered", "ok": N, "failed": M, "t0": ..., "t1": ...}
-    -> {"cmd": "datagrams"}   <- {"event": "datagrams", "confirmed": N, "connected": M, "clock_late_max_s": L}
-    -> {"cmd": "disconnect", "index": I}   <- {"event": "disconnected", "index": I, "t": ...}
-    -> {"cmd": "reconnect", "index": I}    <- {"event": "reconnected", "index": I, "t": ...}  (a new incarnation)
-    -> {"cmd": "wait", "kind": "hold", "generation": G, "timeout": S}  <- {"event": "waited", "have": H, "expected": E}
-    -> {"cmd": "dump", "path": P}          <- {"event": "dumped", "path": P}
-    -> {"cmd": "quit"}
-
-    python -m bench.scale_loadgen --coordinator 127.0.0.1:PORT --first 0 --count 2500 --hosts-per-slice 100
+Driven by :mod:`bench.scale` over stdin/stdout, one JSON object a line (``{"cmd": ...}`` in, ``{"event":
+...}`` out: registered, datagrams, disconnect, reconnect, wait, dump, quit).
 """
 
 from __future__ import annotations
@@ -72,11 +44,13 @@ SO_TIMESTAMP = SCM_TIMESTAMP = 29
 """Linux (socket(7)): the kernel's receive time of each datagram, a ``struct timeval`` in the ancillary
 data; Python's socket module does not name the constant."""
 COMMANDS_PER_WAKE = 64
-"""Command datagrams read per wake-up of the loop: a fan-out brings 2,500 at once, and read in one go
-they held back a stand-in whose registration reply had just come."""
+"""Command datagrams read per wake-up of the loop: a fan-out's thousands, read in one go, would hold back
+a stand-in whose registration reply had just come."""
 LAG_PROBE = 0.05
 LAG_OK = 0.1
 LAG_CALM = 0.5
+"""A stand-in starts a registration only while this loop's timers have fired within LAG_OK for LAG_CALM:
+a reply read late means heartbeats sent late, and a host rightly judged lost, as a real one would not be."""
 CHANNEL_OPTIONS = [*C.PEER_KEEPALIVE_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 CONNECTION_ARG = "es.loadgen.connection"
 """A channel argument of the generator's own: channels with the same value share one connection."""
@@ -84,15 +58,12 @@ CONNECTION_ARG = "es.loadgen.connection"
 
 def shared_channel_options(index: int, streams_per_connection: int) -> list[tuple[str, int]]:
     """Channel options that put host ``index``'s stream on one TCP connection with the streams of the
-    ``streams_per_connection - 1`` hosts beside it, for a machine whose open-file limit cannot hold a
-    socket a host at the coordinator (``bench.scale.too_few_open_files``).
+    ``streams_per_connection - 1`` hosts beside it (``bench.scale.too_few_open_files``).
 
-    gRPC core keeps its subchannels (a connection each) in a process-wide pool unless a channel sets
-    ``grpc.use_local_subchannel_pool`` (include/grpc/impl/channel_arg_names.h), keyed by the address and
-    the channel arguments (src/core/client_channel/subchannel_pool_interface.h): channels with equal
-    arguments share a connection, their calls HTTP/2 streams on it. Each host keeps its own stream,
-    registration and datagrams; the group shares the socket and its keepalive pings, so each connection
-    pings ``streams_per_connection`` times as often as a worker does."""
+    gRPC core pools subchannels (a connection each) process-wide unless a channel sets
+    ``grpc.use_local_subchannel_pool``, keyed by the address and the channel arguments
+    (src/core/client_channel/subchannel_pool_interface.h): equal arguments share a connection. The
+    group shares its keepalive pings, so a connection pings ``streams_per_connection`` times as often."""
     if streams_per_connection <= 1:
         return list(CHANNEL_OPTIONS)
     every = C.PEER_KEEPALIVE_TIME_MS // streams_per_connection
@@ -174,7 +145,9 @@ class FakeWorker:
             use_datagrams = bool(reg.heartbeat_datagram_port and reg.heartbeat_datagram_token)
             self.token, self.datagrams_confirmed, self.connected = reg.heartbeat_datagram_token, False, True
             self.registered.set()
-            gc.freeze()  # what a registration leaves lives as long as the stand-in: out of the collector's sight
+            # What a registration leaves lives as long as the stand-in: a full collection of the heap would
+            # stop every stand-in at once.
+            gc.freeze()
             reader = asyncio.create_task(self._read(call))
             if use_datagrams:
                 data = heartbeat_datagram(self.token, self.slice, self.host)
@@ -224,11 +197,9 @@ class FakeWorker:
 
 
 class CoordinatorGate:
-    """Whether the coordinator's port accepts connections, as of a probe at most ``FRESH`` s old.
-
-    A refused channel costs a real host next to nothing; here 2,500 stand-ins retrying at the 1 s backoff
-    cap queued up tens of seconds of one core's work during a restart's downtime, and the first
-    re-registration came well after the restarted coordinator served. One TCP connect answers for all."""
+    """Whether the coordinator's port accepts connections, as of a probe at most ``FRESH`` s old: one TCP
+    connect for every stand-in, where thousands of refused channels during a restart's downtime would
+    queue up tens of seconds of one core's work (a real host's refused channel costs next to nothing)."""
 
     FRESH = 0.05
 
@@ -268,6 +239,7 @@ class LoadGen:
         self.by_index = {w.index: w for w in self.workers}
         self.counts: Counter[tuple[str, int]] = Counter()
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        # Connections set up at once: unbounded, thousands of handshakes advance in turn and none finishes.
         self.joining = asyncio.Semaphore(ns.concurrency)
         self.caught_up = asyncio.Event()
         """Set while this process's event loop keeps time (see :meth:`_watch_lag`; set until it runs)."""

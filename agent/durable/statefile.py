@@ -170,9 +170,9 @@ OFFSET_TOLERANCE_SECONDS = 0.5
 
 Every time in one file is on the same offset, so their distances stay exact; only where the whole file
 sits on the wall clock may be off by this much, which moves a restore's rejoin and phase deadlines by
-at most as much (and :func:`_rebase` clamps it anyway). A render from nothing holds the GIL for about
-0.43 s at 25,000 hosts (``python -m bench.state_cost``): NTP's slew (at most 500 ppm) reaches 0.5 s
-in no less than 1,000 s, a stepped clock at once."""
+at most as much (and :func:`_rebase` clamps it anyway). A render from nothing holds the GIL for under
+half a second at 25,000 hosts (docs/design.md): NTP's slew (at most 500 ppm) reaches
+0.5 s in no less than 1,000 s, a stepped clock at once."""
 
 
 class Renderer:

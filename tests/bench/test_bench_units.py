@@ -1,8 +1,9 @@
 """The benchmarks' own arithmetic without running anything: the combined JSON's provenance, ports,
-detection's rows and the state's cost."""
+and detection's rows."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,19 +76,6 @@ def test_a_detection_row_summarises_the_decisions_and_says_what_could_not_run() 
     assert gone["available"] is False and gone["runs"] == 0 and "not installed" in gone["note"]
 
 
-def test_state_cost_measures_a_full_job_and_refuses_sizes_it_cannot_fill(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import state_cost
-
-    out = state_cost.measure(2000, 2)
-    assert out["hosts"] == 2000 and out["slices"] == 20
-    assert out["state_file_mib"] > 0.3  # 2,000 hosts of about 200 bytes
-    assert out["hosts_in_state_mib"] > 0 and out["renderer_cache_mib"] > 0
-    assert all(out[k] > 0 for k in ("decision_ms_registration", "render_ms_one_host_changed"))
-    with pytest.raises(SystemExit):
-        state_cost.main(["--hosts", "2050"])
-    assert "multiple of 100" in capsys.readouterr().err
-
-
 def test_waiting_on_a_process_stops_once_it_has_exited_after_one_last_look() -> None:
     from typing import cast
 
@@ -103,3 +91,37 @@ def test_waiting_on_a_process_stops_once_it_has_exited_after_one_last_look() -> 
     assert len(looks) == 2, "one look, and one more once the process is seen to have exited"
     answers = iter([None, "written as it ended"])
     assert wait_until(lambda: next(answers), 60.0, proc=proc) == "written as it ended"
+
+
+def test_the_runner_gives_each_benchmark_a_directory_and_removes_it_unless_asked_to_keep_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bench import __main__ as runner
+    from bench import footprint
+
+    seen: list[Path] = []
+
+    def fake_run(root: Path, quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
+        assert root.is_dir() and quick and repeats == 2
+        (root / "log").write_text("x")
+        seen.append(root)
+        return {"results": []}
+
+    monkeypatch.setattr(footprint, "run", fake_run)
+    runner.run_one("footprint", runner.build_parser().parse_args(["footprint", "--quick", "--repeats", "2"]))
+    assert not seen[-1].exists(), "a temporary directory is removed"
+    ns = runner.build_parser().parse_args(["footprint", "--quick", "--repeats", "2", "--workdir", str(tmp_path)])
+    runner.run_one("footprint", ns)
+    assert seen[-1] == tmp_path / "footprint" and (seen[-1] / "log").exists(), "--workdir keeps the files"
+
+
+def test_the_runner_forwards_every_scale_option_under_a_name_scale_run_takes() -> None:
+    import inspect
+
+    from bench import __main__ as runner
+    from bench import scale
+
+    ns = runner.build_parser().parse_args(["scale", "--sizes", "200", "--streams-per-connection", "2"])
+    opts = {k: getattr(ns, k) for k in runner.SCALE_OPTIONS}
+    bound = inspect.signature(scale.run).bind(Path("wd"), quick=True, repeats=None, **opts).arguments
+    assert bound["sizes"] == [200] and bound["streams_per_connection"] == 2

@@ -70,6 +70,11 @@ def test_a_row_marked_invalid_or_not_run_says_why_on_the_page() -> None:
     page = render({"benchmarks": {"recovery": section("recovery", rec)}})
     assert "| sidecar | 5 |" in page and page.count("| ok |") == 1
     assert "| not run: no MaxText interpreter |" in page and "| INVALID: drift |" in page
+    # A row whose runs all failed has no phases, beside rows that have them.
+    rec[0]["phase_seconds_median"] = {"detect": 0.5, "hold": 1.0}
+    page = render({"benchmarks": {"recovery": section("recovery", rec)}})
+    assert "| sidecar | kill | 5 |" in page and "detect 0.5, hold 1" in page
+    assert "| full_restart | kill | 0 |" in page
 
 
 def test_a_missing_or_broken_file_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

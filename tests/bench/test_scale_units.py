@@ -101,7 +101,9 @@ def test_every_scale_size_pins_from_all_usable_cpus() -> None:
         os.sched_setaffinity(0, before)
 
 
-def test_a_size_past_the_open_file_limit_is_a_not_run_row_that_names_the_limit(monkeypatch: Any) -> None:
+def test_a_size_past_the_open_file_limit_is_a_not_run_row_that_names_the_limit(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
     import resource
 
     from agent import fdlimit
@@ -119,7 +121,7 @@ def test_a_size_past_the_open_file_limit_is_a_not_run_row_that_names_the_limit(m
     assert "20,000 shared connections" in str(scale.too_few_open_files(40000, 2))
     ran: list[int] = []
     monkeypatch.setattr(scale, "run_size", lambda n, *a, **k: ran.append(n) or {})
-    (row,) = scale.run(sizes=[25000], runs=1)["results"]
+    (row,) = scale.run(tmp_path, sizes=[25000], repeats=1)["results"]
     assert ran == [] and (row["workers"], row["runs"], row["status"], row["valid"]) == (25000, 0, "not_run", False)
     assert row["invalid_reason"] == short
     monkeypatch.setattr(resource, "setrlimit", lambda *_: None)  # a privileged process raises its hard limit
@@ -131,6 +133,7 @@ def test_rows_whose_hosts_shared_connections_say_so_on_the_page() -> None:
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.json"
     sc = json.loads(docs.read_text())["benchmarks"]["scale"]
+    sc["results"][0]["streams_per_connection"] = 2  # as --streams-per-connection 2 records it
     assert "(2 streams a connection)" in "\n".join(sec_scale(copy.deepcopy(sc)))
     for r in sc["results"]:
         r.pop("streams_per_connection", None)
