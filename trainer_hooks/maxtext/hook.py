@@ -44,8 +44,8 @@ flush) and then
 A drain's hold that asks for a snapshot makes the newest snapshot the held step's, and the
 shrink then restores it from the slices that remain, writing nothing to storage (``_keep_in_memory``).
 With ``elastic_enabled``, a prepare (the slices the job will run on next, sent with a drain's
-hold) compiles that mesh's train step in the background into MaxText's persistent compilation cache, and
-the next attempt loads it from there (:mod:`.prepare`). A resume on the same slice set continues from
+hold) compiles that mesh's train step and state initialiser in the background into MaxText's persistent
+compilation cache, and the next attempt loads them from there (:mod:`.prepare`). A resume on the same slice set continues from
 memory. An abort flushes and exits with the abort's exit code.
 
 The hook never waits for ever: blocked on a sidecar (at start, in a hold, or
@@ -218,7 +218,7 @@ class MaxTextHook:
         self._argv: list[str] = []
         """MaxText's arguments as ``train.initialize`` last got them (a prepare builds its config from them)."""
         self._next_mesh: NextMeshCompiler | None = None
-        """Compiles the next mesh's train step on a prepare, with ``elastic_enabled`` (:mod:`.prepare`)."""
+        """Compiles the next mesh's programs on a prepare, with ``elastic_enabled`` (:mod:`.prepare`)."""
         self._own_seconds = 0.0
         self._own_steps = 0
         """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
@@ -296,7 +296,7 @@ class MaxTextHook:
         return config, recorder
 
     def _prepare_mesh(self, slices: tuple[int, ...]) -> Any:
-        """The session's ``prepare`` hook: compile the train step for ``slices`` in the background (:mod:`.prepare`)."""
+        """The session's ``prepare`` hook: compile the programs for ``slices`` in the background (:mod:`.prepare`)."""
         assert self._next_mesh is not None
         return self._next_mesh(slices)
 

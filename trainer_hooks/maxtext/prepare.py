@@ -1,12 +1,13 @@
-"""The next mesh's train step, compiled ahead into JAX's persistent compilation cache (issue 52).
+"""The next mesh's programs, compiled ahead into JAX's persistent compilation cache (issue 52).
 
 A prepare names the slices the job will run on next. In a background thread this module builds a
 MaxText config for exactly those devices (``pyconfig`` overrides, without touching the module-global
-active slice set the running attempt reads) and compiles the train step through MaxText's own AOT path
-(``train_compile.get_shaped_inputs``, ``jit_and_compile``). JAX writes the program to MaxText's
+active slice set the running attempt reads) and compiles, through MaxText's own functions, the two programs
+an attempt compiles at length: the train step (MaxText's AOT path, ``train_compile.get_shaped_inputs``,
+``jit_and_compile``) and the state's initialiser (``setup_initial_state``'s). JAX writes them to MaxText's
 persistent cache (``jax_cache_dir``), whose key covers the lowered module, the compile options and the
-device assignment; the next ``elastic_retry`` attempt's own jit of the same step on the same devices then
-loads it instead of compiling (docs/maxtext.md, "Preparing the next mesh"). Best effort: a failure is
+device assignment; the next ``elastic_retry`` attempt's own jits of the same programs on the same devices
+then load them instead of compiling (docs/maxtext.md, "Preparing the next mesh"). Best effort: a failure is
 logged and the attempt compiles as before.
 """
 
@@ -64,13 +65,14 @@ def refusal(config: Any) -> str | None:
     return None
 
 
-def compile_train_step(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
-    """Compile MaxText's train step for the mesh over ``slices`` (``slice_index`` of ``jax.devices()``), as
-    ``train_compile.main`` does for a topology; returns its devices and seconds."""
+def compile_next_mesh(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
+    """Compile, for the mesh over ``slices`` (``slice_index`` of ``jax.devices()``), the two programs a MaxText
+    attempt compiles that are worth a cache entry: its train step (:func:`compile_train_step`) and the state's
+    initialiser (:func:`compile_initial_state`). Returns its devices, seconds and each program's seconds; a failed
+    initialiser is named in ``failed`` (the train step's failure raises: nothing was prepared)."""
     import jax
     from maxtext.configs import pyconfig
-    from maxtext.trainers.pre_train import train, train_compile
-    from maxtext.utils import maxtext_utils, sharding
+    from maxtext.utils import maxtext_utils
 
     t0 = time.monotonic()
     wanted = set(slices)
@@ -79,6 +81,30 @@ def compile_train_step(argv: Sequence[str], slices: Sequence[int]) -> dict[str, 
         raise ValueError(f"no device has a slice_index in {sorted(wanted)}")
     config = pyconfig.initialize(next_mesh_argv(argv, len(devices), len(wanted)))
     mesh = maxtext_utils.get_mesh_from_config(config, devices)
+    programs: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    # The train step first: the largest program; the initialiser is the one the attempt runs first.
+    for name, compile_one in (("train_step", compile_train_step), ("initial_state", compile_initial_state)):
+        t1 = time.monotonic()
+        try:
+            compile_one(config, mesh)
+        except Exception as e:
+            if not programs:
+                raise
+            failed[name] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        programs[name] = round(time.monotonic() - t1, 3)
+    out: dict[str, Any] = {"devices": len(devices), "seconds": round(time.monotonic() - t0, 3), "programs": programs}
+    if failed:
+        out["failed"] = failed
+    return out
+
+
+def compile_train_step(config: Any, mesh: Any) -> None:
+    """Compile MaxText's train step for ``mesh``, as ``train_compile.main`` does for a topology."""
+    from maxtext.trainers.pre_train import train, train_compile
+    from maxtext.utils import maxtext_utils, sharding
+
     shaped_args, shaped_kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
     params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
     input_shardings = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
@@ -98,7 +124,39 @@ def compile_train_step(argv: Sequence[str], slices: Sequence[int]) -> dict[str, 
         config,
         train_compile.axis_rules(config.logical_axis_rules),
     )
-    return {"devices": len(devices), "seconds": round(time.monotonic() - t0, 3)}
+
+
+def compile_initial_state(config: Any, mesh: Any) -> None:
+    """Compile (not run: no state is allocated) the state's initialiser MaxText jits for ``mesh`` on every
+    attempt, restored or not.
+
+    MaxText 0.2.5's ``maxtext_utils.setup_initial_state`` always builds the initial state and overlays what it
+    restored on it: ``jax.jit(lambda: nnx.state(init_state_fn()), in_shardings=None,
+    out_shardings=state_mesh_shardings)()`` under the config's logical axis rules, with ``init_state_fn`` the
+    ``TrainStateNNX`` factory of ``train_utils.setup_train_loop``. This builds the same program from the same
+    MaxText functions: the same module (``jit__lambda``) on the same devices, hence the same persistent cache
+    key (it leaves out source locations: JAX strips debug info before hashing, ``cache_key._canonicalize_ir``)."""
+    import jax
+    from flax import nnx
+    from maxtext.common import train_state_nnx
+    from maxtext.utils import maxtext_utils, model_creation_utils, train_utils
+
+    create_model, model = model_creation_utils.create_nnx_abstract_model(config, mesh)
+    _, tx = train_utils.create_training_optimizer(config, model, mesh=mesh)
+
+    def create_train_state_fn() -> Any:  # train_utils.setup_train_loop's
+        nnx_model = create_model()
+        lora = getattr(getattr(config, "lora", None), "enable_lora", False)
+        wrt = getattr(nnx, "LoRAParam", nnx.Param) if lora else nnx.Param
+        return train_state_nnx.TrainStateNNX(nnx_model, nnx.Optimizer(nnx_model, tx, wrt=wrt))
+
+    create_train_state_fn.__name__ = "initialize_state"  # as setup_initial_state names it
+    _, _, state_mesh_shardings = maxtext_utils.get_abstract_state(config, mesh, create_train_state_fn, True)
+    with maxtext_utils.axis_rules(config.logical_axis_rules):
+        initialise = jax.jit(
+            lambda: nnx.state(create_train_state_fn()), in_shardings=None, out_shardings=state_mesh_shardings
+        )
+        initialise.lower().compile()
 
 
 class NextMeshCompiler:
@@ -108,7 +166,7 @@ class NextMeshCompiler:
         self,
         argv: Callable[[], Sequence[str]],
         on_event: Callable[[str, dict[str, object]], None],
-        compile: Callable[[Sequence[str], Sequence[int]], dict[str, Any]] = compile_train_step,
+        compile: Callable[[Sequence[str], Sequence[int]], dict[str, Any]] = compile_next_mesh,
     ) -> None:
         self._argv = argv
         self._on_event = on_event
