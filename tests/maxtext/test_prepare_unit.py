@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainer_hooks.maxtext.prepare import NextMeshCompiler, next_mesh_argv, refusal
+from trainer_hooks.maxtext.prepare import NextMeshCompiler, compile_in_turn, next_mesh_argv, refusal
 
 
 def test_the_next_meshs_argv_replaces_the_keys_it_sets_and_keeps_the_jobs_others() -> None:
@@ -81,6 +81,25 @@ def test_a_failed_compile_is_logged_and_never_raised() -> None:
     future = NextMeshCompiler(lambda: [], events, compile=compile)((0, 1))
     assert future is not None and future.result(10) is None
     assert events.events == [("prepare_failed", {"slices": [0, 1], "error": "RuntimeError: no such mesh"})]
+
+
+def test_the_programs_compile_in_turn_and_only_the_first_ones_failure_raises() -> None:
+    ran: list[str] = []
+
+    def ok(name: str) -> Any:
+        return lambda: ran.append(name)
+
+    def fails() -> None:
+        ran.append("bad")
+        raise RuntimeError("out of memory")
+
+    done, failed = compile_in_turn([("train_step", ok("train_step")), ("initial_state", fails), ("more", ok("more"))])
+    assert ran == ["train_step", "bad", "more"]
+    assert sorted(done) == ["more", "train_step"] and failed == {"initial_state": "RuntimeError: out of memory"}
+    ran.clear()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        compile_in_turn([("train_step", fails), ("initial_state", ok("initial_state"))])
+    assert ran == ["bad"], "nothing is compiled after the first program failed"
 
 
 def test_the_attempt_waits_for_its_own_meshs_compile_only_and_at_most_its_timeout() -> None:

@@ -81,23 +81,35 @@ def compile_next_mesh(argv: Sequence[str], slices: Sequence[int]) -> dict[str, A
         raise ValueError(f"no device has a slice_index in {sorted(wanted)}")
     config = pyconfig.initialize(next_mesh_argv(argv, len(devices), len(wanted)))
     mesh = maxtext_utils.get_mesh_from_config(config, devices)
-    programs: dict[str, float] = {}
-    failed: dict[str, str] = {}
-    # The train step first: the largest program; the initialiser is the one the attempt runs first.
-    for name, compile_one in (("train_step", compile_train_step), ("initial_state", compile_initial_state)):
-        t1 = time.monotonic()
-        try:
-            compile_one(config, mesh)
-        except Exception as e:
-            if not programs:
-                raise
-            failed[name] = f"{type(e).__name__}: {e}"[:300]
-            continue
-        programs[name] = round(time.monotonic() - t1, 3)
+    # The train step first: the largest program.
+    programs, failed = compile_in_turn(
+        [
+            ("train_step", lambda: compile_train_step(config, mesh)),
+            ("initial_state", lambda: compile_initial_state(config, mesh)),
+        ]
+    )
     out: dict[str, Any] = {"devices": len(devices), "seconds": round(time.monotonic() - t0, 3), "programs": programs}
     if failed:
         out["failed"] = failed
     return out
+
+
+def compile_in_turn(compiles: Sequence[tuple[str, Callable[[], object]]]) -> tuple[dict[str, float], dict[str, str]]:
+    """Run each named compile in turn: each one's seconds, and why each that failed did. The first one's failure
+    raises (nothing was prepared); a later one's is only named, the others still count."""
+    done: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    for i, (name, compile_one) in enumerate(compiles):
+        t0 = time.monotonic()
+        try:
+            compile_one()
+        except Exception as e:
+            if i == 0:
+                raise
+            failed[name] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        done[name] = round(time.monotonic() - t0, 3)
+    return done, failed
 
 
 def compile_train_step(config: Any, mesh: Any) -> None:
