@@ -65,11 +65,14 @@ def refusal(config: Any) -> str | None:
     return None
 
 
-def compile_next_mesh(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
+def compile_next_mesh(
+    argv: Sequence[str], slices: Sequence[int], ready: Callable[[str], None] = lambda program: None
+) -> dict[str, Any]:
     """Compile, for the mesh over ``slices`` (``slice_index`` of ``jax.devices()``), the two programs a MaxText
-    attempt compiles that are worth a cache entry: its train step (:func:`compile_train_step`) and the state's
-    initialiser (:func:`compile_initial_state`). Returns its devices, seconds and each program's seconds; a failed
-    initialiser is named in ``failed`` (the train step's failure raises: nothing was prepared)."""
+    attempt compiles that are worth a cache entry, in the order the attempt needs them: the state's initialiser
+    (:func:`compile_initial_state`), then the train step (:func:`compile_train_step`); ``ready`` is told each
+    one's name once it is done with it. Returns its devices, seconds and each program's seconds; a failed one is
+    named in ``failed`` (if both fail, the last error raises: nothing was prepared)."""
     import jax
     from maxtext.configs import pyconfig
     from maxtext.utils import maxtext_utils
@@ -81,12 +84,12 @@ def compile_next_mesh(argv: Sequence[str], slices: Sequence[int]) -> dict[str, A
         raise ValueError(f"no device has a slice_index in {sorted(wanted)}")
     config = pyconfig.initialize(next_mesh_argv(argv, len(devices), len(wanted)))
     mesh = maxtext_utils.get_mesh_from_config(config, devices)
-    # The train step first: the largest program.
     programs, failed = compile_in_turn(
         [
-            ("train_step", lambda: compile_train_step(config, mesh)),
             ("initial_state", lambda: compile_initial_state(config, mesh)),
-        ]
+            ("train_step", lambda: compile_train_step(config, mesh)),
+        ],
+        ready,
     )
     out: dict[str, Any] = {"devices": len(devices), "seconds": round(time.monotonic() - t0, 3), "programs": programs}
     if failed:
@@ -94,21 +97,28 @@ def compile_next_mesh(argv: Sequence[str], slices: Sequence[int]) -> dict[str, A
     return out
 
 
-def compile_in_turn(compiles: Sequence[tuple[str, Callable[[], object]]]) -> tuple[dict[str, float], dict[str, str]]:
-    """Run each named compile in turn: each one's seconds, and why each that failed did. The first one's failure
-    raises (nothing was prepared); a later one's is only named, the others still count."""
+def compile_in_turn(
+    compiles: Sequence[tuple[str, Callable[[], object]]], ready: Callable[[str], None] = lambda name: None
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Run each named compile in turn, telling ``ready`` each name once it is done with (compiled or failed):
+    each one's seconds, and why each that failed did. A failure is only named and the others still run; if
+    every one failed, the last error raises (nothing was prepared)."""
     done: dict[str, float] = {}
     failed: dict[str, str] = {}
-    for i, (name, compile_one) in enumerate(compiles):
+    error: Exception | None = None
+    for name, compile_one in compiles:
         t0 = time.monotonic()
         try:
             compile_one()
         except Exception as e:
-            if i == 0:
-                raise
+            error = e
             failed[name] = f"{type(e).__name__}: {e}"[:300]
-            continue
-        done[name] = round(time.monotonic() - t0, 3)
+        else:
+            done[name] = round(time.monotonic() - t0, 3)
+        finally:
+            ready(name)
+    if error is not None and not done:
+        raise error
     return done, failed
 
 
@@ -171,21 +181,29 @@ def compile_initial_state(config: Any, mesh: Any) -> None:
         initialise.lower().compile()
 
 
+Compile = Callable[[Sequence[str], Sequence[int], Callable[[str], None]], dict[str, Any]]
+"""``(argv, slices, ready) -> figures``: compile the programs of the mesh over ``slices``, telling ``ready`` each
+program's name once it is done with it (:func:`compile_next_mesh`)."""
+
+
 class NextMeshCompiler:
-    """One background compile at a time, one per slice set; ``__call__`` is the session's ``MeshPreparer``."""
+    """One background prepare at a time, one per slice set; ``__call__`` is the session's ``MeshPreparer``."""
 
     def __init__(
         self,
         argv: Callable[[], Sequence[str]],
         on_event: Callable[[str, dict[str, object]], None],
-        compile: Callable[[Sequence[str], Sequence[int]], dict[str, Any]] = compile_next_mesh,
+        compile: Compile = compile_next_mesh,
     ) -> None:
         self._argv = argv
         self._on_event = on_event
         self._compile = compile
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._one_at_a_time = threading.Lock()
         self._futures: dict[tuple[int, ...], Future[object]] = {}
+        self._ready: dict[tuple[int, ...], set[str]] = {}
+        """The programs each prepare is done with so far."""
 
     def __call__(self, slices: tuple[int, ...]) -> Future[object] | None:
         key = tuple(sorted(slices))
@@ -195,6 +213,7 @@ class NextMeshCompiler:
             argv = list(self._argv())
             future: Future[object] = Future()
             self._futures[key] = future
+            self._ready[key] = set()
         # A daemon thread, not an executor's: those are joined at interpreter exit, which would then wait
         # for a compile nobody needs any more.
         name = "maxtext-prepare-" + "-".join(map(str, key))
@@ -202,27 +221,38 @@ class NextMeshCompiler:
         return future
 
     def _run(self, argv: list[str], slices: tuple[int, ...], future: Future[object]) -> None:
+        def ready(program: str) -> None:
+            with self._changed:
+                self._ready[slices].add(program)
+                self._changed.notify_all()
+
         with self._one_at_a_time:
             try:
-                done = self._compile(argv, slices)
+                done = self._compile(argv, slices, ready)
             except Exception as e:  # best effort: the attempt compiles as before
                 self._on_event("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
-                future.set_result(None)
-                return
-        self._on_event("prepared", {"slices": list(slices), **done})
-        future.set_result(done)
+                done = None
+        if done is not None:
+            self._on_event("prepared", {"slices": list(slices), **done})
+        with self._changed:
+            future.set_result(done)
+            self._changed.notify_all()
 
-    def wait_for(self, slices: Sequence[int], timeout: float) -> bool:
-        """Wait (at most ``timeout`` s) for a compile of ``slices`` in flight: the attempt about to build that
-        mesh would compile the same program again alongside it. True when one was waited for."""
-        with self._lock:
-            future = self._futures.get(tuple(sorted(slices)))
-        if future is None or future.done():
-            return False
+    def wait_for(self, slices: Sequence[int], timeout: float, program: str | None = None) -> bool:
+        """Wait (at most ``timeout`` s) for the prepare of ``slices`` in flight to be done with ``program`` (None:
+        with all of them): the attempt about to compile it would compile the same program again alongside it.
+        True when one was waited for."""
+        key = tuple(sorted(slices))
+
+        def done() -> bool:
+            future = self._futures.get(key)
+            return future is None or future.done() or (program is not None and program in self._ready[key])
+
         t0 = time.monotonic()
-        try:
-            future.result(timeout=max(0.0, timeout))
-        except Exception:  # noqa: BLE001 - a timeout: the attempt compiles itself
-            pass
-        self._on_event("prepare_waited", {"slices": sorted(slices), "seconds": round(time.monotonic() - t0, 3)})
+        with self._changed:
+            if done():
+                return False
+            self._changed.wait_for(done, timeout=max(0.0, timeout))  # a timeout: the attempt compiles itself
+        waited = {"slices": list(key), "seconds": round(time.monotonic() - t0, 3)}
+        self._on_event("prepare_waited", waited | ({"program": program} if program is not None else {}))
         return True
