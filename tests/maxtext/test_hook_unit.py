@@ -1174,3 +1174,50 @@ def test_a_grow_whose_snapshot_load_fails_goes_back_to_the_smaller_mesh_never_to
     with pytest.raises(Exception) as again:
         job.step(3 + hook_module.GROW_RETRY_STEPS)  # the grow is tried again
     assert "ScaleUpSignalError" in type(again.value).__name__
+
+
+def test_the_attempt_waits_for_the_prepared_train_step_where_it_jits_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train_utils.jit_train_and_eval_step`` waits for the prepare of its mesh's slices still compiling the
+    train step, then builds the jit as MaxText's would; it waits for nothing on another mesh."""
+    from trainer_hooks.maxtext.prepare import NextMeshCompiler
+
+    built: list[Any] = []
+    train_utils = types.ModuleType("maxtext.utils.train_utils")
+    train_utils.jit_train_and_eval_step = lambda config, model, mesh, *a, **k: built.append(mesh) or ("p", None)  # type: ignore[attr-defined]
+    utils = types.ModuleType("maxtext.utils")
+    utils.train_utils = train_utils  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "maxtext", types.ModuleType("maxtext"))
+    monkeypatch.setitem(sys.modules, "maxtext.utils", utils)
+    monkeypatch.setitem(sys.modules, "maxtext.utils.train_utils", train_utils)
+
+    release = threading.Event()
+
+    def compile(argv: Any, slices: Any, ready: Any) -> dict[str, Any]:
+        ready("initial_state")
+        assert release.wait(10)
+        ready("train_step")
+        return {}
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    hook = MaxTextHook("scripted", "job")
+    hook._next_mesh = NextMeshCompiler(lambda: [], lambda k, f: events.append((k, f)), compile=compile)
+    assert hook._wrap_train_step_jit() is True
+    assert hook._next_mesh((0, 2, 3)) is not None
+
+    def mesh(*slices: int) -> Any:
+        return types.SimpleNamespace(
+            devices=types.SimpleNamespace(flat=[types.SimpleNamespace(slice_index=s) for s in slices])
+        )
+
+    config = types.SimpleNamespace(elastic_timeout_seconds=10)
+    other = mesh(0, 1, 2, 3)
+    assert train_utils.jit_train_and_eval_step(config, "model", other) == ("p", None)
+    assert built == [other] and events == [], "another mesh's prepare: no wait"
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    ours = mesh(0, 0, 2, 2, 3, 3)
+    assert train_utils.jit_train_and_eval_step(config, "model", ours) == ("p", None)
+    assert built == [other, ours]
+    waited = [f for k, f in events if k == "prepare_waited"]
+    assert [(f["slices"], f["program"]) for f in waited] == [([0, 2, 3], "train_step")], events
+    assert release.is_set(), "the jit was built before the prepare was done with the train step"

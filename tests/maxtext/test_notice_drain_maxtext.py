@@ -7,9 +7,9 @@ it on slices 0-2 from their hosts' memory: no checkpoint is written for the drai
 MaxText run to the same step on 4 slices with a checkpoint at its end, then resumed from it on 3 slices: the
 drained job must consume the same batches and have the same losses after the drain (1e-5).
 
-The notice also names the mesh the job will run on next: the hook compiles the train step for slices 0-2 in
-the background into MaxText's persistent compilation cache (``jax_cache_dir``, empty at the start), and the
-attempt on 3 slices loads its train step from there instead of compiling it.
+The notice also names the mesh the job will run on next: the hook compiles the train step and the state's
+initialiser for slices 0-2 in the background into MaxText's persistent compilation cache (``jax_cache_dir``,
+empty at the start), and the attempt on 3 slices loads both from there instead of compiling them.
 """
 
 from __future__ import annotations
@@ -96,12 +96,19 @@ def test_a_notice_drain_goes_on_on_three_slices_from_memory_with_no_checkpoint_a
     assert (loaded["source"], int(loaded["step"]), loaded.get("data")) == ("snapshot", drained, "restored"), loaded
     evs = run.events(tmp_path / "events.jsonl")
     assert [e["slices"] for e in evs if e["kind"] == "mesh"] == [4, 3], "MaxText's own mesh: 4 slices, then 3"
-    # The 3-slice train step: prepared during the notice, then loaded from the persistent cache by the attempt.
-    assert [f["slices"] for _, f in run.hook_lines("prepared")] == [[0, 1, 2]], run.tail()
+    # The 3-slice train step and state initialiser: prepared during the notice, then loaded from the persistent
+    # cache by the attempt.
+    prepared = [f for _, f in run.hook_lines("prepared")]
+    assert [f["slices"] for f in prepared] == [[0, 1, 2]], run.tail()
+    assert sorted(prepared[0]["programs"]) == ["initial_state", "train_step"], prepared
     assert [e["slice_indices"] for e in evs if e["kind"] == "mesh_prepared"] == [[0, 1, 2]]
     shrunk_at = next(e["t"] for e in evs if e["kind"] == "mesh" and e["slices"] == 3)
     hits = [e["t"] for e in evs if e["kind"] == "cache_hit" and e["what"] == "jit_train_step"]
     assert hits and min(hits) > shrunk_at, ("the attempt on 3 slices compiled its train step", hits, shrunk_at)
+    # MaxText jits its initialiser (``jax.jit(lambda: ...)``: module ``jit__lambda``) after the restore and
+    # before it compiles the train step; only the prepare can have put the 3-slice one in the cache.
+    inits = [e["t"] for e in evs if e["kind"] == "cache_hit" and e["what"] == "jit__lambda"]
+    assert any(shrunk_at < t < min(hits) for t in inits), ("the attempt compiled its initialiser", inits, shrunk_at)
     got_steps = kept_steps(evs)
 
     # The reference: the same job to the drained step on 4 slices, then resumed from a checkpoint on 3.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from trainer_hooks.maxtext.prepare import NextMeshCompiler, next_mesh_argv, refusal
+from trainer_hooks.maxtext.prepare import NextMeshCompiler, compile_in_turn, next_mesh_argv, refusal
 
 
 def test_the_next_meshs_argv_replaces_the_keys_it_sets_and_keeps_the_jobs_others() -> None:
@@ -54,7 +54,7 @@ def test_one_compile_per_slice_set_in_the_background_with_the_latest_argv() -> N
     calls: list[tuple[list[str], tuple[int, ...]]] = []
     daemon: list[bool] = []
 
-    def compile(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
+    def compile(argv: Sequence[str], slices: Sequence[int], ready: Callable[[str], None]) -> dict[str, Any]:
         calls.append((list(argv), tuple(slices)))
         daemon.append(threading.current_thread().daemon)
         assert release.wait(10)
@@ -74,7 +74,7 @@ def test_one_compile_per_slice_set_in_the_background_with_the_latest_argv() -> N
 
 
 def test_a_failed_compile_is_logged_and_never_raised() -> None:
-    def compile(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
+    def compile(argv: Sequence[str], slices: Sequence[int], ready: Callable[[str], None]) -> dict[str, Any]:
         raise RuntimeError("no such mesh")
 
     events = Recorder()
@@ -83,10 +83,32 @@ def test_a_failed_compile_is_logged_and_never_raised() -> None:
     assert events.events == [("prepare_failed", {"slices": [0, 1], "error": "RuntimeError: no such mesh"})]
 
 
+def test_the_programs_compile_in_turn_each_failure_named_and_only_all_failing_raises() -> None:
+    ran: list[str] = []
+    told: list[str] = []
+
+    def ok(name: str) -> Any:
+        return lambda: ran.append(name)
+
+    def fails() -> None:
+        ran.append("bad")
+        raise RuntimeError("out of memory")
+
+    compiles = [("initial_state", fails), ("train_step", ok("train_step"))]
+    done, failed = compile_in_turn(compiles, told.append)
+    assert ran == ["bad", "train_step"], "a failed program does not stop the next"
+    assert list(done) == ["train_step"] and failed == {"initial_state": "RuntimeError: out of memory"}
+    assert told == ["initial_state", "train_step"], "each one is ready (done with) in turn, failed or not"
+    ran.clear()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        compile_in_turn([("initial_state", fails), ("train_step", fails)])
+    assert ran == ["bad", "bad"]
+
+
 def test_the_attempt_waits_for_its_own_meshs_compile_only_and_at_most_its_timeout() -> None:
     release = threading.Event()
 
-    def compile(argv: Sequence[str], slices: Sequence[int]) -> dict[str, Any]:
+    def compile(argv: Sequence[str], slices: Sequence[int], ready: Callable[[str], None]) -> dict[str, Any]:
         assert release.wait(10)
         return {}
 
@@ -101,3 +123,33 @@ def test_the_attempt_waits_for_its_own_meshs_compile_only_and_at_most_its_timeou
     future.result(10)
     assert c.wait_for([0, 1, 2], 5.0) is False, "a finished compile: nothing to wait for"
     assert [k for k, _ in events.events] == ["prepare_waited", "prepared"]
+
+
+def test_the_attempt_waits_for_one_program_only_until_the_prepare_is_done_with_it() -> None:
+    first_done = threading.Event()
+    release = threading.Event()
+
+    def compile(argv: Sequence[str], slices: Sequence[int], ready: Callable[[str], None]) -> dict[str, Any]:
+        ready("initial_state")
+        first_done.set()
+        assert release.wait(10)
+        ready("train_step")
+        return {}
+
+    events = Recorder()
+    c = NextMeshCompiler(lambda: [], events, compile=compile)
+    future = c((0, 1, 2))
+    assert future is not None and first_done.wait(10)
+    assert c.wait_for([0, 1, 2], 5.0, "initial_state") is False, "already compiled: nothing to wait for"
+    assert c.wait_for([0, 1, 2], 0.05, "train_step") is True  # still compiling: given up at the timeout
+    assert events.events[-1] == (
+        "prepare_waited",
+        {"slices": [0, 1, 2], "seconds": events.events[-1][1]["seconds"], "program": "train_step"},
+    )
+    waiter = threading.Thread(target=c.wait_for, args=([2, 1, 0], 10.0, "train_step"))
+    waiter.start()
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive(), "the wait ends when the prepare is done with the program"
+    future.result(10)
+    assert c.wait_for([0, 1, 2], 5.0, "train_step") is False

@@ -44,8 +44,8 @@ flush) and then
 A drain's hold that asks for a snapshot makes the newest snapshot the held step's, and the
 shrink then restores it from the slices that remain, writing nothing to storage (``_keep_in_memory``).
 With ``elastic_enabled``, a prepare (the slices the job will run on next, sent with a drain's
-hold) compiles that mesh's train step in the background into MaxText's persistent compilation cache, and
-the next attempt loads it from there (:mod:`.prepare`). A resume on the same slice set continues from
+hold) compiles that mesh's train step and state initialiser in the background into MaxText's persistent
+compilation cache, and the next attempt loads them from there (:mod:`.prepare`). A resume on the same slice set continues from
 memory. An abort flushes and exits with the abort's exit code.
 
 The hook never waits for ever: blocked on a sidecar (at start, in a hold, or
@@ -107,8 +107,11 @@ PERIODIC_POLL_SECONDS = 1.0
 
 
 def say(kind: str, fields: dict[str, object] | None = None) -> None:
-    """One line on stderr, beside MaxText's own log: ``trainer_hooks.maxtext: KIND {json}``."""
-    print(f"{LOG_PREFIX}: {kind} {json.dumps(fields or {}, default=str, sort_keys=True)}", file=sys.stderr, flush=True)
+    """One line on stderr, beside MaxText's own log: ``trainer_hooks.maxtext: KIND {json}``. One write with its
+    newline: ``print`` writes the text and the end apart, so two threads' lines (a prepare's and the attempt's)
+    could run into one."""
+    sys.stderr.write(f"{LOG_PREFIX}: {kind} {json.dumps(fields or {}, default=str, sort_keys=True)}\n")
+    sys.stderr.flush()
 
 
 def settings_from_config(config: Any) -> ElasticSettings:
@@ -218,7 +221,9 @@ class MaxTextHook:
         self._argv: list[str] = []
         """MaxText's arguments as ``train.initialize`` last got them (a prepare builds its config from them)."""
         self._next_mesh: NextMeshCompiler | None = None
-        """Compiles the next mesh's train step on a prepare, with ``elastic_enabled`` (:mod:`.prepare`)."""
+        """Compiles the next mesh's programs on a prepare, with ``elastic_enabled`` (:mod:`.prepare`)."""
+        self._train_step_seam = False
+        """Whether the attempt waits for the prepared train step where it jits it (:meth:`_wrap_train_step_jit`)."""
         self._own_seconds = 0.0
         self._own_steps = 0
         """The hook's own seconds at ordinary step boundaries (its bookkeeping, the pending-command test and
@@ -296,13 +301,16 @@ class MaxTextHook:
         return config, recorder
 
     def _prepare_mesh(self, slices: tuple[int, ...]) -> Any:
-        """The session's ``prepare`` hook: compile the train step for ``slices`` in the background (:mod:`.prepare`)."""
+        """The session's ``prepare`` hook: compile the programs for ``slices`` in the background (:mod:`.prepare`)."""
         assert self._next_mesh is not None
         return self._next_mesh(slices)
 
     def _await_prepared(self, config: Any) -> None:
-        """A new attempt about to build its mesh waits for the prepare of that mesh still compiling (at most
-        MaxText's ``elastic_timeout_seconds``): its own jit would compile the same program alongside it."""
+        """A new attempt about to build its mesh waits for the prepare of that mesh still compiling its state
+        initialiser, the first program the attempt compiles (at most MaxText's ``elastic_timeout_seconds``): its
+        own jit would compile the same program alongside it. The train step's is waited for just before the
+        attempt jits it (:meth:`_wrap_train_step_jit`), so that the attempt's setup and restore overlap it;
+        without that seam, for the whole prepare here."""
         assert self._next_mesh is not None
         try:
             from maxtext.utils import elastic_utils
@@ -311,7 +319,38 @@ class MaxTextHook:
         except Exception as e:  # noqa: BLE001 - no wait then: the attempt compiles
             say("warning", {"message": f"cannot read the attempt's slices: {type(e).__name__}: {e}"[:300]})
             return
-        self._next_mesh.wait_for(slices, float(getattr(config, "elastic_timeout_seconds", 0) or 0))
+        program = "initial_state" if self._train_step_seam else None
+        self._next_mesh.wait_for(slices, float(getattr(config, "elastic_timeout_seconds", 0) or 0), program)
+
+    def _wrap_train_step_jit(self) -> bool:
+        """Wrap ``train_utils.jit_train_and_eval_step`` (``train_loop`` builds its train step's jit with it, then
+        lowers and compiles it): it first waits for the prepare of its mesh's slices still compiling the train
+        step (at most ``elastic_timeout_seconds``). False where MaxText has no such function."""
+        try:
+            from maxtext.utils import train_utils
+        except ImportError:
+            return False
+        jit = getattr(train_utils, "jit_train_and_eval_step", None)
+        if jit is None:
+            return False
+        if getattr(jit, "_elastic_sidecar_hook", None) is self:
+            return True
+
+        @functools.wraps(jit)
+        def jit_train_and_eval_step(config: Any, model: Any, mesh: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._next_mesh is not None:
+                try:
+                    slices = sorted({int(getattr(d, "slice_index", 0)) for d in mesh.devices.flat})
+                except Exception:  # noqa: BLE001 - not a mesh of devices: nothing to wait for
+                    slices = []
+                timeout = float(getattr(config, "elastic_timeout_seconds", 0) or 0)
+                if slices:
+                    self._next_mesh.wait_for(slices, timeout, "train_step")
+            return jit(config, model, mesh, *args, **kwargs)
+
+        jit_train_and_eval_step._elastic_sidecar_hook = self  # type: ignore[attr-defined]
+        train_utils.jit_train_and_eval_step = jit_train_and_eval_step
+        return True
 
     def _start(self, config: Any) -> None:
         if self._elastic() and self.interval.every != 0:
@@ -325,6 +364,7 @@ class MaxTextHook:
             why = prepare_refusal(config)
             if why is None:
                 self._next_mesh = NextMeshCompiler(lambda: self._argv, say)
+                self._train_step_seam = self._wrap_train_step_jit()
             else:
                 say("prepare_off", {"why": why})
         self.snapshots.wait_seconds = RECOVERY_WAIT_FRACTION * settings.elastic_timeout_seconds
