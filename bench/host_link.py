@@ -329,14 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json is not None:
         ns.json.write_text(text + "\n")
     c = out["copy"]
-    what = (
-        f"a {ns.compile_layers}-layer train step compiled in a thread"
-        if ns.beside == "compile"
-        else f"{out['state_bytes'] / 2**30:.2f} GiB to pinned_host via {ns.via}"
-    )
+    if ns.beside == "compile":  # a compile moves no state: no rate
+        what, rate = f"a {ns.compile_layers}-layer train step compiled in a thread", ""
+    else:
+        what = f"{out['state_bytes'] / 2**30:.2f} GiB to pinned_host via {ns.via}"
+        rate = f"{c['gb_per_s_median']} GB/s, "
     print(
         f"{out['machine']['backend']} ({out['machine']['device_kind']}): {what} in {c['seconds_median']:.3f} s "
-        f"median ({c['gb_per_s_median']} GB/s of state, {c['runs']} runs; first {c['first_copy_seconds']:.3f} s)"
+        f"median ({rate}{c['runs']} runs; first {c['first_copy_seconds']:.3f} s)"
     )
     for r in out["results"]:
         print(
