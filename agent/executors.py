@@ -43,6 +43,7 @@ def trainer_command(a: Action) -> trainer_pb2.SidecarCommand | None:
                     down_slices=sorted(a.down_slices),
                     reason=a.reason,
                     snapshot=a.snapshot,
+                    prepare_wait_seconds=a.prepare_wait,
                 )
             )
         case ResumeTrainer():

@@ -223,8 +223,10 @@ def recovery_phases(
 
     ``detect``: the fault (or notice) to the decision: ``decided`` (the sidecar's), else the failed step's
     error surfacing in MaxText (``step_failed``; 0 without one: the time then falls in ``hold``). ``hold``: the
-    decision to the trainer held (the hook's HeldAck, a time in ``held``), else to the next attempt's mesh (the
-    failed attempt ends, ``elastic_retry`` waits for slices; for a full restart, the new process starts).
+    decision to the trainer held (the hook's HeldAck, a time in ``held``), else to the start of the attempt that
+    builds the next mesh (the failed attempt has ended; for a full restart, the new process has started), else
+    to that mesh: so every strategy's ``rebuild`` holds MaxText's re-initialise (``elastic_retry``'s slice check,
+    the config, the mesh) as well as its compiles.
     ``restore``: the attempt's ``load_state_if_possible`` (a snapshot or a checkpoint). ``first_step``: the
     attempt's first step less the compiles in it. ``rebuild``: the rest up to that step (re-initialise,
     compile). They sum to the fault to the first step. A job that goes on on fewer slices adds ``degraded``
@@ -273,7 +275,8 @@ def _attempt(evs: Sequence[dict[str, Any]], after: float, held: float | None) ->
     def seconds(kind: str, lo: float, hi: float) -> float:
         return sum(float(e["seconds"]) for e in evs if e.get("kind") == kind and lo < float(e["t"]) <= hi)
 
-    h = held if held is not None else m
+    begun = [float(e["t"]) for e in evs if e.get("kind") == "attempt" and after < float(e["t"]) <= m]
+    h = held if held is not None else begun[-1] if begun else m
     restore = seconds("restore", m, s)
     first_step = max(0.0, (t1 - s) - seconds("compile", s, t1))
     return {

@@ -152,9 +152,10 @@ MeshPreparer = Callable[[tuple[int, ...]], "Future[object] | None"]
 will run on next, and return at once (a background compile) with its future, so that the resume onto that mesh finds
 it ready; None when nothing is being built (already built, or not possible)."""
 PREPARE_HOLD_WAIT_SECONDS = 10.0
-"""A drain's hold from memory waits at most this long, training on, for the next mesh's program being built: steps
-on the full mesh are worth more than a stall. Well inside the shortest notice lead (a Spot VM's 30 s): the hold
-still acknowledges, with the snapshot, before the host goes; a longer compile goes on through the hold."""
+"""A drain's hold from memory waits at most this long from its arrival, training on, for the next mesh's program
+being built, unless the hold says how long (``Hold.prepare_wait_seconds``, from the notice's lead): steps on the
+full mesh are worth more than a stall. Well inside the shortest notice lead (a Spot VM's 30 s): the hold still
+acknowledges, with the snapshot, before the host goes; a longer compile goes on through the hold."""
 
 
 class Flusher(Protocol):
@@ -231,7 +232,9 @@ class ElasticSession:
         self.process_count = max(1, process_count)
         """JAX processes of the job; above 1 the job is multi-controller (see the module docstring)."""
         self._deferred: trainer_pb2.SidecarCommand | None = None
-        """A hold whose ``at_step`` this process has not completed yet."""
+        """A hold whose ``at_step`` this process has not completed yet, or that waits for a prepare."""
+        self._deferred_since = 0.0
+        """When the deferred hold first arrived (a repeat of it keeps the time)."""
         self._watchdog: threading.Thread | None = None
         self._abort_armed = threading.Event()
         self._abort_code = EXIT_RESTART
@@ -240,8 +243,8 @@ class ElasticSession:
         self._flush = flush
         self._snapshot = snapshot
         self._prepare = prepare
-        self._preparing: tuple[tuple[int, ...], Future[object], float] | None = None
-        """The mesh being prepared on the sidecar's advice: its slices, its future and when it started."""
+        self._preparing: tuple[tuple[int, ...], Future[object]] | None = None
+        """The mesh being prepared on the sidecar's advice: its slices and its future."""
         self._on_event = on_event if on_event is not None else (lambda kind, fields: None)
         self.elastic_timeout_seconds = (
             float(elastic_timeout_seconds) if elastic_timeout_seconds > 0 else DEFAULT_ELASTIC_TIMEOUT
@@ -670,11 +673,13 @@ class ElasticSession:
     def _on_hold(
         self, cmd: trainer_pb2.SidecarCommand, body: trainer_pb2.Hold, step: int, at_boundary: bool
     ) -> Directive | None:
-        if at_boundary and not self.held and (body.at_step > step or self._awaits_prepare(body)):
+        again = self._deferred is not None and self._deferred.hold.generation == body.generation
+        since = self._deferred_since if again else time.monotonic()
+        if at_boundary and not self.held and (body.at_step > step or self._awaits_prepare(body, since)):
             # Not there yet: every process of a multi-controller job stops at
             # the same boundary, so train on until step at_step is complete;
             # a drain from memory trains on while the next mesh's program is built.
-            self._deferred = cmd
+            self._deferred, self._deferred_since = cmd, since
             self._on_event(
                 "hold_deferred",
                 {
@@ -758,16 +763,19 @@ class ElasticSession:
     def _deferred_due(self, step: int) -> bool:
         """Whether the deferred hold is due at ``step``: its step reached and no prepare to wait for."""
         assert self._deferred is not None
-        return step >= self._deferred.hold.at_step and not self._awaits_prepare(self._deferred.hold)
+        hold = self._deferred.hold
+        return step >= hold.at_step and not self._awaits_prepare(hold, self._deferred_since)
 
-    def _awaits_prepare(self, body: trainer_pb2.Hold) -> bool:
-        """A drain from memory waits, training on, for the program of exactly the mesh it leaves being built
-        (at most :data:`PREPARE_HOLD_WAIT_SECONDS`); a hold that flushes or a failure's hold does not."""
+    def _awaits_prepare(self, body: trainer_pb2.Hold, since: float) -> bool:
+        """A drain from memory that arrived at ``since`` waits, training on, for the program of exactly the mesh
+        it leaves being built, at most ``body.prepare_wait_seconds`` (unset: :data:`PREPARE_HOLD_WAIT_SECONDS`);
+        a hold that flushes or a failure's hold does not."""
         p = self._preparing
         if p is None or body.flush or not body.snapshot or p[1].done():
             return False
+        wait = body.prepare_wait_seconds if body.HasField("prepare_wait_seconds") else PREPARE_HOLD_WAIT_SECONDS
         remaining = tuple(sorted(set(self.active_slices) - set(body.down_slices)))
-        return p[0] == remaining and time.monotonic() - p[2] < PREPARE_HOLD_WAIT_SECONDS
+        return p[0] == remaining and time.monotonic() - since < wait
 
     def _on_prepare(self, body: trainer_pb2.Prepare) -> None:
         """Advice: the job will next run on ``body.active``; the hook may build that mesh's program now."""
@@ -781,7 +789,7 @@ class ElasticSession:
             self._on_event("prepare_failed", {"slices": list(slices), "error": f"{type(e).__name__}: {e}"[:300]})
             return
         if future is not None:
-            self._preparing = (slices, future, time.monotonic())
+            self._preparing = (slices, future)
         self._on_event("prepare", {"generation": body.generation, "slices": list(slices), "reason": body.reason})
 
     def _on_flush(self, body: trainer_pb2.Flush, step: int) -> None:

@@ -113,13 +113,29 @@ def lead_note(state: State, lead: float | None) -> str:
     return f"; {expect}, lead {lead:.0f} s"
 
 
+def prepare_wait(state: State, lead: float | None) -> float | None:
+    """Seconds a drain from memory may train on, before it holds, while the next mesh's program is built.
+
+    Half the notice's ``lead``, so that the snapshot at the held step has the other half before the host
+    goes (a Spot VM's 30 s gives 15 s). None when no notice said when (an operator's drain): the trainer's
+    own default. At most ``elastic_timeout_seconds``: of the hold's acknowledgement bound
+    (:func:`agent.core.transitions.start_hold`) ``flush_timeout_seconds`` is left for the snapshot, or for
+    the flush of a trainer that cannot keep one.
+    """
+    if lead is None:
+        return None
+    return max(0.0, min(lead / 2, state.policy.elastic_timeout_seconds))
+
+
 def drain_hold(state: State, now: float, why: str, leaving: frozenset[int]) -> Decision:
     """Hold for slices drained away: from memory (a snapshot at the held step) where a replica stays on
     the slices that remain, else a flush, the reason saying why and how the notice's lead compares."""
     flush = flush_why(state, state.up_slices())
+    lead = _lead(state, leaving, now)
     if not flush:
-        return start_hold(state, now, f"{why}; {FROM_MEMORY}", failure=False, snapshot=True)
-    note = lead_note(state, _lead(state, leaving, now))
+        wait = prepare_wait(state, lead)
+        return start_hold(state, now, f"{why}; {FROM_MEMORY}", failure=False, snapshot=True, prepare_wait=wait)
+    note = lead_note(state, lead)
     return start_hold(state, now, f"{why}; flush: {flush}{note}", failure=False, flush=True)
 
 

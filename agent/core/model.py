@@ -515,6 +515,8 @@ class State:
     hold_flush: bool = False
     hold_snapshot: bool = False
     """The pending hold asked for an in-memory snapshot at its step instead of a flush (a drain from memory)."""
+    hold_prepare_wait: float | None = None
+    """The pending hold's bound on training on for the next mesh's program (:class:`HoldTrainer`)."""
     hold_reason: str = ""
     hold_down: frozenset[int] = frozenset()
     trainer: TrainerView = TrainerView()
@@ -846,6 +848,8 @@ class HoldTrainer:
     ``snapshot`` (never with ``flush``): a drain whose state stays on the slices that remain: make the
     newest in-memory snapshot the held step's (one save to host memory, nothing to storage) before
     acknowledging; a trainer that cannot keep it there (no snapshots, no replica per slice) flushes.
+    ``prepare_wait`` (with ``snapshot``): seconds the trainer may train on first while the next mesh's
+    program is being built (:func:`agent.core.drains.prepare_wait`; None: the trainer's own default).
     """
 
     generation: int
@@ -853,6 +857,7 @@ class HoldTrainer:
     down_slices: frozenset[int]
     reason: str
     snapshot: bool = False
+    prepare_wait: float | None = None
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,14 @@ def trainer_attached(state: State, ev: TrainerAttached, now: float) -> Decision:
         return _adopt_held(state, new, ev, now, reason)
     if state.phase == Phase.HOLDING:
         # It may not have seen the hold: send it again.
-        hold = HoldTrainer(state.generation, state.hold_flush, state.hold_down, state.hold_reason, state.hold_snapshot)
+        hold = HoldTrainer(
+            state.generation,
+            state.hold_flush,
+            state.hold_down,
+            state.hold_reason,
+            state.hold_snapshot,
+            state.hold_prepare_wait,
+        )
         return Decision(new, (hold,), reason + "; repeating the pending hold")
     if state.phase == Phase.RUNNING and (ev.generation != state.generation or ev.active != state.active):
         # A restarted trainer (or coordinator): bring both onto a fresh generation.

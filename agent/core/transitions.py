@@ -66,12 +66,20 @@ def rejoining_slices(state: State, now: float) -> frozenset[int]:
 
 
 def start_hold(
-    state: State, now: float, why: str, *, failure: bool, flush: bool | None = None, snapshot: bool = False
+    state: State,
+    now: float,
+    why: str,
+    *,
+    failure: bool,
+    flush: bool | None = None,
+    snapshot: bool = False,
+    prepare_wait: float | None = None,
 ) -> Decision:
     """Hold the trainer at its step boundary under a new generation; a failure spends a retry.
 
     ``snapshot``: a drain from memory (:func:`agent.core.drains.drain_hold`): the trainer makes its newest
-    in-memory snapshot the held step's instead of flushing."""
+    in-memory snapshot the held step's instead of flushing, training on first at most ``prepare_wait``
+    seconds for the next mesh's program."""
     p = state.policy
     retries = state.retries_used
     if failure:
@@ -90,6 +98,7 @@ def start_hold(
     # with none left, rewind to its checkpoint); it skips lost ones itself.
     down = p.all_slices - up - rejoining_slices(state, now)
     snapshot = snapshot and not flush
+    prepare_wait = prepare_wait if snapshot else None
     # A trainer that cannot keep a snapshot on the slices that remain flushes instead: same bound.
     ack_within = p.elastic_timeout_seconds + (p.flush_timeout_seconds if flush or snapshot else 0.0)
     new = replace(
@@ -100,13 +109,14 @@ def start_hold(
         deadline=now + ack_within,
         hold_flush=flush,
         hold_snapshot=snapshot,
+        hold_prepare_wait=prepare_wait,
         hold_reason=why,
         hold_down=down,
     )
     note = f" (recovery {retries} of {p.max_recoveries})" if failure else ""
     return Decision(
         new,
-        (HoldTrainer(gen, flush, down, why, snapshot), TellWorkers(gen, "hold", why)),
+        (HoldTrainer(gen, flush, down, why, snapshot, prepare_wait), TellWorkers(gen, "hold", why)),
         f"{why}; hold generation {gen}{' with flush' if flush else ''}{' with snapshot' if snapshot else ''}{note}",
     )
 

@@ -70,6 +70,7 @@ INTENT_FIELDS = (
     "retries_used",
     "hold_flush",
     "hold_snapshot",
+    "hold_prepare_wait",
     "hold_reason",
     "hold_down",
     "exit_code",
@@ -128,6 +129,7 @@ def _head(state: State, epoch: int, restart_attempt: int, off: float) -> dict[st
         "operator_hold": state.operator_hold,
         "hold_flush": state.hold_flush,
         "hold_snapshot": state.hold_snapshot,
+        "hold_prepare_wait": state.hold_prepare_wait,
         "hold_reason": state.hold_reason,
         "hold_down": sorted(state.hold_down),
         # A restore expects every host on record back (``_restore``), so only the others are written:
@@ -544,6 +546,7 @@ def _live_state(raw: Mapping[str, Any], base: State, now: float, off: float) -> 
         rejoin_deadline=now + policy.rejoin_grace_seconds if expected else None,
         hold_flush=bool(raw.get("hold_flush", False)),
         hold_snapshot=bool(raw.get("hold_snapshot", False)),
+        hold_prepare_wait=None if (w := raw.get("hold_prepare_wait")) is None else float(w),
         hold_reason=str(raw.get("hold_reason", "")),
         hold_down=frozenset(int(s) for s in raw.get("hold_down", [])) & policy.all_slices,
     )

@@ -124,7 +124,7 @@ C the process's CPU seconds over all its threads, ``time.process_time()``; S the
 ``{"kind": "fault", "step": INDEX, "slice": S, "t": ...}``, ``{"kind": "mesh", "slices": K, ...}`` (each mesh
 MaxText builds; ``mesh_prepared``: one the hook builds ahead, in another thread), ``{"kind": "cache_hit",
 "what": ...}``, ``{"kind": "state", ...}`` (sizes, once per attempt), ``{"kind": "reconnected", ...}`` and
-``{"kind": "start", "pid": ..., "t": ...}``."""
+``{"kind": "start", "pid": ..., "t": ...}`` and ``{"kind": "attempt", ...}`` (each ``elastic_retry`` attempt's start)."""
 
 DATA_LOSS_MESSAGE = "DATA_LOSS: Simulated device loss error accessing array on lost device"
 """The error text of pathwaysutils' ``test.mock_fault_injection.DeviceLossSimulator``."""
@@ -235,6 +235,7 @@ def apply() -> None:
         _record_compiles(events)
         _record_cache_hits(events)
         _record_meshes(events)
+        _record_attempts(events)
         _record_steps(events)
     _applied.append("yes")
 
@@ -639,6 +640,22 @@ def _record_meshes(path: Path) -> None:
         return mesh
 
     maxtext_utils.create_device_mesh = create_device_mesh
+
+
+def _record_attempts(path: Path) -> None:
+    """An ``attempt`` event where each ``elastic_retry`` attempt begins: pathwaysutils 0.1.13's
+    ``Manager.elastic_retry`` starts every attempt with ``elastic.wait_for_slices``, then MaxText re-initialises,
+    builds its mesh and compiles (its monitor thread checks slices without it). Where a strategy without the
+    sidecar is held again (bench/recovery_maxtext.py, ``recovery_phases``)."""
+    from pathwaysutils.elastic import elastic
+
+    original = elastic.wait_for_slices
+
+    def wait_for_slices(*args: Any, **kwargs: Any) -> Any:
+        record(path, "attempt")
+        return original(*args, **kwargs)
+
+    elastic.wait_for_slices = wait_for_slices
 
 
 COMPILE_EVENTS = "/jax/core/compile/"

@@ -144,6 +144,13 @@ def test_holding_restores_its_hold_with_a_fresh_deadline_and_grace(tmp_path: Pat
     assert r.expected_rejoin == frozenset(HOSTS)
 
 
+def test_a_pending_drain_from_memory_keeps_its_prepare_wait(tmp_path: Path) -> None:
+    st = saved_state(Phase.HOLDING, hold_snapshot=True, hold_prepare_wait=15.0, hold_down=frozenset({1}))
+    r = roundtrip(tmp_path, st, now=500.0)
+    assert r.hold_snapshot and r.hold_prepare_wait == 15.0
+    assert roundtrip(tmp_path, saved_state(Phase.HOLDING, hold_snapshot=True), now=500.0).hold_prepare_wait is None
+
+
 def test_failed_stays_failed_in_the_same_restart_attempt(tmp_path: Path) -> None:
     r = roundtrip(tmp_path, saved_state(Phase.FAILED, exit_code=42), now=200.0, attempt=3, saved_attempt=3)
     assert r.phase == Phase.FAILED and r.exit_code == 42 and r.retries_used == 2

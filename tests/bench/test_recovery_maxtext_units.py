@@ -460,6 +460,16 @@ def test_a_recovery_splits_into_phases_that_sum_to_the_fault_to_the_first_step_a
     assert recovery_phases([e for e in phase_events() if e["kind"] != "fault"]) == {}
 
 
+def test_without_the_sidecar_the_rebuild_starts_where_the_next_attempt_starts_re_initialising() -> None:
+    # elastic_retry's first attempt, then the one after the fault: its slice check, MaxText's config and mesh
+    # are the rebuild's, as they are after the sidecar's HeldAck.
+    evs = [{"kind": "attempt", "t": 0.5}, *phase_events(), {"kind": "attempt", "t": 6.4}]
+    q = recovery_phases(evs)
+    assert (q["detect"], q["hold"], q["rebuild"]) == pytest.approx((0.3, 0.6, 1.9))
+    assert sum(q[k] for k in ("detect", "hold", "rebuild", "restore", "first_step")) == pytest.approx(9.0 - 5.5)
+    assert recovery_phases(evs, decided=5.6, held=[6.0, 12.0])["rebuild"] == pytest.approx(2.3)  # HeldAck first
+
+
 def test_a_row_gives_the_median_of_each_phase_and_of_the_bytes_written_to_storage() -> None:
     runs = [
         faulted("sidecar", phases={"detect": 0.1, "rebuild": 2.0}, flush_bytes=0),

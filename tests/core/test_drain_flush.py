@@ -7,6 +7,8 @@ all of them, a minimum no slice may leave) or in a multi-controller job. docs/no
 
 from __future__ import annotations
 
+import pytest
+
 from agent.core.model import (
     HoldTrainer,
     NodeNotice,
@@ -96,10 +98,40 @@ def test_a_second_drain_that_leaves_too_few_while_held_from_memory_flushes() -> 
 
 def test_a_pending_snapshot_hold_is_sent_again_as_one() -> None:
     job = running(min_slices=2)
-    hold = one(job.notice(node="node-1"), HoldTrainer)
+    hold = one(job.notice(node="node-1", deadline=job.now + 30.0), HoldTrainer)
+    assert hold.prepare_wait == pytest.approx(15.0, abs=0.1)  # the feed moved the clock on by its step
     job.feed(TrainerDetached())
     again = one(job.feed(TrainerAttached(generation=hold.generation - 1, step_in_memory=12)), HoldTrainer)
     assert again == hold
+
+
+def test_a_drain_from_memory_trains_on_for_the_next_mesh_at_most_half_the_notice_lead() -> None:
+    # A Spot VM's 30 s, the default 120 s, a host already going.
+    job = running(min_slices=2)
+    assert one(job.notice(node="node-1", deadline=job.now + 30.0), HoldTrainer).prepare_wait == pytest.approx(
+        15.0, abs=0.1
+    )
+    job = running(min_slices=2)
+    assert one(job.notice(node="node-1", deadline=job.now + 120.0), HoldTrainer).prepare_wait == pytest.approx(
+        60.0, abs=0.1
+    )
+    job = running(min_slices=2)
+    assert one(job.notice(node="node-1", deadline=job.now - 5.0), HoldTrainer).prepare_wait == 0.0  # going now
+
+
+def test_the_prepare_wait_leaves_the_flush_timeout_of_the_holds_acknowledgement_bound() -> None:
+    job = running(min_slices=2, elastic_timeout_seconds=40.0)
+    hold = one(job.notice(node="node-1", deadline=job.now + 600.0), HoldTrainer)
+    assert hold.prepare_wait == 40.0
+    assert job.state.deadline - job.now - hold.prepare_wait == job.state.policy.flush_timeout_seconds
+
+
+def test_without_a_notice_time_the_trainer_waits_its_own_default_and_a_flush_never_waits() -> None:
+    job = running(min_slices=2)
+    assert one(job.feed(OperatorCommand("drain", "bad HBM", slice=3)), HoldTrainer).prepare_wait is None
+    job = running(min_slices=-1)
+    flush = one(job.notice(node="node-1", deadline=job.now + 30.0), HoldTrainer)
+    assert flush.flush and flush.prepare_wait is None
 
 
 def test_without_timed_flushes_the_expected_flush_time_is_unknown() -> None:

@@ -168,3 +168,17 @@ def test_every_maxtext_run_gets_an_empty_compile_cache_of_its_own(tmp_path: Path
     (first / "program").write_text("compiled")
     with pytest.raises(ValueError, match="not empty"):
         maxtext_args(tmp_path, "a", 5, jax_cache=first)
+
+
+def test_each_elastic_retry_attempt_start_is_an_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathwaysutils.elastic import elastic
+
+    from simjob.maxtext import cpu_elastic
+
+    asked: list[int] = []
+    monkeypatch.setattr(elastic, "wait_for_slices", lambda slice_count, **kw: asked.append(slice_count) or {0})
+    events = tmp_path / "events.jsonl"
+    cpu_elastic._record_attempts(events)
+    assert elastic.wait_for_slices(slice_count=3, poll_interval=10) == {0} and asked == [3]
+    (line,) = [json.loads(x) for x in events.read_text().splitlines()]
+    assert line["kind"] == "attempt" and line["pid"] == os.getpid()

@@ -153,3 +153,52 @@ def test_the_attempt_waits_for_one_program_only_until_the_prepare_is_done_with_i
     assert not waiter.is_alive(), "the wait ends when the prepare is done with the program"
     future.result(10)
     assert c.wait_for([0, 1, 2], 5.0, "train_step") is False
+
+
+def test_with_synthetic_input_the_prepare_loads_a_batch_first_under_the_attempts_default_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainer_hooks.maxtext import prepare
+
+    devices = [types.SimpleNamespace(id=i, slice_index=s) for i, s in ((4, 2), (5, 2), (6, 3), (7, 3))]
+    loaded: list[Any] = []
+    monkeypatch.setattr(prepare, "warm_synthetic_input", lambda config, mesh, device: loaded.append(device))
+    synthetic = types.SimpleNamespace(dataset_type="synthetic")
+    programs = prepare.next_mesh_programs(synthetic, "mesh", devices)
+    assert [name for name, _ in programs] == ["input_pipeline", "initial_state", "train_step"]
+    programs[0][1]()
+    assert loaded == [devices[0]], "pathwaysutils' default device: the first device of the first slice"
+    # Other pipelines read files and start workers: nothing of theirs is loaded ahead.
+    grain = types.SimpleNamespace(dataset_type="grain")
+    assert [name for name, _ in prepare.next_mesh_programs(grain, "mesh", devices)] == ["initial_state", "train_step"]
+
+
+def test_a_program_run_in_another_thread_is_not_compiled_again_under_the_same_default_device() -> None:
+    """What loading a batch ahead relies on: JAX's in-memory caches are the process's, keyed on the default
+    device, so the attempt's call of a function the prepare's thread called compiles nothing."""
+    import jax
+
+    compiles: list[str] = []
+    counting = [True]
+
+    def listener(event: str, duration: float, **_: Any) -> None:
+        if counting and event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        device = jax.devices()[0]
+
+        def draw() -> Any:
+            with jax.default_device(device):
+                return jax.random.randint(jax.random.PRNGKey(0), (7, 53), 0, 1001)
+
+        worker = threading.Thread(target=lambda: draw().block_until_ready())
+        worker.start()
+        worker.join(60)
+        assert compiles, "the thread compiled the draw"
+        compiles.clear()
+        draw().block_until_ready()
+        assert compiles == []
+    finally:
+        counting.clear()

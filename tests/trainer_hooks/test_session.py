@@ -610,6 +610,81 @@ def test_a_drain_from_memory_trains_on_while_the_next_mesh_is_built_then_holds()
     assert held.step == 7
 
 
+class _Clock:
+    """The session's monotonic clock, moved on by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _held_at(
+    monkeypatch: pytest.MonkeyPatch, hold: trainer_pb2.Hold, at: list[tuple[float, int]], resent_at: int = -1
+) -> int | None:
+    """The step at which a session building slices 0, 2 and 3 holds, its prepare begun at clock 0, when the step
+    boundaries come at (seconds, step) ``at`` and ``hold`` (slice 1 leaves) at the first (again at ``resent_at``);
+    None when it trains on through them all."""
+    from concurrent.futures import Future
+
+    import trainer_hooks.session as session_module
+
+    clock = _Clock()
+    monkeypatch.setattr(session_module, "time", clock)
+    link, session, asked, events = _preparing_session(Future())
+    link.inbox.append(_prepare_cmd([0, 2, 3], 2))
+    assert session.step_boundary(1) is None
+    resume = trainer_pb2.Resume(generation=2, active_slices=[0, 2, 3], source=trainer_pb2.Resume.MEMORY)
+    sent = link.send
+
+    def answer(msg: trainer_pb2.TrainerMessage) -> None:  # the coordinator resumes once the trainer is held
+        sent(msg)
+        if msg.HasField("held"):
+            link.inbox.append(trainer_pb2.SidecarCommand(resume=resume))
+
+    link.send = answer  # type: ignore[method-assign]
+    for seconds, step in at:
+        clock.now = 1000.0 + seconds
+        if step in (at[0][1], resent_at):
+            link.inbox.append(trainer_pb2.SidecarCommand(hold=hold))
+        if session.step_boundary(step) is not None:
+            (held,) = [m.held for m in link.sent if m.HasField("held")]
+            return held.step
+    return None
+
+
+def test_a_hold_trains_on_for_the_prepare_as_long_as_it_says_from_its_arrival(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hold comes 25 s after the prepare began: the wait counts from the hold.
+    steps = [(25.0, 2), (45.0, 3), (54.0, 4), (56.0, 5)]
+    hold = trainer_pb2.Hold(generation=2, snapshot=True, down_slices=[1], reason="r", prepare_wait_seconds=30.0)
+    assert _held_at(monkeypatch, hold, steps) == 5
+    hold.prepare_wait_seconds = 0.0  # a host already going: hold at once
+    assert _held_at(monkeypatch, hold, steps) == 2
+
+
+def test_a_hold_from_an_older_sidecar_waits_the_trainers_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_hooks.session import PREPARE_HOLD_WAIT_SECONDS
+
+    w = PREPARE_HOLD_WAIT_SECONDS
+    steps = [(25.0, 2), (25.0 + w - 1, 3), (25.0 + w + 1, 4)]
+    hold = trainer_pb2.Hold(generation=2, snapshot=True, down_slices=[1], reason="r")
+    assert not hold.HasField("prepare_wait_seconds")
+    assert _held_at(monkeypatch, hold, steps) == 4
+    # The same hold sent again (a coordinator repeating it) keeps the time it first came.
+    assert _held_at(monkeypatch, hold, steps, resent_at=3) == 4
+
+
+def test_the_cores_prepare_wait_goes_on_the_wire_and_none_leaves_it_unset() -> None:
+    from agent.core.model import HoldTrainer
+    from agent.executors import trainer_command
+
+    cmd = trainer_command(HoldTrainer(2, False, frozenset({1}), "r", True, 0.0))
+    assert cmd is not None and cmd.hold.HasField("prepare_wait_seconds") and cmd.hold.prepare_wait_seconds == 0.0
+    cmd = trainer_command(HoldTrainer(2, False, frozenset({1}), "r", True))
+    assert cmd is not None and not cmd.hold.HasField("prepare_wait_seconds")
+
+
 def test_a_hold_for_another_mesh_or_with_a_flush_does_not_wait_for_a_prepare() -> None:
     from concurrent.futures import Future
 

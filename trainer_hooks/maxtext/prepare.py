@@ -7,8 +7,9 @@ an attempt compiles at length: the train step (MaxText's AOT path, ``train_compi
 ``jit_and_compile``) and the state's initialiser (``setup_initial_state``'s). JAX writes them to MaxText's
 persistent cache (``jax_cache_dir``), whose key covers the lowered module, the compile options and the
 device assignment; the next ``elastic_retry`` attempt's own jits of the same programs on the same devices
-then load them instead of compiling (docs/maxtext.md, "Preparing the next mesh"). Best effort: a failure is
-logged and the attempt compiles as before.
+then load them instead of compiling (docs/maxtext.md, "Preparing the next mesh"). With synthetic input it
+also loads a batch for that mesh, whose small programs stay in JAX's in-memory caches. Best effort: a failure
+is logged and the attempt compiles as before.
 """
 
 from __future__ import annotations
@@ -68,11 +69,10 @@ def refusal(config: Any) -> str | None:
 def compile_next_mesh(
     argv: Sequence[str], slices: Sequence[int], ready: Callable[[str], None] = lambda program: None
 ) -> dict[str, Any]:
-    """Compile, for the mesh over ``slices`` (``slice_index`` of ``jax.devices()``), the two programs a MaxText
-    attempt compiles that are worth a cache entry, in the order the attempt needs them: the state's initialiser
-    (:func:`compile_initial_state`), then the train step (:func:`compile_train_step`); ``ready`` is told each
+    """Compile, for the mesh over ``slices`` (``slice_index`` of ``jax.devices()``), the programs a MaxText
+    attempt compiles (:func:`next_mesh_programs`), in the order the attempt needs them; ``ready`` is told each
     one's name once it is done with it. Returns its devices, seconds and each program's seconds; a failed one is
-    named in ``failed`` (if both fail, the last error raises: nothing was prepared)."""
+    named in ``failed`` (if all fail, the last error raises: nothing was prepared)."""
     import jax
     from maxtext.configs import pyconfig
     from maxtext.utils import maxtext_utils
@@ -84,17 +84,26 @@ def compile_next_mesh(
         raise ValueError(f"no device has a slice_index in {sorted(wanted)}")
     config = pyconfig.initialize(next_mesh_argv(argv, len(devices), len(wanted)))
     mesh = maxtext_utils.get_mesh_from_config(config, devices)
-    programs, failed = compile_in_turn(
-        [
-            ("initial_state", lambda: compile_initial_state(config, mesh)),
-            ("train_step", lambda: compile_train_step(config, mesh)),
-        ],
-        ready,
-    )
+    programs, failed = compile_in_turn(next_mesh_programs(config, mesh, devices), ready)
     out: dict[str, Any] = {"devices": len(devices), "seconds": round(time.monotonic() - t0, 3), "programs": programs}
     if failed:
         out["failed"] = failed
     return out
+
+
+def next_mesh_programs(config: Any, mesh: Any, devices: Sequence[Any]) -> list[tuple[str, Callable[[], object]]]:
+    """What :func:`compile_next_mesh` prepares for ``mesh`` over ``devices``, named, in the order the attempt
+    needs it: with synthetic input a batch of it (:func:`warm_synthetic_input`), then the state's initialiser
+    and the train step."""
+    programs: list[tuple[str, Callable[[], object]]] = [
+        ("initial_state", lambda: compile_initial_state(config, mesh)),
+        ("train_step", lambda: compile_train_step(config, mesh)),
+    ]
+    if getattr(config, "dataset_type", "") == "synthetic":
+        lowest = min(getattr(d, "slice_index", 0) for d in devices)
+        first = next(d for d in devices if getattr(d, "slice_index", 0) == lowest)
+        programs.insert(0, ("input_pipeline", lambda: warm_synthetic_input(config, mesh, first)))
+    return programs
 
 
 def compile_in_turn(
@@ -120,6 +129,24 @@ def compile_in_turn(
     if error is not None and not done:
         raise error
     return done, failed
+
+
+def warm_synthetic_input(config: Any, mesh: Any, default_device: Any) -> None:
+    """Load one batch of MaxText's synthetic input for ``mesh``, as the attempt's first step does: its small
+    programs (the token draw for the mesh's global batch, the batch's generator and its placement) compile here
+    into JAX's in-memory caches, which the attempt's calls of the same functions then hit; too quick to compile
+    (under ``jax_persistent_cache_min_compile_time_secs``) for the persistent cache to keep them.
+
+    ``default_device``: pathwaysutils' ``Manager.default_device`` for the next slices (the first device of the
+    first of them), under which ``elastic_retry`` runs the attempt: the default device is part of those caches'
+    key. Other pipelines read files and start workers of their own, so only the synthetic one is loaded here."""
+    import jax
+    from maxtext.common.data_loader import DataLoader
+    from maxtext.input_pipeline.input_pipeline_interface import create_data_iterator
+
+    with jax.default_device(default_device):
+        iterator, _ = create_data_iterator(config, mesh)
+        jax.block_until_ready(DataLoader(config, mesh, iterator, None).load_next_batch())
 
 
 def compile_train_step(config: Any, mesh: Any) -> None:

@@ -136,20 +136,22 @@ class TrainerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[TrainerHello, _Mapping]] = ..., step: _Optional[_Union[StepReport, _Mapping]] = ..., slice_error: _Optional[_Union[SliceError, _Mapping]] = ..., held: _Optional[_Union[HeldAck, _Mapping]] = ..., resumed: _Optional[_Union[ResumedAck, _Mapping]] = ..., flushed: _Optional[_Union[FlushedAck, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
 
 class Hold(_message.Message):
-    __slots__ = ("generation", "flush", "down_slices", "reason", "at_step", "snapshot")
+    __slots__ = ("generation", "flush", "down_slices", "reason", "at_step", "snapshot", "prepare_wait_seconds")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     DOWN_SLICES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     AT_STEP_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     flush: bool
     down_slices: _containers.RepeatedScalarFieldContainer[int]
     reason: str
     at_step: int
     snapshot: bool
-    def __init__(self, generation: _Optional[int] = ..., flush: _Optional[bool] = ..., down_slices: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., at_step: _Optional[int] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+    prepare_wait_seconds: float
+    def __init__(self, generation: _Optional[int] = ..., flush: _Optional[bool] = ..., down_slices: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., at_step: _Optional[int] = ..., snapshot: _Optional[bool] = ..., prepare_wait_seconds: _Optional[float] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ("generation", "active_slices", "source", "reason")
