@@ -29,7 +29,7 @@ from agent.config import WorkerConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, Policy, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
 from agent.worker import Worker
-from bench.common import free_port
+from simjob.ports import free_port
 from tests.agent.coordinators import coordinator_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,17 +20,12 @@ from collections.abc import Iterator
 import pytest
 
 from agent.sources.health import GrpcHealthWatch, HealthChecker, TcpConnectCheck
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from simjob.ports import free_port
 
 
 @pytest.fixture
 def pathways() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "standins.pathways_worker", "--port", str(port)])
     target = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -109,7 +104,7 @@ async def test_tcp_check_sees_a_dead_target_and_never_claims_health_it_cannot_se
     finally:
         task.cancel()
     rec2 = Recorder()
-    task = asyncio.create_task(GrpcHealthWatch(f"127.0.0.1:{_free_port()}", rec2).run())
+    task = asyncio.create_task(GrpcHealthWatch(f"127.0.0.1:{free_port()}", rec2).run())
     try:
         await rec2.wait_for(False, 5)
         assert all(not h for _, h, _ in rec2.changes), "reported healthy with nothing listening"
