@@ -2,7 +2,8 @@
 
 Serves ``grpc.health.v1.Health`` on a loopback port and nothing else, which is
 all the sidecar may assume of the real one. ``--not-serving-after S`` flips it
-to NOT_SERVING after S seconds (fault injection for health-checker tests).
+to NOT_SERVING after S seconds (fault injection for health-checker tests). :class:`SlowChecks` answers chosen
+Checks late, in a test's own process.
 """
 
 from __future__ import annotations
@@ -10,9 +11,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+
+class SlowChecks(health.aio.HealthServicer):
+    """grpc.health.v1 whose next ``slow`` Checks answer only after ``delay`` s (a busy or hung worker).
+
+    For tests that run it in their own process; Watch is served as usual. ``checks`` counts every Check.
+    """
+
+    def __init__(self, delay: float = 1.0) -> None:
+        super().__init__()
+        self.delay = delay
+        self.slow = 0
+        self.checks = 0
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        self.checks += 1
+        if self.slow > 0:
+            self.slow -= 1
+            await asyncio.sleep(self.delay)
+        return await super().Check(request, context)
+
+
+async def serve_slow_checks(port: int, host: str = "127.0.0.1") -> tuple[grpc.aio.Server, SlowChecks]:
+    """A :class:`SlowChecks` health server started on ``host:port`` in this process's event loop."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    hs = SlowChecks()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise RuntimeError(f"stand-in Pathways worker: cannot listen on {host}:{port}")
+    await server.start()
+    return server, hs
 
 
 async def serve(port: int, host: str, not_serving_after: float | None) -> None:

@@ -13,16 +13,23 @@ many at random and keeps failures in ``.hypothesis/``: ``--hypothesis-profile=ex
 
 ``--runslow`` also runs tests marked ``slow`` (long benchmarks and soak runs); the default run
 leaves them out.
+
+A test gives every daemon it starts free ports (``simjob.ports.free_port``) or ``none``, never the
+daemons' defaults: the run holds those (bound, not listening) so that one that binds them fails at
+once in every run, not by chance when two tests or pytest-xdist workers meet on one.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Generator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from agent import constants as C
 
 _DEFAULT = settings.get_profile("default")  # Hypothesis' own; its "ci" is replaced below
 settings.register_profile(
@@ -117,8 +124,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 
 
+DEFAULT_PORTS = (C.COORDINATOR_PORT, C.ADMIN_PORT, C.HTTP_PORT, C.TRAINER_PORT)
+_held: list[socket.socket] = []
+
+
+def _hold_default_ports() -> None:
+    # Without SO_REUSEADDR a bound socket refuses any other bind of its port on Linux, also one with
+    # SO_REUSEADDR or SO_REUSEPORT set (grpc's and asyncio's listeners), and to 0.0.0.0; not
+    # listening, it refuses connections as a free port does. A port held already (by the
+    # pytest-xdist controller of this run, or a sidecar running here) stays as it is.
+    for port in DEFAULT_PORTS:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        _held.append(s)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     sys.addaudithook(_audit)
+    _hold_default_ports()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _held:
+        _held.pop().close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -99,12 +99,12 @@ class TcpConnectCheck(HealthChecker, kind="tcp"):
             await asyncio.sleep(self.interval)
 
 
-async def probe_once(kind: str, target: str, timeout: float) -> tuple[bool, str]:
+async def probe_once(kind: str, target: str, timeout: float) -> tuple[bool | None, str]:
     """One check of ``target`` (a "grpc" health Check or a "tcp" connect): (healthy, detail).
 
-    The coordinator asks this itself when a worker sidecar's stream closes, to
-    tell a dead host from a sidecar that restarts on a healthy one. It never
-    answers healthy when it cannot see: any error or a passed deadline is unhealthy.
+    Healthy is True, False when the target says it is down (refused, or an answer other than
+    SERVING), or None when no answer came within ``timeout``: slow and hung look alike, and
+    only :func:`probe` decides. None is falsy: it never reads as healthy.
     """
     host, _, port = target.rpartition(":")
     if kind == "tcp":
@@ -112,7 +112,9 @@ async def probe_once(kind: str, target: str, timeout: float) -> tuple[bool, str]
             _, w = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
             w.close()
             return True, f"{target} accepts connections"
-        except (OSError, TimeoutError, ValueError) as e:
+        except TimeoutError:  # before OSError, its base class
+            return None, f"{target} connect timed out after {timeout} s"
+        except (OSError, ValueError) as e:
             return False, f"{target} connect failed: {e or type(e).__name__}"
     if kind != "grpc":
         return False, f"unknown health check kind {kind!r}"
@@ -122,6 +124,28 @@ async def probe_once(kind: str, target: str, timeout: float) -> tuple[bool, str]
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
             )
     except grpc.aio.AioRpcError as e:
-        return False, f"{target} {e.code().name}"
+        # grpc.io "Status codes and their use in gRPC": DEADLINE_EXCEEDED is "no response received
+        # before deadline expires", whether the server is slow or never answers; UNAVAILABLE is the
+        # connection failing or breaking (a refused connect: nothing listens), and any other code is
+        # the server's own answer.
+        ambiguous = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        return (None if ambiguous else False), f"{target} {e.code().name}"
     ok = resp.status == health_pb2.HealthCheckResponse.SERVING
     return ok, f"{target} {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}"
+
+
+async def probe(kind: str, target: str, timeout: float, attempts: int, pause: float) -> tuple[bool, str]:
+    """Check ``target`` until it answers, at most ``attempts`` times ``pause`` s apart: (healthy, detail).
+
+    The coordinator asks this itself before it calls a host lost. A refusal or a NOT_SERVING is
+    believed at once; a check that got no answer is repeated, so one slow moment (a busy node or
+    network) is no loss, and a host that never answers is down after ``attempts`` checks.
+    """
+    detail = ""
+    for n in range(attempts):
+        if n:
+            await asyncio.sleep(pause)
+        ok, detail = await probe_once(kind, target, timeout)
+        if ok is not None:
+            return ok, detail
+    return False, f"{detail} ({attempts} checks in a row)"

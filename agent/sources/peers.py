@@ -16,7 +16,7 @@ from agent import log as logmod
 from agent.config import is_loopback
 from agent.core.model import NodeNotice, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
 from agent.links import EOF_GRACE_SECONDS, Link, Refused
-from agent.sources.health import probe_once
+from agent.sources.health import probe
 from agent.sources.heartbeat_datagrams import Reply, command_position, new_token, same_token
 from protos.elastic_sidecar.v1 import peer_pb2, peer_pb2_grpc
 
@@ -26,7 +26,13 @@ if TYPE_CHECKING:
 log = logmod.get("coordinator")
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
 PROBE_TIMEOUT_SECONDS = 0.3
-"""How long the coordinator's own check of a host's Pathways worker may take."""
+"""How long one of the coordinator's own checks of a host's Pathways worker may take."""
+PROBE_ATTEMPTS = 3
+"""Checks in a row that must get no answer before a host counts as down (a refusal counts at once)."""
+PROBE_PAUSE_SECONDS = 0.1
+"""Between two checks of a host that did not answer: a slow moment may pass."""
+PROBE_BOUND_SECONDS = PROBE_ATTEMPTS * PROBE_TIMEOUT_SECONDS + (PROBE_ATTEMPTS - 1) * PROBE_PAUSE_SECONDS
+"""The longest a host check takes: a hung host is lost this much later than a dead one."""
 DISPLACED_KEPT = 4
 """Incarnations remembered per host as taken over by a newer sidecar (more than two claimants is rare)."""
 AWAY_PROBE_SECONDS = 0.25
@@ -236,7 +242,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
             # The previous registration's end is being judged (its host checked): let that verdict reach the
             # core first, or it would be about a replaced registration and dropped.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(judging.judged.wait(), PROBE_TIMEOUT_SECONDS * 4)
+                await asyncio.wait_for(judging.judged.wait(), PROBE_BOUND_SECONDS + 3 * PROBE_TIMEOUT_SECONDS)
         return ""
 
     def _refuse_older(self, key: Key, ident: peer_pb2.HostIdentity, conn: Link, cur: Link) -> str:
@@ -420,11 +426,17 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 conn.closed.set()
 
     async def probe_host(self, key: Key, conn: Link, peer: str) -> tuple[bool, str]:
-        """Check a host's Pathways worker from here (its sidecar's stream just closed)."""
+        """Check a host's Pathways worker from here (its sidecar's stream closed, is away, or was replaced).
+
+        Down at once when refused or answered not serving; a check with no answer is repeated, and
+        the host is down only after :data:`PROBE_ATTEMPTS` in a row (:data:`PROBE_BOUND_SECONDS`):
+        one slow answer from a busy node must not cost a hold, a shrink and a retry.
+        """
         address = _probe_address(conn.health_address, peer)
         if not address:
             return False, "no health address registered"
-        return await probe_once(conn.health_check or "grpc", address, PROBE_TIMEOUT_SECONDS)
+        kind = conn.health_check or "grpc"
+        return await probe(kind, address, PROBE_TIMEOUT_SECONDS, PROBE_ATTEMPTS, PROBE_PAUSE_SECONDS)
 
     async def watch_away(self, key: Key, conn: Link, peer: str) -> None:
         """Keep checking a host whose sidecar is away until the sidecar is back or the host fails.
@@ -448,6 +460,7 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         c = self.c
         until = time.monotonic() + c.state.policy.rejoin_grace_seconds
         reg = conn.registration
+        answered = time.monotonic()
         while True:
             await asyncio.sleep(AWAY_PROBE_SECONDS)
             rec = c.state.hosts.get(key)
@@ -472,11 +485,12 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 )
                 return
             ok, detail = await self.probe_host(key, conn, peer)
-            if not ok:
+            if ok:
+                answered = time.monotonic()
+            else:
+                silent = time.monotonic() - answered
                 c.submit(
-                    WorkerLost(
-                        key[0], key[1], conn.incarnation, "sidecar_gone_host_down", AWAY_PROBE_SECONDS, registration=reg
-                    )
+                    WorkerLost(key[0], key[1], conn.incarnation, "sidecar_gone_host_down", silent, registration=reg)
                 )
                 log.warning("host of an away sidecar stopped answering", slice=key[0], host=key[1], detail=detail)
                 return

@@ -16,6 +16,7 @@ import pytest
 
 from agent.cli import build_parser
 from agent.config import ConfigError, CoordinatorConfig, WorkerConfig
+from simjob.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -231,8 +232,10 @@ def test_worker_identity_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_env_num_slices_starts_a_real_coordinator(tmp_path: Path) -> None:
     """``ES_NUM_SLICES=3 elastic-sidecar coordinator`` serves, and exits 0 on SIGTERM."""
+    argv = [sys.executable, "-m", "agent", "coordinator", "--listen", "127.0.0.1:0", "--log-format", "json"]
+    argv += ["--trainer-listen", f"127.0.0.1:{free_port()}", "--admin-listen", "none", "--http-listen", "none"]
     p = subprocess.Popen(
-        [sys.executable, "-m", "agent", "coordinator", "--listen", "127.0.0.1:0", "--log-format", "json"],
+        argv,
         cwd=REPO,
         env=clean_env(ES_NUM_SLICES="3", ES_JOB="env-job", PYTHONUNBUFFERED="1"),
         stdout=subprocess.PIPE,

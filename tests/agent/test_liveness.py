@@ -28,8 +28,10 @@ from agent import constants as C
 from agent.config import WorkerConfig
 from agent.coordinator import Coordinator
 from agent.core.model import Decision, Event, Policy, WorkerAway, WorkerHealth, WorkerJoined, WorkerLost
+from agent.sources.peers import AWAY_PROBE_SECONDS, PROBE_BOUND_SECONDS
 from agent.worker import Worker
-from bench.common import free_port
+from simjob.ports import free_port
+from standins.pathways_worker import serve_slow_checks
 from tests.agent.coordinators import coordinator_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -520,6 +522,37 @@ async def test_a_host_found_dead_while_its_sidecar_is_away_is_lost(coordinator: 
     pw.kill()
     lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the host to be lost", ps)
     assert lost[0].event.cause == "sidecar_gone_host_down" and lost[0].at - t0 < 1.5
+
+
+async def test_one_slow_host_check_is_no_loss_and_a_host_that_never_answers_is_lost(
+    coordinator: Observed, procs: Procs
+) -> None:
+    """A check that gets no answer in time is repeated: a busy moment costs nothing, a hung host is lost."""
+    obs = coordinator
+    port = free_port()
+    server, hs = await serve_slow_checks(port)
+    try:
+        ps = [procs.worker(obs.coord.port, 0, extra=("--health-target", f"127.0.0.1:{port}"))]
+        await wait_registered(obs, {(0, 0)}, ps)
+        hs.slow = 1  # the check made when the sidecar's stream closes answers too late
+        ps[0].kill()
+        await obs.wait_for(lambda: obs.events(WorkerAway), 5.0, "the sidecar to be away", ps)
+        assert hs.slow == 0
+        hs.slow = 1  # and one of the checks while it is away
+        n = hs.checks
+        await obs.wait_for(lambda: hs.slow == 0 and hs.checks >= n + 3, 5.0, "a slow check, then more")
+        assert not obs.events(WorkerLost), obs.reasons()
+        assert (0, 0) in obs.coord.state.hosts and obs.coord.state.retries_used == 0
+
+        hs.slow = 10**6  # hung: no check is answered in time any more
+        t0 = time.monotonic()
+        lost = await obs.wait_for(lambda: obs.events(WorkerLost), 5.0, "the hung host to be lost", ps)
+        assert lost[0].event.cause == "sidecar_gone_host_down"
+        record("hung_host_detection_while_away", lost[0].at - t0)
+        # Within the next away check plus every retry; 1 s more for a loaded machine.
+        assert lost[0].at - t0 < AWAY_PROBE_SECONDS + PROBE_BOUND_SECONDS + 1.0
+    finally:
+        await server.stop(0)
 
 
 async def test_a_sidecar_away_past_the_rejoin_grace_counts_as_a_lost_host_with_a_tcp_check(procs: Procs) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent import fdlimit
-from bench.common import free_port
+from simjob.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 section 3.4): a connection
@@ -42,6 +42,7 @@ def _start(tmp_path: Path, soft: int, hard: int, *args: str) -> tuple[subprocess
     with out.open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", limit_then_exec, "coordinator", f"--listen=127.0.0.1:{port}",
+             f"--trainer-listen=127.0.0.1:{free_port()}", "--admin-listen=none", "--http-listen=none",
              "--log-format=json", *args],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -22,7 +22,7 @@ from agent import constants as C
 from agent.config import CoordinatorConfig
 from agent.coordinator import Coordinator
 from agent.core.model import ExitCoordinator
-from bench.common import free_port
+from simjob.ports import free_port
 from tests.agent.coordinators import coordinator_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,8 @@ def test_sigterm_with_workers_connected_prints_no_cancelled_error_traceback(tmp_
     out = tmp_path / "coordinator.log"
     with out.open("w") as log:
         coord = subprocess.Popen(
-            [*base, "coordinator", "--num-slices=2", f"--listen=127.0.0.1:{port}", "--admin-listen=127.0.0.1:0",
+            [*base, "coordinator", "--num-slices=2", f"--listen=127.0.0.1:{port}",
+             f"--trainer-listen=127.0.0.1:{free_port()}", "--admin-listen=127.0.0.1:0",
              "--http-listen=127.0.0.1:0", "--log-format=json"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -764,7 +764,7 @@ def broken_state_dir(tmp_path: Path, how: str) -> Iterator[Path]:
 def test_a_broken_state_directory_means_running_without_durability_loudly(tmp_path: Path, how: str) -> None:
     """Not a crash loop: the coordinator process serves on, with an ERROR, state_durable 0 and /readyz
     saying why; SIGTERM still ends it with 0."""
-    from bench.common import free_port
+    from simjob.ports import free_port
 
     http = free_port()
     with broken_state_dir(tmp_path, how) as state_dir:
@@ -783,6 +783,8 @@ def test_a_broken_state_directory_means_running_without_durability_loudly(tmp_pa
             f"127.0.0.1:{free_port()}",
             "--http-listen",
             f"127.0.0.1:{http}",
+            "--admin-listen",
+            "none",
             "--state-dir",
             str(state_dir),
         ]

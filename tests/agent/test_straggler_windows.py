@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,12 @@ from agent.core.model import (
 )
 from agent.worker import Worker
 from protos.elastic_sidecar.v1 import peer_pb2
+from simjob.ports import free_port
 from standins.tpu_metrics import HostModel, TpuMetricsStandIn
 
 JOB = "straggler-windows"
 # Bounded waits around things that must happen on their own; they guard against a hang, they time nothing.
 HANG_GUARD = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def coordinator(num_slices: int, **kw: Any) -> Coordinator:

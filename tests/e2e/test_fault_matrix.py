@@ -18,9 +18,10 @@ and asserts the four promises of issue 9:
   or every process still running exits 42 with its reason.
 
 Each scenario also records what it measured (detection, recovery, lost
-steps, retries spent) to a JSON file: ``$ES_RELIABILITY_JSON`` if set, else
-``reliability.json`` in pytest's base temp directory;
-``python -m simjob.reliability_report`` renders docs/reliability.md from it.
+steps, retries spent) to a JSON file: ``$ES_RELIABILITY_JSON`` if set (under
+pytest-xdist one per worker, named with its id), else ``reliability.json`` in
+pytest's base temp directory; ``python -m simjob.reliability_report`` renders
+docs/reliability.md from it (or them).
 
 Every scenario runs on the trainer's NumPy backend (the integration tier: what
 is tested here is the sidecar machinery, not JAX); those whose outcome rests on
@@ -82,7 +83,12 @@ _OUTCOMES: list[dict[str, Any]] = []
 
 def _json_path(base: Path) -> Path:
     env = os.environ.get("ES_RELIABILITY_JSON")
-    return Path(env) if env else base / "reliability.json"
+    if not env:
+        return base / "reliability.json"  # the base temp directory is each pytest-xdist worker's own
+    path = Path(env)
+    # pytest-xdist workers would overwrite one another's outcomes: each writes its own file beside the one named.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return path.with_name(f"{path.stem}.{worker}{path.suffix}") if worker else path
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ import pytest
 import structlog
 
 from agent import constants as C
-from bench.common import free_port
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc, peer_pb2, peer_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from simjob.ports import free_port
 from tests.servers.conftest import Job, start_job, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import structlog
 
 from agent import log as logmod
 from protos.elastic_sidecar.v1 import admin_pb2, admin_pb2_grpc
+from simjob.ports import free_port
 from tests.servers.conftest import FakeTrainer, wait_for, write_token
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,12 +35,6 @@ JOB = "logs-job"
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("ES_")}, "PYTHONUNBUFFERED": "1"}
 LABELS = "logging.googleapis.com/labels"
 OPERATION = "logging.googleapis.com/operation"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def lines(path: Path) -> list[str]:
@@ -200,6 +194,7 @@ async def test_console_format_is_readable_text(tmp_path: Path) -> None:
         "coordinator",
         f"--job={JOB}",
         f"--listen=127.0.0.1:{port}",
+        f"--trainer-listen=127.0.0.1:{free_port()}",
         "--num-slices=1",
         "--admin-listen=none",
         "--http-listen=none",

@@ -15,22 +15,20 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from grpc_health.v1 import health_pb2
 
-from agent.sources.health import GrpcHealthWatch, HealthChecker, TcpConnectCheck
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from agent.sources import health
+from agent.sources.health import GrpcHealthWatch, HealthChecker, TcpConnectCheck, probe
+from simjob.ports import free_port
+from standins.pathways_worker import SlowChecks, serve_slow_checks
 
 
 @pytest.fixture
 def pathways() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "standins.pathways_worker", "--port", str(port)])
     target = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -109,12 +107,78 @@ async def test_tcp_check_sees_a_dead_target_and_never_claims_health_it_cannot_se
     finally:
         task.cancel()
     rec2 = Recorder()
-    task = asyncio.create_task(GrpcHealthWatch(f"127.0.0.1:{_free_port()}", rec2).run())
+    task = asyncio.create_task(GrpcHealthWatch(f"127.0.0.1:{free_port()}", rec2).run())
     try:
         await rec2.wait_for(False, 5)
         assert all(not h for _, h, _ in rec2.changes), "reported healthy with nothing listening"
     finally:
         task.cancel()
+
+
+# The coordinator's own host check (agent.sources.peers.probe_host): 0.3 s per check, 3 in a row.
+TIMEOUT, ATTEMPTS, PAUSE = 0.3, 3, 0.1
+
+
+@pytest.fixture
+async def slow_checks() -> AsyncIterator[tuple[SlowChecks, str]]:
+    port = free_port()
+    server, hs = await serve_slow_checks(port)
+    try:
+        yield hs, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool | None, str]]:
+    """Every single check :func:`probe` makes, with its result."""
+    results: list[tuple[bool | None, str]] = []
+    once = health.probe_once
+
+    async def counting(kind: str, target: str, timeout: float) -> tuple[bool | None, str]:
+        results.append(await once(kind, target, timeout))
+        return results[-1]
+
+    monkeypatch.setattr(health, "probe_once", counting)
+    return results
+
+
+async def test_one_check_answered_too_late_is_checked_again_and_the_target_is_healthy(
+    slow_checks: tuple[SlowChecks, str], counted: list[tuple[bool | None, str]]
+) -> None:
+    hs, target = slow_checks
+    hs.slow = 1  # the first Check answers after 1 s, past the 0.3 s deadline
+    ok, detail = await probe("grpc", target, TIMEOUT, ATTEMPTS, PAUSE)
+    assert ok and detail.endswith("SERVING"), detail
+    assert hs.slow == 0 and counted[0][0] is None and len(counted) >= 2, counted
+
+
+async def test_a_target_that_never_answers_is_down_after_every_attempt_got_no_answer(
+    slow_checks: tuple[SlowChecks, str], counted: list[tuple[bool | None, str]]
+) -> None:
+    hs, target = slow_checks
+    hs.slow = 10**6  # hung: every Check outlives its deadline
+    ok, detail = await probe("grpc", target, TIMEOUT, ATTEMPTS, PAUSE)
+    assert not ok and "DEADLINE_EXCEEDED" in detail and f"{ATTEMPTS} checks in a row" in detail, detail
+    assert [r[0] for r in counted] == [None] * ATTEMPTS
+
+
+async def test_a_target_that_says_not_serving_is_down_at_the_first_check(
+    slow_checks: tuple[SlowChecks, str], counted: list[tuple[bool | None, str]]
+) -> None:
+    hs, target = slow_checks
+    await hs.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert await probe("grpc", target, TIMEOUT, ATTEMPTS, PAUSE) == (False, f"{target} NOT_SERVING")
+    assert len(counted) == 1
+
+
+@pytest.mark.parametrize(("kind", "words"), [("grpc", "UNAVAILABLE"), ("tcp", "connect failed")])
+async def test_nothing_listening_is_down_at_the_first_check(
+    kind: str, words: str, counted: list[tuple[bool | None, str]]
+) -> None:
+    ok, detail = await probe(kind, f"127.0.0.1:{free_port()}", TIMEOUT, ATTEMPTS, PAUSE)
+    assert not ok and words in detail and "in a row" not in detail, detail
+    assert len(counted) == 1, counted
 
 
 def test_checker_registry_names_the_bad_kind() -> None:

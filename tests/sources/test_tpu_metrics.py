@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -31,16 +30,11 @@ from agent.sources.tpu_metrics import (
     quantile,
     window,
 )
+from simjob.ports import free_port
 from standins.tpu_metrics import HostModel, TpuMetricsStandIn
 
 # A bounded wait around reads that must end on their own; it guards against a hang, it times nothing.
 HANG_GUARD = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_sdk(values: dict[str, list[Any]]) -> Callable[[str], ModuleType]:

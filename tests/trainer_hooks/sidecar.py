@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from bench.common import free_port
 from protos.elastic_sidecar.v1 import trainer_pb2, trainer_pb2_grpc
+from simjob.ports import free_port
 
 _SERVER_OPTIONS = [
     # The trainer link pings every 0.5 s (as the coordinator allows): never answer with too_many_pings.
