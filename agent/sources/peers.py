@@ -32,7 +32,7 @@ PROBE_ATTEMPTS = 3
 PROBE_PAUSE_SECONDS = 0.1
 """Between two checks of a host that did not answer: a slow moment may pass."""
 PROBE_BOUND_SECONDS = PROBE_ATTEMPTS * PROBE_TIMEOUT_SECONDS + (PROBE_ATTEMPTS - 1) * PROBE_PAUSE_SECONDS
-"""The longest a host check takes: a hung host is lost this much later than a dead one."""
+"""The longest a host check takes (a silent host's takes one check: :meth:`PeerService.probe_host`)."""
 DISPLACED_KEPT = 4
 """Incarnations remembered per host as taken over by a newer sidecar (more than two claimants is rare)."""
 AWAY_PROBE_SECONDS = 0.25
@@ -331,7 +331,8 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         # registered again meanwhile, the core drops it (see HostRecord.registration).
         blind = cause == "heartbeat_timeout" and (conn.health_check or "grpc") != "grpc"
         try:
-            ok, detail = (False, "") if blind else await self.probe_host(key, conn, peer)
+            silent_host = cause == "heartbeat_timeout"
+            ok, detail = (False, "") if blind else await self.probe_host(key, conn, peer, silent=silent_host)
             if ok:
                 away = WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}", conn.registration)
                 c.submit(away)
@@ -425,18 +426,21 @@ class PeerService(peer_pb2_grpc.PeerServicer):
                 conn.cause = "heartbeat_timeout"
                 conn.closed.set()
 
-    async def probe_host(self, key: Key, conn: Link, peer: str) -> tuple[bool, str]:
+    async def probe_host(self, key: Key, conn: Link, peer: str, *, silent: bool = False) -> tuple[bool, str]:
         """Check a host's Pathways worker from here (its sidecar's stream closed, is away, or was replaced).
 
         Down at once when refused or answered not serving; a check with no answer is repeated, and
         the host is down only after :data:`PROBE_ATTEMPTS` in a row (:data:`PROBE_BOUND_SECONDS`):
-        one slow answer from a busy node must not cost a hold, a shrink and a retry.
+        one slow answer from a busy node must not cost a hold, a shrink and a retry. ``silent``: the
+        host's sidecar already said nothing for the heartbeat timeout, so one unanswered check
+        confirms a hung host (a second silence, not one slow moment) and its loss is not delayed.
         """
         address = _probe_address(conn.health_address, peer)
         if not address:
             return False, "no health address registered"
         kind = conn.health_check or "grpc"
-        return await probe(kind, address, PROBE_TIMEOUT_SECONDS, PROBE_ATTEMPTS, PROBE_PAUSE_SECONDS)
+        attempts = 1 if silent else PROBE_ATTEMPTS
+        return await probe(kind, address, PROBE_TIMEOUT_SECONDS, attempts, PROBE_PAUSE_SECONDS)
 
     async def watch_away(self, key: Key, conn: Link, peer: str) -> None:
         """Keep checking a host whose sidecar is away until the sidecar is back or the host fails.

@@ -30,8 +30,8 @@ async def ended(
     submitted: list[Any] = []
     probes: list[Any] = []
 
-    async def probe_host(key: Any, conn: Any, peer: str) -> tuple[bool, str]:
-        probes.append(key)
+    async def probe_host(key: Any, conn: Any, peer: str, *, silent: bool = False) -> tuple[bool, str]:
+        probes.append((key, silent))  # silent: one check only (the host was silent already)
         return (True, "SERVING") if answers else (False, "DEADLINE_EXCEEDED")
 
     async def watch_away(key: Any, conn: Any, peer: str) -> None:
@@ -52,21 +52,21 @@ async def ended(
 
 async def test_a_stream_that_breaks_while_the_worker_talks_is_probed_first() -> None:
     submitted, probes = await ended(coordinator(), silent=0.05, stalled_ago=None)
-    assert probes == [(1, 0)]
+    assert probes == [((1, 0), False)]
     assert [type(e) for e in submitted] == [WorkerAway]
 
 
 async def test_a_silent_worker_whose_host_answers_is_away_not_lost() -> None:
     # A paused or partitioned sidecar: silent, its stream ended, its Pathways worker healthy.
     submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=None)
-    assert probes == [(1, 0)]
+    assert probes == [((1, 0), True)]
     assert [type(e) for e in submitted] == [WorkerAway]
     assert submitted[0].registration == 4 and "heartbeat_timeout" in submitted[0].detail
 
 
 async def test_a_silent_worker_whose_host_does_not_answer_is_lost_as_hung() -> None:
     submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=None, answers=False)
-    assert probes == [(1, 0)]
+    assert probes == [((1, 0), True)]
     assert len(submitted) == 1 and isinstance(submitted[0], WorkerLost)
     assert submitted[0].cause == "heartbeat_timeout" and submitted[0].registration == 4
 
@@ -83,5 +83,5 @@ async def test_silence_while_the_coordinator_stalled_is_not_taken_for_a_hang(sta
     # Silent 3 s, but the coordinator's loop only resumed (or the kernel last dropped its heartbeat
     # datagrams) moments ago: it could not have heard the worker, so the host is probed.
     submitted, probes = await ended(coordinator(), silent=3.0, stalled_ago=stalled_ago)
-    assert probes == [(1, 0)]
+    assert probes == [((1, 0), False)]
     assert [type(e) for e in submitted] == [WorkerAway]
