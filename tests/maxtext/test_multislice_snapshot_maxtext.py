@@ -114,14 +114,16 @@ def start_snapshot_run(
     fail_at: str,
     grain_file: Path,
     extra_env: dict[str, str] | None = None,
+    fresh_cache: bool = False,
 ) -> MaxTextRun:
     """A 4-slice elastic MaxText job under ``sc`` on the grain data, a snapshot every step, the faults
     ``fail_at`` (``ENV_FAIL_AT``); its events go to ``tmp_path/events.jsonl``, its control directory
-    (a ``reconnect`` file there brings a lost slice back) is ``tmp_path/control``."""
+    (a ``reconnect`` file there brings a lost slice back) is ``tmp_path/control``. ``fresh_cache``: an
+    empty compile cache of its own (:func:`tests.maxtext.harness.maxtext_args`)."""
     control = tmp_path / "control"
     control.mkdir()
     join_all(sc)
-    args = maxtext_args(tmp_path, name, steps, *elastic_flags(min_slices), data=grain_file)
+    args = maxtext_args(tmp_path, name, steps, *elastic_flags(min_slices), data=grain_file, fresh_cache=fresh_cache)
     env = {
         ENV: "1",
         ENV_SLICES: str(MULTI_SLICES),
