@@ -119,8 +119,8 @@ def maxtext_args(
     ``jax_cache``: MaxText's persistent compile cache (``jax_cache_dir``, ``~/jax_cache`` by default),
     which must start empty, as a new job's does: the programs of earlier runs on this machine would
     make a rebuild look faster than a new job's. None (the default): a fresh directory under ``out``;
-    a given one that already holds something is refused, unless ``reuse_cache`` (tests that assert
-    no compile or timing share one warm cache; :mod:`tests.maxtext.harness`).
+    a given one that already holds something is refused, unless ``reuse_cache`` (the tests whose
+    assertions do not depend on compiles share one warm cache: :mod:`tests.maxtext.harness`).
 
     ``data``: an ArrayRecord file of :mod:`simjob.maxtext.grain_data` read by MaxText's grain pipeline
     instead of the synthetic batch (the same batch every step)."""
