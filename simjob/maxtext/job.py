@@ -110,6 +110,7 @@ def maxtext_args(
     steps: int,
     *extra: str,
     jax_cache: Path | None = None,
+    reuse_cache: bool = False,
     model: str = "tiny",
     data: Path | None = None,
 ) -> list[str]:
@@ -118,14 +119,17 @@ def maxtext_args(
     ``jax_cache``: MaxText's persistent compile cache (``jax_cache_dir``, ``~/jax_cache`` by default),
     which must start empty, as a new job's does: the programs of earlier runs on this machine would
     make a rebuild look faster than a new job's. None (the default): a fresh directory under ``out``;
-    a given one that already holds something is refused.
+    a given one that already holds something is refused, unless ``reuse_cache`` (the tests whose
+    assertions do not depend on compiles share one warm cache: :mod:`tests.maxtext.harness`).
 
     ``data``: an ArrayRecord file of :mod:`simjob.maxtext.grain_data` read by MaxText's grain pipeline
     instead of the synthetic batch (the same batch every step)."""
     if jax_cache is None:
+        if reuse_cache:
+            raise ValueError("reuse_cache=True needs the jax_cache to reuse; None makes a fresh one")
         out.mkdir(parents=True, exist_ok=True)
         jax_cache = Path(tempfile.mkdtemp(prefix=f"jax-cache-{run_name}-", dir=out))
-    elif jax_cache.exists() and any(jax_cache.iterdir()):
+    elif not reuse_cache and jax_cache.exists() and any(jax_cache.iterdir()):
         raise ValueError(f"jax_cache={jax_cache}: not empty; a run's compile cache must start empty, as a new job's")
     base = model_args(model)
     if data is not None:

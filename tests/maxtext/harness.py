@@ -6,12 +6,17 @@ The pytest process runs in the main venv and hosts a real
 (:class:`MaxTextRun`), started through ``python -m trainer_hooks.maxtext``, or
 ``python -m simjob.maxtext`` (:data:`PATCHED_MODULE`) with the CPU elastic
 patches. Both live in :mod:`simjob.maxtext.job` (the recovery benchmark drives
-MaxText with them too); this module adds the venv check that fails a test.
+MaxText with them too); this module adds the venv check that fails a test, and one warm
+compile cache that the runs of a pytest process share (:func:`maxtext_args`).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,6 @@ from simjob.maxtext.job import (
     Applied,
     Sidecar,
     checkpoint_labels,
-    maxtext_args,
 )
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "checkpoint_labels",
     "maxtext_args",
     "require_maxtext_venv",
+    "shared_jax_cache",
 ]
 
 SETUP_COMMANDS = f"""\
@@ -88,8 +93,46 @@ def require_maxtext_venv() -> Path:
     return MAXTEXT_PYTHON
 
 
+_shared_cache: list[Path] = []
+
+
+def shared_jax_cache() -> Path:
+    """The persistent compile cache this pytest process's MaxText runs share (one per xdist worker, each
+    its own process), made on first use and removed at exit."""
+    if not _shared_cache:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        path = Path(tempfile.mkdtemp(prefix=f"maxtext-jax-cache-{worker}-"))
+        atexit.register(shutil.rmtree, path, True)
+        _shared_cache.append(path)
+    return _shared_cache[0]
+
+
+def maxtext_args(out: Path, run_name: str, steps: int, *extra: str, fresh_cache: bool = False, **kw: Any) -> list[str]:
+    """:func:`simjob.maxtext.job.maxtext_args` on :func:`shared_jax_cache`, warm with the programs of the
+    runs before. JAX's persistent compilation cache keys an entry on the program, the jaxlib version, the
+    XLA flags, the compile options (with the device assignment) and the devices
+    (docs.jax.dev/en/latest/persistent_compilation_cache.html, "Cache key"; jax/_src/cache_key.py), so a hit
+    runs the executable that compile would have built: the same numerics, less time. ``fresh_cache``: an
+    empty cache of the run's own, as a new job's, for a test that asserts on compiles, cache hits, prepared
+    programs or start-up figures."""
+    if fresh_cache or "jax_cache" in kw:
+        return job.maxtext_args(out, run_name, steps, *extra, **kw)
+    return job.maxtext_args(out, run_name, steps, *extra, jax_cache=shared_jax_cache(), reuse_cache=True, **kw)
+
+
+def cache_env(args: Sequence[str], env: dict[str, str] | None) -> dict[str, str] | None:
+    """``env`` for a run on :func:`shared_jax_cache` caching every program it compiles (``env`` wins)."""
+    if not _shared_cache or f"jax_cache_dir={_shared_cache[0]}" not in args:
+        return env
+    # JAX caches only programs that took a second to compile (its default); the tiny model's take less on an
+    # idle machine, and each later run would compile every program skipped again.
+    return {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **(env or {})}
+
+
 class MaxTextRun(job.MaxTextRun):
     """:class:`simjob.maxtext.job.MaxTextRun`, failing the test (never skipping it) without the MaxText venv."""
 
-    def __init__(self, name: str, args: Sequence[str], out: Path, **kw: Any) -> None:
-        super().__init__(name, args, out, python=require_maxtext_venv(), **kw)
+    def __init__(
+        self, name: str, args: Sequence[str], out: Path, *, env: dict[str, str] | None = None, **kw: Any
+    ) -> None:
+        super().__init__(name, args, out, python=require_maxtext_venv(), env=cache_env(args, env), **kw)

@@ -182,3 +182,42 @@ def test_each_elastic_retry_attempt_start_is_an_event(tmp_path: Path, monkeypatc
     assert elastic.wait_for_slices(slice_count=3, poll_interval=10) == {0} and asked == [3]
     (line,) = [json.loads(x) for x in events.read_text().splitlines()]
     assert line["kind"] == "attempt" and line["pid"] == os.getpid()
+
+
+def test_a_reused_compile_cache_is_an_explicit_choice(tmp_path: Path) -> None:
+    from simjob.maxtext.job import maxtext_args
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "program").write_text("compiled")
+    args = maxtext_args(tmp_path, "a", 5, jax_cache=cache, reuse_cache=True)
+    assert f"jax_cache_dir={cache}" in args
+    with pytest.raises(ValueError, match="reuse_cache"):
+        maxtext_args(tmp_path, "a", 5, reuse_cache=True)
+
+
+def test_the_tests_runs_share_one_warm_cache_unless_a_test_asks_for_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.maxtext import harness
+
+    monkeypatch.setattr(harness, "_shared_cache", [])  # not the session's own: this test writes into it
+
+    def cache_of(args: list[str]) -> str:
+        (flag,) = [a for a in args if a.startswith("jax_cache_dir=")]
+        return flag.split("=", 1)[1]
+
+    shared = harness.maxtext_args(tmp_path, "a", 5)
+    assert cache_of(shared) == cache_of(harness.maxtext_args(tmp_path, "b", 7)) == str(harness.shared_jax_cache())
+    (harness.shared_jax_cache() / "program").write_text("compiled")  # warm: still accepted
+    assert cache_of(harness.maxtext_args(tmp_path, "a", 5)) == str(harness.shared_jax_cache())
+    fresh = harness.maxtext_args(tmp_path, "a", 5, fresh_cache=True)
+    assert cache_of(fresh) != str(harness.shared_jax_cache()) and not any(Path(cache_of(fresh)).iterdir())
+
+    # Runs on the shared cache cache every program; a caller's own setting wins; a fresh cache is left alone.
+    assert harness.cache_env(shared, None) == {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    assert harness.cache_env(shared, {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "5", "X": "1"}) == {
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "5",
+        "X": "1",
+    }
+    assert harness.cache_env(fresh, {"X": "1"}) == {"X": "1"}

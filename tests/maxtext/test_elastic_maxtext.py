@@ -53,6 +53,18 @@ ELASTIC_FLAGS = (
 )
 
 
+MONITOR_FOUND_SLICE_1 = b"Newly available but inactive slices frozenset({1})"
+"""pathwaysutils' monitor thread (``Manager._check_inactive_slices``, every ``poll_interval``: 10 s) logs this
+at each poll that finds slice 1 healthy and not in use."""
+
+
+def log_since(run: MaxTextRun, offset: int) -> bytes:
+    """What ``run`` logged past ``offset`` bytes (read often: not the whole log each time)."""
+    with open(run.log, "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
 def resumed_on(sc: Sidecar, slices: set[int], since: float, run: MaxTextRun) -> TrainerResumed:
     found = sc.wait_for(
         lambda: sc.applied(TrainerResumed, since, lambda e: e.active == frozenset(slices)),
@@ -193,7 +205,11 @@ def test_loss_and_replacement_cycles_spend_only_the_sidecars_budget_and_the_mesh
         assert not held.flush_error, "a drained slice in good health is readable: the drain loses no step"
         assert drained.step == held.step
         restarts = len(run.hook_lines("restart"))
-        time.sleep(12.0)  # pathwaysutils' monitor polls every 10 s
+        mark = run.log.stat().st_size
+        sc.wait_for(lambda: MONITOR_FOUND_SLICE_1 in log_since(run, mark), "the monitor to find slice 1 up", run)
+        at = sc.state.trainer.last_step
+        # MaxText asks the manager for a healthy inactive slice at each step (maybe_elastic_scale_up).
+        sc.wait_for(lambda: sc.state.trainer.last_step > at + 1, "two steps after the monitor's poll", run)
         assert run.poll() is None and len(run.hook_lines("restart")) == restarts, run.tail()
         assert "Scale up requested" not in run.text()[-20000:]
         assert sc.state.trainer.last_step > drained.step

@@ -121,14 +121,16 @@ def start_snapshot_run(
     fail_at: str,
     grain_file: Path,
     extra_env: dict[str, str] | None = None,
+    fresh_cache: bool = False,
 ) -> MaxTextRun:
     """A 4-slice elastic MaxText job under ``sc`` on the grain data, a snapshot every step, the faults
     ``fail_at`` (``ENV_FAIL_AT``); its events go to ``tmp_path/events.jsonl``, its control directory
-    (a ``reconnect`` file there brings a lost slice back) is ``tmp_path/control``."""
+    (a ``reconnect`` file there brings a lost slice back) is ``tmp_path/control``. ``fresh_cache``: an
+    empty compile cache of its own (:func:`tests.maxtext.harness.maxtext_args`)."""
     control = tmp_path / "control"
     control.mkdir()
     join_all(sc)
-    args = maxtext_args(tmp_path, name, steps, *elastic_flags(min_slices), data=grain_file)
+    args = maxtext_args(tmp_path, name, steps, *elastic_flags(min_slices), data=grain_file, fresh_cache=fresh_cache)
     env = {
         ENV: "1",
         ENV_SLICES: str(MULTI_SLICES),
@@ -166,6 +168,25 @@ MANAGER_CREATED = {
 """MaxText's log line once it has built the manager (``maxtext.common.emergency_checkpointing``)."""
 
 
+_references: dict[tuple[Any, ...], tuple[MaxTextRun, Path]] = {}
+
+
+def reference_run(
+    tmp_path: Path, steps: int, kind_flags: tuple[str, ...], model: str, grain_file: Path
+) -> tuple[MaxTextRun, Path]:
+    """Plain MaxText (no sidecar, no elastic mode, no snapshots) for ``steps`` steps on 4 slices, and its events
+    file. An uninterrupted run is the same for every case that differs only in the crash run (``lost_wait``),
+    so those cases share one."""
+    key = (steps, kind_flags, model, grain_file)
+    if key not in _references:
+        events = tmp_path / "reference.jsonl"
+        args = maxtext_args(tmp_path, "reference", steps, *MULTI_SLICE_MESH, *kind_flags, data=grain_file, model=model)
+        env = {ENV: "1", ENV_SLICES: str(MULTI_SLICES), ENV_EVENTS: str(events)}
+        run = MaxTextRun("reference", args, tmp_path, module=PATCHED_MODULE, env=env, devices=MULTI_SLICE_DEVICES)
+        _references[key] = (run, events)
+    return _references[key]
+
+
 @pytest.mark.parametrize(
     ("manager", "lost_wait"),
     [
@@ -194,18 +215,7 @@ def test_a_lost_slice_restores_the_newest_snapshot_with_the_data_and_losses_of_a
     steps = fail_at + 5
     slices_env = {ENV: "1", ENV_SLICES: str(MULTI_SLICES)}
 
-    ref_events = tmp_path / "reference.jsonl"
-    ref_args = maxtext_args(
-        tmp_path, "reference", steps, *MULTI_SLICE_MESH, *kind_flags, data=grain_file, model=model
-    )  # plain MaxText: no sidecar, no elastic mode, no snapshots
-    ref = MaxTextRun(
-        "reference",
-        ref_args,
-        tmp_path,
-        module=PATCHED_MODULE,
-        env={**slices_env, ENV_EVENTS: str(ref_events)},
-        devices=MULTI_SLICE_DEVICES,
-    )
+    ref, ref_events = reference_run(tmp_path, steps, kind_flags, model, grain_file)
     assert ref.wait(SLOW_START) == 0, ref.tail()
     want = ref.losses()
     want_steps = kept_steps(ref.events(ref_events))

@@ -57,7 +57,10 @@ def test_a_notice_drain_goes_on_on_three_slices_from_memory_with_no_checkpoint_a
         # JAX writes a program to the persistent cache only if it took at least a second to compile (its
         # default): the tiny model's train step may compile faster on an idle machine.
         no_threshold = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-        run = start_snapshot_run(tmp_path, sc, "drain", 100_000, 3, "", grain_file, extra_env=no_threshold)
+        # An empty cache of its own: the test asserts that the 3-slice programs came from the prepare.
+        run = start_snapshot_run(
+            tmp_path, sc, "drain", 100_000, 3, "", grain_file, extra_env=no_threshold, fresh_cache=True
+        )
         sc.wait_for(
             lambda: sc.applied(TrainerStepped, 0.0, lambda e: e.step >= 3), "three steps", run, timeout=SLOW_START
         )

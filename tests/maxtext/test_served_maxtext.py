@@ -78,8 +78,11 @@ class Story:
         s.submit(WorkerJoined(0, 0, "inc-1", node="node-0"))
         return s
 
-    def start(self, name: str, steps: int, sidecar: Sidecar | None, run_name: str = RUN) -> MaxTextRun:
-        run = MaxTextRun(name, maxtext_args(self.out, run_name, steps), self.out, sidecar=sidecar)
+    def start(
+        self, name: str, steps: int, sidecar: Sidecar | None, run_name: str = RUN, fresh_cache: bool = False
+    ) -> MaxTextRun:
+        args = maxtext_args(self.out, run_name, steps, fresh_cache=fresh_cache)
+        run = MaxTextRun(name, args, self.out, sidecar=sidecar)
         self.runs.append(run)
         return run
 
@@ -118,7 +121,7 @@ def first_step(sidecar: Sidecar, run: MaxTextRun, after: int = 0) -> int:
 
 def test_b_hold_stops_at_a_step_boundary_until_resume(story: Story) -> None:
     sc = story.sidecar()
-    run = story.start("run1", RUN1_STEPS, sc)
+    run = story.start("run1", RUN1_STEPS, sc, fresh_cache=True)  # an empty cache: its start figure is a new job's
     story.facts["run1"] = run
     first_step(sc, run)
     sc.wait_for(lambda: sc.applied(TrainerStepped), "the first step report", run)
@@ -189,7 +192,7 @@ def test_a_a_fresh_run_resumes_from_exactly_the_flushed_step(story: Story) -> No
     story.need("checkpoint_step")
     c: int = story.facts["checkpoint_step"]  # type: ignore[assignment]
     sc = story.sidecar()
-    run = story.start("run2", RUN2_STEPS, sc)
+    run = story.start("run2", RUN2_STEPS, sc, fresh_cache=True)  # an empty cache: its restart figure is a new job's
     story.facts["run2"] = run
     sc.wait_for(lambda: sc.applied(TrainerResumed), "the restarted trainer to resume", run, timeout=START_TIMEOUT)
     resumed = sc.applied(TrainerResumed)[0].event
