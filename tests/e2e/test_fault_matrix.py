@@ -556,14 +556,23 @@ def test_coordinator_kill_while_holding(
         "--step-seconds",
         "0.5",
         steps=14,
-        how="steps of 0.5 s; host 1.0 SIGKILLed at step 6, so the hold waits for the step boundary; "
-        "the coordinator is killed once /status says holding",
+        how="steps of 0.5 s; the trainer SIGSTOPped at step 6, then host 1.0 SIGKILLed, so the hold waits for "
+        "the step boundary; the coordinator is killed once /status says holding, then the trainer continues",
     ) as sc:
         sc.until_step(6)
-        sc.fault("kill:1.0@6")
-        st = sc.until_phase("holding", timeout=5.0)
-        sc.notes["hold_flush"] = st.get("hold_flush")
-        sc.kill_coordinator(keep_state=keep_state)
+        assert sc.demo is not None and sc.demo.job.trainer is not None
+        trainer = sc.demo.job.trainer
+        # Stopped, the trainer cannot reach its step boundary: /status says holding for as long as the test
+        # needs, however busy the machine (a running trainer acknowledged within a step, 0.5 s, a window
+        # that polls of /status could miss).
+        trainer.send_signal(signal.SIGSTOP)
+        try:
+            sc.fault("kill:1.0@6")
+            st = sc.until_phase("holding", timeout=30.0)
+            sc.notes["hold_flush"] = st.get("hold_flush")
+            sc.kill_coordinator(keep_state=keep_state)
+        finally:
+            trainer.send_signal(signal.SIGCONT)
         sc.finish()
         sc.check()
         sc.retries(1, state_kept=keep_state)
