@@ -329,10 +329,10 @@ class PeerService(peer_pb2_grpc.PeerServicer):
         # still accepts TCP connections for its stopped processes, so a TCP connect
         # could mask the hang. Every result names this registration: if the worker
         # registered again meanwhile, the core drops it (see HostRecord.registration).
-        blind = cause == "heartbeat_timeout" and (conn.health_check or "grpc") != "grpc"
+        hung = cause == "heartbeat_timeout"
+        blind = hung and (conn.health_check or "grpc") != "grpc"
         try:
-            silent_host = cause == "heartbeat_timeout"
-            ok, detail = (False, "") if blind else await self.probe_host(key, conn, peer, silent=silent_host)
+            ok, detail = (False, "") if blind else await self.probe_host(key, conn, peer, silent=hung)
             if ok:
                 away = WorkerAway(ident.slice, ident.host, ident.incarnation, f"{cause}; {detail}", conn.registration)
                 c.submit(away)

@@ -555,6 +555,19 @@ def _prepare_cmd(slices: list[int], generation: int = 1) -> trainer_pb2.SidecarC
     return trainer_pb2.SidecarCommand(prepare=trainer_pb2.Prepare(generation=generation, active=slices, reason="r"))
 
 
+def _resume_when_held(link: RecordingLink) -> None:
+    """Answer the trainer's HeldAck as the coordinator does: resume generation 2 on slices 0, 2 and 3."""
+    resume = trainer_pb2.Resume(generation=2, active_slices=[0, 2, 3], source=trainer_pb2.Resume.MEMORY)
+    sent = link.send
+
+    def answer(msg: trainer_pb2.TrainerMessage) -> None:
+        sent(msg)
+        if msg.HasField("held"):
+            link.inbox.append(trainer_pb2.SidecarCommand(resume=resume))
+
+    link.send = answer  # type: ignore[method-assign]
+
+
 def _preparing_session(future: Any) -> tuple[RecordingLink, ElasticSession, list[tuple[int, ...]], list[tuple]]:
     """A session training on slices 0-3 at generation 1 whose prepare hook records its calls and returns ``future``."""
     link = RecordingLink()
@@ -595,15 +608,7 @@ def test_a_drain_from_memory_trains_on_while_the_next_mesh_is_built_then_holds()
     assert not [m for m in link.sent if m.HasField("held")]
     assert any(k == "hold_deferred" and f["until"] == "prepared" for k, f in events), events
     building.set_result(None)
-    resume = trainer_pb2.Resume(generation=2, active_slices=[0, 2, 3], source=trainer_pb2.Resume.MEMORY)
-    sent = link.send
-
-    def answer(msg: trainer_pb2.TrainerMessage) -> None:  # the coordinator resumes once the trainer is held
-        sent(msg)
-        if msg.HasField("held"):
-            link.inbox.append(trainer_pb2.SidecarCommand(resume=resume))
-
-    link.send = answer  # type: ignore[method-assign]
+    _resume_when_held(link)
     d = session.step_boundary(7)  # built: the hold is carried out at this boundary
     assert d is not None and d.active_slices == (0, 2, 3)
     (held,) = [m.held for m in link.sent if m.HasField("held")]
@@ -635,15 +640,7 @@ def _held_at(
     link, session, asked, events = _preparing_session(Future())
     link.inbox.append(_prepare_cmd([0, 2, 3], 2))
     assert session.step_boundary(1) is None
-    resume = trainer_pb2.Resume(generation=2, active_slices=[0, 2, 3], source=trainer_pb2.Resume.MEMORY)
-    sent = link.send
-
-    def answer(msg: trainer_pb2.TrainerMessage) -> None:  # the coordinator resumes once the trainer is held
-        sent(msg)
-        if msg.HasField("held"):
-            link.inbox.append(trainer_pb2.SidecarCommand(resume=resume))
-
-    link.send = answer  # type: ignore[method-assign]
+    _resume_when_held(link)
     for seconds, step in at:
         clock.now = 1000.0 + seconds
         if step in (at[0][1], resent_at):
